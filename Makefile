@@ -1,0 +1,20 @@
+# `make demo` and `make test` set up .venv on first use (quick no-op afterwards), then run.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.forge_rl-setup-done
+
+.PHONY: setup demo test clean
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup_env.sh
+	bash scripts/setup_env.sh $(VENV)
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m apps.rollout.main --config configs/rollout/tiny.yaml $(ARGS)
+
+test: setup
+	$(PY) -m pytest $(ARGS)
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,98 @@
+"""Qwen3 in TorchTitan, built from a Hugging Face model directory.
+
+A TorchTitan model is a config dataclass; this module derives that config from an HF
+`config.json` (so any Qwen3-architecture checkpoint, the embedded tiny model included, maps onto
+TorchTitan's Qwen3 without a hand-written flavor) and loads HF safetensors through TorchTitan's
+own `Qwen3StateDictAdapter`.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+
+from forge_rl.models import titan_cpu  # noqa: F401  (must run before torchtitan's model modules import)
+
+from torchtitan.models.common import CosSinRoPE, Embedding, Linear  # noqa: E402
+from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: E402
+from torchtitan.models.qwen3 import Qwen3Model, Qwen3StateDictAdapter  # noqa: E402
+from torchtitan.models.qwen3 import _build_qwen3_layers, _qwen3_norm  # noqa: E402
+
+# TorchTitan's own initialisers; weights are normally overwritten by an HF checkpoint.
+from torchtitan.models.qwen3 import _EMBEDDING_INIT, _LINEAR_INIT  # noqa: E402
+
+
+def read_hf_config(model_dir: str | Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found; a model path must be an HF model directory with config.json")
+    return json.loads(path.read_text())
+
+
+def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
+    """TorchTitan Qwen3 config matching the HF config in `model_dir`.
+
+    Attention is SDPA (causal): it runs forward and backward on CPU and CUDA, while flex
+    attention has no CPU backward. Batches are right-padded, so causal SDPA needs no mask.
+    """
+    hf = read_hf_config(model_dir)
+    if hf.get("model_type") != "qwen3":
+        raise ValueError(f"{model_dir}/config.json: model_type is {hf.get('model_type')!r}, expected 'qwen3'")
+    dim, vocab = hf["hidden_size"], hf["vocab_size"]
+    head_dim = hf.get("head_dim") or dim // hf["num_attention_heads"]
+    rope = hf.get("rope_parameters") or {}
+    theta = rope.get("rope_theta", hf.get("rope_theta", 1_000_000.0))
+    layers = _build_qwen3_layers(
+        n_layers=hf["num_hidden_layers"],
+        dim=dim,
+        n_heads=hf["num_attention_heads"],
+        n_kv_heads=hf["num_key_value_heads"],
+        head_dim=head_dim,
+        hidden_dim=hf["intermediate_size"],
+        attn_backend="flex",  # replaced below; the builder only accepts masked backends
+        rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=hf["max_position_embeddings"], theta=theta),
+    )
+    for layer in layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+        layer.attention_norm.eps = layer.ffn_norm.eps = hf.get("rms_norm_eps", 1e-6)
+    return Qwen3Model.Config(
+        vocab_size=vocab,
+        dim=dim,
+        norm=_qwen3_norm(dim),
+        enable_weight_tying=bool(hf.get("tie_word_embeddings", False)),
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=_EMBEDDING_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_LINEAR_INIT),
+        layers=layers,
+    )
+
+
+def load_hf_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def build_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype=torch.float32):
+    """Build TorchTitan's Qwen3 for `model_dir` and load its HF weights. Returns (model, adapter)."""
+    config = titan_config(model_dir)
+    with torch.device("meta"):
+        model = config.build()
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_states(buffer_device=torch.device(device))  # rope buffers and weight tying
+    adapter = Qwen3StateDictAdapter(config, str(model_dir))
+    titan_state = adapter.from_hf(load_hf_state_dict(model_dir))
+    missing, unexpected = model.load_state_dict(titan_state, strict=False)
+    # Buffers (the rope cache) are computed, not loaded; every parameter must come from the checkpoint.
+    param_names = {n for n, _ in model.named_parameters()}
+    if missing_params := sorted(set(missing) & param_names):
+        raise ValueError(f"{model_dir}: checkpoint lacks parameters {missing_params[:5]}")
+    if unexpected:
+        raise ValueError(f"{model_dir}: checkpoint has tensors the model does not: {sorted(unexpected)[:5]}")
+    return model.to(dtype), adapter
