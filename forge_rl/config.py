@@ -1,0 +1,152 @@
+"""Configs: YAML files plus `key=value` overrides, merged into typed dataclasses.
+
+Each app declares its config as a dataclass tree (required fields have no default). Then
+
+    cfg = load_config(GRPOConfig, "configs/grpo/tiny.yaml", ["trainer.lr=1e-4", "group_size=8"])
+
+reads the file, applies the overrides (OmegaConf dotlist syntax), resolves interpolations such
+as `${group_size}` and returns a `GRPOConfig` instance. Every mistake is a `ConfigError` naming
+the key and where it came from: an unknown key (with the closest valid keys), a value of the
+wrong type (with the expected type) or a missing required key.
+
+Fields typed `dict[str, Any]` accept any keys: they pass options through to a library under its
+own names (vLLM engine arguments, sampling parameters).
+"""
+
+import argparse
+import dataclasses
+import difflib
+import typing
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigKeyError,
+    InterpolationKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config problem, with a message that names the key and its source."""
+
+
+def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Build a `schema` instance from the YAML file at `path` and dotlist `overrides`."""
+    merged = OmegaConf.structured(schema)
+    layers: list[tuple[str, DictConfig]] = []
+    if path is not None:
+        layers.append((f"file {path}", _read_yaml(Path(path))))
+    for item in overrides:
+        layers.append((f"command-line override {item!r}", _parse_override(item)))
+    for source, layer in layers:
+        _check_keys(schema, layer, prefix="", source=source)
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except ValidationError as e:
+            raise ConfigError(_type_message(schema, e, source)) from None
+    try:
+        return OmegaConf.to_object(merged)
+    except MissingMandatoryValue as e:
+        where = f" in {path}" if path else ""
+        raise ConfigError(
+            f"missing required config key '{e.full_key}': set it{where} or pass {e.full_key}=VALUE"
+        ) from None
+    except InterpolationKeyError as e:
+        raise ConfigError(f"config key '{e.full_key}': {str(e).splitlines()[0]}") from None
+    except ValidationError as e:  # an interpolation resolved to a value of the wrong type
+        raise ConfigError(_type_message(schema, e, "an interpolation")) from None
+
+
+def parse_args(schema: type[T], argv: Sequence[str] | None = None, description: str | None = None) -> T:
+    """`prog --config FILE key=value ...` -> a `schema` instance; config errors exit with the message."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", type=Path, help="YAML config file")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.lr=1e-4")
+    args = parser.parse_args(argv)
+    try:
+        return load_config(schema, args.config, args.overrides)
+    except ConfigError as e:
+        parser.exit(2, f"config error: {e}\n")
+
+
+def to_yaml(cfg: Any) -> str:
+    """The resolved config as YAML, to store next to a run's outputs."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _read_yaml(path: Path) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as e:  # yaml.YAMLError and friends: keep the parser's position info
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, found a {type(loaded).__name__}")
+    return loaded
+
+
+def _parse_override(item: str) -> DictConfig:
+    if "=" not in item or item.startswith("="):
+        raise ConfigError(f"command-line override {item!r} is not of the form key=value")
+    try:
+        return OmegaConf.from_dotlist([item])
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"command-line override {item!r} cannot be parsed: {e}") from None
+
+
+def _field_types(schema: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(schema)
+    return {f.name: hints[f.name] for f in dataclasses.fields(schema)}
+
+
+def _check_keys(schema: type, node: DictConfig, prefix: str, source: str) -> None:
+    """Reject keys the schema does not have, naming the closest valid ones."""
+    fields = _field_types(schema)
+    for key in node.keys():
+        full_key = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(repr(prefix + c) for c in close)}?" if close else (
+                f"valid keys here: {', '.join(repr(prefix + f) for f in fields)}"
+            )
+            raise ConfigError(f"unknown config key '{full_key}' in {source}; {hint}")
+        child_type = _unwrap_optional(fields[key])
+        try:
+            child = node[key]
+        except (ConfigKeyError, OmegaConfBaseException):
+            continue  # an interpolation: checked when resolved
+        if dataclasses.is_dataclass(child_type) and isinstance(child, DictConfig):
+            _check_keys(child_type, child, f"{full_key}.", source)
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _expected_type(schema: type, full_key: str) -> str:
+    tp: Any = schema
+    for part in full_key.split("."):
+        tp = _unwrap_optional(tp)
+        if not dataclasses.is_dataclass(tp):
+            return "?"
+        tp = _field_types(tp).get(part, "?")
+    return getattr(tp, "__name__", str(tp))
+
+
+def _type_message(schema: type, e: ValidationError, source: str) -> str:
+    key = e.full_key or "?"
+    return (
+        f"config key '{key}' in {source} expects {_expected_type(schema, key)}, "
+        f"got {e.value!r} ({type(e.value).__name__})"
+    )

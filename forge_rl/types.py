@@ -1,0 +1,129 @@
+"""The data that flows between actors: Completion -> Episode -> Group -> TrainBatch.
+
+Plain dataclasses of 1-D tensors and scalars, so they pickle cheaply across Monarch (a tensor
+pickles as one buffer, not one object per token). This module imports nothing of forge_rl.
+
+Token alignment used everywhere: a sequence is `prompt_ids + response_ids`; the behaviour logprob
+and policy version of response token i belong to that token (the logprob of choosing it).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Completion:
+    """One sampled response to a prompt, as the generator produced it."""
+
+    prompt_ids: torch.Tensor  # int64 [P]
+    response_ids: torch.Tensor  # int64 [R]
+    logprobs: torch.Tensor  # float32 [R], behaviour logprob of each sampled token
+    policy_versions: torch.Tensor  # int64 [R], weights version that sampled each token
+    finish_reason: str  # "stop" | "length" | "abort"
+    text: str = ""
+    prompt: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.response_ids)
+        for name in ("logprobs", "policy_versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(
+                    f"Completion.{name} has {len(getattr(self, name))} entries for {n} response tokens"
+                )
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy version that contributed a token (what staleness is measured by)."""
+        if len(self.policy_versions) == 0:
+            raise ValueError("Completion has no response tokens, so no policy version")
+        return int(self.policy_versions.min())
+
+
+@dataclass
+class Episode:
+    """A completion with its reward(s) and advantage."""
+
+    completion: Completion
+    reward: float = 0.0
+    rewards: dict[str, float] = field(default_factory=dict)  # per reward function, before weighting
+    advantage: float | None = None
+    target: Any = None  # the answer the reward compared against, if any
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def oldest_version(self) -> int:
+        return self.completion.oldest_version
+
+
+@dataclass
+class Group:
+    """The G episodes sampled from one prompt: the unit of storage and of advantage normalisation."""
+
+    prompt_id: str
+    episodes: list[Episode]
+
+    def __post_init__(self) -> None:
+        if not self.episodes:
+            raise ValueError(f"Group {self.prompt_id!r} has no episodes")
+        first = self.episodes[0].completion.prompt_ids
+        for i, ep in enumerate(self.episodes[1:], start=1):
+            if not torch.equal(ep.completion.prompt_ids, first):
+                raise ValueError(f"Group {self.prompt_id!r}: episode {i} has a different prompt than episode 0")
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    @property
+    def oldest_version(self) -> int:
+        return min(ep.oldest_version for ep in self.episodes)
+
+
+@dataclass
+class TrainBatch:
+    """Right-padded tensors for one data-parallel rank. B sequences of length T.
+
+    `tokens[b, t]` is the t-th token of prompt+response; the masks and per-token fields are
+    aligned with it (`response_mask[b, t]` is True when token t is a response token).
+    """
+
+    tokens: torch.Tensor  # int64 [B, T]
+    response_mask: torch.Tensor  # bool [B, T]
+    behaviour_logprobs: torch.Tensor  # float32 [B, T], 0 outside the response
+    policy_versions: torch.Tensor  # int64 [B, T], -1 outside the response
+    advantages: torch.Tensor  # float32 [B]
+    ref_logprobs: torch.Tensor | None = None  # float32 [B, T]
+
+    @property
+    def num_sequences(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int(self.response_mask.sum())
+
+    @classmethod
+    def collate(cls, episodes: list[Episode], pad_id: int, pad_to_multiple: int = 1) -> "TrainBatch":
+        if not episodes:
+            raise ValueError("TrainBatch.collate: no episodes")
+        lengths = [len(e.completion.prompt_ids) + len(e.completion.response_ids) for e in episodes]
+        T = -(-max(lengths) // pad_to_multiple) * pad_to_multiple
+        B = len(episodes)
+        tokens = torch.full((B, T), pad_id, dtype=torch.long)
+        mask = torch.zeros((B, T), dtype=torch.bool)
+        logprobs = torch.zeros((B, T), dtype=torch.float32)
+        versions = torch.full((B, T), -1, dtype=torch.long)
+        advantages = torch.zeros(B, dtype=torch.float32)
+        for b, ep in enumerate(episodes):
+            c = ep.completion
+            if ep.advantage is None:
+                raise ValueError(f"TrainBatch.collate: episode {b} has no advantage")
+            P, R = len(c.prompt_ids), len(c.response_ids)
+            tokens[b, :P] = c.prompt_ids
+            tokens[b, P : P + R] = c.response_ids
+            mask[b, P : P + R] = True
+            logprobs[b, P : P + R] = c.logprobs
+            versions[b, P : P + R] = c.policy_versions
+            advantages[b] = ep.advantage
+        return cls(tokens, mask, logprobs, versions, advantages)
