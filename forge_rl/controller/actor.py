@@ -1,0 +1,94 @@
+"""ForgeActor: a Monarch actor that knows how to bring itself up, alone or as a replicated service.
+
+    class Reward(ForgeActor):
+        @endpoint
+        async def score(self, group): ...
+
+    reward = await Reward.as_actor(weights=[1.0])                      # one mesh, default options
+    gen = await Generator.options(procs=1, replicas=2).as_service(cfg)  # N replicas, see Service
+
+Endpoints of a ForgeActor are `async def` (Monarch refuses actors that mix sync and async
+endpoints, and the base class defines `setup` as async). Blocking work inside an endpoint is fine;
+wrap it in `asyncio.to_thread` when the actor must stay responsive meanwhile.
+"""
+
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from monarch._src.actor.actor_mesh import ActorMesh
+from monarch.actor import Actor, endpoint
+
+from forge_rl.controller.provisioner import get_provisioner
+
+A = TypeVar("A", bound="ForgeActor")
+
+
+@dataclass(frozen=True)
+class ActorOptions:
+    procs: int = 1  # procs per replica (e.g. tensor-parallel ranks)
+    hosts: int | None = None  # hosts per replica; None = this host (multi-host comes via launchers)
+    gpus: bool = False  # one GPU per proc, pinned before CUDA initialises
+    replicas: int = 1  # only for as_service
+    mesh_name: str | None = None  # defaults to the class name
+    spmd: bool = False  # set up torch.distributed env inside the mesh (trainer ranks)
+
+    def __post_init__(self) -> None:
+        for name in ("procs", "replicas"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ForgeActor option {name} must be >= 1, got {getattr(self, name)}")
+        if self.hosts not in (None, 1):
+            raise ValueError(
+                f"ForgeActor option hosts={self.hosts}: the local provisioner runs on one host; "
+                "multi-host meshes come from a Slurm/ProcessJob launcher"
+            )
+
+
+class ForgeActor(Actor):
+    @endpoint
+    async def setup(self) -> None:
+        """Runs once after spawn, before the actor is handed out. Override for slow init (engines)."""
+
+    @classmethod
+    def options(cls: type[A], **kwargs: Any) -> "_Launcher[A]":
+        return _Launcher(cls, ActorOptions(**kwargs))
+
+    @classmethod
+    async def as_actor(cls: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+        return await _Launcher(cls, ActorOptions()).as_actor(*args, **kwargs)
+
+    @classmethod
+    async def as_service(cls: type[A], *args: Any, **kwargs: Any):
+        return await _Launcher(cls, ActorOptions()).as_service(*args, **kwargs)
+
+
+class _Launcher:
+    """What `ForgeActor.options(...)` returns: the class plus where and how to run it."""
+
+    def __init__(self, cls: type, opts: ActorOptions):
+        self.cls, self.opts = cls, opts
+
+    def options(self, **kwargs: Any) -> "_Launcher":
+        return _Launcher(self.cls, replace(self.opts, **kwargs))
+
+    async def as_actor(self, *args: Any, **kwargs: Any) -> ActorMesh:
+        """Spawn on one new proc mesh, run `setup` on every rank, return the actor mesh."""
+        name = self.opts.mesh_name or self.cls.__name__
+        mesh = await get_provisioner().get_proc_mesh(
+            procs=self.opts.procs, gpus=self.opts.gpus, mesh_name=name, spmd=self.opts.spmd
+        )
+        actor = mesh.spawn(name, self.cls, *args, **kwargs)
+        await actor.setup.call()
+        actor._forge_proc_mesh = mesh  # so callers can stop it: await stop_actor(actor)
+        return actor
+
+    async def as_service(self, *args: Any, **kwargs: Any):
+        from forge_rl.controller.service import Service
+
+        service = Service(self.cls, args, kwargs, self.opts)
+        await service.start()
+        return service
+
+
+async def stop_actor(actor: ActorMesh) -> None:
+    """Stop an actor made by `as_actor` and its proc mesh."""
+    await get_provisioner().stop_proc_mesh(actor._forge_proc_mesh)

@@ -1,0 +1,160 @@
+"""The provisioner: where proc meshes come from, and the one place that stops them all.
+
+Every actor and service in a run gets its proc mesh here. On CUDA hosts the provisioner hands out
+GPUs per proc and pins them with CUDA_VISIBLE_DEVICES in the proc's bootstrap, before anything in
+the proc can initialise CUDA. For meshes that run torch.distributed (the trainer), it sets up the
+torch elastic environment (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK) with monarch.spmd.
+
+`shutdown()` stops every mesh it made and removes the run's shared-memory files
+(/dev/shm/forge_rl-<run_id>-*). Use `async with provisioned():` (or `forge_rl.controller.run`) so
+that this also happens when the controller exits through an exception or Ctrl-C.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from monarch.actor import ProcMesh, this_host
+
+logger = logging.getLogger(__name__)
+
+SHM_DIR = Path("/dev/shm")
+RUN_ID_ENV = "FORGE_RL_RUN_ID"
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this controller may hand out, without initialising CUDA in the controller."""
+    if (env := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return [g for g in env.split(",") if g.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def shm_prefix(run_id: str) -> str:
+    """Name prefix for the shared-memory files of a run; the weight store uses it too."""
+    return f"forge_rl-{run_id}-"
+
+
+def _pin_gpus(gpu_ids: list[str]):
+    """Bootstrap for a proc: see only its own GPU. Runs in the proc before user code touches CUDA."""
+
+    def bootstrap() -> None:
+        from monarch.actor import current_rank
+
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_ids[current_rank().rank]
+
+    return bootstrap
+
+
+class Provisioner:
+    def __init__(self, run_id: str | None = None):
+        self.run_id = run_id or os.environ.get(RUN_ID_ENV) or uuid.uuid4().hex[:8]
+        os.environ[RUN_ID_ENV] = self.run_id  # procs inherit it (shm names, logs)
+        self._meshes: list[ProcMesh] = []
+        self._services: list = []
+        self._free_gpus = visible_gpus()
+        self._gpus_of: dict[int, list[str]] = {}
+        self._stopped = False
+
+    async def get_proc_mesh(
+        self, procs: int = 1, gpus: bool = False, mesh_name: str = "forge", spmd: bool = False
+    ) -> ProcMesh:
+        """A new mesh of `procs` procs on this host; `gpus=True` gives each proc its own GPU."""
+        if self._stopped:
+            raise RuntimeError("provisioner was shut down; create a new one")
+        if procs < 1:
+            raise ValueError(f"procs must be >= 1, got {procs}")
+        bootstrap = None
+        gpu_ids: list[str] = []
+        if gpus:
+            if len(self._free_gpus) < procs:
+                raise RuntimeError(
+                    f"mesh {mesh_name!r} asks for {procs} GPUs; {len(self._free_gpus)} free "
+                    f"of the visible {visible_gpus() or 'none'}"
+                )
+            gpu_ids, self._free_gpus = self._free_gpus[:procs], self._free_gpus[procs:]
+            bootstrap = _pin_gpus(gpu_ids)
+        mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=mesh_name)
+        await mesh.initialized
+        self._gpus_of[id(mesh)] = gpu_ids
+        self._meshes.append(mesh)
+        if spmd:
+            from monarch.spmd import setup_torch_elastic_env_async
+
+            await setup_torch_elastic_env_async(mesh)
+        return mesh
+
+    async def stop_proc_mesh(self, mesh: ProcMesh) -> None:
+        if mesh in self._meshes:
+            self._meshes.remove(mesh)
+        self._free_gpus.extend(self._gpus_of.pop(id(mesh), []))
+        with contextlib.suppress(Exception):  # a mesh whose procs died cannot be stopped cleanly
+            await asyncio.wait_for(mesh.stop(), timeout=30)
+
+    def register_service(self, service) -> None:
+        self._services.append(service)
+
+    async def shutdown(self) -> None:
+        """Stop every service and mesh of this run and remove its shared-memory files."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for service in reversed(self._services):
+            with contextlib.suppress(Exception):
+                await service.shutdown()
+        for mesh in reversed(list(self._meshes)):
+            await self.stop_proc_mesh(mesh)
+        remove_run_shm(self.run_id)
+
+
+def remove_run_shm(run_id: str) -> list[str]:
+    removed = []
+    for path in SHM_DIR.glob(shm_prefix(run_id) + "*"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path.name)
+    return removed
+
+
+_provisioner: Provisioner | None = None
+
+
+def get_provisioner() -> Provisioner:
+    """The run's provisioner, created on first use."""
+    global _provisioner
+    if _provisioner is None or _provisioner._stopped:
+        _provisioner = Provisioner()
+    return _provisioner
+
+
+async def shutdown() -> None:
+    """Stop everything the current run started (idempotent)."""
+    global _provisioner
+    if _provisioner is not None:
+        await _provisioner.shutdown()
+        _provisioner = None
+
+
+@contextlib.asynccontextmanager
+async def provisioned(run_id: str | None = None):
+    """`async with provisioned() as prov:` -- everything spawned inside is stopped on the way out,
+    whether the block returns, raises, or is cancelled by Ctrl-C."""
+    global _provisioner
+    if _provisioner is not None and not _provisioner._stopped:
+        raise RuntimeError("a provisioner is already active; nest work inside it instead")
+    _provisioner = Provisioner(run_id)
+    try:
+        yield _provisioner
+    finally:
+        # Shield: on Ctrl-C the enclosing task is being cancelled, and cleanup must still finish.
+        await asyncio.shield(shutdown())

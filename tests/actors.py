@@ -1,0 +1,39 @@
+"""Actors used by the controller tests (importable by the procs Monarch spawns)."""
+
+import asyncio
+import os
+from pathlib import Path
+
+from monarch.actor import endpoint
+
+from forge_rl.controller import ForgeActor
+
+
+class Echo(ForgeActor):
+    def __init__(self, tag: str = "echo"):
+        self.tag = tag
+        self.pid = os.getpid()
+
+    @endpoint
+    async def who(self, delay: float = 0.0) -> tuple[str, int]:
+        await asyncio.sleep(delay)
+        return self.tag, self.pid
+
+    @endpoint
+    async def fail(self) -> None:
+        raise ValueError("endpoint raised on purpose")
+
+
+class ShmWriter(ForgeActor):
+    """Holds a file in /dev/shm named by the run id, as the weight store does."""
+
+    @endpoint
+    async def setup(self) -> None:
+        from forge_rl.controller.provisioner import RUN_ID_ENV, shm_prefix
+
+        self.path = Path("/dev/shm") / f"{shm_prefix(os.environ[RUN_ID_ENV])}{os.getpid()}"
+        self.path.write_bytes(b"\0" * 4096)
+
+    @endpoint
+    async def info(self) -> tuple[int, str]:
+        return os.getpid(), str(self.path)

@@ -1,0 +1,96 @@
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from forge_rl.config import ConfigError, load_config, parse_args, to_yaml
+
+
+@dataclass
+class Trainer:
+    lr: float = 1e-3
+    steps: int = 10
+
+
+@dataclass
+class App:
+    model: str  # required
+    group_size: int = 4
+    batch_size: int = 8
+    trainer: Trainer = field(default_factory=Trainer)
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+
+@pytest.fixture
+def cfg_file(tmp_path):
+    path = tmp_path / "app.yaml"
+    path.write_text("model: tiny\ngroup_size: 8\nbatch_size: ${group_size}\ntrainer:\n  lr: 0.1\n"
+                    "engine_args:\n  max_model_len: 64\n")
+    return path
+
+
+def test_file_overrides_and_interpolation(cfg_file):
+    cfg = load_config(App, cfg_file, ["trainer.steps=3", "group_size=16"])
+    assert isinstance(cfg, App) and isinstance(cfg.trainer, Trainer)
+    assert cfg.trainer == Trainer(lr=0.1, steps=3)
+    assert cfg.batch_size == 16  # ${group_size} resolves after the override
+    assert cfg.engine_args == {"max_model_len": 64}  # dict fields pass any keys through
+
+
+def test_unknown_key_in_file_names_key_file_and_closest(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: m\ntrainer:\n  lrate: 0.1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(App, path)
+    msg = str(e.value)
+    assert "'trainer.lrate'" in msg and str(path) in msg and "'trainer.lr'" in msg
+
+
+def test_unknown_key_in_override_names_override(cfg_file):
+    with pytest.raises(ConfigError, match=r"unknown config key 'grup_size' in command-line override.*'group_size'"):
+        load_config(App, cfg_file, ["grup_size=2"])
+
+
+def test_unknown_key_without_close_match_lists_valid_keys(cfg_file):
+    with pytest.raises(ConfigError, match=r"valid keys here: 'trainer.lr', 'trainer.steps'"):
+        load_config(App, cfg_file, ["trainer.zzz=1"])
+
+
+def test_wrong_type_names_key_and_expected_type(tmp_path, cfg_file):
+    with pytest.raises(ConfigError, match=r"'trainer.steps' in command-line override .* expects int, got 'abc'"):
+        load_config(App, cfg_file, ["trainer.steps=abc"])
+    path = tmp_path / "t.yaml"
+    path.write_text("model: m\ntrainer:\n  lr: fast\n")
+    with pytest.raises(ConfigError, match=rf"'trainer.lr' in file {path} expects float, got 'fast'"):
+        load_config(App, path)
+
+
+def test_missing_required_key_named():
+    with pytest.raises(ConfigError, match=r"missing required config key 'model'"):
+        load_config(App, None, ["group_size=2"])
+
+
+def test_bad_interpolation_and_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"'batch_size'.*nope"):
+        load_config(App, None, ["model=m", "batch_size=${nope}"])
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(App, tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(App, tmp_path / "list.yaml")
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        load_config(App, None, ["model"])
+
+
+def test_parse_args_exits_with_message(cfg_file, capsys):
+    assert parse_args(App, ["--config", str(cfg_file), "trainer.lr=0.5"]).trainer.lr == 0.5
+    with pytest.raises(SystemExit) as e:
+        parse_args(App, ["--config", str(cfg_file), "trainr.lr=0.5"])
+    assert e.value.code == 2
+    assert "unknown config key 'trainr'" in capsys.readouterr().err
+
+
+def test_to_yaml_round_trips(tmp_path, cfg_file):
+    cfg = load_config(App, cfg_file)
+    (tmp_path / "saved.yaml").write_text(to_yaml(cfg))
+    assert load_config(App, tmp_path / "saved.yaml") == cfg
