@@ -56,12 +56,12 @@ def test_killed_replica_is_replaced_and_inflight_call_retried_once():
             os.kill(victim, signal.SIGKILL)
             tag, pid = await call
             assert tag == "svc" and pid != victim  # answered by a healthy replica
-            assert svc.stats.retries == 1
+            assert svc.service_stats.retries == 1
             for _ in range(300):  # the health loop respawns the dead replica
-                if svc.healthy_replicas == 2 and svc.stats.respawns == 1:
+                if svc.healthy_replicas == 2 and svc.service_stats.respawns == 1:
                     break
                 await asyncio.sleep(0.1)
-            assert svc.healthy_replicas == 2 and svc.stats.respawns == 1
+            assert svc.healthy_replicas == 2 and svc.service_stats.respawns == 1
             assert max(r["generation"] for r in svc.replica_info()) == 1
             pids = {p for _, p in await svc.who.call_all()}
             assert len(pids) == 2 and victim not in pids
@@ -78,7 +78,7 @@ def test_single_replica_retry_waits_for_the_respawn():
             await asyncio.sleep(0.3)
             os.kill(victim, signal.SIGKILL)
             _, pid = await call
-            assert pid != victim and svc.stats.respawns == 1
+            assert pid != victim and svc.service_stats.respawns == 1
 
     run(body())
 
@@ -89,7 +89,7 @@ def test_endpoint_exception_is_not_retried_and_replica_stays():
             svc = await two_replicas()
             with pytest.raises(ActorError, match="endpoint raised on purpose"):
                 await svc.fail.route()
-            assert svc.stats.retries == 0 and svc.healthy_replicas == 2
+            assert svc.service_stats.retries == 0 and svc.healthy_replicas == 2
             with pytest.raises(AttributeError, match="Echo has no endpoint 'nope'"):
                 svc.nope
 

@@ -75,7 +75,7 @@ class Service:
         self.name = self.opts.mesh_name or actor_cls.__name__
         self.routing = routing
         self.wait_for_replica_s = wait_for_replica_s
-        self.stats = ServiceStats()
+        self.service_stats = ServiceStats()
         self._replicas: list[Replica] = []
         self._rr = itertools.count()
         self._sessions: dict[str, int] = {}
@@ -145,14 +145,14 @@ class Service:
         return ServiceEndpoint(self, name)
 
     async def route(self, endpoint: str, args: tuple, kwargs: dict, session: str | None = None) -> Any:
-        self.stats.calls += 1
+        self.service_stats.calls += 1
         replica = await self._pick(session)
         generation = replica.generation
         try:
             return await self._invoke(replica, endpoint, args, kwargs)
         except SupervisionError as e:
             self._mark_dead(replica, generation, f"{endpoint}: {e}")
-            self.stats.retries += 1
+            self.service_stats.retries += 1
             logger.warning("%s replica %d died during %s; retrying once", self.name, replica.index, endpoint)
             replica = await self._pick(session)
             return await self._invoke(replica, endpoint, args, kwargs)
@@ -196,7 +196,7 @@ class Service:
             if remaining <= 0:
                 raise RuntimeError(
                     f"service {self.name}: no healthy replica within {self.wait_for_replica_s:.0f}s "
-                    f"(recent failures: {self.stats.failures[-3:]})"
+                    f"(recent failures: {self.service_stats.failures[-3:]})"
                 )
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=remaining)
@@ -218,7 +218,7 @@ class Service:
         if replica.generation != generation or not replica.healthy or self._closed:
             return  # already handled, or a report about an earlier incarnation
         replica.healthy = False
-        self.stats.failures.append(f"replica {replica.index}: {reason.splitlines()[0][:200]}")
+        self.service_stats.failures.append(f"replica {replica.index}: {reason.splitlines()[0][:200]}")
         self._to_respawn.put_nowait((replica, generation))
 
     def _on_mesh_failure(self, actor_name: str) -> None:
@@ -237,9 +237,9 @@ class Service:
             replica.generation += 1
             try:
                 await self._spawn(replica)
-                self.stats.respawns += 1
+                self.service_stats.respawns += 1
             except Exception as e:  # keep the loop alive; try again shortly
-                self.stats.failures.append(f"respawn of replica {replica.index}: {e}")
+                self.service_stats.failures.append(f"respawn of replica {replica.index}: {e}")
                 logger.exception("%s: respawn of replica %d failed", self.name, replica.index)
                 await asyncio.sleep(1.0)
                 self._to_respawn.put_nowait((replica, replica.generation))

@@ -1,0 +1,19 @@
+"""Models: the embedded tiny model and the Qwen3 family in TorchTitan (forge_rl.models.qwen3)."""
+
+from pathlib import Path
+
+TINY_MODEL_DIR = Path(__file__).parent / "tiny"
+
+
+def resolve_model_path(model: str) -> str:
+    """"tiny" -> the embedded model; anything else must be a local HF model directory (nothing is
+    downloaded at run time)."""
+    if model == "tiny":
+        return str(TINY_MODEL_DIR)
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model {model!r}: not 'tiny' and not a local HF model directory (no {path / 'config.json'}); "
+            "forge_rl never downloads weights at run time, so pass a local path"
+        )
+    return str(path)

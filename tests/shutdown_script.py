@@ -1,0 +1,26 @@
+"""Spawned by tests/test_shutdown.py: start a service and an actor, then leave in the way argv[1] says."""
+
+import asyncio
+import os
+import sys
+
+from forge_rl.controller import ForgeActor, provisioned
+from tests.actors import ShmWriter
+
+
+async def main(how: str) -> None:
+    async with provisioned():
+        svc = await ShmWriter.options(replicas=2).as_service()
+        actor = await ShmWriter.as_actor()
+        infos = await svc.info.call_all() + [await actor.info.call_one()]
+        print("PIDS", " ".join(str(pid) for pid, _ in infos), flush=True)
+        print("SHM", " ".join(path for _, path in infos), flush=True)
+        if how == "exception":
+            raise RuntimeError("controller failed on purpose")
+        if how == "sigint":
+            print("READY", flush=True)
+            await asyncio.sleep(120)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

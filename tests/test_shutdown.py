@@ -1,0 +1,56 @@
+"""Shutdown leaves no child processes and nothing in /dev/shm: normal exit, exception, Ctrl-C."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead but unreaped; it holds nothing.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("how", ["normal", "exception", "sigint"])
+def test_shutdown_leaves_no_processes_or_shm(how):
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.shutdown_script", how],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    pids, shm, lines = [], [], []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("PIDS"):
+            pids = [int(p) for p in line.split()[1:]]
+        if line.startswith("SHM"):
+            shm = line.split()[1:]
+            assert all(Path(p).exists() for p in shm)
+        if line.startswith("READY"):
+            proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=120)
+    output = "".join(lines)
+    assert len(pids) == 3 and len(shm) == 3, output
+    if how == "normal":
+        assert code == 0, output
+    elif how == "exception":
+        assert code != 0 and "controller failed on purpose" in output
+    else:
+        assert code != 0 and "KeyboardInterrupt" in output
+    deadline = time.time() + 15
+    while time.time() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)], "actor procs outlived the controller"
+    assert not [p for p in shm if Path(p).exists()], "run's shared memory left behind"
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
