@@ -37,3 +37,22 @@ class ShmWriter(ForgeActor):
     @endpoint
     async def info(self) -> tuple[int, str]:
         return os.getpid(), str(self.path)
+
+
+class DistributedProbe(ForgeActor):
+    """Reports what the provisioner set up in its proc."""
+
+    @endpoint
+    async def env(self, names: list[str]) -> dict[str, str | None]:
+        return {n: os.environ.get(n) for n in names}
+
+    @endpoint
+    async def all_reduce(self, value: float) -> float:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        t = torch.tensor([value])
+        dist.all_reduce(t)
+        return t.item()

@@ -1,0 +1,34 @@
+"""The provisioner: GPU pinning per proc and torch.distributed env inside a mesh."""
+
+import pytest
+
+from forge_rl.controller import provisioned
+from tests.actors import DistributedProbe
+from tests.conftest import run
+
+
+def test_each_proc_sees_only_its_own_gpu(monkeypatch):
+    # GPU assignment is environment-only, so it can be checked without a GPU.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+
+    async def body():
+        async with provisioned():
+            probe = await DistributedProbe.options(procs=2, gpus=True).as_actor()
+            seen = [env["CUDA_VISIBLE_DEVICES"] for _, env in (await probe.env.call(["CUDA_VISIBLE_DEVICES"])).items()]
+            assert sorted(seen) == ["3", "5"]
+            with pytest.raises(RuntimeError, match="asks for 2 GPUs; 1 free"):
+                await DistributedProbe.options(procs=2, gpus=True).as_actor()
+
+    run(body())
+
+
+def test_spmd_mesh_runs_torch_distributed():
+    async def body():
+        async with provisioned():
+            probe = await DistributedProbe.options(procs=2, spmd=True).as_actor()
+            envs = [env for _, env in (await probe.env.call(["RANK", "WORLD_SIZE", "MASTER_ADDR"])).items()]
+            assert sorted(e["RANK"] for e in envs) == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
+            sums = [v for _, v in (await probe.all_reduce.call(1.5)).items()]
+            assert sums == [3.0, 3.0]
+
+    run(body())
