@@ -9,6 +9,7 @@ the reward is ~0 (it has not learned arithmetic yet), which is expected.
 
 import asyncio
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,4 +131,6 @@ async def main(cfg: RolloutConfig) -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    # Keep the console for forge_rl's own progress; procs spawned later inherit this.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     asyncio.run(main(parse_args(RolloutConfig, description=__doc__)))
