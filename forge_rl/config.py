@@ -16,6 +16,7 @@ own names (vLLM engine arguments, sampling parameters).
 import argparse
 import dataclasses
 import difflib
+import types
 import typing
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
@@ -127,7 +128,7 @@ def _check_keys(schema: type, node: DictConfig, prefix: str, source: str) -> Non
 
 
 def _unwrap_optional(tp: Any) -> Any:
-    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(args) == 1:
             return args[0]

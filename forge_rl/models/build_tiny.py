@@ -112,9 +112,11 @@ def build(out: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    from safetensors.torch import load_file
+
     out = build(parser.parse_args().out)
-    n = sum(p.numel() for p in __import__("safetensors.torch").torch.load_file(str(out / "model.safetensors")).values())
-    print(f"wrote {out} ({n:,} tensor elements incl. tied lm_head)")
+    n = sum(t.numel() for name, t in load_file(str(out / "model.safetensors")).items() if name != "lm_head.weight")
+    print(f"wrote {out} ({n:,} parameters; lm_head.weight is stored too but tied to the embeddings)")
 
 
 if __name__ == "__main__":
