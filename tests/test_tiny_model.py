@@ -106,3 +106,15 @@ def test_generator_rejects_bad_input_and_keeps_serving(generator):
     again = loop.run_until_complete(svc.generate.route(token_ids, n=2, max_tokens=4))
     assert len(again) == 2 and all(len(c.response_ids) <= 4 for c in again)
     assert svc.service_stats.retries == 0 and svc.healthy_replicas == 1
+
+
+def test_concurrent_generate_calls_share_the_engine(generator):
+    loop, svc = generator
+
+    async def many():
+        return await asyncio.gather(*(svc.generate.route(PROMPT, n=2, max_tokens=16, ignore_eos=True) for _ in range(8)))
+
+    groups = loop.run_until_complete(many())
+    assert [len(g) for g in groups] == [2] * 8
+    stats = loop.run_until_complete(svc.stats.route())
+    assert stats["max_concurrent_requests"] >= 4  # calls overlap in the engine instead of queueing in the actor

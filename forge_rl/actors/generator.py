@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import torch
-from monarch.actor import endpoint
+from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_rl.controller import ForgeActor
 from forge_rl.types import Completion
@@ -37,6 +37,7 @@ class Generator(ForgeActor):
         self._generated_tokens = 0
         self._busy_s = 0.0  # wall time with at least one request in the engine
         self._active = 0
+        self._max_active = 0  # most requests in the engine at once (shows that calls overlap)
         self._busy_since = 0.0
 
     @endpoint
@@ -53,7 +54,7 @@ class Generator(ForgeActor):
         self.max_model_len = self.engine.vllm_config.model_config.max_model_len
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
 
-    @endpoint
+    @concurrent_endpoint  # calls overlap, so the engine batches many groups (continuous batching)
     async def generate(self, prompt: str | list[int], n: int = 1, **sampling: Any) -> list[Completion]:
         """Sample `n` completions of `prompt` (text, or token ids). `sampling` overrides the config's
         vLLM SamplingParams for this call (e.g. temperature=0, max_tokens=16)."""
@@ -113,6 +114,7 @@ class Generator(ForgeActor):
         return dict(
             generated_tokens=self._generated_tokens,
             busy_s=self._busy_s,
+            max_concurrent_requests=self._max_active,
             tokens_per_s=self._generated_tokens / self._busy_s if self._busy_s else 0.0,
         )
 
@@ -120,6 +122,7 @@ class Generator(ForgeActor):
         if self._active == 0:
             self._busy_since = time.perf_counter()
         self._active += 1
+        self._max_active = max(self._max_active, self._active)
 
     def _leave(self) -> None:
         self._active -= 1

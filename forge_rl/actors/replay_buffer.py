@@ -1,0 +1,242 @@
+"""Replay buffer: whole groups between rollouts and training, bounded, with counted staleness drops.
+
+`add(group)` waits while the buffer holds `capacity` groups (backpressure: capacity is what bounds how
+far generation runs ahead). `sample(policy_version, batch_groups)` first drops every episode whose
+oldest token came from a policy version u with policy_version - u > max_policy_age, then returns
+`batch_groups` whole groups as one TrainBatch per data-parallel rank, or None when there are not
+enough yet. Every episode that enters leaves as trained or as dropped with a reason, and
+added == trained + dropped + present holds after every call.
+
+The bookkeeping lives in `GroupStore` (plain Python, property-tested); the actor adds the waiting.
+"""
+
+import asyncio
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from monarch.actor import concurrent_endpoint, endpoint
+
+from forge_rl.controller import ForgeActor
+from forge_rl.types import Group, TrainBatch
+
+DROP_REASONS = ("stale", "zero_advantage", "evicted")
+
+
+@dataclass
+class ReplayBufferConfig:
+    capacity: int = 64  # groups
+    max_policy_age: int = 1
+    dp_size: int = 1
+    order: str = "oldest"  # "oldest" | "random"
+    max_resample: int = 1  # times a group may be trained on
+    min_fresh_groups: int = 1  # per batch, groups never trained on before (matters when max_resample > 1)
+    drop_zero_advantage: bool = True  # groups whose advantages are all zero carry no signal
+    pad_id: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.order not in ("oldest", "random"):
+            raise ValueError(f"replay_buffer.order={self.order!r}; choose 'oldest' or 'random'")
+        for name in ("capacity", "dp_size", "max_resample"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"replay_buffer.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_policy_age", "min_fresh_groups"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"replay_buffer.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class _Entry:
+    group: Group
+    uses: int = 0
+
+
+@dataclass
+class GroupStore:
+    cfg: ReplayBufferConfig
+    entries: list[_Entry] = field(default_factory=list)  # oldest first
+    added: int = 0
+    trained: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    staleness: Counter = field(default_factory=Counter)  # policy_version - oldest_version of sampled episodes
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.cfg.seed)
+
+    @property
+    def present(self) -> int:
+        return sum(len(e.group) for e in self.entries)
+
+    @property
+    def full(self) -> bool:
+        return len(self.entries) >= self.cfg.capacity
+
+    def add(self, group: Group) -> bool:
+        """Store `group` (the caller waits while full). Returns False when it was dropped on arrival."""
+        validate_group(group)
+        self.added += len(group)
+        if self.cfg.drop_zero_advantage and all(abs(e.advantage) < 1e-8 for e in group.episodes):
+            self.dropped["zero_advantage"] += len(group)
+            return False
+        self.entries.append(_Entry(group))
+        return True
+
+    def drop_stale(self, policy_version: int) -> None:
+        keep = []
+        for entry in self.entries:
+            fresh = [e for e in entry.group.episodes if policy_version - e.oldest_version <= self.cfg.max_policy_age]
+            self.dropped["stale"] += len(entry.group) - len(fresh)
+            if fresh:
+                entry.group = Group(entry.group.prompt_id, fresh)
+                keep.append(entry)
+        self.entries = keep
+
+    def sample(self, policy_version: int, batch_groups: int) -> list[TrainBatch] | None:
+        cfg = self.cfg
+        if batch_groups < 1 or batch_groups % cfg.dp_size:
+            raise ValueError(
+                f"batch_groups={batch_groups} must be a positive multiple of replay_buffer.dp_size={cfg.dp_size} "
+                "(groups are never split across ranks)"
+            )
+        if batch_groups > cfg.capacity:
+            raise ValueError(f"batch_groups={batch_groups} exceeds replay_buffer.capacity={cfg.capacity}")
+        self.drop_stale(policy_version)
+        fresh = [e for e in self.entries if e.uses == 0]
+        reused = [e for e in self.entries if e.uses > 0]
+        if len(fresh) < min(cfg.min_fresh_groups, batch_groups) or len(self.entries) < batch_groups:
+            if self.full and reused:  # full of already-trained groups: retire the oldest so rollouts can go on
+                self._retire([reused[0]])
+            return None
+        picked = self._order(fresh)[:batch_groups]
+        picked += self._order(reused)[: batch_groups - len(picked)]
+        for entry in picked:
+            entry.uses += 1
+            for ep in entry.group.episodes:
+                self.staleness[policy_version - ep.oldest_version] += 1
+        self._retire([e for e in picked if e.uses >= cfg.max_resample])
+        per_rank = batch_groups // cfg.dp_size
+        return [
+            TrainBatch.collate(
+                [ep for entry in picked[r * per_rank : (r + 1) * per_rank] for ep in entry.group.episodes],
+                pad_id=cfg.pad_id,
+            )
+            for r in range(cfg.dp_size)
+        ]
+
+    def _order(self, entries: list[_Entry]) -> list[_Entry]:
+        return self.rng.sample(entries, len(entries)) if self.cfg.order == "random" else entries
+
+    def _retire(self, entries: list[_Entry]) -> None:
+        gone = {id(e) for e in entries}
+        self.trained += sum(len(e.group) for e in entries)
+        self.entries = [e for e in self.entries if id(e) not in gone]
+
+    def evict_all(self) -> int:
+        """At shutdown: whatever is still here leaves as dropped("evicted"). Returns the episode count."""
+        n = self.present
+        self.dropped["evicted"] += n
+        self.entries = []
+        return n
+
+    def stats(self) -> dict:
+        return dict(
+            added=self.added, trained=self.trained, present=self.present, groups=len(self.entries),
+            dropped={r: self.dropped[r] for r in DROP_REASONS}, staleness=dict(sorted(self.staleness.items())),
+        )
+
+    def state_dict(self) -> dict:
+        return dict(
+            entries=[(e.group, e.uses) for e in self.entries], added=self.added, trained=self.trained,
+            dropped=dict(self.dropped), staleness=dict(self.staleness), rng=self.rng.getstate(),
+        )
+
+    def load_state_dict(self, state: dict) -> None:
+        self.entries = [_Entry(group, uses) for group, uses in state["entries"]]
+        self.added, self.trained = state["added"], state["trained"]
+        self.dropped, self.staleness = Counter(state["dropped"]), Counter(state["staleness"])
+        self.rng.setstate(state["rng"])
+
+
+def validate_group(group: Group) -> None:
+    if not isinstance(group, Group):
+        raise TypeError(f"ReplayBuffer.add takes a Group, got {type(group).__name__}")
+    if not group.episodes:
+        raise ValueError(f"group {group.prompt_id!r} has no episodes")
+    first = group.episodes[0].completion.prompt_ids
+    for i, ep in enumerate(group.episodes):
+        # Group checks this on construction, but unpickling skips __init__, so check again here.
+        if not torch.equal(ep.completion.prompt_ids, first):
+            raise ValueError(f"group {group.prompt_id!r} episode {i}: completion.prompt_ids differ from episode 0")
+        if len(ep.completion.policy_versions) == 0:
+            raise ValueError(f"group {group.prompt_id!r} episode {i}: completion.policy_versions is empty")
+        if ep.advantage is None:
+            raise ValueError(f"group {group.prompt_id!r} episode {i}: advantage is None (compute advantages first)")
+        if ep.advantage != ep.advantage:
+            raise ValueError(f"group {group.prompt_id!r} episode {i}: advantage is NaN")
+
+
+class ReplayBuffer(ForgeActor):
+    def __init__(self, cfg: ReplayBufferConfig | None = None):
+        self.store = GroupStore(cfg or ReplayBufferConfig())
+        self.add_blocked_s = 0.0  # producers waiting for room
+        self.sample_empty_s = 0.0  # consumer getting None: from the first None to the next batch
+        self._empty_since: float | None = None
+        self._room: asyncio.Condition | None = None
+
+    def _condition(self) -> asyncio.Condition:
+        if self._room is None:  # created on the actor's event loop, at first use
+            self._room = asyncio.Condition()
+        return self._room
+
+    @concurrent_endpoint  # a blocked add must not keep sample() from running and freeing room
+    async def add(self, group: Group) -> bool:
+        validate_group(group)
+        room = self._condition()
+        async with room:
+            if self.store.full:
+                start = time.perf_counter()
+                await room.wait_for(lambda: not self.store.full)
+                self.add_blocked_s += time.perf_counter() - start
+            return self.store.add(group)
+
+    @endpoint
+    async def sample(self, policy_version: int, batch_groups: int) -> list[TrainBatch] | None:
+        room = self._condition()
+        async with room:
+            batches = self.store.sample(policy_version, batch_groups)
+            room.notify_all()  # sampling and stale drops free room
+        now = time.perf_counter()
+        if batches is None:
+            self._empty_since = self._empty_since or now
+        elif self._empty_since is not None:
+            self.sample_empty_s += now - self._empty_since
+            self._empty_since = None
+        return batches
+
+    @endpoint
+    async def evict(self) -> dict:
+        """Empty the buffer at the end of a run (counted as dropped "evicted"); returns final stats."""
+        room = self._condition()
+        async with room:
+            self.store.evict_all()
+            room.notify_all()
+        return await self._stats()
+
+    @endpoint
+    async def stats(self) -> dict:
+        return await self._stats()
+
+    async def _stats(self) -> dict:
+        return dict(self.store.stats(), add_blocked_s=self.add_blocked_s, sample_empty_s=self.sample_empty_s)
+
+    @endpoint
+    async def state_dict(self) -> dict:
+        return dict(self.store.state_dict(), add_blocked_s=self.add_blocked_s, sample_empty_s=self.sample_empty_s)
+
+    @endpoint
+    async def load_state_dict(self, state: dict) -> None:
+        self.store.load_state_dict(state)
+        self.add_blocked_s, self.sample_empty_s = state["add_blocked_s"], state["sample_empty_s"]

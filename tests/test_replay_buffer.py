@@ -1,0 +1,187 @@
+"""Replay buffer: staleness bound, accounting, whole groups (property tests), backpressure on a real actor."""
+
+import asyncio
+import pickle
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from forge_rl.actors.replay_buffer import GroupStore, ReplayBuffer, ReplayBufferConfig
+from forge_rl.controller import provisioned
+from forge_rl.types import Completion, Episode, Group
+from tests.conftest import run
+
+
+def make_group(pid: str, versions: list[int], advantages: list[float] | None = None) -> Group:
+    advantages = advantages or [float(i % 2) - 0.5 for i in range(len(versions))]
+    eps = []
+    for v, a in zip(versions, advantages):
+        c = Completion(torch.tensor([100 + int(pid[1:]) if pid[1:].isdigit() else 1, 2]), torch.tensor([3, 4]),
+                       torch.tensor([-1.0, -1.0]),
+                       torch.tensor([v, v + 1]), "stop")
+        eps.append(Episode(c, advantage=a, metadata={"prompt": pid}))
+    return Group(pid, eps)
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.lists(st.integers(0, 3), min_size=1, max_size=4), st.booleans()),
+        st.tuples(st.just("sample"), st.integers(1, 3), st.integers(0, 2)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=ops, max_age=st.integers(0, 2), dp=st.sampled_from([1, 2]), order=st.sampled_from(["oldest", "random"]),
+       resample=st.integers(1, 2), min_fresh=st.integers(0, 2))
+def test_bound_accounting_and_whole_groups(ops, max_age, dp, order, resample, min_fresh):
+    store = GroupStore(ReplayBufferConfig(capacity=8, max_policy_age=max_age, dp_size=dp, order=order,
+                                          max_resample=resample, min_fresh_groups=min_fresh))
+    uses: dict[str, int] = {}
+    version, n = 0, 0
+    for op in ops:
+        if op[0] == "add" and not store.full:
+            offsets, zero = op[1], op[2]
+            group = make_group(f"p{n}", [max(0, version - o) for o in offsets], [0.0] * len(offsets) if zero else None)
+            n += 1
+            store.add(group)
+        elif op[0] == "sample":
+            version += op[2]
+            batches = store.sample(version, op[1] * dp)
+            if batches is not None:
+                assert len(batches) == dp
+                for b in batches:
+                    oldest = b.policy_versions.masked_fill(~b.response_mask, 10**9).min(dim=1).values
+                    assert (version - oldest <= max_age).all()
+                    for prompt in {ep_prompt(b, i) for i in range(b.num_sequences)}:
+                        uses[prompt] = uses.get(prompt, 0) + 1
+                assert max(uses.values()) <= resample  # never trained more often than configured
+        assert store.added == store.trained + sum(store.dropped.values()) + store.present
+        for entry in store.entries:  # stored groups stay whole: one prompt, no foreign episodes
+            assert {ep.metadata["prompt"] for ep in entry.group.episodes} == {entry.group.prompt_id}
+
+
+def ep_prompt(batch, i: int) -> str:
+    """make_group encodes the group's number in the prompt's first token."""
+    return f"p{int(batch.tokens[i, 0]) - 100}"
+
+
+def test_sampled_batches_keep_groups_together_and_split_evenly():
+    store = GroupStore(ReplayBufferConfig(capacity=8, dp_size=2))
+    for i in range(4):
+        store.add(make_group(f"p{i}", [0, 0, 0]))
+    batches = store.sample(0, 4)
+    assert [b.num_sequences for b in batches] == [6, 6]
+    assert store.trained == 12 and store.present == 0
+
+
+def test_stale_and_zero_advantage_drops_are_counted():
+    store = GroupStore(ReplayBufferConfig(capacity=8, max_policy_age=1))
+    store.add(make_group("old", [0, 3]))
+    assert store.add(make_group("flat", [3, 3], [0.0, 0.0])) is False
+    assert store.sample(3, 1)[0].num_sequences == 1  # episode from version 0 dropped, version 3 kept
+    assert store.dropped["stale"] == 1 and store.dropped["zero_advantage"] == 2
+
+
+def test_bad_input_names_the_field():
+    store = GroupStore(ReplayBufferConfig(capacity=2))
+    with pytest.raises(ValueError, match="episode 0: advantage is None"):
+        store.add(make_group("p", [0], [None]))
+    with pytest.raises(ValueError, match="exceeds replay_buffer.capacity=2"):
+        store.sample(0, 3)
+    with pytest.raises(ValueError, match="replay_buffer.order="):
+        ReplayBufferConfig(order="newest")
+
+
+def test_add_blocks_at_capacity_until_sampled():
+    async def body():
+        async with provisioned():
+            buf = await ReplayBuffer.as_actor(ReplayBufferConfig(capacity=2))
+            await buf.add.call_one(make_group("a", [0, 0]))
+            await buf.add.call_one(make_group("b", [0, 0]))
+            blocked = asyncio.ensure_future(buf.add.call_one(make_group("c", [0, 0])))
+            await asyncio.sleep(0.5)
+            assert not blocked.done()
+            assert (await buf.sample.call_one(0, 1))[0].num_sequences == 2
+            assert await asyncio.wait_for(blocked, 10) is True
+            stats = await buf.stats.call_one()
+            assert stats["add_blocked_s"] > 0.3 and stats["groups"] == 2 and stats["trained"] == 2
+            assert await buf.sample.call_one(0, 2) is not None
+            assert await buf.sample.call_one(0, 1) is None
+            await asyncio.sleep(0.3)
+            await buf.add.call_one(make_group("d", [0, 0]))
+            assert (await buf.sample.call_one(0, 1)) is not None
+            state = await buf.state_dict.call_one()
+            final = await buf.evict.call_one()
+            assert final["sample_empty_s"] > 0.2
+            assert final["added"] == final["trained"] + sum(final["dropped"].values()) == 8
+            restored = await ReplayBuffer.as_actor(ReplayBufferConfig(capacity=2))
+            await restored.load_state_dict.call_one(state)
+            assert (await restored.stats.call_one())["trained"] == 8
+
+    run(body())
+
+
+def test_groups_in_a_batch_stay_whole_and_in_order():
+    store = GroupStore(ReplayBufferConfig(capacity=8, dp_size=2))
+    for i in range(4):
+        store.add(make_group(f"p{i}", [0, 0, 0]))
+    b0, b1 = store.sample(0, 4)
+    assert [ep_prompt(b0, i) for i in range(6)] == ["p0"] * 3 + ["p1"] * 3
+    assert [ep_prompt(b1, i) for i in range(6)] == ["p2"] * 3 + ["p3"] * 3
+
+
+def test_random_order_split_is_deterministic_given_seed():
+    def split(seed):
+        store = GroupStore(ReplayBufferConfig(capacity=16, dp_size=2, order="random", seed=seed))
+        for i in range(12):
+            store.add(make_group(f"p{i}", [0, 0]))
+        return [[ep_prompt(b, i) for i in range(b.num_sequences)] for b in store.sample(0, 8)]
+
+    assert split(1) == split(1)
+    assert split(1) != split(2)
+    assert [len(rank) for rank in split(1)] == [8, 8]
+
+
+def test_resample_prefers_fresh_groups_and_retires_after_max_uses():
+    store = GroupStore(ReplayBufferConfig(capacity=4, max_resample=2, min_fresh_groups=1))
+    store.add(make_group("p0", [0, 0]))
+    store.add(make_group("p1", [0, 0]))
+    assert [ep_prompt(b, 0) for b in store.sample(0, 1)] == ["p0"]
+    assert [ep_prompt(b, 0) for b in store.sample(0, 1)] == ["p1"]  # fresh before reused
+    assert store.sample(0, 1) is None  # only reused groups left, min_fresh_groups=1
+    store.add(make_group("p2", [0, 0]))
+    batch = store.sample(0, 2)[0]
+    assert [ep_prompt(batch, i) for i in (0, 2)] == ["p2", "p0"]
+    assert store.trained == 2 and store.present == 4  # p0 used twice -> trained; p1, p2 may come back once
+
+
+def test_state_dict_round_trip_continues_identically():
+    cfg = ReplayBufferConfig(capacity=8, order="random", max_resample=2, min_fresh_groups=0)
+    a = GroupStore(cfg)
+    for i in range(6):
+        a.add(make_group(f"p{i}", [0, 1]))
+    a.sample(1, 2)
+    b = GroupStore(cfg)
+    b.load_state_dict(pickle.loads(pickle.dumps(a.state_dict())))
+    assert b.stats() == a.stats()
+    ta, tb = a.sample(2, 3), b.sample(2, 3)
+    assert torch.equal(ta[0].tokens, tb[0].tokens)
+
+
+def test_evict_counts_what_is_left():
+    store = GroupStore(ReplayBufferConfig(capacity=4))
+    store.add(make_group("p0", [0, 0, 0]))
+    assert store.evict_all() == 3
+    assert store.dropped["evicted"] == 3 and store.added == store.trained + sum(store.dropped.values())
+
+
+def test_mixed_prompt_group_rejected_even_after_unpickling():
+    group = make_group("p0", [0, 0])
+    group.episodes[1].completion.prompt_ids = torch.tensor([9, 9])  # as a hand-built or unpickled group could be
+    with pytest.raises(ValueError, match="episode 1: completion.prompt_ids differ"):
+        GroupStore(ReplayBufferConfig()).add(group)
+    with pytest.raises(ValueError, match="episode 0: advantage is NaN"):
+        GroupStore(ReplayBufferConfig()).add(make_group("p1", [0], [float("nan")]))
