@@ -118,3 +118,18 @@ def test_concurrent_generate_calls_share_the_engine(generator):
     assert [len(g) for g in groups] == [2] * 8
     stats = loop.run_until_complete(svc.stats.route())
     assert stats["max_concurrent_requests"] >= 4  # calls overlap in the engine instead of queueing in the actor
+
+
+def test_trainer_logprobs_equal_generator_behaviour_logprobs(generator):
+    from forge_rl.actors.trainer import Trainer, TrainerConfig
+    from forge_rl.controller import stop_actor
+    from forge_rl.types import Episode, TrainBatch
+
+    loop, svc = generator
+    completions = loop.run_until_complete(svc.generate.route(PROMPT, n=8, temperature=1.0, max_tokens=12))
+    batch = TrainBatch.collate([Episode(c, advantage=0.0) for c in completions], pad_id=0)
+    trainer = loop.run_until_complete(Trainer.options(spmd=True).as_actor(TrainerConfig(model=str(TINY_MODEL_DIR))))
+    ours = loop.run_until_complete(trainer.logprobs.call_one(batch))
+    loop.run_until_complete(stop_actor(trainer))
+    gap = (ours - batch.behaviour_logprobs)[batch.response_mask].abs().max().item()
+    assert gap < 1e-4

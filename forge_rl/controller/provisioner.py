@@ -65,6 +65,11 @@ class Provisioner:
         self._free_gpus = visible_gpus()
         self._gpus_of: dict[int, list[str]] = {}
         self._stopped = False
+        # A dead proc must not take the controller down (Monarch's default): services respawn their
+        # replicas, and any other actor's owner gets a SupervisionError on its next call.
+        from forge_rl.controller.service import install_fault_hook
+
+        install_fault_hook()
 
     async def get_proc_mesh(
         self, procs: int = 1, gpus: bool = False, mesh_name: str = "forge", spmd: bool = False

@@ -89,7 +89,7 @@ class Service:
 
     async def start(self) -> "Service":
         self._loop = asyncio.get_running_loop()
-        _install_fault_hook()
+        install_fault_hook()
         get_provisioner().register_service(self)
         self._replicas = [Replica(i) for i in range(self.opts.replicas)]
         await asyncio.gather(*(self._spawn(r) for r in self._replicas))
@@ -297,5 +297,5 @@ def _forge_fault_hook(failure) -> None:
         logger.error("unhandled Monarch failure: %s", failure)
 
 
-def _install_fault_hook() -> None:
+def install_fault_hook() -> None:
     monarch.actor.unhandled_fault_hook = _forge_fault_hook

@@ -1,0 +1,404 @@
+"""Trainer: TorchTitan's Qwen3 under FSDP2 and/or tensor parallelism, on a Monarch proc mesh of dp x tp ranks.
+
+    trainer = await Trainer.options(procs=2, spmd=True).as_actor(TrainerConfig(model="tiny", parallel=...))
+    metrics = await trainer.train_step.call_one(batches)   # a list of dp_size TrainBatches
+
+Every rank runs the same endpoint (`.call()` on the mesh); each rank picks its data-parallel rank's batch,
+and the ranks of one tensor-parallel group share it. The model is built on the meta device from the HF
+config, parallelised with TorchTitan's `parallelize_qwen3`, materialised, and loaded from HF safetensors
+through TorchTitan's state-dict adapter. TorchTitan's own Trainer/ForgeEngine is not used: 0.3.0's
+ForgeEngine is broken (STACK.md), and an RL step is not its data-loader loop.
+
+CPU specifics (gloo): FSDP's PREMUL_SUM reduction does not exist on gloo, so FSDP modules are set to
+plain sum reductions; TorchTitan's "partial_dtensor" SPMD backend is the one that works with FSDP here.
+"""
+
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from monarch.actor import endpoint
+
+from forge_rl.controller import ForgeActor
+from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
+from forge_rl.types import TrainBatch
+
+HF_ASSETS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+             "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
+
+
+@dataclass
+class ParallelConfig:
+    dp_shard: int = -1  # FSDP2 degree; -1 = all ranks not used by tp
+    tp: int = 1  # tensor-parallel degree
+    activation_checkpointing: bool = False
+    compile: bool = False
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 1e-5
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # 0 = no clipping
+    warmup_steps: int = 0  # linear warm-up from 0
+    decay_steps: int = 0  # cosine decay to min_lr_ratio * lr over these steps after warm-up; 0 = constant
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class TrainerConfig:
+    model: str = "tiny"  # "tiny" (embedded) or a local HF model directory
+    loss: str = "grpo"  # "grpo" | "sft"
+    grpo: GRPOLossConfig = field(default_factory=GRPOLossConfig)
+    temperature: float = 1.0  # the sampling temperature: the policy being trained is softmax(logits / T)
+    micro_batch_size: int = 0  # sequences per forward/backward on a rank; 0 = the rank's whole batch
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    dtype: str = "float32"  # parameter dtype
+    checkpoint_dir: str = "outputs/checkpoints"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.loss not in ("grpo", "sft"):
+            raise ValueError(f"trainer.loss={self.loss!r}; choose 'grpo' or 'sft'")
+        if self.temperature <= 0:
+            raise ValueError(f"trainer.temperature must be > 0, got {self.temperature}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"trainer.dtype={self.dtype!r}; choose 'float32' or 'bfloat16'")
+
+
+def lr_lambda(cfg: OptimizerConfig):
+    """Linear warm-up, then cosine decay to min_lr_ratio (or constant when decay_steps is 0)."""
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        if not cfg.decay_steps:
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / cfg.decay_steps)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def validate_batches(batches: list[TrainBatch], dp_size: int, vocab_size: int, max_len: int) -> None:
+    """Reject a bad batch before any parameter changes; the message names the rank and field."""
+    if not isinstance(batches, (list, tuple)) or len(batches) != dp_size:
+        got = len(batches) if isinstance(batches, (list, tuple)) else type(batches).__name__
+        raise ValueError(f"train_step takes one TrainBatch per data-parallel rank ({dp_size}), got {got}")
+    for r, b in enumerate(batches):
+        B, T = b.tokens.shape
+        for name in ("response_mask", "behaviour_logprobs", "policy_versions"):
+            if tuple(getattr(b, name).shape) != (B, T):
+                raise ValueError(f"batch[{r}].{name} has shape {tuple(getattr(b, name).shape)}, tokens has {(B, T)}")
+        if b.ref_logprobs is not None and tuple(b.ref_logprobs.shape) != (B, T):
+            raise ValueError(f"batch[{r}].ref_logprobs has shape {tuple(b.ref_logprobs.shape)}, tokens has {(B, T)}")
+        if tuple(b.advantages.shape) != (B,):
+            raise ValueError(f"batch[{r}].advantages has shape {tuple(b.advantages.shape)}, expected ({B},)")
+        if b.num_response_tokens == 0:
+            raise ValueError(f"batch[{r}] has no response tokens (response_mask is all False)")
+        if b.response_mask[:, 0].any():
+            raise ValueError(f"batch[{r}].response_mask marks token 0; a response needs at least one prompt token")
+        if not torch.isfinite(b.advantages).all():
+            raise ValueError(f"batch[{r}].advantages has NaN/inf at rows {torch.nonzero(~torch.isfinite(b.advantages)).flatten().tolist()}")
+        if not torch.isfinite(b.behaviour_logprobs[b.response_mask]).all():
+            raise ValueError(f"batch[{r}].behaviour_logprobs has NaN/inf on response tokens")
+        if T > max_len:
+            raise ValueError(f"batch[{r}] has sequences of {T} tokens; the model's max_seq_len is {max_len}")
+        if b.tokens.min() < 0 or b.tokens.max() >= vocab_size:
+            raise ValueError(f"batch[{r}].tokens has ids outside [0, {vocab_size})")
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob [B, T] of each token given its prefix (0 at t=0), and the entropy of that distribution."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, tokens[:, 1:, None])[..., 0]
+    entropy = -(logp.exp() * logp).sum(-1)
+    pad = torch.zeros_like(tokens[:, :1], dtype=picked.dtype)
+    return torch.cat([pad, picked], 1), torch.cat([pad, entropy], 1)
+
+
+class Trainer(ForgeActor):
+    def __init__(self, cfg: TrainerConfig | None = None):
+        self.cfg = cfg or TrainerConfig()
+        self.step = 0
+
+    @endpoint
+    async def setup(self) -> None:
+        import torch.distributed as dist
+
+        from forge_rl.models import resolve_model_path
+        from forge_rl.models import qwen3
+
+        self.model_dir = Path(resolve_model_path(self.cfg.model))
+        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        if not dist.is_initialized():  # env (RANK, WORLD_SIZE, MASTER_*) comes from the spmd mesh option
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(self.cfg.seed)
+        self.model, self.adapter, self.parallel_dims = self._build(qwen3)
+        self.tied = bool(qwen3.read_hf_config(self.model_dir).get("tie_word_embeddings", False))
+        batch_mesh = self.parallel_dims.get_optional_mesh("batch")
+        self.dp_size = batch_mesh.size() if batch_mesh is not None else 1
+        self.dp_rank = batch_mesh.get_local_rank() if batch_mesh is not None else 0
+        o = self.cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+            foreach=True,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o))
+
+    def _build(self, qwen3):
+        from torch.distributed.fsdp import FSDPModule
+        from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+        from torchtitan.distributed import ParallelDims
+        from torchtitan.distributed import utils as dist_utils
+        from torchtitan.distributed.activation_checkpoint import FullAC
+        from torchtitan.models.qwen3 import Qwen3StateDictAdapter
+        from torchtitan.models.qwen3.parallelize import parallelize_qwen3
+
+        p = self.cfg.parallel
+        parallelism = ParallelismConfig(
+            data_parallel_shard_degree=p.dp_shard, tensor_parallel_degree=p.tp, spmd_backend="partial_dtensor",
+        )
+        try:
+            dims = ParallelDims.from_config(parallelism, self.world)
+        except AssertionError as e:
+            raise ValueError(f"trainer.parallel (dp_shard={p.dp_shard}, tp={p.tp}) does not fit {self.world} procs: {e}")
+        dist_utils.set_spmd_backend("partial_dtensor")
+        dims.build_mesh()
+
+        config = qwen3.titan_config(self.model_dir)
+        config.update_from_config(config=_WithParallelism(parallelism))  # TP sharding plans on the config
+        dtype = getattr(torch, self.cfg.dtype)
+        with torch.device("meta"):
+            model = config.build()
+        model = parallelize_qwen3(
+            model,
+            parallel_dims=dims,
+            training=TrainingConfig(mixed_precision_param=self.cfg.dtype),
+            parallelism=parallelism,
+            compile_config=CompileConfig(enable=p.compile),
+            ac_config=FullAC.Config() if p.activation_checkpointing else None,
+            dump_folder=self.cfg.checkpoint_dir,
+            skip_dp=dims.dp_shard == 1,
+        )
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                # Each rank's loss is already its share of the whole batch's loss (global counts), so
+                # gradients must be summed over ranks, not averaged.
+                module.set_gradient_divide_factor(1.0)
+                if self.device.type == "cpu":
+                    module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+        model.to_empty(device=self.device)
+        with torch.no_grad():
+            model.init_states(buffer_device=self.device)
+        adapter = Qwen3StateDictAdapter(config, str(self.model_dir))
+        _load_full_state_dict(model, adapter.from_hf(qwen3.load_hf_state_dict(self.model_dir)), self.model_dir)
+        self.max_seq_len = config.layers[0].attention.rope.max_seq_len
+        self.vocab_size = config.vocab_size
+        return model.to(dtype), adapter, dims
+
+    # ---- training -------------------------------------------------------------------------------
+
+    def _forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from torch.distributed.tensor import DTensor
+
+        logits = self.model(tokens.to(self.device))
+        if isinstance(logits, DTensor):  # TP shards the vocab dim of the lm_head output
+            logits = logits.full_tensor()
+        return token_logprobs(logits / self.cfg.temperature, tokens.to(self.device))
+
+    @endpoint
+    async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
+        """One optimizer step on `batches` (one TrainBatch per dp rank). Returns metrics reduced over ranks."""
+        import torch.distributed as dist
+
+        validate_batches(batches, self.dp_size, self.vocab_size, self.max_seq_len)
+        start = time.perf_counter()
+        cfg, loss_cfg = self.cfg, self.cfg.grpo
+        batch = batches[self.dp_rank]
+        total_seqs = sum(b.num_sequences for b in batches)
+        total_tokens = sum(b.num_response_tokens for b in batches)
+        max_len = loss_cfg.max_response_len or max(int(b.response_mask.sum(1).max()) for b in batches)
+        normalize = "token_mean" if cfg.loss == "sft" else loss_cfg.normalize
+        mb = cfg.micro_batch_size or batch.num_sequences
+        sums = torch.zeros(6, dtype=torch.float64)  # loss, clipped, approx_kl, entropy, ratio, kl_ref
+        self.model.train()
+        for lo in range(0, batch.num_sequences, mb):
+            rows = slice(lo, lo + mb)
+            mask = batch.response_mask[rows].to(self.device)
+            logprobs, entropy = self._forward(batch.tokens[rows])
+            if cfg.loss == "sft":
+                token_loss, diag = sft_token_loss(logprobs), {"entropy": entropy.detach()}
+            else:
+                ref = batch.ref_logprobs[rows].to(self.device) if batch.ref_logprobs is not None else None
+                token_loss, diag = per_token_loss(
+                    logprobs, batch.behaviour_logprobs[rows].to(self.device), batch.advantages[rows].to(self.device),
+                    loss_cfg, ref_logprobs=ref, entropy=entropy,
+                )
+            loss = reduce_loss(token_loss, mask, normalize, total_seqs, total_tokens, max_len)
+            loss.backward()
+            sums[0] += loss.item()
+            m = mask.float()
+            for i, key in enumerate(("clipped", "approx_kl_behaviour", "entropy", "ratio", "kl_ref"), start=1):
+                if key in diag:
+                    sums[i] += float((diag[key] * m).sum())
+        grad_norm = self._clip_grad_norm()
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        # Ranks of one TP group hold the same rows: sum over the dp dimension only.
+        sums[1:] = sums[1:] / (self.world // self.dp_size)
+        sums[0] = sums[0] / (self.world // self.dp_size)
+        dist.all_reduce(sums)
+        elapsed = time.perf_counter() - start
+        return dict(
+            loss=float(sums[0]), grad_norm=grad_norm, lr=lr, step=self.step,
+            clip_fraction=float(sums[1]) / total_tokens, approx_kl=float(sums[2]) / total_tokens,
+            entropy=float(sums[3]) / total_tokens, ratio_mean=float(sums[4]) / total_tokens,
+            kl_ref=float(sums[5]) / total_tokens, tokens=sum(b.tokens.numel() for b in batches),
+            response_tokens=total_tokens, tokens_per_s=sum(b.tokens.numel() for b in batches) / elapsed,
+            step_s=elapsed,
+        )
+
+    def _clip_grad_norm(self) -> float:
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.optim.max_grad_norm or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    @endpoint
+    async def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Logprob [B, T] of every token of `batch` under the current weights (every rank, same batch)."""
+        self.model.eval()
+        with torch.no_grad():
+            logprobs, _ = self._forward(batch.tokens)
+        return logprobs.cpu()
+
+    @endpoint
+    async def version(self) -> int:
+        """The policy version: optimizer steps taken so far."""
+        return self.step
+
+    # ---- weights out ----------------------------------------------------------------------------
+
+    def _full_hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full HF-named tensors on every rank (a collective: every rank must call it, in step)."""
+        from torch.distributed.tensor import DTensor
+
+        # model.state_dict() runs TorchTitan's hooks (fused wqkv -> wq/wk/wv); torch's DCP state-dict
+        # helpers do not know those names, so gather the DTensors here.
+        full = {
+            k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+            for k, v in self.model.state_dict().items()
+            if not k.endswith("rope.cache")
+        }
+        hf = self.adapter.to_hf(full)
+        if self.tied and "lm_head.weight" not in hf:  # vLLM's reload wants it even when tied
+            hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
+        return hf
+
+    @endpoint
+    async def export_hf(self, out_dir: str) -> str:
+        """Write an HF model directory (safetensors + config + tokenizer) that transformers and vLLM load."""
+        import torch.distributed as dist
+        from safetensors.torch import save_file
+
+        hf = self._full_hf_state_dict()
+        out = Path(out_dir)
+        if self.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            tensors = {k: v.contiguous() for k, v in hf.items() if not (self.tied and k == "lm_head.weight")}
+            save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+            for name in HF_ASSETS:
+                if (self.model_dir / name).is_file():
+                    shutil.copy(self.model_dir / name, out / name)
+        dist.barrier()
+        return str(out)
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+
+    def _state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        model = {k: v for k, v in self.model.state_dict().items() if not k.endswith("rope.cache")}
+        return {"model": model, "optim": get_optimizer_state_dict(self.model, self.optimizer),
+                "train": {"step": self.step, "scheduler": self.scheduler.state_dict()}}
+
+    @endpoint
+    async def save(self, step: int | None = None) -> str:
+        """DCP checkpoint of model, optimizer, LR schedule and step under checkpoint_dir/step-N
+        (each rank writes its own shards)."""
+        import torch.distributed.checkpoint as dcp
+
+        path = Path(self.cfg.checkpoint_dir) / f"step-{self.step if step is None else step}"
+        dcp.save(self._state(), checkpoint_id=str(path))
+        return str(path)
+
+    @endpoint
+    async def load(self, path: str | None = None) -> int:
+        """Restore from `path` (default: the newest step-N under checkpoint_dir). Returns the step."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        if path is None:
+            steps = sorted(Path(self.cfg.checkpoint_dir).glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+            if not steps:
+                raise FileNotFoundError(f"no step-N checkpoints under trainer.checkpoint_dir={self.cfg.checkpoint_dir}")
+            path = str(steps[-1])
+        if not (Path(path) / ".metadata").is_file():
+            raise FileNotFoundError(f"{path}: not a DCP checkpoint (no .metadata)")
+        state = self._state()
+        dcp.load(state, checkpoint_id=path)
+        # The model entries are copies made by the state-dict hooks: load them back through the hooks.
+        self.model.load_state_dict(state["model"], strict=False)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        self.scheduler.load_state_dict(state["train"]["scheduler"])
+        self.step = int(state["train"]["step"])
+        return self.step
+
+    @endpoint
+    async def config(self) -> dict:
+        return asdict(self.cfg)
+
+
+def _load_full_state_dict(model: torch.nn.Module, full: dict[str, torch.Tensor], source) -> None:
+    """Load full (unsharded) tensors into a model whose parameters may be DTensors: each tensor is
+    distributed to its parameter's placements first. Names are the model's state_dict names (TorchTitan's
+    hooks split the fused wqkv into wq/wk/wv there and merge them back on load)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    target = model.state_dict()
+    missing = sorted(k for k in target if k not in full and not k.endswith("rope.cache"))
+    if missing:
+        raise ValueError(f"{source}: checkpoint lacks {missing[:5]}")
+    if unexpected := sorted(set(full) - set(target)):
+        raise ValueError(f"{source}: checkpoint has tensors the model does not: {unexpected[:5]}")
+    local = {}
+    for name, value in full.items():
+        t = target[name]
+        if tuple(value.shape) != tuple(t.shape):
+            raise ValueError(f"{source}: {name} has shape {tuple(value.shape)}, the model expects {tuple(t.shape)}")
+        value = value.to(t.dtype)
+        local[name] = distribute_tensor(value, t.device_mesh, t.placements) if isinstance(t, DTensor) else value
+    model.load_state_dict(local, strict=False)  # strict=False: the rope cache is computed, not loaded
+
+
+@dataclass
+class _WithParallelism:
+    """What `Qwen3Model.Config.update_from_config` reads: an object with a `parallelism` field."""
+
+    parallelism: object

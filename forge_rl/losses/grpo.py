@@ -1,0 +1,118 @@
+"""The GRPO loss family as small pure functions of per-token tensors.
+
+All tensors are [B, T] aligned with `TrainBatch.tokens`; `mask` is the response mask. The importance
+ratio is always taken against the behaviour logprobs the generator recorded when it sampled each token,
+so stale samples (made by older weights) are corrected, not silently treated as on-policy.
+
+`per_token_loss` gives the loss of every token; `reduce_loss` turns it into a scalar with one of three
+normalisations, using *global* counts so that summing the result over micro-batches and data-parallel
+ranks gives exactly the loss of the whole batch:
+- "sequence_mean": mean over each sequence's tokens, then over sequences (GRPO as published);
+- "token_mean": mean over all response tokens of the batch (DAPO);
+- "token_sum": sum over tokens divided by a constant, num_sequences * max_response_len (Dr. GRPO),
+  so long and short responses are not re-weighted by their length.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+NORMALIZATIONS = ("sequence_mean", "token_mean", "token_sum")
+
+
+@dataclass
+class GRPOLossConfig:
+    clip_low: float = 0.2  # ratio floor 1 - clip_low
+    clip_high: float = 0.28  # ratio ceiling 1 + clip_high; > clip_low is DAPO's clip-higher
+    normalize: str = "sequence_mean"  # see NORMALIZATIONS
+    max_response_len: int = 0  # the "token_sum" constant; 0 = the batch's padded length
+    kl_coef: float = 0.0  # KL penalty to the reference policy (needs TrainBatch.ref_logprobs)
+    kl_estimator: str = "k3"  # "k1" (log ratio) | "k3" (unbiased, non-negative)
+    tis_cap: float = 0.0  # > 0: truncated importance weight min(pi_theta / pi_behaviour, cap), decoupled PPO
+    entropy_coef: float = 0.0  # bonus for entropy (subtracted from the loss)
+
+    def __post_init__(self) -> None:
+        if self.normalize not in NORMALIZATIONS:
+            raise ValueError(f"loss.normalize={self.normalize!r}; choose one of {NORMALIZATIONS}")
+        if self.kl_estimator not in ("k1", "k3"):
+            raise ValueError(f"loss.kl_estimator={self.kl_estimator!r}; choose 'k1' or 'k3'")
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError(f"loss.clip_low={self.clip_low} must be in [0, 1) and loss.clip_high={self.clip_high} >= 0")
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta."""
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    return torch.exp(-log_ratio) + log_ratio - 1  # k3 (Schulman): exp(ref - lp) - (ref - lp) - 1
+
+
+def per_token_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    cfg: GRPOLossConfig,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss of every token [B, T] and per-token diagnostics (not yet masked).
+
+    Plain mode: ratio = pi_theta / pi_behaviour, clipped to [1 - clip_low, 1 + clip_high] as in PPO.
+    TIS mode (tis_cap > 0): the PPO ratio is taken against the current weights before the update
+    (the proximal policy) and the behaviour -> proximal gap is carried by a truncated importance
+    weight, which bounds the variance that very stale tokens would bring.
+    """
+    A = advantages[:, None].to(logprobs.dtype)
+    if cfg.tis_cap > 0:
+        proximal = logprobs.detach()
+        weight = torch.exp(proximal - behaviour_logprobs).clamp(max=cfg.tis_cap)
+        ratio = torch.exp(logprobs - proximal)
+    else:
+        weight = torch.ones_like(logprobs)
+        ratio = torch.exp(logprobs - behaviour_logprobs)
+    clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
+    unclipped_obj, clipped_obj = ratio * A, clipped * A
+    loss = -weight * torch.minimum(unclipped_obj, clipped_obj)
+    diagnostics = {
+        "clipped": (clipped_obj < unclipped_obj).float(),  # the clip bound is what the gradient sees
+        "approx_kl_behaviour": kl_penalty(logprobs.detach(), behaviour_logprobs, "k3"),
+        "ratio": torch.exp(logprobs.detach() - behaviour_logprobs),
+    }
+    if cfg.kl_coef:
+        if ref_logprobs is None:
+            raise ValueError("loss.kl_coef > 0 needs TrainBatch.ref_logprobs (run a reference model)")
+        kl = kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator)
+        loss = loss + cfg.kl_coef * kl
+        diagnostics["kl_ref"] = kl.detach()
+    if entropy is not None:
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * entropy
+        diagnostics["entropy"] = entropy.detach()
+    return loss, diagnostics
+
+
+def reduce_loss(
+    token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    normalize: str,
+    total_sequences: int,
+    total_tokens: int,
+    max_response_len: int = 0,
+) -> torch.Tensor:
+    """Scalar loss of these rows, normalised by the whole batch's counts (see the module doc)."""
+    mask = mask.to(token_loss.dtype)
+    if normalize == "sequence_mean":
+        per_seq = (token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        return per_seq.sum() / total_sequences
+    if normalize == "token_mean":
+        return (token_loss * mask).sum() / total_tokens
+    if normalize == "token_sum":
+        length = max_response_len or token_loss.shape[-1]
+        return (token_loss * mask).sum() / (total_sequences * length)
+    raise ValueError(f"normalize={normalize!r}; choose one of {NORMALIZATIONS}")
+
+
+def sft_token_loss(logprobs: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the target tokens (negative log-likelihood), per token; reduce with token_mean."""
+    return -logprobs

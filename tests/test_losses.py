@@ -1,0 +1,84 @@
+"""GRPO loss family against values worked out by hand on tiny tensors."""
+
+import math
+
+import pytest
+import torch
+
+from forge_rl.losses.grpo import GRPOLossConfig, kl_penalty, per_token_loss, reduce_loss, sft_token_loss
+
+LOG2 = math.log(2.0)
+
+
+def test_ratio_uses_behaviour_logprobs_and_clips_asymmetrically():
+    # ratios 2, 1, 0.5 against the behaviour policy; advantages +1 (row 0) and -1 (row 1)
+    lp = torch.tensor([[LOG2, 0.0, -LOG2], [LOG2, 0.0, -LOG2]], requires_grad=True)
+    behaviour = torch.zeros(2, 3)
+    cfg = GRPOLossConfig(clip_low=0.2, clip_high=0.28)
+    loss, diag = per_token_loss(lp, behaviour, torch.tensor([1.0, -1.0]), cfg)
+    # A=+1: -min(r, clip(r)) = -[1.28, 1, 0.5];  A=-1: -min(-r, -clip(r)) = [2, 1, 0.8]
+    assert torch.allclose(loss, torch.tensor([[-1.28, -1.0, -0.5], [2.0, 1.0, 0.8]]))
+    assert diag["clipped"].tolist() == [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
+    loss.sum().backward()
+    # clipped tokens get no gradient; unclipped ones get -A * ratio
+    assert torch.allclose(lp.grad, torch.tensor([[0.0, -1.0, -0.5], [2.0, 1.0, 0.0]]))
+
+
+def test_never_the_trivial_ratio():
+    # the same logprobs with different behaviour logprobs must give different losses
+    lp = torch.tensor([[-1.0, -1.0]])
+    cfg = GRPOLossConfig(clip_low=0.9, clip_high=10.0)
+    a, _ = per_token_loss(lp, torch.tensor([[-1.0, -1.0]]), torch.tensor([1.0]), cfg)
+    b, _ = per_token_loss(lp, torch.tensor([[-2.0, -2.0]]), torch.tensor([1.0]), cfg)
+    assert torch.allclose(a, torch.tensor([[-1.0, -1.0]])) and torch.allclose(b, -torch.full((1, 2), math.e))
+
+
+def test_truncated_importance_weight():
+    lp = torch.tensor([[0.0, 0.0]], requires_grad=True)
+    behaviour = torch.tensor([[-math.log(4.0), -math.log(1.5)]])  # pi/mu = 4 and 1.5
+    loss, _ = per_token_loss(lp, behaviour, torch.tensor([1.0]), GRPOLossConfig(tis_cap=2.0))
+    assert torch.allclose(loss, torch.tensor([[-2.0, -1.5]]))  # weight min(4, 2)=2 and 1.5, ratio to proximal 1
+    loss.sum().backward()
+    assert torch.allclose(lp.grad, torch.tensor([[-2.0, -1.5]]))
+
+
+def test_kl_estimators_and_penalty():
+    lp, ref = torch.tensor([[0.0]]), torch.tensor([[-LOG2]])
+    assert torch.allclose(kl_penalty(lp, ref, "k1"), torch.tensor([[LOG2]]))
+    assert torch.allclose(kl_penalty(lp, ref, "k3"), torch.tensor([[0.5 + LOG2 - 1]]))
+    cfg = GRPOLossConfig(kl_coef=0.1)
+    loss, diag = per_token_loss(lp, lp.clone(), torch.tensor([0.0]), cfg, ref_logprobs=ref)
+    assert torch.allclose(loss, 0.1 * torch.tensor([[0.5 + LOG2 - 1]]))
+    with pytest.raises(ValueError, match="needs TrainBatch.ref_logprobs"):
+        per_token_loss(lp, lp, torch.tensor([0.0]), cfg)
+
+
+def test_entropy_bonus_lowers_the_loss():
+    lp = torch.zeros(1, 2)
+    loss, diag = per_token_loss(lp, lp, torch.tensor([0.0]), GRPOLossConfig(entropy_coef=0.5),
+                                entropy=torch.tensor([[1.0, 3.0]]))
+    assert torch.allclose(loss, torch.tensor([[-0.5, -1.5]]))
+
+
+def test_normalisations():
+    token_loss = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    # sequence_mean: (mean(1,2,3) + mean(4)) / 2 = (2 + 4) / 2
+    assert reduce_loss(token_loss, mask, "sequence_mean", 2, 4).item() == pytest.approx(3.0)
+    # token_mean: (1+2+3+4) / 4 tokens
+    assert reduce_loss(token_loss, mask, "token_mean", 2, 4).item() == pytest.approx(2.5)
+    # token_sum (Dr. GRPO): 10 / (2 sequences * constant 5)
+    assert reduce_loss(token_loss, mask, "token_sum", 2, 4, max_response_len=5).item() == pytest.approx(1.0)
+    # global counts: the two rows as two micro-batches sum to the whole batch's loss
+    for mode in ("sequence_mean", "token_mean", "token_sum"):
+        whole = reduce_loss(token_loss, mask, mode, 2, 4, 5)
+        parts = sum(reduce_loss(token_loss[i : i + 1], mask[i : i + 1], mode, 2, 4, 5) for i in range(2))
+        assert whole.item() == pytest.approx(parts.item())
+
+
+def test_sft_loss_and_config_errors():
+    assert torch.equal(sft_token_loss(torch.tensor([[-0.5, -2.0]])), torch.tensor([[0.5, 2.0]]))
+    with pytest.raises(ValueError, match="loss.normalize='mean'"):
+        GRPOLossConfig(normalize="mean")
+    with pytest.raises(ValueError, match="loss.kl_estimator"):
+        GRPOLossConfig(kl_estimator="k2")

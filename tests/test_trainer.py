@@ -1,0 +1,140 @@
+"""Trainer actor on the tiny model: FSDP2/TP parity with one proc, checkpoints, export, bad input."""
+
+import asyncio
+import os
+import signal
+
+import pytest
+import torch
+from monarch.actor import ActorError
+
+from forge_rl.actors.trainer import OptimizerConfig, ParallelConfig, Trainer, TrainerConfig
+from forge_rl.types import TrainBatch
+from tests.actors import Echo
+from tests.conftest import TINY_MODEL
+
+
+def make_batch(seed: int, B: int = 8, T: int = 24) -> TrainBatch:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, 128, (B, T), generator=g)
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    mask[:, 10:] = True
+    mask[0, 20:] = False  # one shorter response: the normalisations must see unequal lengths
+    behaviour = -torch.rand(B, T, generator=g) * 5 * mask
+    return TrainBatch(tokens, mask, behaviour, torch.where(mask, 0, -1), torch.randn(B, generator=g))
+
+
+def split(batch: TrainBatch, n: int) -> list[TrainBatch]:
+    return [
+        TrainBatch(batch.tokens[i::n], batch.response_mask[i::n], batch.behaviour_logprobs[i::n],
+                   batch.policy_versions[i::n], batch.advantages[i::n])
+        for i in range(n)
+    ]
+
+
+def config(tmp_path, **parallel) -> TrainerConfig:
+    return TrainerConfig(model="tiny", parallel=ParallelConfig(**parallel), optim=OptimizerConfig(lr=1e-3),
+                         checkpoint_dir=str(tmp_path / "ckpt"))
+
+
+@pytest.fixture(scope="module")
+def loop():
+    from forge_rl.controller import provisioned
+
+    loop = asyncio.new_event_loop()
+    ctx = provisioned()
+    loop.run_until_complete(ctx.__aenter__())
+    yield loop
+    loop.run_until_complete(ctx.__aexit__(None, None, None))
+    loop.close()
+
+
+def spawn(loop, cfg: TrainerConfig, procs: int = 1):
+    return loop.run_until_complete(Trainer.options(procs=procs, spmd=True).as_actor(cfg))
+
+
+def steps(loop, trainer, n_dp: int, seeds=(0, 1, 2)) -> list[dict]:
+    return [loop.run_until_complete(trainer.train_step.call(split(make_batch(s), n_dp))).item(procs=0) for s in seeds]
+
+
+@pytest.fixture(scope="module")
+def single(loop, tmp_path_factory):
+    """One-proc trainer shared by the tests that do not need a fresh model."""
+    return spawn(loop, config(tmp_path_factory.mktemp("single")))
+
+
+def test_fsdp_and_tp_match_one_proc(loop, tmp_path):
+    from forge_rl.controller import stop_actor
+
+    reference = spawn(loop, config(tmp_path / "one"))
+    expected = steps(loop, reference, 1)
+    loop.run_until_complete(stop_actor(reference))
+    fsdp = spawn(loop, replace_mb(config(tmp_path / "fsdp", dp_shard=2), 2), procs=2)  # and 2 micro-batches
+    got_fsdp = steps(loop, fsdp, 2)
+    loop.run_until_complete(stop_actor(fsdp))
+    tp = spawn(loop, config(tmp_path / "tp", dp_shard=1, tp=2), procs=2)
+    got_tp = steps(loop, tp, 1)
+    loop.run_until_complete(stop_actor(tp))
+    for got in (got_fsdp, got_tp):
+        for e, g in zip(expected, got):
+            assert abs(e["loss"] - g["loss"]) < 1e-5 and abs(e["grad_norm"] - g["grad_norm"]) < 1e-4
+    assert expected[0]["loss"] != expected[2]["loss"] and 0 < expected[0]["clip_fraction"] < 1
+
+
+def replace_mb(cfg: TrainerConfig, micro_batch_size: int) -> TrainerConfig:
+    cfg.micro_batch_size = micro_batch_size
+    return cfg
+
+
+def test_bad_batches_are_rejected_before_any_change(loop, single):
+    probe = make_batch(9)
+    before = loop.run_until_complete(single.logprobs.call_one(probe))
+    empty = make_batch(1)
+    empty.response_mask[:] = False
+    nan = make_batch(1)
+    nan.advantages[3] = float("nan")
+    short = make_batch(1)
+    short.behaviour_logprobs = short.behaviour_logprobs[:, :-1]
+    cases = [([empty], "batch\\[0\\] has no response tokens"), ([nan], "advantages has NaN/inf at rows \\[3\\]"),
+             ([short], "behaviour_logprobs has shape \\(8, 23\\), tokens has \\(8, 24\\)"),
+             ([make_batch(1)] * 2, "one TrainBatch per data-parallel rank \\(1\\), got 2")]
+    for batches, message in cases:
+        with pytest.raises(ActorError, match=message):
+            loop.run_until_complete(single.train_step.call_one(batches))
+    after = loop.run_until_complete(single.logprobs.call_one(probe))
+    assert torch.equal(before, after) and loop.run_until_complete(single.version.call_one()) == 0
+
+
+def test_export_hf_loads_in_transformers_with_identical_logits(loop, single, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    steps(loop, single, 1, seeds=(0,))  # export trained weights, not the shipped ones
+    out = loop.run_until_complete(single.export_hf.call_one(str(tmp_path / "hf")))
+    probe = make_batch(5)
+    ours = loop.run_until_complete(single.logprobs.call_one(probe))
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(probe.tokens).logits.float(), -1)
+    theirs = logp[:, :-1].gather(-1, probe.tokens[:, 1:, None])[..., 0]
+    assert (ours[:, 1:] - theirs).abs().max().item() < 1e-5
+    shipped = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
+    assert not torch.equal(hf.model.embed_tokens.weight, shipped.model.embed_tokens.weight)
+
+
+def test_save_kill_load_continues_identically(loop, tmp_path):
+    cfg = config(tmp_path)
+    first = spawn(loop, cfg)
+    steps(loop, first, 1, seeds=(0,))
+    path = loop.run_until_complete(first.save.call_one())
+    expected = steps(loop, first, 1, seeds=(1, 2))
+    # SIGKILL the trainer's proc: nothing of it survives but the checkpoint on disk
+    echo = first._forge_proc_mesh.spawn("echo", Echo)
+    _, pid = loop.run_until_complete(echo.who.call_one())
+    os.kill(pid, signal.SIGKILL)
+    second = spawn(loop, cfg)
+    assert loop.run_until_complete(second.load.call_one()) == 1 and path.endswith("step-1")
+    got = steps(loop, second, 1, seeds=(1, 2))
+    for e, g in zip(expected, got):
+        assert e["loss"] == pytest.approx(g["loss"], abs=1e-7) and e["step"] == g["step"]
+    with pytest.raises(ActorError, match="not a DCP checkpoint"):
+        loop.run_until_complete(second.load.call_one(str(tmp_path)))
