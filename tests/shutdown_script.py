@@ -1,10 +1,9 @@
 """Spawned by tests/test_shutdown.py: start a service and an actor, then leave in the way argv[1] says."""
 
 import asyncio
-import os
 import sys
 
-from forge_rl.controller import ForgeActor, provisioned
+from forge_rl.controller import provisioned
 from tests.actors import ShmWriter
 
 

@@ -17,13 +17,13 @@ import os
 import shutil
 import subprocess
 import uuid
-from pathlib import Path
 
 from monarch.actor import ProcMesh, this_host
 
+from forge_rl.weights.runs import cleanup_stale_runs, register_process, remove_run, run_prefix
+
 logger = logging.getLogger(__name__)
 
-SHM_DIR = Path("/dev/shm")
 RUN_ID_ENV = "FORGE_RL_RUN_ID"
 
 
@@ -40,9 +40,8 @@ def visible_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
 
 
-def shm_prefix(run_id: str) -> str:
-    """Name prefix for the shared-memory files of a run; the weight store uses it too."""
-    return f"forge_rl-{run_id}-"
+# Shared-memory files of a run are named /dev/shm/forge_rl-<run_id>-*; the weight store owns that naming.
+shm_prefix = run_prefix
 
 
 def _pin_gpus(gpu_ids: list[str]):
@@ -60,6 +59,9 @@ class Provisioner:
     def __init__(self, run_id: str | None = None):
         self.run_id = run_id or os.environ.get(RUN_ID_ENV) or uuid.uuid4().hex[:8]
         os.environ[RUN_ID_ENV] = self.run_id  # procs inherit it (shm names, logs)
+        # Shared memory outlives killed runs: remove what dead runs left, and mark this one alive.
+        cleanup_stale_runs()
+        register_process(self.run_id)
         self._meshes: list[ProcMesh] = []
         self._services: list = []
         self._free_gpus = visible_gpus()
@@ -119,16 +121,7 @@ class Provisioner:
                 await service.shutdown()
         for mesh in reversed(list(self._meshes)):
             await self.stop_proc_mesh(mesh)
-        remove_run_shm(self.run_id)
-
-
-def remove_run_shm(run_id: str) -> list[str]:
-    removed = []
-    for path in SHM_DIR.glob(shm_prefix(run_id) + "*"):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            removed.append(path.name)
-    return removed
+        remove_run(self.run_id)
 
 
 _provisioner: Provisioner | None = None

@@ -1,0 +1,243 @@
+"""Weight sync benchmark: publish + fetch a 100M and a 500M-param fp32 model through the weight store.
+
+    .venv/bin/python benchmarks/weight_sync.py [--sizes 100M,500M] [--rounds 3] [--rdma-sizes 100M]
+
+Same host: a writer proc publishes version v (full tensors), a reader proc prefetches v and copies it
+into its own preallocated tensors (what a generator materialising weights does). Compared with a
+plain torch copy_ of the same tensors in the reader proc. Across hosts: two Monarch ProcessJob
+"hosts" on this machine; the reader prefetches over Monarch RDMA (TCP fallback without InfiniBand).
+Shared memory per host is sampled throughout and must stay <= keep_versions x model bytes.
+"""
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+# Monarch procs import this module by name (benchmarks.weight_sync), so they need the repo on their path.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+
+import torch  # noqa: E402
+from monarch.actor import Actor, endpoint  # noqa: E402
+
+from forge_rl.weights import ShmWeightStore, WeightStoreConfig  # noqa: E402
+
+KEEP = 2
+# Qwen-style decoder shapes: (hidden, intermediate, layers, kv dim, vocab)
+MODELS = {"100M": (768, 2048, 12, 256, 16000), "500M": (1536, 4096, 16, 512, 32000)}
+
+
+def model_spec(size: str) -> dict[str, tuple[int, ...]]:
+    h, inter, layers, kv, vocab = MODELS[size]
+    head_dim = 64
+    spec = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,), "lm_head.weight": (vocab, h)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        spec |= {
+            p + "self_attn.q_proj.weight": (h, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, h),
+            p + "self_attn.q_norm.weight": (head_dim,),
+            p + "self_attn.k_norm.weight": (head_dim,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+        }
+    return spec
+
+
+class BenchWriter(Actor):
+    def __init__(self, size: str, cfg: WeightStoreConfig):
+        self.store = ShmWeightStore(cfg=cfg)
+        self.state = {n: torch.empty(s) for n, s in model_spec(size).items()}
+
+    @endpoint
+    async def publish(self, version: int) -> float:
+        for t in self.state.values():  # the trainer's new weights (outside the timed part)
+            t.fill_(float(version))
+        t0 = time.perf_counter()
+        self.store.publish(version, self.state)
+        return time.perf_counter() - t0
+
+
+class BenchReader(Actor):
+    def __init__(self, size: str, cfg: WeightStoreConfig, source=None):
+        self.store = ShmWeightStore(cfg=cfg, source=source)
+        self.own = {n: torch.zeros(s) for n, s in model_spec(size).items()}  # the generator's weights
+
+    @endpoint
+    async def fetch(self, version: int) -> tuple[float, float]:
+        """(seconds to prefetch, seconds to load + copy into own tensors)."""
+        t0 = time.perf_counter()
+        await self.store.prefetch(version, timeout=600)
+        t1 = time.perf_counter()
+        for name, t in self.store.load(version).items():
+            self.own[name].copy_(t)
+        t2 = time.perf_counter()
+        assert all(bool((t == version).all()) for t in list(self.own.values())[:3]), "wrong weights"
+        return t1 - t0, t2 - t1
+
+    @endpoint
+    async def memcpy(self) -> tuple[float, float]:
+        """Plain copy_ of the same tensors: into preallocated (warm) tensors, and into fresh ones."""
+        src = {n: torch.full_like(t, 1.0) for n, t in self.own.items()}
+        for name, t in src.items():  # warm both sides once
+            self.own[name].copy_(t)
+        t0 = time.perf_counter()
+        for name, t in src.items():
+            self.own[name].copy_(t)
+        t1 = time.perf_counter()
+        fresh = {n: torch.empty_like(t).copy_(t) for n, t in src.items()}
+        t2 = time.perf_counter()
+        del fresh
+        return t1 - t0, t2 - t1
+
+
+class ShmSampler:
+    """Peak bytes of /dev/shm held by the run, per host directory (sampled every 5 ms)."""
+
+    def __init__(self, run_id: str):
+        self.prefix, self.peak = f"forge_rl-{run_id}-weights-", {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.005):
+            for root in Path("/dev/shm").glob(self.prefix + "*"):
+                held = 0
+                for dirpath, _, files in os.walk(root):
+                    for f in files:
+                        try:
+                            held += os.stat(os.path.join(dirpath, f)).st_blocks * 512
+                        except FileNotFoundError:
+                            pass
+                host = root.name[len(self.prefix) :]
+                self.peak[host] = max(self.peak.get(host, 0), held)
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+async def same_host(size: str, rounds: int, me) -> dict:
+    from forge_rl.controller import provisioned
+
+    nbytes = sum(4 * torch.Size(s).numel() for s in model_spec(size).values())
+    async with provisioned() as prov:
+        sampler = ShmSampler(prov.run_id)
+        cfg = WeightStoreConfig(keep_versions=KEEP)
+        wmesh, rmesh = await prov.get_proc_mesh(mesh_name="writer"), await prov.get_proc_mesh(mesh_name="reader")
+        writer = wmesh.spawn("writer", me.BenchWriter, size, cfg)
+        reader = rmesh.spawn("reader", me.BenchReader, size, cfg)
+        pubs, fetches, e2es = [], [], []
+        for v in range(1, rounds + 2):  # round 1 warms up (first-touch of the procs' own memory)
+            t0 = time.perf_counter()
+            pub = await writer.publish.call_one(v)
+            wait, copy = await reader.fetch.call_one(v)
+            if v > 1:
+                pubs.append(pub), fetches.append(wait + copy), e2es.append(time.perf_counter() - t0)
+        mems = [await reader.memcpy.call_one() for _ in range(3)]
+        peak = sampler.stop()
+    mem, fresh = statistics.median(m[0] for m in mems), statistics.median(m[1] for m in mems)
+    return dict(size=size, path="same host (shm)", fresh=fresh, bytes=nbytes, publish=statistics.median(pubs),
+                fetch=statistics.median(fetches), e2e=statistics.median(e2es), memcpy=mem, shm=peak)
+
+
+async def cross_host(size: str, rounds: int, me, bucket_mb: int) -> dict:
+    from monarch.job import ProcessJob
+
+    from forge_rl.controller import provisioned
+    from forge_rl.weights.rdma import WeightServer
+
+    nbytes = sum(4 * torch.Size(s).numel() for s in model_spec(size).values())
+    async with provisioned() as prov:
+        sampler = ShmSampler(prov.run_id)
+        cfg = WeightStoreConfig(keep_versions=KEEP, bucket_mb=bucket_mb)
+        env = {"FORGE_RL_RUN_ID": prov.run_id, "PYTHONPATH": os.environ["PYTHONPATH"]}
+        jobs = [ProcessJob({"host": 1}, env={**env, "FORGE_RL_HOST_ID": h}) for h in ("A", "B")]
+        meshes = []
+        try:
+            meshes = [j.state(cached_path=None).host.spawn_procs(per_host={"procs": 1}) for j in jobs]
+            writer = meshes[0].spawn("writer", me.BenchWriter, size, cfg)
+            server = meshes[0].spawn("server", WeightServer, prov.run_id, cfg)
+            reader = meshes[1].spawn("reader", me.BenchReader, size, cfg, server)
+            pubs, fetches, e2es = [], [], []
+            for v in range(1, rounds + 2):
+                t0 = time.perf_counter()
+                pub = await writer.publish.call_one(v)
+                wait, copy = await reader.fetch.call_one(v)
+                if v > 1:
+                    pubs.append(pub), fetches.append(wait + copy), e2es.append(time.perf_counter() - t0)
+            mems = [await reader.memcpy.call_one() for _ in range(3)]
+        finally:
+            for m in meshes:
+                await m.stop()
+            for j in jobs:
+                j.kill()
+        peak = sampler.stop()
+    mem, fresh = statistics.median(m[0] for m in mems), statistics.median(m[1] for m in mems)
+    return dict(size=size, path=f"cross host (RDMA, {cfg.bucket_mb} MB buckets)", fresh=fresh, bytes=nbytes, publish=statistics.median(pubs),
+                fetch=statistics.median(fetches), e2e=statistics.median(e2es), memcpy=mem, shm=peak)
+
+
+def table(rows: list[dict]):
+    from rich.table import Table
+
+    t = Table(title=f"weight sync, fp32, keep_versions={KEEP}, {os.cpu_count()}-core CPU (GB/s = 1e9 B/s, median)")
+    for col in ("model", "path", "GB", "publish GB/s", "fetch GB/s", "end-to-end GB/s (s)", "memcpy warm GB/s",
+                "e2e / warm", "memcpy fresh GB/s", "e2e / fresh", "peak shm per host (GB)", "<= K x model"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        gb = r["bytes"] / 1e9
+        peak = max(r["shm"].values(), default=0)
+        t.add_row(
+            r["size"], r["path"], f"{gb:.2f}", f"{gb / r['publish']:.2f}", f"{gb / r['fetch']:.2f}",
+            f"{gb / r['e2e']:.2f} ({r['e2e']:.2f})", f"{gb / r['memcpy']:.2f}", f"{r['memcpy'] / r['e2e']:.2f}x",
+            f"{gb / r['fresh']:.2f}", f"{r['fresh'] / r['e2e']:.2f}x",
+            ", ".join(f"{h}: {b / 1e9:.2f}" for h, b in sorted(r["shm"].items())),
+            "yes" if peak <= KEEP * (r["bytes"] + (1 << 20)) else "NO",  # + 1 MiB: safetensors header
+        )
+    return t
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="100M,500M")
+    ap.add_argument("--rdma-sizes", default="100M")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bucket-mb", default="64", help="RDMA bucket sizes to try, e.g. 64,256")
+    args = ap.parse_args()
+    import benchmarks.weight_sync as me  # actors by their importable name, not __main__
+
+    from rich.console import Console
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    os.environ.pop("FORGE_RL_RUN_ID", None)
+    rows = []
+    for size in args.sizes.split(","):
+        rows.append(await same_host(size, args.rounds, me))
+    for size in filter(None, args.rdma_sizes.split(",")):
+        for bucket_mb in args.bucket_mb.split(","):
+            rows.append(await cross_host(size, args.rounds, me, int(bucket_mb)))
+    Console(width=250).print(table(rows))
+    print(
+        "publish: writer proc, fallocate + copy into the version file; fetch: reader proc, prefetch + copy into its\n"
+        "own preallocated tensors; end-to-end: controller wall time of publish then fetch; memcpy: torch copy_ of\n"
+        "the same tensors in the reader proc, into preallocated (warm) tensors / into fresh torch.empty_like."
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,147 @@
+"""Across hosts: readers pull a published version's bytes with Monarch RDMA, a few large buckets each.
+
+`WeightServer` runs on the writers' host (one small actor). When a remote reader asks for version v
+it waits for v, maps its file and registers one `RDMABuffer` per bucket (cfg.bucket_mb) over it, and
+returns those handles. The reader (`fetch`, called by `ShmWeightStore.prefetch`) reads every bucket
+into a same-size file in its own host's store in one RDMA action, then installs it like a writer
+would: the local copy is the same safetensors file, published atomically, under the same retention.
+
+The server keeps a version's mapping while readers hold a lease on it (between `open_version` and
+`release`), so a remote read never races the unmapping of its source, even if the writers drop the
+version meanwhile. Leases of readers that died expire after LEASE_S.
+"""
+
+import asyncio
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from monarch.actor import Actor, concurrent_endpoint, endpoint
+
+from forge_rl.weights.layout import allocate_file, map_file
+from forge_rl.weights.shm import FILE, ShmWeightStore, version_dir
+from forge_rl.weights.store import VersionUnavailable, WeightStoreConfig
+
+LEASE_S = 600.0
+SWEEP_S = 0.5
+
+
+@dataclass
+class RemoteVersion:
+    """What a reader needs to copy one version: file size and (offset, RDMABuffer) per bucket."""
+
+    version: int
+    host_id: str
+    size: int
+    buckets: list[tuple[int, object]]
+
+
+@dataclass
+class Missing:
+    """A version the server cannot hand out (sent back as a value: the reader raises it locally)."""
+
+    available: list[int]
+    why: str
+
+
+@dataclass
+class _Served:
+    buf: torch.Tensor
+    buffers: list
+    leases: list[float] = field(default_factory=list)  # start times of the reads in flight
+
+
+class WeightServer(Actor):
+    """Hands out RDMA handles over the versions published on its host. Spawn one per writer host."""
+
+    def __init__(self, run_id: str | None = None, cfg: WeightStoreConfig | None = None):
+        self.store = ShmWeightStore(run_id, cfg)
+        self._served: dict[int, _Served] = {}
+        self._sweeper: asyncio.Task | None = None
+
+    @endpoint
+    async def host_id(self) -> str:
+        return self.store.host_id
+
+    @concurrent_endpoint  # waiting for a version must not block other readers' releases
+    async def open_version(self, version: int, timeout: float = 60.0) -> "RemoteVersion | Missing":
+        try:
+            path = await self.store.wait_async(version, timeout)
+            served = self._served.get(version) or self._serve(version, path)
+        except VersionUnavailable as e:
+            return Missing(e.available, e.why)
+        except FileNotFoundError:  # dropped between the wait and the open
+            return Missing(self.store.versions(), f"was dropped on host {self.store.host_id}")
+        served.leases.append(time.monotonic())
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep_forever())
+        return RemoteVersion(version, self.store.host_id, served.buf.numel(), served.buffers)
+
+    @endpoint
+    async def release(self, version: int) -> None:
+        served = self._served.get(version)
+        if served is not None and served.leases:
+            served.leases.pop(0)
+        await self._sweep()
+
+    @endpoint
+    async def served_versions(self) -> list[int]:
+        return sorted(self._served)
+
+    def _serve(self, version: int, path: Path) -> _Served:
+        from monarch.rdma import RDMABuffer
+
+        file = path / FILE
+        buf = map_file(file, os.path.getsize(file), writable=True)  # RDMA registration wants writable memory
+        step = self.store.cfg.bucket_mb << 20
+        buffers = [(start, RDMABuffer(buf[start : start + step])) for start in range(0, buf.numel(), step)]
+        self._served[version] = served = _Served(buf, buffers)
+        return served
+
+    async def _sweep(self) -> None:
+        """Unmap versions the writers dropped once no reader is reading them."""
+        now = time.monotonic()
+        for version, served in list(self._served.items()):
+            served.leases = [t for t in served.leases if now - t < LEASE_S]
+            gone = not (self.store.root / version_dir(version)).is_dir()
+            if gone and not served.leases:
+                del self._served[version]
+                for _, buffer in served.buffers:
+                    await buffer.drop()
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            await self._sweep()
+
+
+async def fetch(store: ShmWeightStore, version: int, timeout: float) -> Path:
+    """Copy `version` from the source host into `store`'s host and install it there."""
+    remote = await store.source.open_version.call_one(version, timeout)
+    if isinstance(remote, Missing):
+        raise VersionUnavailable(version, remote.available, remote.why)
+    tmp = store.root / f"{version_dir(version)}.fetch-{os.getpid()}"
+    try:
+        store._make_room()
+        tmp.mkdir()
+        allocate_file(tmp / FILE, remote.size)
+        buf = map_file(tmp / FILE, remote.size, writable=True)
+        from monarch.rdma import RDMAAction
+
+        action = RDMAAction()
+        for start, buffer in remote.buckets:
+            action.read_remote(buf[start : start + buffer.size()], buffer)
+        # Generous: the TCP fallback moves ~0.2-0.5 GB/s.
+        await action.submit(timeout=int(60 + remote.size / 50e6))
+        del buf
+        return store._install(tmp, version)
+    except BaseException:
+        store._remove(tmp)
+        raise
+    finally:
+        # A server that died meanwhile holds no lease; its failure must not hide ours (or our result).
+        with contextlib.suppress(Exception):
+            await store.source.release.call_one(version)

@@ -1,0 +1,256 @@
+"""ShmWeightStore: versions as safetensors files in this host's /dev/shm.
+
+    /dev/shm/forge_rl-<run>-weights-<host>/
+        v00000005/model.safetensors      published: complete, never written again
+        v00000006.tmp/model.safetensors  being written by the trainer ranks (+ .rankNNNNN.done markers)
+
+Writer ranks map the same preallocated file and copy their tensors (or DTensor shards, at their
+global offsets) into it; the rank that commits last renames the directory to its final name. The
+rename is atomic, so a reader sees all of a version or nothing of it. Readers on this host read
+the published file in place (zero copy); readers on another host `prefetch` it over Monarch RDMA
+into their own host's directory (see rdma.py) and from then on read that copy the same way.
+
+Retention: when a new version starts, versions beyond the newest K-1 are dropped, so a host never
+holds more than K versions (K-1 published + 1 being written). Dropping renames a version away
+before deleting it, so no reader ever sees half of one; a reader that still maps a dropped
+file keeps valid bytes until it lets go (Linux frees the pages then).
+"""
+
+import asyncio
+import os
+import re
+import shutil
+import socket
+import time
+from collections.abc import Mapping
+from itertools import count
+from pathlib import Path
+
+import torch
+
+from forge_rl.weights.layout import Layout, create_file, map_file
+from forge_rl.weights.runs import SHM_DIR, register_process, release_process, run_prefix
+from forge_rl.weights.shards import local_piece, region
+from forge_rl.weights.store import (
+    TensorSpec,
+    VersionUnavailable,
+    VersionWriter,
+    WeightMismatch,
+    WeightStore,
+    WeightStoreConfig,
+    check_spec,
+    spec_of,
+)
+
+RUN_ID_ENV = "FORGE_RL_RUN_ID"  # set by the provisioner; every proc of a run inherits it
+HOST_ID_ENV = "FORGE_RL_HOST_ID"
+FILE = "model.safetensors"
+_FINAL = re.compile(r"v(\d{8})")
+_trash_ids = count()
+
+
+def version_dir(version: int) -> str:
+    if not 0 <= version < 10**8:
+        raise ValueError(f"weights version must be in [0, 1e8), got {version}")
+    return f"v{version:08d}"
+
+
+def default_root(run_id: str, host_id: str) -> Path:
+    return SHM_DIR / f"{run_prefix(run_id)}weights-{host_id}"
+
+
+class ShmWeightStore(WeightStore):
+    """The weight store of one run on one host. Create one per process (writers and readers alike).
+
+    `source`: for readers, the `WeightServer` actor on the writers' host; readers on another host
+    then prefetch over RDMA. Without one (or on the writers' host) prefetch waits for the local file.
+    """
+
+    def __init__(self, run_id: str | None = None, cfg: WeightStoreConfig | None = None, source=None):
+        self.run_id = run_id or os.environ.get(RUN_ID_ENV)
+        if not self.run_id:
+            raise ValueError(f"ShmWeightStore needs a run id (argument or ${RUN_ID_ENV})")
+        self.cfg = cfg or WeightStoreConfig()
+        self.host_id = self.cfg.host_id or os.environ.get(HOST_ID_ENV) or socket.gethostname()
+        self.root = Path(self.cfg.root) if self.cfg.root else default_root(self.run_id, self.host_id)
+        self.source = source
+        self._source_host: str | None = None
+        register_process(self.run_id)  # before creating anything, so a stale-run sweep never takes it
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._closed = False
+
+    # ------------------------------------------------------------------ writers
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        from torch.distributed.tensor import DTensor
+
+        for name, t in state_dict.items():
+            if isinstance(t, DTensor):
+                raise TypeError(
+                    f"publish() takes full tensors; {name!r} is a DTensor. Call writer(...) from every rank "
+                    "(each writes its shard), or full_tensor() first"
+                )
+        with self.writer(version, spec_of(state_dict)) as w:
+            for name, t in state_dict.items():
+                w.write(name, t)
+
+    def writer(self, version: int, spec: TensorSpec, rank: int = 0, world_size: int = 1) -> "ShmVersionWriter":
+        return ShmVersionWriter(self, version, spec, rank, world_size)
+
+    # ------------------------------------------------------------------ readers
+    def versions(self) -> list[int]:
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for n in names if (m := _FINAL.fullmatch(n)))
+
+    def path(self, version: int) -> Path:
+        if (found := self._ready(version)) is None:
+            raise self._unavailable(version, "has not been published")
+        return found
+
+    def wait(self, version: int, timeout: float = 60.0) -> Path:
+        deadline, delay = time.monotonic() + timeout, 0.001
+        while (found := self._ready(version)) is None:
+            if time.monotonic() > deadline:
+                raise self._unavailable(version, f"was not published within {timeout:g}s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return found
+
+    async def wait_async(self, version: int, timeout: float = 60.0) -> Path:
+        deadline, delay = time.monotonic() + timeout, 0.001
+        while (found := self._ready(version)) is None:
+            if time.monotonic() > deadline:
+                raise self._unavailable(version, f"was not published within {timeout:g}s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return found
+
+    async def prefetch(self, version: int, timeout: float = 60.0) -> Path:
+        """Same host as the writers: wait for the version. Other host: copy it here over RDMA."""
+        if (found := self._ready(version)) is not None:
+            return found
+        if self.source is not None:
+            if self._source_host is None:
+                self._source_host = await self.source.host_id.call_one()
+            if self._source_host != self.host_id:
+                from forge_rl.weights.rdma import fetch
+
+                return await fetch(self, version, timeout)
+        return await self.wait_async(version, timeout)
+
+    def load(self, version: int, expected: TensorSpec | None = None) -> dict[str, torch.Tensor]:
+        file = self.path(version) / FILE
+        try:
+            layout = Layout.read(file)
+            if expected is not None:
+                check_spec(layout.spec, expected, version)
+            return layout.views(map_file(file, layout.size, writable=False))
+        except FileNotFoundError:
+            raise self._unavailable(version, "was dropped while being opened") from None
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            release_process(self.run_id)
+
+    # ------------------------------------------------------------------ internals
+    def _ready(self, version: int) -> Path | None:
+        """The version's directory if published; raise if it can no longer appear."""
+        final = self.root / version_dir(version)
+        if final.is_dir():
+            return final
+        available = self.versions()
+        if available and available[-1] > version:
+            # Versions are published in order: a newer one exists, so this one was dropped (or skipped).
+            raise self._unavailable(version, f"was dropped (this store keeps the newest {self.cfg.keep_versions})")
+        return None
+
+    def _unavailable(self, version: int, why: str) -> VersionUnavailable:
+        return VersionUnavailable(version, self.versions(), f"{why} on host {self.host_id}")
+
+    def _make_room(self) -> None:
+        """Before a new version is written: keep only the newest K-1, so the host holds at most K."""
+        self._drop_all_but(self.cfg.keep_versions - 1)
+
+    def _drop_all_but(self, keep: int) -> None:
+        available = self.versions()
+        for version in available[: max(len(available) - keep, 0)]:
+            self._remove(self.root / version_dir(version))
+
+    def _remove(self, path: Path) -> None:
+        # Rename first (atomic): readers see the version gone at once, never half deleted.
+        trash = path.with_name(f"{path.name}.del-{os.getpid()}-{next(_trash_ids)}")
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return  # another process dropped it
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _install(self, tmp: Path, version: int) -> Path:
+        """Publish a fully written directory under the version's final name."""
+        final = self.root / version_dir(version)
+        try:
+            os.rename(tmp, final)
+        except FileNotFoundError:
+            if not final.is_dir():
+                raise
+            # Another rank (or reader on this host) installed it first.
+        except OSError:
+            if not final.is_dir():
+                raise
+            self._remove(tmp)  # ours is a duplicate of what is already published
+        self._drop_all_but(self.cfg.keep_versions)
+        return final
+
+
+class ShmVersionWriter(VersionWriter):
+    """One rank's writes into `vNNNNNNNN.tmp/model.safetensors`; see ShmWeightStore."""
+
+    def __init__(self, store: ShmWeightStore, version: int, spec: TensorSpec, rank: int, world_size: int):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"writer rank {rank} is outside world_size {world_size}")
+        self.store, self.version, self.rank, self.world_size = store, version, rank, world_size
+        if (store.root / version_dir(version)).exists():
+            raise ValueError(f"weights version {version} is already published on host {store.host_id}")
+        self.layout = Layout.for_spec(spec, {"forge_rl_version": str(version)})
+        store._make_room()
+        self.tmp = store.root / f"{version_dir(version)}.tmp"
+        self.tmp.mkdir(exist_ok=True)  # every rank of the version shares this directory
+        create_file(self.tmp / FILE, self.layout)
+        self._views: dict[str, torch.Tensor] | None = self.layout.views(
+            map_file(self.tmp / FILE, self.layout.size, writable=True)
+        )
+
+    def write(self, name: str, tensor: torch.Tensor, offset: tuple[int, ...] | None = None) -> None:
+        if self._views is None:
+            raise RuntimeError(f"writer of weights version {self.version} was already committed or aborted")
+        full = self._views.get(name)
+        if full is None:
+            raise WeightMismatch(f"tensor {name!r} is not in the spec of weights version {self.version}")
+        if tensor.dtype != full.dtype:
+            raise WeightMismatch(f"tensor {name!r}: written as {tensor.dtype}, the spec says {full.dtype}")
+        if offset is None and tensor.shape != full.shape:  # a DTensor's shape is its global shape
+            raise WeightMismatch(
+                f"tensor {name!r}: shape {list(tensor.shape)}, the spec says {list(full.shape)} "
+                "(pass offset= for a shard)"
+            )
+        piece, at = local_piece(tensor, offset)
+        region(full, at, tuple(piece.shape)).copy_(piece.detach())
+
+    def commit(self) -> None:
+        self._views = None  # unmap before others may rename and read
+        try:
+            (self.tmp / f".rank{self.rank:05d}.done").touch()
+            done = sum(1 for n in os.listdir(self.tmp) if n.endswith(".done"))
+        except FileNotFoundError:
+            raise RuntimeError(
+                f"weights version {self.version} was aborted by another writer rank (or removed at shutdown)"
+            ) from None
+        if done == self.world_size:  # the last rank to finish publishes
+            self.store._install(self.tmp, self.version)
+
+    def abort(self) -> None:
+        self._views = None
+        self.store._remove(self.tmp)

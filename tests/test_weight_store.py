@@ -1,0 +1,264 @@
+"""The weight store: versions in shared memory, sharded writers, atomic publish, retention,
+cleanup (normal, exception, killed writer, dead run), and the cross-host RDMA path."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import monarch.actor
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from forge_rl.controller import provisioned
+from forge_rl.weights import (
+    ShmWeightStore,
+    VersionUnavailable,
+    WeightMismatch,
+    WeightStoreConfig,
+    cleanup_stale_runs,
+    spec_of,
+)
+from tests.conftest import REPO, run
+from tests.weight_store_procs import Reader, Writer, model_state, uniform_state
+
+
+def leftovers(run_id: str) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"forge_rl-{run_id}-")]
+
+
+@pytest.fixture
+def store():
+    s = ShmWeightStore(f"t{uuid.uuid4().hex[:8]}", WeightStoreConfig(keep_versions=2))
+    yield s
+    s.close()  # the last process of the run removes its shared memory
+    assert leftovers(s.run_id) == []
+
+
+def test_round_trip_is_bit_exact_and_a_valid_safetensors_checkpoint(store):
+    state = model_state(seed=1)
+    state["model.layers.0.mlp.gate.bias"] = torch.arange(-3, 4, dtype=torch.int64)
+    store.publish(1, state)
+    loaded = store.load(1, expected=spec_of(state))
+    for name, t in state.items():
+        assert loaded[name].dtype == t.dtype and torch.equal(loaded[name], t), name
+    # What vLLM's reload_weights(weights_path=...) reads: a directory of *.safetensors.
+    path = store.path(1)
+    assert [p.name for p in path.glob("*.safetensors")] == ["model.safetensors"]
+    from_disk = load_file(path / "model.safetensors")
+    assert from_disk.keys() == state.keys() and all(torch.equal(from_disk[n], state[n]) for n in state)
+
+
+def test_plain_shards_from_two_writers_make_full_tensors(store):
+    full = model_state(seed=2)
+    spec = spec_of(full)
+    writers = [store.writer(3, spec, rank=r, world_size=2) for r in range(2)]
+    for name, t in full.items():
+        dim = 1 if t.dim() == 2 and t.shape[1] % 2 else 0  # dim-0 and dim-1 shards, uneven ones too
+        cut = (t.shape[dim] + 1) // 2
+        for rank, piece in enumerate(t.split(cut, dim)):
+            offset = [0] * t.dim()
+            offset[dim] = rank * cut
+            writers[rank].write(name, piece, offset=tuple(offset))
+    writers[0].commit()
+    assert store.versions() == [], "visible before every rank committed"
+    writers[1].commit()
+    loaded = store.load(3)
+    assert all(torch.equal(loaded[n], full[n]) for n in full)
+
+
+def test_retention_keeps_newest_k_and_errors_name_versions(store):
+    for v in range(1, 5):
+        store.publish(v, uniform_state(v, 16))
+    assert store.versions() == [3, 4]
+    root_entries = sorted(os.listdir(store.root))
+    assert root_entries == ["v00000003", "v00000004"]
+    with pytest.raises(VersionUnavailable, match=r"version 1 was dropped.*available: \[3, 4\]"):
+        store.load(1)
+    with pytest.raises(VersionUnavailable, match=r"version 2 was dropped.*available: \[3, 4\]"):
+        store.wait(2, timeout=5)  # fails at once: a newer version exists
+    t0 = time.monotonic()
+    with pytest.raises(VersionUnavailable, match=r"version 9 was not published within 0.2s.*available: \[3, 4\]"):
+        store.wait(9, timeout=0.2)
+    assert time.monotonic() - t0 < 2
+    with pytest.raises(ValueError, match="version 4 is already published"):
+        store.publish(4, uniform_state(4, 16))
+
+
+def test_mismatch_names_the_tensor(store):
+    state = model_state(seed=3)
+    store.publish(1, state)
+    expected = spec_of(state)
+    expected["model.norm.weight"] = (torch.bfloat16, (16,))
+    with pytest.raises(WeightMismatch, match=r"'model.norm.weight': stored torch.float32 \[16\], reader expects torch.bfloat16"):
+        store.load(1, expected=expected)
+    expected = spec_of(state) | {"lm_head.weight": (torch.float32, (64, 8))}
+    with pytest.raises(WeightMismatch, match=r"'lm_head.weight'.*\[64, 16\].*\[64, 8\]"):
+        store.load(1, expected=expected)
+    with pytest.raises(WeightMismatch, match="no tensor 'model.extra'"):
+        store.load(1, expected=spec_of(state) | {"model.extra": (torch.float32, (1,))})
+    with pytest.raises(WeightMismatch, match="'model.norm.weight': written as torch.float64"):
+        with store.writer(2, spec_of(state)) as w:
+            w.write("model.norm.weight", state["model.norm.weight"].double())
+    with pytest.raises(WeightMismatch, match="'model.norm.weight': shape \\[8\\]"):
+        with store.writer(2, spec_of(state)) as w:
+            w.write("model.norm.weight", state["model.norm.weight"][:8])
+    assert store.versions() == [1] and not list(store.root.glob("*.tmp")), "a failed write was aborted"
+
+
+def test_dtensor_shards_from_two_procs_give_full_tensors_to_the_controller():
+    async def body():
+        async with provisioned() as prov:
+            writer = await Writer.options(procs=2, spmd=True).as_actor()
+            placements = [p for _, p in (await writer.write_dtensor_shards.call(7, 11)).items()]
+            assert any("Shard(dim=1)" in s for s in placements[0]) and any("Shard(dim=0)" in s for s in placements[0])
+            reader = ShmWeightStore(prov.run_id)
+            loaded, want = reader.load(7), model_state(11)
+            for name in want:
+                assert torch.equal(loaded[name], want[name]), name
+            assert leftovers(prov.run_id)
+            run_id = prov.run_id
+        assert leftovers(run_id) == [], "shutdown left shared memory"
+
+    run(body())
+
+
+def test_reader_racing_a_writer_never_sees_a_mixed_version():
+    def read_until(store: ShmWeightStore, done: threading.Event) -> set[int]:
+        seen = set()
+        while not done.is_set():
+            available = store.versions()
+            if not available:
+                time.sleep(0.001)
+                continue
+            try:
+                loaded = store.load(available[-1])
+            except VersionUnavailable:
+                continue  # dropped between listing and opening: allowed
+            values = torch.cat(list(loaded.values())).unique().tolist()
+            assert values == [available[-1]], f"version {available[-1]} mixed with {values}"
+            seen.add(available[-1])
+            time.sleep(0.001)  # leave the GIL to the controller's event loop now and then
+        return seen
+
+    async def body():
+        async with provisioned() as prov:
+            writer = await Writer.as_actor(keep_versions=2)
+            store, done = ShmWeightStore(prov.run_id), threading.Event()
+            reading = asyncio.ensure_future(asyncio.to_thread(read_until, store, done))
+            try:
+                # 8 MB per version: each publish takes long enough for reads to overlap it.
+                await writer.publish_uniform.call_one(1, 20, 1 << 18)
+            finally:
+                done.set()
+            seen = await reading
+            assert len(seen) >= 4, f"reader saw too few versions to mean anything: {sorted(seen)}"
+            assert store.versions() == [19, 20]
+
+    run(body())
+
+
+def test_shutdown_cleans_up_after_exception_and_after_a_killed_writer(monkeypatch):
+    # A SIGKILLed proc is a supervision event; outside a Service nobody handles it, and Monarch's
+    # default would end the test process.
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", lambda failure: None)
+    state = {}
+
+    async def body():
+        async with provisioned() as prov:
+            state["run"] = prov.run_id
+            writer = await Writer.as_actor()
+            await writer.publish_seeded.call_one(1, 0)
+            pid, tmp = await writer.begin_and_stall.call_one(2, 0)
+            assert Path(tmp).is_dir()
+            os.kill(pid, signal.SIGKILL)
+            store = ShmWeightStore(prov.run_id)
+            with pytest.raises(VersionUnavailable, match=r"version 2 was not published.*available: \[1\]"):
+                await store.wait_async(2, timeout=0.3)
+            raise RuntimeError("controller fails on purpose")
+
+    with pytest.raises(RuntimeError, match="on purpose"):
+        run(body())
+    assert leftovers(state["run"]) == []
+
+
+def test_next_start_removes_what_a_killed_controller_left():
+    run_id = f"dead{uuid.uuid4().hex[:6]}"
+    script = textwrap.dedent(f"""
+        import os, signal, torch
+        from forge_rl.weights import ShmWeightStore
+        s = ShmWeightStore({run_id!r})
+        s.publish(1, {{"w": torch.ones(1000)}})
+        w = s.writer(2, {{"w": (torch.float32, (1000,))}})
+        os.kill(os.getpid(), signal.SIGKILL)  # dies mid-write, no cleanup runs
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert len(leftovers(run_id)) == 2  # the version directory and the process registry
+    assert any(e.endswith(".tmp") for e in os.listdir(f"/dev/shm/forge_rl-{run_id}-weights-{os.uname().nodename}"))
+    live = ShmWeightStore(f"live{uuid.uuid4().hex[:6]}")  # a live run must survive the sweep
+    live.publish(1, {"w": torch.ones(4)})
+    try:
+        assert run_id in cleanup_stale_runs()
+        assert leftovers(run_id) == []
+        assert live.versions() == [1]
+    finally:
+        live.close()
+
+
+def test_cross_host_prefetch_reads_over_rdma_into_the_readers_host():
+    """Two 'hosts' (Monarch ProcessJob workers with different host ids) on this machine."""
+    from monarch.job import ProcessJob
+
+    from forge_rl.weights.rdma import WeightServer
+
+    async def body():
+        async with provisioned() as prov:
+            env = {"FORGE_RL_RUN_ID": prov.run_id, "PYTHONPATH": os.environ["PYTHONPATH"]}
+            jobs = [ProcessJob({"host": 1}, env={**env, "FORGE_RL_HOST_ID": h}) for h in ("trainer-host", "gen-host")]
+            meshes = []
+            try:
+                a, b = (j.state(cached_path=None).host.spawn_procs(per_host={"procs": 1}) for j in jobs)
+                meshes = [a, b]
+                # 1 MiB buckets: the 10 KB test model still takes one read per bucket path
+                cfg = WeightStoreConfig(keep_versions=2, bucket_mb=1)
+                writer = a.spawn("writer", Writer)
+                await writer.setup.call_one()
+                server = a.spawn("server", WeightServer, prov.run_id, cfg)
+                reader = b.spawn("reader", Reader, server)
+                fetch = asyncio.ensure_future(reader.fetch.call_one(1, 5))  # prefetch waits for the publish
+                await asyncio.sleep(0.5)
+                await writer.publish_seeded.call_one(1, 5)
+                got = await fetch
+                assert got["exact"] and got["host"] == "gen-host" and got["versions"] == [1]
+                assert "-weights-gen-host/v00000001" in got["path"]
+                assert load_file(Path(got["path"]) / "model.safetensors").keys() == model_state(5).keys()
+                for v in (2, 3):
+                    await writer.publish_seeded.call_one(v, v)
+                    assert (await reader.fetch.call_one(v, v))["exact"]
+                assert (await reader.fetch.call_one(3, 3))["versions"] == [2, 3]  # retention on the reader host
+                err = await reader.fetch_error.call_one(1)  # the reader host has [2, 3]: dropped
+                assert err.startswith("weights version 1 was dropped") and "[2, 3]" in err, err
+                err = await reader.fetch_error.call_one(4)  # asked of the writers' host, which times out
+                assert err.startswith("weights version 4 was not published within 1s on host trainer-host"), err
+                assert await server.served_versions.call_one() in ([2, 3], [3])  # v1's mapping let go
+            finally:
+                for m in meshes:
+                    await m.stop()
+                for j in jobs:
+                    j.kill()
+            assert sorted(leftovers(prov.run_id)) == sorted(
+                [f"forge_rl-{prov.run_id}-pids", f"forge_rl-{prov.run_id}-weights-gen-host",
+                 f"forge_rl-{prov.run_id}-weights-trainer-host"]
+            )
+            run_id = prov.run_id
+        assert leftovers(run_id) == []
+
+    run(body())
