@@ -138,3 +138,25 @@ def test_save_kill_load_continues_identically(loop, tmp_path):
         assert e["loss"] == pytest.approx(g["loss"], abs=1e-7) and e["step"] == g["step"]
     with pytest.raises(ActorError, match="not a DCP checkpoint"):
         loop.run_until_complete(second.load.call_one(str(tmp_path)))
+
+
+def test_push_weights_from_one_and_from_sharded_ranks(loop, tmp_path):
+    """1 proc and FSDP2 x 2 procs publish the same weights; readers get full HF tensors, bit-exact."""
+    from safetensors.torch import load_file
+
+    from forge_rl.controller import stop_actor
+    from forge_rl.weights import ShmWeightStore
+
+    shipped = load_file(TINY_MODEL / "model.safetensors")
+    store = ShmWeightStore()
+    try:
+        for version, (procs, parallel) in enumerate([(1, {}), (2, dict(dp_shard=2)), (2, dict(dp_shard=1, tp=2))], 1):
+            trainer = spawn(loop, config(tmp_path / str(version), **parallel), procs=procs)
+            record = loop.run_until_complete(trainer.push_weights.call(version)).item(procs=0)
+            loop.run_until_complete(stop_actor(trainer))
+            got = store.load(version)
+            assert set(got) == set(shipped) and record["bytes"] == sum(t.nbytes for t in shipped.values())
+            for name, tensor in shipped.items():
+                assert torch.equal(got[name], tensor), (version, name)
+    finally:
+        store.close()

@@ -20,14 +20,34 @@ from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_rl.controller import ForgeActor
 from forge_rl.types import Completion
+from forge_rl.weights.shm import ShmWeightStore
+from forge_rl.weights.store import WeightStoreConfig
 
 CPU_ENGINE_DEFAULTS: dict[str, Any] = dict(
     dtype="float32", enforce_eager=True, kv_cache_memory_bytes=256 << 20, max_model_len=512
 )
+# Behaviour logprobs after temperature scaling: the policy the trainer trains is softmax(logits / T).
+ENGINE_DEFAULTS: dict[str, Any] = dict(logprobs_mode="processed_logprobs")
+
+# How a live weight update treats in-flight requests (see update_weights).
+SWAP_MODES = ("keep_kv", "recompute_kv", "drain")
 
 
 class Generator(ForgeActor):
-    def __init__(self, model: str, engine_args: dict | None = None, sampling: dict | None = None, seed: int = 0):
+    def __init__(
+        self,
+        model: str,
+        engine_args: dict | None = None,
+        sampling: dict | None = None,
+        seed: int = 0,
+        swap_mode: str = "recompute_kv",
+        weight_store: WeightStoreConfig | None = None,
+        weight_source=None,
+    ):
+        if swap_mode not in SWAP_MODES:
+            raise ValueError(f"generator.swap_mode={swap_mode!r}; choose one of {SWAP_MODES}")
+        self.swap_mode = swap_mode
+        self.store_cfg, self.weight_source = weight_store, weight_source
         self.model = str(model)
         self.engine_args = dict(engine_args or {})
         self.sampling = dict(sampling or {})
@@ -39,6 +59,9 @@ class Generator(ForgeActor):
         self._active = 0
         self._max_active = 0  # most requests in the engine at once (shows that calls overlap)
         self._busy_since = 0.0
+        self._in_flight: dict[str, tuple[int, list[_Child]]] = {}  # request id -> (prompt length, children)
+        self._swap_lock: asyncio.Lock | None = None
+        self.updates: list[dict] = []  # one record per weight update
 
     @endpoint
     async def setup(self) -> None:
@@ -46,13 +69,14 @@ class Generator(ForgeActor):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = dict(model=self.model, seed=self.seed, disable_log_stats=True)
+        args = dict(model=self.model, seed=self.seed, disable_log_stats=True, **ENGINE_DEFAULTS)
         if not torch.cuda.is_available():
             args.update(CPU_ENGINE_DEFAULTS)
         args.update(self.engine_args)
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         self.max_model_len = self.engine.vllm_config.model_config.max_model_len
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source)
 
     @concurrent_endpoint  # calls overlap, so the engine batches many groups (continuous batching)
     async def generate(self, prompt: str | list[int], n: int = 1, **sampling: Any) -> list[Completion]:
@@ -65,9 +89,8 @@ class Generator(ForgeActor):
         prompt_ids = self._prompt_ids(prompt)
         if n < 1:
             raise ValueError(f"n must be >= 1 (completions per prompt), got {n}")
-        # FINAL_ONLY: with n > 1 the last streamed output need not hold every child; the final one does.
         params = SamplingParams(
-            **{**self.sampling, **sampling, "n": n, "logprobs": 0, "output_kind": RequestOutputKind.FINAL_ONLY}
+            **{**self.sampling, **sampling, "n": n, "logprobs": 0}
         )
         max_tokens = params.max_tokens or 0
         if len(prompt_ids) + max_tokens > self.max_model_len:
@@ -75,35 +98,90 @@ class Generator(ForgeActor):
                 f"prompt of {len(prompt_ids)} tokens + max_tokens={max_tokens} exceeds the engine's "
                 f"max_model_len={self.max_model_len}"
             )
-        version = self.policy_version
-        final = None
+        # Stream deltas so every token is tagged with the weights version that sampled it: a live
+        # weight swap (update_weights) can land between two tokens of one sequence.
+        params.output_kind = RequestOutputKind.DELTA
+        children = [_Child() for _ in range(n)]
         request_id = f"{os.getpid()}-{next(self._request_ids)}"
         self._enter()
+        self._in_flight[request_id] = (len(prompt_ids), children)
         try:
             async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id):
-                final = out
+                for c in out.outputs:
+                    children[c.index].extend(c, self.policy_version)
         finally:
+            del self._in_flight[request_id]
             self._leave()
-        if final is None or len(final.outputs) != n:
-            raise RuntimeError(f"engine returned {0 if final is None else len(final.outputs)} completions, asked for {n}")
+        if any(c.finish_reason is None for c in children):
+            raise RuntimeError(f"engine request {request_id} ended with unfinished completions")
         prompt_tensor = torch.tensor(prompt_ids, dtype=torch.long)
         prompt_text = prompt if isinstance(prompt, str) else ""
         completions = []
-        for c in final.outputs:
-            ids = list(c.token_ids)
-            self._generated_tokens += len(ids)
+        for child in children:
+            self._generated_tokens += len(child.ids)
             completions.append(
                 Completion(
                     prompt_ids=prompt_tensor,
-                    response_ids=torch.tensor(ids, dtype=torch.long),
-                    logprobs=torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, ids)], dtype=torch.float32),
-                    policy_versions=torch.full((len(ids),), version, dtype=torch.long),
-                    finish_reason=str(c.finish_reason),
-                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                    response_ids=torch.tensor(child.ids, dtype=torch.long),
+                    logprobs=torch.tensor(child.logprobs, dtype=torch.float32),
+                    policy_versions=torch.tensor(child.versions, dtype=torch.long),
+                    finish_reason=child.finish_reason,
+                    text=self.tokenizer.decode(child.ids, skip_special_tokens=True),
                     prompt=prompt_text,
                 )
             )
         return completions
+
+    @concurrent_endpoint  # runs while generate calls keep streaming
+    async def update_weights(self, version: int, mode: str | None = None) -> dict[str, float]:
+        """Load weights `version` from the weight store without draining (unless swap_mode is "drain").
+
+        1. Prefetch: wait for / copy the version into this host's shared memory while generating.
+        2. Swap between two engine steps, per swap_mode:
+           - keep_kv: pause with requests kept and their KV cache intact, reload, resume; tokens after
+             the swap come from the new weights attending to a cache computed by the old ones;
+           - recompute_kv: pause with requests kept, reload, clear the KV/prefix cache, resume; in-flight
+             sequences recompute their cache under the new weights (exact new-policy tokens);
+           - drain: stop admitting, wait for every in-flight request to finish, reload, resume.
+        Tokens streamed after the swap are tagged with `version`. `mode` overrides swap_mode for this
+        update. Returns this update's record.
+        """
+        mode = mode or self.swap_mode
+        if mode not in SWAP_MODES:
+            raise ValueError(f"update_weights mode={mode!r}; choose one of {SWAP_MODES}")
+        if self._swap_lock is None:
+            self._swap_lock = asyncio.Lock()
+        start = time.perf_counter()
+        path = await self.store.prefetch(version)
+        prefetched = time.perf_counter()
+        async with self._swap_lock:
+            if version <= self.policy_version:
+                raise ValueError(f"update_weights({version}): the generator already has version {self.policy_version}")
+            pause_mode = {"keep_kv": "keep", "recompute_kv": "keep", "drain": "wait"}[mode]
+            await self.engine.pause_generation(mode=pause_mode, clear_cache=mode != "keep_kv")
+            paused = time.perf_counter()
+            requests = sum(len(children) for _, children in self._in_flight.values())
+            tokens = sum(p + len(c.ids) for p, children in self._in_flight.values() for c in children)
+            try:
+                await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+                if mode == "keep_kv":  # new requests must not reuse prefixes cached by old weights
+                    await self.engine.reset_prefix_cache()
+                # Outputs of steps before the pause may still be on their way to their generate calls;
+                # let them land before the version changes, so their tokens keep the old tag.
+                for _ in range(3):
+                    await asyncio.sleep(0)
+                self.policy_version = version
+            finally:
+                await self.engine.resume_generation()
+        done = time.perf_counter()
+        record = dict(
+            version=version, mode=mode, prefetch_s=prefetched - start,
+            # drain: the wait for in-flight requests is time the engine ran below capacity
+            drain_wait_s=paused - prefetched if mode == "drain" else 0.0,
+            pause_s=done - paused, requests_in_flight=requests, tokens_in_flight=tokens,
+        )
+        self.updates.append(record)
+        return record
 
     @endpoint
     async def version(self) -> int:
@@ -115,6 +193,13 @@ class Generator(ForgeActor):
             generated_tokens=self._generated_tokens,
             busy_s=self._busy_s,
             max_concurrent_requests=self._max_active,
+            unfinished_requests=self.engine.get_num_unfinished_requests(),
+            tokens_generated_in_flight=sum(len(c.ids) for _, cs in self._in_flight.values() for c in cs),
+            weight_updates=len(self.updates),
+            pause_s_total=sum(u["pause_s"] for u in self.updates),
+            drain_wait_s_total=sum(u["drain_wait_s"] for u in self.updates),
+            prefetch_s_total=sum(u["prefetch_s"] for u in self.updates),
+            policy_version=self.policy_version,
             tokens_per_s=self._generated_tokens / self._busy_s if self._busy_s else 0.0,
         )
 
@@ -143,8 +228,28 @@ class Generator(ForgeActor):
         return ids
 
     async def __cleanup__(self, exc: Exception | None) -> None:
+        if getattr(self, "store", None) is not None:
+            self.store.close()
         engine, self.engine = getattr(self, "engine", None), None
         if engine is not None:
             # Shut down here, while the interpreter is whole; vLLM's __del__ at exit cannot.
             # Bounded: Monarch gives __cleanup__ only a few seconds.
             await asyncio.to_thread(engine.shutdown, 2.0)
+
+
+class _Child:
+    """One of the n completions of a request, accumulated from streamed deltas."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.finish_reason: str | None = None
+
+    def extend(self, delta, version: int) -> None:
+        new = list(delta.token_ids)
+        self.ids += new
+        self.logprobs += [lp[t].logprob for lp, t in zip(delta.logprobs or [], new)]
+        self.versions += [version] * len(new)
+        if delta.finish_reason is not None:
+            self.finish_reason = str(delta.finish_reason)

@@ -25,6 +25,7 @@ from monarch.actor import endpoint
 from forge_rl.controller import ForgeActor
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
 from forge_rl.types import TrainBatch
+from forge_rl.weights import ShmWeightStore, WeightStoreConfig, spec_of
 
 HF_ASSETS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
              "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
@@ -87,6 +88,12 @@ def lr_lambda(cfg: OptimizerConfig):
     return factor
 
 
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
 def validate_batches(batches: list[TrainBatch], dp_size: int, vocab_size: int, max_len: int) -> None:
     """Reject a bad batch before any parameter changes; the message names the rank and field."""
     if not isinstance(batches, (list, tuple)) or len(batches) != dp_size:
@@ -125,8 +132,10 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Te
 
 
 class Trainer(ForgeActor):
-    def __init__(self, cfg: TrainerConfig | None = None):
+    def __init__(self, cfg: TrainerConfig | None = None, weight_store: WeightStoreConfig | None = None):
         self.cfg = cfg or TrainerConfig()
+        self.store_cfg = weight_store
+        self.store: ShmWeightStore | None = None  # opened at the first push_weights
         self.step = 0
 
     @endpoint
@@ -267,7 +276,7 @@ class Trainer(ForgeActor):
             entropy=float(sums[3]) / total_tokens, ratio_mean=float(sums[4]) / total_tokens,
             kl_ref=float(sums[5]) / total_tokens, tokens=sum(b.tokens.numel() for b in batches),
             response_tokens=total_tokens, tokens_per_s=sum(b.tokens.numel() for b in batches) / elapsed,
-            step_s=elapsed,
+            step_s=elapsed, peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
         )
 
     def _clip_grad_norm(self) -> float:
@@ -310,6 +319,29 @@ class Trainer(ForgeActor):
         if self.tied and "lm_head.weight" not in hf:  # vLLM's reload wants it even when tied
             hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
         return hf
+
+    @endpoint
+    async def push_weights(self, version: int) -> dict[str, float]:
+        """Publish the current weights as `version` (HF names) in the weight store.
+
+        Every rank writes its own shards straight into the version's shared-memory file at their global
+        offsets (no gather, no per-parameter RPC); the last rank to finish makes the version visible.
+        """
+        from torch.distributed.tensor import DTensor
+
+        start = time.perf_counter()
+        if self.store is None:
+            self.store = ShmWeightStore(cfg=self.store_cfg)
+        state = {k: v.detach() for k, v in self.model.state_dict().items() if not k.endswith("rope.cache")}
+        hf = self.adapter.to_hf(state)
+        if self.tied and "lm_head.weight" not in hf:  # vLLM's reload wants it even when tied
+            hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
+        with self.store.writer(version, spec_of(hf), rank=self.rank, world_size=self.world) as writer:
+            for name, tensor in hf.items():
+                writer.write(name, tensor if isinstance(tensor, DTensor) else tensor.cpu())
+        nbytes = sum(t.numel() * t.element_size() for t in hf.values())
+        elapsed = time.perf_counter() - start
+        return dict(version=version, push_s=elapsed, bytes=nbytes, gb_per_s=nbytes / elapsed / 1e9)
 
     @endpoint
     async def export_hf(self, out_dir: str) -> str:
@@ -373,6 +405,10 @@ class Trainer(ForgeActor):
     @endpoint
     async def config(self) -> dict:
         return asdict(self.cfg)
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        if self.store is not None:
+            self.store.close()
 
 
 def _load_full_state_dict(model: torch.nn.Module, full: dict[str, torch.Tensor], source) -> None:

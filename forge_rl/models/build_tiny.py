@@ -73,7 +73,9 @@ def build_tokenizer():
     return tokenizer
 
 
-def build(out: Path) -> Path:
+def build(out: Path, **config_overrides) -> Path:
+    """Write the tiny model to `out`. `config_overrides` (HF Qwen3 config keys, e.g. hidden_size=768)
+    make a larger char-level model with random weights for benchmarks."""
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -95,13 +97,14 @@ def build(out: Path) -> Path:
         )
         + "\n"
     )
-    (out / "config.json").write_text(json.dumps(MODEL_CONFIG, indent=2) + "\n")
+    config = {**MODEL_CONFIG, **config_overrides}
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps(dict(eos_token_id=2, pad_token_id=0), indent=2) + "\n"
     )
 
     torch.manual_seed(SEED)
-    model = Qwen3ForCausalLM(Qwen3Config(**MODEL_CONFIG)).float()
+    model = Qwen3ForCausalLM(Qwen3Config(**config)).float()
     # Save the tied lm_head explicitly: vLLM's weight reload path expects it (STACK.md).
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()

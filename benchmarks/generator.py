@@ -1,0 +1,146 @@
+"""Generator benchmark: actor overhead vs raw vLLM, and the cost of live weight updates per swap mode.
+
+    .venv/bin/python -m benchmarks.generator [--sizes tiny,100M] [--rounds 6] [--every 2]
+
+1. Throughput: the same workload (G prompts x n completions, fixed length) through a raw `AsyncLLM` in this
+   process and through the Generator actor (Monarch calls, per-token version tagging, streaming), same
+   engine arguments, one after the other in the same run. Target: actor >= 0.95x raw.
+2. Updates: for each model size and swap mode, `rounds` rounds of the workload run back to back while the
+   weights are updated every `every` rounds (a trainer step every k generation rounds) from new versions in
+   the weight store. Reports the pause per update (generation stopped), the drain wait (drain mode: the
+   engine running below capacity while in-flight requests finish), tokens in flight at the swap, and the
+   fraction of generation wall time lost to updates = (pauses + drain waits) / wall time.
+"100M" is a random char-level Qwen3 (hidden 768, 14 layers) built into a temporary directory.
+"""
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from forge_rl.actors.generator import CPU_ENGINE_DEFAULTS, ENGINE_DEFAULTS, SWAP_MODES, Generator
+from forge_rl.controller import provisioned, stop_actor
+from forge_rl.models import TINY_MODEL_DIR
+
+SIZES = {
+    "tiny": None,
+    "100M": dict(hidden_size=768, intermediate_size=2304, num_hidden_layers=14, num_attention_heads=12,
+                 num_key_value_heads=4, head_dim=64),
+}
+PROMPT = "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n"
+console = Console()
+
+
+def engine_args() -> dict:
+    args = dict(ENGINE_DEFAULTS, max_model_len=256)
+    if not torch.cuda.is_available():
+        args = {**CPU_ENGINE_DEFAULTS, **args}
+    return args
+
+
+async def raw_engine_tok_s(model: str, groups: int, n: int, tokens: int) -> float:
+    from vllm import AsyncEngineArgs, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from transformers import AutoTokenizer
+
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, seed=0, disable_log_stats=True, **engine_args()))
+    ids = AutoTokenizer.from_pretrained(model)(PROMPT, add_special_tokens=False)["input_ids"]
+    params = SamplingParams(n=n, max_tokens=tokens, ignore_eos=True, logprobs=0, output_kind=RequestOutputKind.DELTA)
+
+    async def one(i: int) -> int:
+        count = 0
+        async for out in engine.generate(TokensPrompt(prompt_token_ids=ids), params, f"raw-{i}"):
+            count += sum(len(c.token_ids) for c in out.outputs)
+        return count
+
+    try:
+        await asyncio.gather(*(one(-1 - i) for i in range(groups)))  # warm-up
+        start = time.perf_counter()
+        total = sum(await asyncio.gather(*(one(i) for i in range(groups))))
+        return total / (time.perf_counter() - start)
+    finally:
+        engine.shutdown()
+
+
+async def actor_round(gen, groups: int, n: int, tokens: int) -> int:
+    results = await asyncio.gather(
+        *(gen.generate.call_one(PROMPT, n=n, max_tokens=tokens, ignore_eos=True) for _ in range(groups))
+    )
+    return sum(len(c.response_ids) for group in results for c in group)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="tiny,100M")
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--every", type=int, default=2, help="update the weights every k rounds")
+    args = ap.parse_args()
+    from safetensors.torch import load_file
+
+    from forge_rl.models.build_tiny import build
+    from forge_rl.weights import ShmWeightStore
+
+    throughput = Table(title=f"generation throughput, {args.groups} groups x n={args.n} x {args.tokens} tokens")
+    for col in ("model", "raw AsyncLLM tok/s", "Generator actor tok/s", "actor / raw"):
+        throughput.add_column(col, justify="right")
+    updates = Table(title=f"live weight updates: {args.rounds} rounds, one update every {args.every} rounds")
+    for col in ("model", "mode", "updates", "reload+pause s (median)", "drain wait s (median)",
+                "tokens in flight", "tok/s", "time lost to updates"):
+        updates.add_column(col, justify="right")
+
+    async with provisioned():
+        store = ShmWeightStore()
+        version = 0
+        for size in args.sizes.split(","):
+            with tempfile.TemporaryDirectory() as tmp:
+                model = str(TINY_MODEL_DIR) if SIZES[size] is None else str(build(Path(tmp) / size, **SIZES[size]))
+                console.print(f"[bold]{size}[/bold]: raw engine")
+                raw = await raw_engine_tok_s(model, args.groups, args.n, args.tokens)
+                console.print(f"[bold]{size}[/bold]: Generator actor")
+                gen = await Generator.as_actor(model, engine_args=engine_args())
+                await actor_round(gen, args.groups, args.n, args.tokens)  # warm-up
+                start = time.perf_counter()
+                tok = await actor_round(gen, args.groups, args.n, args.tokens)
+                actor = tok / (time.perf_counter() - start)
+                throughput.add_row(size, f"{raw:,.0f}", f"{actor:,.0f}", f"{actor / raw:.2f}")
+
+                weights = load_file(str(Path(model) / "model.safetensors"))
+                for mode in SWAP_MODES:
+                    records, tokens = [], 0
+                    start = time.perf_counter()
+                    for r in range(args.rounds):
+                        work = asyncio.ensure_future(actor_round(gen, args.groups, args.n, args.tokens))
+                        if r % args.every == args.every - 1:
+                            version += 1
+                            store.publish(version, weights)  # what the trainer's push_weights does
+                            await asyncio.sleep(0.2)  # let the round get under way
+                            records.append(await gen.update_weights.call_one(version, mode=mode))
+                        tokens += await work
+                    wall = time.perf_counter() - start
+                    lost = sum(u["pause_s"] + u["drain_wait_s"] for u in records)
+                    updates.add_row(
+                        size, mode, str(len(records)), f"{statistics.median(u['pause_s'] for u in records):.3f}",
+                        f"{statistics.median(u['drain_wait_s'] for u in records):.3f}",
+                        f"{statistics.median(u['tokens_in_flight'] for u in records):,.0f}",
+                        f"{tokens / wall:,.0f}", f"{lost / wall:.1%}",
+                    )
+                    console.print(f"  {mode}: {[round(u['pause_s'], 3) for u in records]} s pauses")
+                await stop_actor(gen)
+        store.close()
+    console.print(throughput)
+    console.print(updates)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
