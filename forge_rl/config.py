@@ -51,6 +51,8 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
             merged = OmegaConf.merge(merged, layer)
         except ValidationError as e:
             raise ConfigError(_type_message(schema, e, source)) from None
+        for key in _missing_keys(layer):  # merge keeps the default under "???"; the file means "required"
+            OmegaConf.update(merged, key, "???", merge=False)
     try:
         return OmegaConf.to_object(merged)
     except MissingMandatoryValue as e:
@@ -62,6 +64,8 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
         raise ConfigError(f"config key '{e.full_key}': {str(e).splitlines()[0]}") from None
     except ValidationError as e:  # an interpolation resolved to a value of the wrong type
         raise ConfigError(_type_message(schema, e, "an interpolation")) from None
+    except ValueError as e:  # a config dataclass's own check (__post_init__), which names its key
+        raise ConfigError(str(e)) from None
 
 
 def parse_args(schema: type[T], argv: Sequence[str] | None = None, description: str | None = None) -> T:
@@ -105,6 +109,18 @@ def _parse_override(item: str) -> DictConfig:
 def _field_types(schema: type) -> dict[str, Any]:
     hints = typing.get_type_hints(schema)
     return {f.name: hints[f.name] for f in dataclasses.fields(schema)}
+
+
+def _missing_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """Dotted keys whose value is "???" (OmegaConf's marker for a required value)."""
+    keys = []
+    for key, value in node.items_ex(resolve=False):  # resolving here would fail on later interpolations
+        full_key = f"{prefix}{key}"
+        if OmegaConf.is_missing(node, key):
+            keys.append(full_key)
+        elif isinstance(value, DictConfig):
+            keys += _missing_keys(value, f"{full_key}.")
+    return keys
 
 
 def _check_keys(schema: type, node: DictConfig, prefix: str, source: str) -> None:

@@ -94,3 +94,17 @@ def test_to_yaml_round_trips(tmp_path, cfg_file):
     cfg = load_config(App, cfg_file)
     (tmp_path / "saved.yaml").write_text(to_yaml(cfg))
     assert load_config(App, tmp_path / "saved.yaml") == cfg
+
+
+def test_required_marker_in_a_file_overrides_the_default(tmp_path):
+    from dataclasses import dataclass as _dc
+
+    @_dc
+    class WithDefault:
+        model: str = "tiny"
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model: ???\n")
+    with pytest.raises(ConfigError, match="missing required config key 'model'"):
+        load_config(WithDefault, path)
+    assert load_config(WithDefault, path, ["model=/data/qwen"]).model == "/data/qwen"

@@ -353,7 +353,9 @@ class Trainer(ForgeActor):
         out = Path(out_dir)
         if self.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
-            tensors = {k: v.contiguous() for k, v in hf.items() if not (self.tied and k == "lm_head.weight")}
+            # lm_head.weight is written even when tied (as the shipped models do): vLLM's reload wants it.
+            # Cloned, because safetensors refuses two names for one storage.
+            tensors = {k: v.contiguous().clone() for k, v in hf.items()}
             save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
             for name in HF_ASSETS:
                 if (self.model_dir / name).is_file():

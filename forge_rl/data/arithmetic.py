@@ -28,3 +28,51 @@ def chat_prompt(tokenizer, problem: Problem) -> str:
     return tokenizer.apply_chat_template(
         [{"role": "user", "content": problem.question}], tokenize=False, add_generation_prompt=True
     )
+
+
+# ---- splits ------------------------------------------------------------------------------------------
+# The held-out set is a fixed pool of distinct questions drawn with its own seed; training streams skip
+# every question in that pool, so no held-out question is ever trained on (for any training seed).
+
+HELD_OUT_SEED = 20261122
+HELD_OUT_POOL = 500  # size of the pool that training excludes; held_out_problems(n) is its first n
+
+
+def held_out_problems(n: int = 500, max_operand: int = 99) -> list[Problem]:
+    """The first `n` of a fixed pool of distinct held-out questions (same for every run and seed)."""
+    if not 0 < n <= HELD_OUT_POOL:
+        raise ValueError(f"held_out_problems: n must be in [1, {HELD_OUT_POOL}] (the held-out pool), got {n}")
+    rng = random.Random(HELD_OUT_SEED)
+    seen: dict[str, Problem] = {}
+    while len(seen) < HELD_OUT_POOL:
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        q = f"{a}+{b}="
+        if q not in seen:
+            seen[q] = Problem(id=f"heldout-{len(seen)}", question=q, answer=str(a + b))
+    return list(seen.values())[:n]
+
+
+def held_out_questions(max_operand: int = 99) -> frozenset[str]:
+    return frozenset(p.question for p in held_out_problems(HELD_OUT_POOL, max_operand))
+
+
+def iter_training_problems(seed: int, max_operand: int = 99):
+    """An endless, deterministic stream of training problems that never contains a held-out question.
+    Prefix-stable: the first k problems do not depend on how many are taken."""
+    excluded = held_out_questions(max_operand)
+    rng = random.Random(seed)
+    i = 0
+    while True:
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        q = f"{a}+{b}="
+        if q in excluded:
+            continue
+        yield Problem(id=f"train-{seed}-{i}", question=q, answer=str(a + b))
+        i += 1
+
+
+def training_problems(n: int, seed: int, max_operand: int = 99) -> list[Problem]:
+    """The first `n` problems of `iter_training_problems(seed)` (held-out questions excluded)."""
+    import itertools
+
+    return list(itertools.islice(iter_training_problems(seed, max_operand), n))

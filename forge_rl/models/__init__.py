@@ -10,6 +10,8 @@ def resolve_model_path(model: str) -> str:
     downloaded at run time)."""
     if model == "tiny":
         return str(TINY_MODEL_DIR)
+    if model == "tiny-warm":  # the tiny model after SFT on arithmetic (configs/sft/tiny_warm.yaml)
+        return str(Path(__file__).parent / "tiny_warm")
     path = Path(model).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
