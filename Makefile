@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml scripts/setup_env.sh
 	touch $(STAMP)
 
 demo: setup
-	$(PY) -m apps.rollout.main --config configs/rollout/tiny.yaml $(ARGS)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny.yaml $(ARGS)
 
 test: setup
 	$(PY) -m pytest $(ARGS)

@@ -56,3 +56,12 @@ class DistributedProbe(ForgeActor):
         t = torch.tensor([value])
         dist.all_reduce(t)
         return t.item()
+
+
+# Reward functions with the TRL signature that fail, for the reward actor's tests (a fault injected on purpose).
+def raising_reward(prompts, completions, **_):
+    raise ZeroDivisionError("reward failed on purpose")
+
+
+def nan_reward(prompts, completions, **_):
+    return [float("nan")] * len(completions)

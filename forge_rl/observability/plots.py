@@ -1,0 +1,40 @@
+"""End-of-run PNG: reward, accuracy and throughput curves from a run's metrics.jsonl."""
+
+from pathlib import Path
+
+from forge_rl.observability.metrics import read_jsonl
+
+PANELS = (
+    ("reward", ["reward/mean", "reward/exact_match", "reward/format"]),
+    ("accuracy", ["eval/accuracy", "train/accuracy"]),
+    ("throughput (tokens/s)", ["generator/tokens_per_s", "trainer/tokens_per_s"]),
+    ("waiting (s per step)", ["buffer/sample_wait_s", "buffer/add_blocked_s", "sync/pause_s"]),
+)
+
+
+def plot_run(metrics_jsonl: str | Path, out_png: str | Path, title: str = "") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_jsonl(metrics_jsonl)
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6))
+    for ax, (name, keys) in zip(axes, PANELS):
+        for key in keys:
+            points = [(r["step"], r[key]) for r in rows if key in r]
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="o" if len(points) < 30 else None, markersize=3, label=key)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out_png)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
