@@ -201,3 +201,13 @@ def load_tiny() -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(TINY_MODEL_DIR / "model.safetensors")
+
+
+def test_misspelt_sampling_option_fails_at_start(generator):
+    from monarch.actor import ActorError
+
+    from forge_rl.actors.generator import Generator
+
+    loop, _ = generator
+    with pytest.raises(ActorError, match="generator sampling .*temprature"):
+        loop.run_until_complete(Generator.as_actor(str(TINY_MODEL_DIR), sampling={"temprature": 0.7}))

@@ -21,10 +21,13 @@ def test_grpo_async_run_then_synchronous_resume(tmp_path):
     assert first["trainer_version"] == 3 and first["generator_version"] == 3
     assert first["max_staleness"] <= 1
     rows = read_jsonl(tmp_path / "metrics.jsonl")
-    steps = [r for r in rows if "reward/mean" in r]
+    steps = [r for r in rows if "trainer/loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
-    assert all(0.0 <= r["reward/exact_match"] <= 1.0 and math.isfinite(r["trainer/loss"]) for r in steps)
-    assert any(r["reward/mean"] > 0 for r in steps)  # the warm start solves some problems
+    assert all(math.isfinite(r["trainer/loss"]) for r in steps)
+    # reward/* is over the groups scored during that step (absent when none finished, in async mode)
+    scored = [r for r in rows if "reward/mean" in r]
+    assert scored and all(0.0 <= r["reward/exact_match"] <= 1.0 for r in scored)
+    assert any(r["reward/mean"] > 0 for r in scored)  # the warm start solves some problems
     accounting = first["buffer"]
     assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
     assert (tmp_path / "curves.png").stat().st_size > 10_000
@@ -37,5 +40,5 @@ def test_grpo_async_run_then_synchronous_resume(tmp_path):
     second = asyncio.run(main(cfg))
     assert second["start_step"] == 3 and second["trainer_version"] == 5 and second["generator_version"] == 5
     assert second["max_staleness"] == 0  # synchronous: every token from the weights being trained
-    resumed = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "reward/mean" in r]
+    resumed = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]
     assert resumed == [1, 2, 3, 4, 5]

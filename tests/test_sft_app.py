@@ -44,7 +44,7 @@ def read_metrics(path):
 
 def test_sft_smoke_loss_falls_and_outputs_are_written(tmp_path):
     summary = asyncio.run(main(sft_config(tmp_path, "steps=8", "save_every=4", f"export_dir={tmp_path}/hf")))
-    losses = [r["loss"] for r in read_metrics(tmp_path) if r["event"] == "train"]
+    losses = [r["train/loss"] for r in read_metrics(tmp_path) if "train/loss" in r]
     assert len(losses) == 8 and summary["steps"] == 8 and not summary["interrupted"]
     assert losses[-1] < 0.7 * losses[0], losses
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
@@ -77,7 +77,7 @@ def test_resume_continues_at_the_saved_step(tmp_path, tokenizer):
     again = read_metrics(run)
     assert [r["step"] for r in again] == [1, 2, 3, 4]  # the log continues; nothing past step 2 is kept twice
     for a, b in zip(first, again):
-        assert abs(a["loss"] - b["loss"]) < 1e-5, (a, b)
+        assert abs(a["train/loss"] - b["train/loss"]) < 1e-5, (a, b)
 
 
 def test_ctrl_c_saves_a_checkpoint_and_exits(tmp_path):

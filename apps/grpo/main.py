@@ -152,7 +152,6 @@ async def main(cfg: GRPOConfig) -> dict:
                                        "dp_size": dp_size, "pad_id": tokenizer.pad_token_id or 0, "seed": cfg.seed})
     run = Run(cfg)
     held_out = held_out_problems(cfg.eval_size)
-    log = MetricsLogger(out, cfg.wandb_project, config=asdict(cfg))
     async with provisioned():
         console.print(f"[bold]GRPO[/bold] {cfg.model}: starting actors (vLLM engine start takes ~30 s on CPU)")
         gpus = bool(visible_gpus())  # one GPU per trainer rank and per generator replica
@@ -173,6 +172,7 @@ async def main(cfg: GRPOConfig) -> dict:
         start_step = 0
         if cfg.resume:
             start_step = await _resume(run, trainer, generator, buffer, dataset, ckpt_dir, console)
+        log = MetricsLogger(out, cfg.wandb_project, config=asdict(cfg), resume_step=start_step if cfg.resume else None)
         eval_acc = await _evaluate(generator, tokenizer, held_out, cfg)
         first_eval = eval_acc
         log.log(start_step, {"eval/accuracy": eval_acc})

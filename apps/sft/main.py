@@ -30,6 +30,8 @@ from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig
 from forge_rl.config import ConfigError, parse_args, to_yaml
 from forge_rl.data.jsonl import SFTExample, load_sft_dataset, tokenize_messages
 from forge_rl.models import resolve_model_path
+from forge_rl.observability import MetricsLogger, plot_run
+from forge_rl.observability.plots import SFT_PANELS
 from forge_rl.types import Completion, Episode, TrainBatch
 
 
@@ -124,49 +126,6 @@ def train_batches(source, step: int, batch_size: int, dp: int, pad_id: int) -> l
 # ---- outputs ---------------------------------------------------------------------------------------
 
 
-class MetricsLog:
-    """metrics.jsonl: one object per line, {"event": "train" | "eval", "step": N, ...}."""
-
-    def __init__(self, path: Path, resume_step: int | None):
-        self.path = path
-        self.records: list[dict] = []
-        if resume_step is not None and path.is_file():  # keep what led up to the checkpoint, drop the rest
-            self.records = [r for r in map(json.loads, path.read_text().splitlines()) if r["step"] <= resume_step]
-        path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
-
-    def add(self, record: dict) -> None:
-        self.records.append(record)
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-
-
-def plot_curve(records: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    train = [r for r in records if r["event"] == "train"]
-    evals = [r for r in records if r["event"] == "eval"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["step"] for r in train], [r["loss"] for r in train], lw=1, label="train loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (response tokens)")
-    ax.set_yscale("log")
-    if evals:
-        ax2 = ax.twinx()
-        ax2.plot([r["step"] for r in evals], [r["accuracy"] for r in evals], "o-", color="tab:orange",
-                 label="held-out greedy accuracy")
-        ax2.set_ylabel("held-out greedy accuracy")
-        ax2.set_ylim(0, 1)
-        ax2.legend(loc="center right")
-    ax.legend(loc="upper right")
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 # ---- the run ---------------------------------------------------------------------------------------
 
 
@@ -220,7 +179,7 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
             start = (await trainer.load.call()).item(procs=0)
             console.print(f"resumed from {trainer_cfg.checkpoint_dir}/step-{start}")
         summary["start_step"] = start
-        log = MetricsLog(out / "metrics.jsonl", start if cfg.resume else None)
+        log = MetricsLogger(out, resume_step=start if cfg.resume else None)
         generator, exported = None, None
         saved_at: int | None = start if cfg.resume else None
 
@@ -249,8 +208,8 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
                 await trainer.push_weights.call(step)
                 await generator.update_weights.call_all(step)
             result = await greedy_accuracy(generator, tokenizer, held_out, max_tokens=cfg.eval_max_tokens)
-            record = dict(event="eval", step=step, **result, eval_s=time.perf_counter() - t0)
-            log.add(record)
+            record = dict(**result, eval_s=time.perf_counter() - t0)
+            log.log(step, {f"eval/{k}": v for k, v in record.items()})
             return record
 
         step, interrupted, losses = start, False, []
@@ -267,9 +226,9 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
                     m = (await call).item(procs=0)
                 step = int(m["step"])
                 losses.append(m["loss"])
-                log.add(dict(event="train", step=step, loss=m["loss"], grad_norm=m["grad_norm"], lr=m["lr"],
-                             tokens_per_s=m["tokens_per_s"], step_s=m["step_s"],
-                             elapsed_s=time.perf_counter() - t_train))
+                log.log(step, {"train/loss": m["loss"], "train/grad_norm": m["grad_norm"], "train/lr": m["lr"],
+                               "train/tokens_per_s": m["tokens_per_s"], "train/step_s": m["step_s"],
+                               "train/elapsed_s": time.perf_counter() - t_train})
                 bar.update(1)
                 bar.set_postfix(loss=f"{m['loss']:.4f}")
                 if interrupted:
@@ -302,7 +261,8 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
         train_s=train_s, s_per_step=train_s / max(step - start, 1), wall_s=time.perf_counter() - t_start,
         checkpoint=checkpoint, export_dir=(cfg.export_dir or "") if not interrupted else "",
     )
-    plot_curve(log.records, out / "loss.png", f"SFT {cfg.model} on {Path(cfg.dataset).name}")
+    log.close()
+    plot_run(log.path, out / "loss.png", f"SFT {cfg.model} on {Path(cfg.dataset).name}", panels=SFT_PANELS)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     table = Table(title="forge_rl SFT")

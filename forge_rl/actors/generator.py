@@ -69,6 +69,12 @@ class Generator(ForgeActor):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from vllm import SamplingParams
+
+        try:  # a misspelt sampling option fails here, at start-up, not on the first request
+            SamplingParams(**self.sampling)
+        except TypeError as e:
+            raise ValueError(f"generator sampling {self.sampling}: {e} (vLLM SamplingParams names)") from None
         args = dict(model=self.model, seed=self.seed, disable_log_stats=True, **ENGINE_DEFAULTS)
         if not torch.cuda.is_available():
             args.update(CPU_ENGINE_DEFAULTS)

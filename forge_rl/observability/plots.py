@@ -1,10 +1,11 @@
-"""End-of-run PNG: reward, accuracy and throughput curves from a run's metrics.jsonl."""
+"""End-of-run PNG from a run's metrics.jsonl: one panel per group of metric keys (GRPO: reward, accuracy,
+throughput, waiting; SFT: loss and accuracy)."""
 
 from pathlib import Path
 
 from forge_rl.observability.metrics import read_jsonl
 
-PANELS = (
+GRPO_PANELS = (
     ("reward", ["reward/mean", "reward/exact_match", "reward/format"]),
     ("accuracy", ["eval/accuracy", "train/accuracy"]),
     ("throughput (tokens/s)", ["generator/tokens_per_s", "trainer/tokens_per_s"]),
@@ -12,15 +13,21 @@ PANELS = (
 )
 
 
-def plot_run(metrics_jsonl: str | Path, out_png: str | Path, title: str = "") -> Path:
+SFT_PANELS = (
+    ("loss (response tokens)", ["train/loss"]),
+    ("held-out greedy accuracy", ["eval/accuracy"]),
+)
+
+
+def plot_run(metrics_jsonl: str | Path, out_png: str | Path, title: str = "", panels=GRPO_PANELS) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = read_jsonl(metrics_jsonl)
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6))
-    for ax, (name, keys) in zip(axes, PANELS):
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    for ax, (name, keys) in zip(axes, panels):
         for key in keys:
             points = [(r["step"], r[key]) for r in rows if key in r]
             if points:
