@@ -48,7 +48,7 @@ def cli() -> None:
     ap.add_argument("--ages", default="1,2")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    common = [f"steps={args.steps}", "eval_every=0", "checkpoint_every=0",
+    common = [f"steps={args.steps}", "eval_every=0", "checkpoint_every=0", "rollout_tasks=16",
               "rewards=[{name: exact_match, weight: 1.0}, {name: format, weight: 0.1}, "
               "{name: 'benchmarks.async_vs_sync:slow_verifier', weight: 0.0}]", *args.overrides]
     runs = [("synchronous", common + ["async_mode=false", "max_policy_age=0", "output_dir=outputs/bench/sync"])]
@@ -68,7 +68,7 @@ def cli() -> None:
             f"{s['mean_staleness']:.2f}", str(s["max_staleness"]), f"{s['eval_first']:.1%}",
             f"{s['evals'][-1][1]:.1%}", ", ".join(f"{k}={v}" for k, v in s["drops"].items() if v),
         )
-    Console().print(table)
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":

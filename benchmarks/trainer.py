@@ -11,7 +11,6 @@ parameters) built into a temporary directory; "tiny" is the embedded model.
 
 import argparse
 import asyncio
-import resource
 import statistics
 import tempfile
 import time
@@ -21,7 +20,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from forge_rl.actors.trainer import OptimizerConfig, ParallelConfig, Trainer, TrainerConfig, token_logprobs
+from forge_rl.actors.trainer import (
+    OptimizerConfig, ParallelConfig, Trainer, TrainerConfig, _peak_rss_mb, token_logprobs,
+)
 from forge_rl.controller import provisioned, stop_actor
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss
 from forge_rl.models import TINY_MODEL_DIR
@@ -107,7 +108,7 @@ async def main() -> None:
 
                 params = sum(p.numel() for p in build_model(model_dir)[0].parameters())
                 plain = statistics.median(plain_loop(model_dir, batch, args.steps, args.warmup))
-                plain_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+                plain_rss = _peak_rss_mb()  # this process's, which also holds the model for the params count
                 table.add_row(size, f"{params / 1e6:.1f}M", "plain loop, 1 process", f"{plain:.3f}",
                               f"{tokens / plain:,.0f}", "1.00", f"{plain_rss:,.0f} (this process)")
                 for name, procs, dp, tp in (("actor, 1 proc", 1, 1, 1), ("FSDP2, 2 procs", 2, 2, 1),
@@ -117,7 +118,7 @@ async def main() -> None:
                     table.add_row(size, f"{params / 1e6:.1f}M", name, f"{step:.3f}", f"{tokens / step:,.0f}",
                                   f"{plain / step:.2f}", ", ".join(f"{r:,.0f}" for r in rss))
                     Console().print(f"[dim]{size} {name}: {step:.3f} s/step[/dim]")
-    Console().print(table)
+    Console(width=160).print(table)
 
 
 if __name__ == "__main__":

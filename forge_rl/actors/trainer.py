@@ -89,9 +89,11 @@ def lr_lambda(cfg: OptimizerConfig):
 
 
 def _peak_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    """This process's peak RSS since exec (VmHWM; getrusage's maxrss can carry a forking parent's peak)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
+    return float("nan")
 
 
 def validate_batches(batches: list[TrainBatch], dp_size: int, vocab_size: int, max_len: int) -> None:
