@@ -206,6 +206,7 @@ class Generator(ForgeActor):
             drain_wait_s_total=sum(u["drain_wait_s"] for u in self.updates),
             prefetch_s_total=sum(u["prefetch_s"] for u in self.updates),
             policy_version=self.policy_version,
+            pid=os.getpid(),
             tokens_per_s=self._generated_tokens / self._busy_s if self._busy_s else 0.0,
         )
 

@@ -76,8 +76,12 @@ class _Launcher:
         mesh = await get_provisioner().get_proc_mesh(
             procs=self.opts.procs, gpus=self.opts.gpus, mesh_name=name, spmd=self.opts.spmd
         )
-        actor = mesh.spawn(name, self.cls, *args, **kwargs)
-        await actor.setup.call()
+        try:
+            actor = mesh.spawn(name, self.cls, *args, **kwargs)
+            await actor.setup.call()
+        except BaseException:
+            await get_provisioner().stop_proc_mesh(mesh)  # a failed setup must not leave its procs running
+            raise
         actor._forge_proc_mesh = mesh  # so callers can stop it: await stop_actor(actor)
         return actor
 
