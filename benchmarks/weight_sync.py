@@ -131,6 +131,19 @@ class ShmSampler:
         return self.peak
 
 
+async def measure(writer, reader, rounds: int):
+    """Publish + fetch `rounds` versions (plus one warm-up: first touch of the procs' own memory), then
+    three memcpy references in the reader. Returns per-round publish, fetch, end-to-end times and memcpys."""
+    pubs, fetches, e2es = [], [], []
+    for v in range(1, rounds + 2):
+        t0 = time.perf_counter()
+        pub = await writer.publish.call_one(v)
+        wait, copy = await reader.fetch.call_one(v)
+        if v > 1:
+            pubs.append(pub), fetches.append(wait + copy), e2es.append(time.perf_counter() - t0)
+    mems = [await reader.memcpy.call_one() for _ in range(3)]
+    return pubs, fetches, e2es, mems
+
 async def same_host(size: str, rounds: int, me) -> dict:
     from forge_rl.controller import provisioned
 
@@ -141,14 +154,7 @@ async def same_host(size: str, rounds: int, me) -> dict:
         wmesh, rmesh = await prov.get_proc_mesh(mesh_name="writer"), await prov.get_proc_mesh(mesh_name="reader")
         writer = wmesh.spawn("writer", me.BenchWriter, size, cfg)
         reader = rmesh.spawn("reader", me.BenchReader, size, cfg)
-        pubs, fetches, e2es = [], [], []
-        for v in range(1, rounds + 2):  # round 1 warms up (first-touch of the procs' own memory)
-            t0 = time.perf_counter()
-            pub = await writer.publish.call_one(v)
-            wait, copy = await reader.fetch.call_one(v)
-            if v > 1:
-                pubs.append(pub), fetches.append(wait + copy), e2es.append(time.perf_counter() - t0)
-        mems = [await reader.memcpy.call_one() for _ in range(3)]
+        pubs, fetches, e2es, mems = await measure(writer, reader, rounds)
         peak = sampler.stop()
     mem, fresh = statistics.median(m[0] for m in mems), statistics.median(m[1] for m in mems)
     return dict(size=size, path="same host (shm)", fresh=fresh, bytes=nbytes, publish=statistics.median(pubs),
@@ -173,14 +179,7 @@ async def cross_host(size: str, rounds: int, me, bucket_mb: int) -> dict:
             writer = meshes[0].spawn("writer", me.BenchWriter, size, cfg)
             server = meshes[0].spawn("server", WeightServer, prov.run_id, cfg)
             reader = meshes[1].spawn("reader", me.BenchReader, size, cfg, server)
-            pubs, fetches, e2es = [], [], []
-            for v in range(1, rounds + 2):
-                t0 = time.perf_counter()
-                pub = await writer.publish.call_one(v)
-                wait, copy = await reader.fetch.call_one(v)
-                if v > 1:
-                    pubs.append(pub), fetches.append(wait + copy), e2es.append(time.perf_counter() - t0)
-            mems = [await reader.memcpy.call_one() for _ in range(3)]
+            pubs, fetches, e2es, mems = await measure(writer, reader, rounds)
         finally:
             for m in meshes:
                 await m.stop()

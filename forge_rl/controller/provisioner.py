@@ -20,11 +20,10 @@ import uuid
 
 from monarch.actor import ProcMesh, this_host
 
-from forge_rl.weights.runs import cleanup_stale_runs, register_process, remove_run, run_prefix
+from forge_rl.weights.runs import RUN_ID_ENV, cleanup_stale_runs, register_process, remove_run, run_prefix
 
 logger = logging.getLogger(__name__)
 
-RUN_ID_ENV = "FORGE_RL_RUN_ID"
 
 
 def visible_gpus() -> list[str]:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
+RUN_ID_ENV = "FORGE_RL_RUN_ID"  # set by the provisioner; every proc of a run inherits it
 _PREFIX = "forge_rl-"  # every shared-memory entry of a run is /dev/shm/forge_rl-<run_id>-*
 _PIDS = "-pids"
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from forge_rl.weights.layout import Layout, create_file, map_file
-from forge_rl.weights.runs import SHM_DIR, register_process, release_process, run_prefix
+from forge_rl.weights.runs import RUN_ID_ENV, SHM_DIR, register_process, release_process, run_prefix
 from forge_rl.weights.shards import local_piece, region
 from forge_rl.weights.store import (
     TensorSpec,
@@ -42,7 +42,6 @@ from forge_rl.weights.store import (
     spec_of,
 )
 
-RUN_ID_ENV = "FORGE_RL_RUN_ID"  # set by the provisioner; every proc of a run inherits it
 HOST_ID_ENV = "FORGE_RL_HOST_ID"
 FILE = "model.safetensors"
 _FINAL = re.compile(r"v(\d{8})")
