@@ -94,7 +94,7 @@ class Run:
         self.stop = asyncio.Event()
 
 
-async def rollout_once(run: Run, dataset, generator, reward, buffer, tokenizer, version_hint: int) -> int:
+async def rollout_once(run: Run, dataset, generator, reward, buffer, tokenizer) -> int:
     """One group: generate, score, advantages, add to the buffer. Returns generated tokens."""
     cfg = run.cfg
     problem = await dataset.next.call_one()
@@ -125,7 +125,7 @@ async def rollout_once(run: Run, dataset, generator, reward, buffer, tokenizer, 
 
 async def rollout_loop(run: Run, *actors) -> None:
     while not run.stop.is_set():
-        await rollout_once(run, *actors, run.version)
+        await rollout_once(run, *actors)
 
 
 def batch_staleness(batches: list[TrainBatch], version: int) -> tuple[float, int]:
@@ -193,13 +193,13 @@ async def main(cfg: GRPOConfig) -> dict:
                 step_start = time.perf_counter()
                 gen_tokens_before = run.generated_tokens
                 if not cfg.async_mode:  # synchronous: generate this step's groups with the current weights
-                    await asyncio.gather(*(rollout_once(run, *actors, run.version) for _ in range(cfg.batch_groups)))
+                    await asyncio.gather(*(rollout_once(run, *actors) for _ in range(cfg.batch_groups)))
                 wait_start = time.perf_counter()
                 while (batches := await buffer.sample.call_one(run.version, cfg.batch_groups)) is None:
                     if rollouts and all(t.done() for t in rollouts):
                         [t.result() for t in rollouts]  # a rollout loop died: raise its error here
                     if not cfg.async_mode:  # not enough usable groups (zero-advantage drops): top up
-                        await rollout_once(run, *actors, run.version)
+                        await rollout_once(run, *actors)
                     else:
                         await asyncio.sleep(0.02)
                 sample_wait = time.perf_counter() - wait_start
