@@ -212,3 +212,32 @@ def test_misspelt_sampling_option_fails_at_start(generator):
     with pytest.raises(ActorError, match="generator sampling .*temprature"):
         loop.run_until_complete(Generator.as_actor(str(TINY_MODEL_DIR), sampling={"temprature": 0.7}))
 
+
+def test_killed_replica_is_respawned_and_its_group_retried(generator):
+    """Last in this file: the respawned replica starts from the shipped weights (version 0).
+    The killed proc's vLLM engine processes do not outlive it (forge_rl.controller.reaper)."""
+    import os
+    import signal
+
+    import psutil
+
+    loop, svc = generator
+
+    async def body():
+        victim = (await svc.stats.route())["pid"]
+        engine_procs = psutil.Process(victim).children(recursive=True)
+        call = asyncio.ensure_future(svc.generate.route(PROMPT, n=8, temperature=1.0, max_tokens=90, ignore_eos=True))
+        while (await svc.stats.route())["tokens_generated_in_flight"] < 8:
+            assert not call.done(), "the group finished before the kill"
+            await asyncio.sleep(0.005)
+        os.kill(victim, signal.SIGKILL)  # the replica's proc; its vLLM engine processes follow their parent
+        group = await asyncio.wait_for(call, 240)
+        _, alive = psutil.wait_procs(engine_procs, timeout=30)
+        return victim, group, await svc.stats.route(), engine_procs, alive
+
+    victim, group, stats, engine_procs, alive = loop.run_until_complete(body())
+    assert len(engine_procs) >= 2  # EngineCore and the reaper at least
+    assert not alive, f"processes of the killed replica still run: {alive}"
+    assert len(group) == 8 and all(len(c.response_ids) == 90 for c in group)  # the whole group, once
+    assert stats["pid"] != victim and stats["policy_version"] == 0
+    assert svc.service_stats.respawns == 1 and svc.service_stats.retries == 1

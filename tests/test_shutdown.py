@@ -54,3 +54,39 @@ def test_shutdown_leaves_no_processes_or_shm(how):
     assert not [p for p in pids if alive(p)], "actor procs outlived the controller"
     assert not [p for p in shm if Path(p).exists()], "run's shared memory left behind"
     assert set(os.listdir("/dev/shm")) - shm_before == set()
+
+
+def test_reaper_kills_what_a_killed_proc_started():
+    """A proc SIGKILLed with a child running (as a generator with its vLLM EngineCore): the child dies too."""
+    import psutil
+
+    script = (
+        "import subprocess, sys, time\n"
+        "from forge_rl.controller.reaper import reap_descendants_on_exit\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "reap_descendants_on_exit()\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(proc.stdout.readline()))
+    time.sleep(1.5)  # the reaper has listed the child at least once
+    proc.kill()
+    proc.wait()  # the child is now an orphan: nothing but the reaper stops it
+    gone, still = psutil.wait_procs([child], timeout=10)
+    assert gone and not still
+
+
+def test_reaper_leaves_a_living_proc_alone():
+    from forge_rl.controller.reaper import reap_descendants_on_exit
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        reaper = reap_descendants_on_exit()
+        time.sleep(1.5)
+        assert reaper.poll() is None and child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+    reaper.kill()
+    reaper.wait()

@@ -19,6 +19,7 @@ import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_rl.controller import ForgeActor
+from forge_rl.controller.reaper import reap_descendants_on_exit
 from forge_rl.types import Completion
 from forge_rl.weights.shm import ShmWeightStore
 from forge_rl.weights.store import WeightStoreConfig
@@ -80,6 +81,8 @@ class Generator(ForgeActor):
             args.update(CPU_ENGINE_DEFAULTS)
         args.update(self.engine_args)
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        # The engine's processes must not outlive this proc if it is killed (they would be orphaned).
+        self._reaper = reap_descendants_on_exit()
         self.max_model_len = self.engine.vllm_config.model_config.max_model_len
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source)
