@@ -215,17 +215,21 @@ def test_misspelt_sampling_option_fails_at_start(generator):
 
 def test_killed_replica_is_respawned_and_its_group_retried(generator):
     """Last in this file: the respawned replica starts from the shipped weights (version 0).
-    The killed proc's vLLM engine processes do not outlive it (forge_rl.controller.reaper)."""
+    The killed proc's vLLM engine processes do not outlive it, nor does their shared memory
+    (forge_rl.controller.reaper)."""
     import os
     import signal
 
     import psutil
+
+    from forge_rl.controller.reaper import _shm_files
 
     loop, svc = generator
 
     async def body():
         victim = (await svc.stats.route())["pid"]
         engine_procs = psutil.Process(victim).children(recursive=True)
+        engine_shm = _shm_files([p.pid for p in engine_procs])
         call = asyncio.ensure_future(svc.generate.route(PROMPT, n=8, temperature=1.0, max_tokens=90, ignore_eos=True))
         while (await svc.stats.route())["tokens_generated_in_flight"] < 8:
             assert not call.done(), "the group finished before the kill"
@@ -233,9 +237,11 @@ def test_killed_replica_is_respawned_and_its_group_retried(generator):
         os.kill(victim, signal.SIGKILL)  # the replica's proc; its vLLM engine processes follow their parent
         group = await asyncio.wait_for(call, 240)
         _, alive = psutil.wait_procs(engine_procs, timeout=30)
-        return victim, group, await svc.stats.route(), engine_procs, alive
+        return victim, group, await svc.stats.route(), engine_procs, alive, engine_shm
 
-    victim, group, stats, engine_procs, alive = loop.run_until_complete(body())
+    victim, group, stats, engine_procs, alive, engine_shm = loop.run_until_complete(body())
+    assert engine_shm, "expected vLLM's broadcast segment in /dev/shm"
+    assert not [f for f in engine_shm if os.path.exists(f)], "the killed engine's shared memory was left behind"
     assert len(engine_procs) >= 2  # EngineCore and the reaper at least
     assert not alive, f"processes of the killed replica still run: {alive}"
     assert len(group) == 8 and all(len(c.response_ids) == 90 for c in group)  # the whole group, once

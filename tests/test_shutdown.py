@@ -56,25 +56,39 @@ def test_shutdown_leaves_no_processes_or_shm(how):
     assert set(os.listdir("/dev/shm")) - shm_before == set()
 
 
-def test_reaper_kills_what_a_killed_proc_started():
-    """A proc SIGKILLed with a child running (as a generator with its vLLM EngineCore): the child dies too."""
+def test_reaper_kills_what_a_killed_proc_started_and_removes_its_shared_memory():
+    """A proc SIGKILLed with a child running (as a generator with its vLLM EngineCore): the child dies
+    too, and the /dev/shm file it mapped (as vLLM's broadcast segment) is removed."""
     import psutil
 
+    child_code = (
+        "import mmap, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "os.ftruncate(fd, 1 << 20)\n"
+        "m = mmap.mmap(fd, 1 << 20)\n"
+        "time.sleep(600)\n"
+    )
+    segment = Path(f"/dev/shm/reaper-test-{os.getpid()}")
     script = (
         "import subprocess, sys, time\n"
         "from forge_rl.controller.reaper import reap_descendants_on_exit\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {child_code!r}, {str(segment)!r}])\n"
         "reap_descendants_on_exit()\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
     child = psutil.Process(int(proc.stdout.readline()))
-    time.sleep(1.5)  # the reaper has listed the child at least once
+    time.sleep(1.5)  # the reaper has listed the child and its mapping at least once
+    assert segment.exists()
     proc.kill()
     proc.wait()  # the child is now an orphan: nothing but the reaper stops it
     gone, still = psutil.wait_procs([child], timeout=10)
     assert gone and not still
+    deadline = time.monotonic() + 10
+    while segment.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not segment.exists(), "the killed child's shared memory was left behind"
 
 
 def test_reaper_leaves_a_living_proc_alone():

@@ -5,11 +5,15 @@ generator proc is SIGKILLed, or the OOM killer takes it, nothing runs in it to s
 reparented to init and keep their memory (about 1 GiB each for the tiny model on CPU) and their
 CPU-bound busy loops for the rest of the machine's life.
 
+Killed that way they also leave their shared memory behind: vLLM's executor broadcasts through a
+240 MiB /dev/shm segment (psm_*) that only a clean shutdown unlinks.
+
 `reap_descendants_on_exit()` starts a small watcher process in its own session (so a signal to the
 proc's process group does not reach it). While the proc lives, the watcher records the proc's
-descendants every POLL_S; once the proc is gone, it terminates the ones it last saw (SIGTERM, then
-SIGKILL after GRACE_S). Each is identified by pid and start time, so a reused pid is never hit.
-After a clean shutdown there is nothing left to kill and the watcher just exits.
+descendants, and the /dev/shm files they map, every POLL_S. Once the proc is gone, it terminates
+the processes it last saw (SIGTERM, then SIGKILL after GRACE_S), each identified by pid and start
+time so that a reused pid is never hit, and unlinks the files they mapped that no living process
+maps. After a clean shutdown there is nothing left to do and the watcher just exits.
 """
 
 import os
@@ -42,18 +46,39 @@ def _same_process(proc: psutil.Process, started: float) -> bool:
         return False
 
 
-def watch(pid: int) -> list[int]:
-    """Block until `pid` dies, then terminate its last seen descendants. Returns the pids killed."""
+def _shm_files(pids) -> set[str]:
+    """The /dev/shm files these processes map."""
+    files = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                files.update(line.split(None, 5)[5].strip() for line in f if " /dev/shm/" in line)
+        except (OSError, IndexError):
+            pass
+    # A run's own files (forge_rl-<run>-*, e.g. weight versions an engine was reloading from) belong
+    # to that run's cleanup: other procs of the run still use them.
+    return {f for f in files if not f.endswith("(deleted)") and not f.startswith("/dev/shm/forge_rl-")}
+
+
+def _mapped_by_anyone(files: set[str]) -> set[str]:
+    return _shm_files(int(p) for p in os.listdir("/proc") if p.isdigit()) & files
+
+
+def watch(pid: int) -> tuple[list[int], list[str]]:
+    """Block until `pid` dies, then terminate its last seen descendants and unlink the shared memory
+    they left. Returns (pids killed, files removed)."""
     me = os.getpid()
     try:
         parent = psutil.Process(pid)
         parent_started = parent.create_time()
     except psutil.NoSuchProcess:
-        return []
+        return [], []
     seen: dict[int, tuple[psutil.Process, float]] = {}
+    shm: set[str] = set()
     while _same_process(parent, parent_started):
         try:
             seen = {p.pid: (p, p.create_time()) for p in parent.children(recursive=True) if p.pid != me}
+            shm = _shm_files(seen)
         except psutil.Error:
             pass  # a process ended while we listed: keep the last list, look again next round
         time.sleep(POLL_S)
@@ -69,10 +94,21 @@ def watch(pid: int) -> list[int]:
             p.kill()
         except psutil.Error:
             pass
-    return [p.pid for p in orphans]
+    psutil.wait_procs(alive, timeout=GRACE_S)
+    left = [f for f in shm - _mapped_by_anyone(shm) if os.path.exists(f)] if orphans else []
+    for f in left:
+        try:
+            os.unlink(f)
+        except FileNotFoundError:
+            pass
+    return [p.pid for p in orphans], left
 
 
 if __name__ == "__main__":
-    killed = watch(int(sys.argv[1]))
+    killed, removed = watch(int(sys.argv[1]))
     if killed:
-        print(f"forge_rl reaper: proc {sys.argv[1]} died; terminated its orphaned processes {killed}", file=sys.stderr)
+        print(
+            f"forge_rl reaper: proc {sys.argv[1]} died; terminated its orphaned processes {killed}"
+            + (f" and removed the shared memory they left: {removed}" if removed else ""),
+            file=sys.stderr,
+        )
