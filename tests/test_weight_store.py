@@ -92,6 +92,45 @@ def test_retention_keeps_newest_k_and_errors_name_versions(store):
         store.publish(4, uniform_state(4, 16))
 
 
+def test_new_versions_reuse_the_pages_of_dropped_ones(store):
+    inode = lambda v: (store.path(v) / "model.safetensors").stat().st_ino  # noqa: E731
+    store.publish(1, uniform_state(1, 1 << 16))
+    first = inode(1)
+    store.publish(2, uniform_state(2, 1 << 16))
+    store.publish(3, uniform_state(3, 1 << 16))  # drops 1 and writes into its file
+    assert store.recycled == 1 and inode(3) == first
+    loaded = store.load(3)
+    assert all(bool((t == 3).all()) for t in loaded.values())
+    del loaded
+    store.publish(4, uniform_state(4, 1 << 16))
+    assert store.recycled == 2 and store.versions() == [3, 4]
+    store.publish(5, uniform_state(5, 1 << 12))  # another size: fresh pages
+    assert store.recycled == 2 and store.load(5)["t0"].numel() == 1 << 12
+
+
+def test_a_pinned_version_is_never_overwritten(store):
+    """load() views pin their version while they live, pinned() for a block (vLLM reloading from
+    the path); a dropped pinned version is unlinked, not recycled, and its readers keep its bytes."""
+    store.publish(1, uniform_state(1, 1 << 16))
+    store.publish(2, uniform_state(2, 1 << 16))
+    views = store.load(1)
+    pinned_inode = (store.path(1) / "model.safetensors").stat().st_ino
+    store.publish(3, uniform_state(3, 1 << 16))  # drops 1, cannot recycle it
+    assert store.recycled == 0 and (store.path(3) / "model.safetensors").stat().st_ino != pinned_inode
+    with store.pinned(2) as path:
+        assert (path / "model.safetensors").is_file()
+        store.publish(4, uniform_state(4, 1 << 16))  # drops 2, cannot recycle it either
+        assert store.recycled == 0
+        assert bool((load_file(path / "model.safetensors")["t0"] == 2).all())
+    assert all(bool((t == 1).all()) for t in views.values()), "a pinned version was overwritten"
+    del views
+    store.publish(5, uniform_state(5, 1 << 16))  # 3 is free: recycled
+    assert store.recycled == 1 and store.versions() == [4, 5]
+    with pytest.raises(VersionUnavailable, match=r"version 3 was dropped"):
+        with store.pinned(3):
+            pass
+
+
 def test_mismatch_names_the_tensor(store):
     state = model_state(seed=3)
     store.publish(1, state)
@@ -155,12 +194,12 @@ def test_reader_racing_a_writer_never_sees_a_mixed_version():
             reading = asyncio.ensure_future(asyncio.to_thread(read_until, store, done))
             try:
                 # 8 MB per version: each publish takes long enough for reads to overlap it.
-                await writer.publish_uniform.call_one(1, 20, 1 << 18)
+                await writer.publish_uniform.call_one(1, 60, 1 << 18)
             finally:
                 done.set()
             seen = await reading
             assert len(seen) >= 4, f"reader saw too few versions to mean anything: {sorted(seen)}"
-            assert store.versions() == [19, 20]
+            assert store.versions() == [59, 60]
 
     run(body())
 

@@ -161,7 +161,7 @@ class Generator(ForgeActor):
         if self._swap_lock is None:
             self._swap_lock = asyncio.Lock()
         start = time.perf_counter()
-        path = await self.store.prefetch(version)
+        await self.store.prefetch(version)
         prefetched = time.perf_counter()
         async with self._swap_lock:
             if version <= self.policy_version:
@@ -172,7 +172,8 @@ class Generator(ForgeActor):
             requests = sum(len(children) for _, children in self._in_flight.values())
             tokens = sum(p + len(c.ids) for p, children in self._in_flight.values() for c in children)
             try:
-                await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+                with self.store.pinned(version) as path:  # the writers must not recycle it mid-reload
+                    await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
                 if mode == "keep_kv":  # new requests must not reuse prefixes cached by old weights
                     await self.engine.reset_prefix_cache()
                 # Outputs of steps before the pause may still be on their way to their generate calls;

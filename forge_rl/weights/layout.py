@@ -7,8 +7,10 @@ The result loads with `safetensors.torch.load_file` and with vLLM's `reload_weig
 """
 
 import json
+import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,9 +77,16 @@ class Layout:
     @classmethod
     def read(cls, path: Path) -> "Layout":
         """The layout of an existing safetensors file."""
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            text = f.read(n)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return cls.read_fd(fd)
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def read_fd(cls, fd: int) -> "Layout":
+        (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+        text = os.pread(fd, n, 8)
         header = json.loads(text)
         header.pop("__metadata__", None)
         base = 8 + n
@@ -85,7 +94,7 @@ class Layout:
             name: Entry(_BY_NAME[h["dtype"]], tuple(h["shape"]), base + h["data_offsets"][0], base + h["data_offsets"][1])
             for name, h in header.items()
         }
-        return cls(entries, struct.pack("<Q", n) + text, os.path.getsize(path))
+        return cls(entries, struct.pack("<Q", n) + text, os.fstat(fd).st_size)
 
     @property
     def spec(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
@@ -111,21 +120,50 @@ def allocate_file(path: Path, size: int) -> None:
 
     posix_fallocate reserves the pages now: a full /dev/shm fails here with ENOSPC instead of
     killing the writer with SIGBUS halfway through a copy, and the copies later touch pages that
-    already exist (much faster on tmpfs than faulting them in one by one).
+    already exist (much faster on tmpfs than faulting them in one by one). A recycled file of the
+    right size already has all its pages and is left as it is.
     """
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        if os.fstat(fd).st_size != size:
+        st = os.fstat(fd)
+        if st.st_size != size:
             os.ftruncate(fd, size)
-        os.posix_fallocate(fd, 0, size)
+        if st.st_size != size or st.st_blocks * 512 < size:
+            os.posix_fallocate(fd, 0, size)
     finally:
         os.close(fd)
 
 
 def map_file(path: Path, size: int, writable: bool) -> torch.Tensor:
-    """The file as a uint8 tensor backed by a mmap. Readers get a private (copy-on-write) map, so
-    a stray in-place op in a reader cannot change what other readers see."""
-    return torch.from_file(str(path), shared=writable, size=size, dtype=torch.uint8)
+    """The file as a uint8 tensor backed by a mmap (see map_fd)."""
+    fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+    try:
+        return map_fd(fd, size, writable)
+    finally:
+        os.close(fd)
+
+
+def map_fd(fd: int, size: int, writable: bool, close_with_map: bool = False) -> torch.Tensor:
+    """The open file `fd` as a uint8 tensor backed by a mmap that lives as long as the tensor or any
+    view of it. Writers get a shared map; readers a private (copy-on-write) one, so a stray in-place
+    op in a reader cannot change what other readers see. Page tables are filled up front, in one
+    call, instead of by one fault per 4 KiB page during the copy (a large part of the copy's time).
+    `close_with_map`: close `fd` (and release any lock it holds) when the map goes away."""
+    if writable:
+        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    else:
+        # MAP_POPULATE would write-fault (copy) every page of a writable private map; this maps them read-only.
+        mm = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            mm.madvise(MADV_POPULATE_READ)
+        except OSError:  # kernels before 5.14: pages fault in on first touch instead
+            pass
+    if close_with_map:
+        weakref.finalize(mm, os.close, fd)
+    return torch.frombuffer(mm, dtype=torch.uint8)
+
+
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; Python names it from 3.13
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -6,9 +6,11 @@ returns those handles. The reader (`fetch`, called by `ShmWeightStore.prefetch`)
 into a same-size file in its own host's store in one RDMA action, then installs it like a writer
 would: the local copy is the same safetensors file, published atomically, under the same retention.
 
-The server keeps a version's mapping while readers hold a lease on it (between `open_version` and
-`release`), so a remote read never races the unmapping of its source, even if the writers drop the
-version meanwhile. Leases of readers that died expire after LEASE_S.
+The server keeps a version's mapping, and pins its file (see shm.py: writers then do not recycle
+its pages), while readers hold a lease on it (between `open_version` and `release`), so a remote read
+never races the unmapping or the overwriting of its source, even if the writers drop the version
+meanwhile. Leases of readers that died expire after LEASE_S. A version nobody leases is unmapped
+as soon as it is dropped or a newer one is served, so the writers can recycle its pages.
 """
 
 import asyncio
@@ -21,8 +23,8 @@ from pathlib import Path
 import torch
 from monarch.actor import Actor, concurrent_endpoint, endpoint
 
-from forge_rl.weights.layout import allocate_file, map_file
-from forge_rl.weights.shm import FILE, ShmWeightStore, version_dir
+from forge_rl.weights.layout import allocate_file, map_fd, map_file
+from forge_rl.weights.shm import ShmWeightStore, version_dir
 from forge_rl.weights.store import VersionUnavailable, WeightStoreConfig
 
 LEASE_S = 600.0
@@ -69,13 +71,14 @@ class WeightServer(Actor):
     @concurrent_endpoint  # waiting for a version must not block other readers' releases
     async def open_version(self, version: int, timeout: float = 60.0) -> "RemoteVersion | Missing":
         try:
-            path = await self.store.wait_async(version, timeout)
-            served = self._served.get(version) or self._serve(version, path)
+            await self.store.wait_async(version, timeout)
+            served = self._served.get(version) or self._serve(version)
         except VersionUnavailable as e:
             return Missing(e.available, e.why)
         except FileNotFoundError:  # dropped between the wait and the open
             return Missing(self.store.versions(), f"was dropped on host {self.store.host_id}")
         served.leases.append(time.monotonic())
+        await self._sweep()  # what this version supersedes
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep_forever())
         return RemoteVersion(version, self.store.host_id, served.buf.numel(), served.buffers)
@@ -91,22 +94,27 @@ class WeightServer(Actor):
     async def served_versions(self) -> list[int]:
         return sorted(self._served)
 
-    def _serve(self, version: int, path: Path) -> _Served:
+    def _serve(self, version: int) -> _Served:
         from monarch.rdma import RDMABuffer
 
-        file = path / FILE
-        buf = map_file(file, os.path.getsize(file), writable=True)  # RDMA registration wants writable memory
+        fd = self.store.pin(version, writable=True)  # RDMA registration wants writable memory
+        try:
+            buf = map_fd(fd, os.fstat(fd).st_size, writable=True, close_with_map=True)  # unpinned with the map
+        except BaseException:
+            os.close(fd)
+            raise
         step = self.store.cfg.bucket_mb << 20
         buffers = [(start, RDMABuffer(buf[start : start + step])) for start in range(0, buf.numel(), step)]
         self._served[version] = served = _Served(buf, buffers)
         return served
 
     async def _sweep(self) -> None:
-        """Unmap versions the writers dropped once no reader is reading them."""
+        """Unmap (and unpin) versions no reader is reading once they are dropped or superseded."""
         now = time.monotonic()
+        newest = max(self._served, default=None)
         for version, served in list(self._served.items()):
             served.leases = [t for t in served.leases if now - t < LEASE_S]
-            gone = not (self.store.root / version_dir(version)).is_dir()
+            gone = version != newest or not (self.store.root / version_dir(version)).is_dir()
             if gone and not served.leases:
                 del self._served[version]
                 for _, buffer in served.buffers:
@@ -125,10 +133,9 @@ async def fetch(store: ShmWeightStore, version: int, timeout: float) -> Path:
         raise VersionUnavailable(version, remote.available, remote.why)
     tmp = store.root / f"{version_dir(version)}.fetch-{os.getpid()}"
     try:
-        store._make_room()
-        tmp.mkdir()
-        allocate_file(tmp / FILE, remote.size)
-        buf = map_file(tmp / FILE, remote.size, writable=True)
+        file = store._new_file(tmp, remote.size)
+        allocate_file(file, remote.size)
+        buf = map_file(file, remote.size, writable=True)
         from monarch.rdma import RDMAAction
 
         action = RDMAAction()

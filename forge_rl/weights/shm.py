@@ -12,11 +12,19 @@ into their own host's directory (see rdma.py) and from then on read that copy th
 
 Retention: when a new version starts, versions beyond the newest K-1 are dropped, so a host never
 holds more than K versions (K-1 published + 1 being written). Dropping renames a version away
-before deleting it, so no reader ever sees half of one; a reader that still maps a dropped
-file keeps valid bytes until it lets go (Linux frees the pages then).
+before deleting it, so no reader ever sees half of one.
+
+Recycling: the new version is written into the pages of the version it replaces. Fresh tmpfs pages
+cost more than the copy itself (the kernel allocates and zeroes each one), so reusing them is what
+lets publishing run at memcpy speed. A reader pins the file it reads (a shared flock, held while it
+maps the file or while vLLM reloads from it); the writer recycles a dropped file only if it can take
+the exclusive lock, after renaming it away. A pinned file is unlinked instead (its reader keeps valid
+bytes until it lets go, then Linux frees the pages) and the writer allocates fresh pages.
 """
 
 import asyncio
+import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -28,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from forge_rl.weights.layout import Layout, create_file, map_file
+from forge_rl.weights.layout import Layout, create_file, map_fd, map_file
 from forge_rl.weights.runs import RUN_ID_ENV, SHM_DIR, register_process, release_process, run_prefix
 from forge_rl.weights.shards import local_piece, region
 from forge_rl.weights.store import (
@@ -77,6 +85,7 @@ class ShmWeightStore(WeightStore):
         register_process(self.run_id)  # before creating anything, so a stale-run sweep never takes it
         self.root.mkdir(parents=True, exist_ok=True)
         self._closed = False
+        self.recycled = 0  # versions this process wrote into a dropped version's pages
 
     # ------------------------------------------------------------------ writers
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -140,14 +149,52 @@ class ShmWeightStore(WeightStore):
         return await self.wait_async(version, timeout)
 
     def load(self, version: int, expected: TensorSpec | None = None) -> dict[str, torch.Tensor]:
-        file = self.path(version) / FILE
+        """Zero-copy views of the version; the file stays pinned while any of them is alive."""
+        fd = self.pin(version)
         try:
-            layout = Layout.read(file)
+            layout = Layout.read_fd(fd)
             if expected is not None:
                 check_spec(layout.spec, expected, version)
-            return layout.views(map_file(file, layout.size, writable=False))
+            return layout.views(map_fd(fd, layout.size, writable=False, close_with_map=True))
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @contextlib.contextmanager
+    def pinned(self, version: int):
+        """A directory holding the version, valid and unchanged for the block even if the version is
+        dropped meanwhile: e.g. for vLLM to reload weights from. (A hard link to the pinned file.)"""
+        fd = self.pin(version)
+        link = self.root / f"{version_dir(version)}.pin-{os.getpid()}-{next(_trash_ids)}"
+        try:
+            link.mkdir()
+            _link_fd(fd, link / FILE)
+            yield link
+        finally:
+            shutil.rmtree(link, ignore_errors=True)
+            os.close(fd)
+
+    def pin(self, version: int, writable: bool = False) -> int:
+        """An fd on the version's file holding a shared lock: writers do not recycle a pinned file.
+        Closing the fd unpins."""
+        file = self.path(version) / FILE
+        try:
+            fd = os.open(file, os.O_RDWR if writable else os.O_RDONLY)
         except FileNotFoundError:
             raise self._unavailable(version, "was dropped while being opened") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            # Locked; but is it still this version's file? A writer renames a file away before it
+            # tries to recycle it, so a file still at its published path is safe from then on.
+            if os.stat(file).st_ino != os.fstat(fd).st_ino:
+                raise FileNotFoundError
+        except (BlockingIOError, FileNotFoundError):
+            os.close(fd)
+            raise self._unavailable(version, "was dropped while being opened") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def close(self) -> None:
         if not self._closed:
@@ -169,23 +216,40 @@ class ShmWeightStore(WeightStore):
     def _unavailable(self, version: int, why: str) -> VersionUnavailable:
         return VersionUnavailable(version, self.versions(), f"{why} on host {self.host_id}")
 
-    def _make_room(self) -> None:
-        """Before a new version is written: keep only the newest K-1, so the host holds at most K."""
-        self._drop_all_but(self.cfg.keep_versions - 1)
+    def _new_file(self, directory: Path, size: int) -> Path:
+        """Make room for a new version (keep the newest K-1, so the host holds at most K) and give it
+        `directory/FILE` of `size` bytes: the pages of a dropped version if one is free, else fresh."""
+        directory.mkdir(exist_ok=True)  # every writer rank of the version shares it
+        file = directory / FILE
+        available = self.versions()
+        for version in available[: max(len(available) - (self.cfg.keep_versions - 1), 0)]:
+            trash = self._retire(self.root / version_dir(version))
+            if trash is None:
+                continue
+            if not file.exists() and _claim(trash / FILE, size):
+                with contextlib.suppress(FileExistsError):  # another writer rank got there first
+                    os.link(trash / FILE, file)
+                    self.recycled += 1
+            shutil.rmtree(trash, ignore_errors=True)
+        return file
 
     def _drop_all_but(self, keep: int) -> None:
         available = self.versions()
         for version in available[: max(len(available) - keep, 0)]:
             self._remove(self.root / version_dir(version))
 
-    def _remove(self, path: Path) -> None:
-        # Rename first (atomic): readers see the version gone at once, never half deleted.
+    def _retire(self, path: Path) -> Path | None:
+        """Rename a version away (atomic: readers see it gone at once, never half deleted)."""
         trash = path.with_name(f"{path.name}.del-{os.getpid()}-{next(_trash_ids)}")
         try:
             os.rename(path, trash)
         except FileNotFoundError:
-            return  # another process dropped it
-        shutil.rmtree(trash, ignore_errors=True)
+            return None  # another process dropped it
+        return trash
+
+    def _remove(self, path: Path) -> None:
+        if (trash := self._retire(path)) is not None:
+            shutil.rmtree(trash, ignore_errors=True)
 
     def _install(self, tmp: Path, version: int) -> Path:
         """Publish a fully written directory under the version's final name."""
@@ -214,10 +278,8 @@ class ShmVersionWriter(VersionWriter):
         if (store.root / version_dir(version)).exists():
             raise ValueError(f"weights version {version} is already published on host {store.host_id}")
         self.layout = Layout.for_spec(spec, {"forge_rl_version": str(version)})
-        store._make_room()
         self.tmp = store.root / f"{version_dir(version)}.tmp"
-        self.tmp.mkdir(exist_ok=True)  # every rank of the version shares this directory
-        create_file(self.tmp / FILE, self.layout)
+        create_file(store._new_file(self.tmp, self.layout.size), self.layout)
         self._views: dict[str, torch.Tensor] | None = self.layout.views(
             map_file(self.tmp / FILE, self.layout.size, writable=True)
         )
@@ -253,3 +315,30 @@ class ShmVersionWriter(VersionWriter):
     def abort(self) -> None:
         self._views = None
         self.store._remove(self.tmp)
+
+
+def _claim(file: Path, size: int) -> bool:
+    """Whether a retired version's file can be recycled: right size, and nobody pins it. Readers pin
+    only files at a published path and this one was renamed away first, so none can pin it later."""
+    try:
+        fd = os.open(file, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return os.fstat(fd).st_size == size
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _link_fd(fd: int, dst: Path) -> None:
+    """Hard-link the open file `fd` at `dst`: through the fd, not a path, because the version may have
+    been renamed away since it was pinned. (linkat(AT_SYMLINK_FOLLOW) on /proc/self/fd/N; os.link
+    uses linkat only when given a dir fd.)"""
+    fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.link(str(fd), dst, src_dir_fd=fds, follow_symlinks=True)
+    finally:
+        os.close(fds)
