@@ -28,44 +28,22 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get
 import torch  # noqa: E402
 from monarch.actor import Actor, endpoint  # noqa: E402
 
+from benchmarks.shapes import model_spec  # noqa: E402
 from forge_rl.weights import ShmWeightStore, WeightStoreConfig  # noqa: E402
 
 KEEP = 2
-# Qwen-style decoder shapes: (hidden, intermediate, layers, kv dim, vocab)
-MODELS = {"100M": (768, 2048, 12, 256, 16000), "500M": (1536, 4096, 16, 512, 32000)}
-
-
-def model_spec(size: str) -> dict[str, tuple[int, ...]]:
-    h, inter, layers, kv, vocab = MODELS[size]
-    head_dim = 64
-    spec = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,), "lm_head.weight": (vocab, h)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        spec |= {
-            p + "self_attn.q_proj.weight": (h, h),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, h),
-            p + "self_attn.q_norm.weight": (head_dim,),
-            p + "self_attn.k_norm.weight": (head_dim,),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-        }
-    return spec
-
-
 class BenchWriter(Actor):
     def __init__(self, size: str, cfg: WeightStoreConfig):
         self.store = ShmWeightStore(cfg=cfg)
         self.state = {n: torch.empty(s) for n, s in model_spec(size).items()}
 
     @endpoint
-    async def publish(self, version: int) -> float:
-        for t in self.state.values():  # the trainer's new weights (outside the timed part)
+    async def prepare(self, version: int) -> None:
+        for t in self.state.values():  # the trainer's new weights (not timed)
             t.fill_(float(version))
+
+    @endpoint
+    async def publish(self, version: int) -> float:
         t0 = time.perf_counter()
         self.store.publish(version, self.state)
         return time.perf_counter() - t0
@@ -91,8 +69,12 @@ class BenchReader(Actor):
             self.own[name].copy_(t)
         t2 = time.perf_counter()
         del views  # unpins the version: the writer may recycle its pages
-        assert all(bool((t == version).all()) for t in list(self.own.values())[:3]), "wrong weights"
         return t1 - t0, t2 - t1
+
+    @endpoint
+    async def check(self, version: int) -> None:
+        wrong = [n for n, t in self.own.items() if not bool((t == version).all())]
+        assert not wrong, f"version {version}: wrong weights in {wrong[:3]}"
 
     @endpoint
     async def memcpy(self) -> float:
@@ -107,34 +89,43 @@ class BenchReader(Actor):
 
 
 class ShmSampler:
-    """Peak bytes of /dev/shm held by the run, per host directory (sampled every 5 ms)."""
+    """Peak bytes of /dev/shm held by the run, per host directory (sampled every 5 ms), and the peak
+    rise of the machine's Shmem (/proc/meminfo): that one also counts files unlinked but still mapped."""
 
     def __init__(self, run_id: str):
         self.prefix, self.peak = f"forge_rl-{run_id}-weights-", {}
+        self.shmem_base = self.shmem_peak = _shmem()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.wait(0.005):
+            self.shmem_peak = max(self.shmem_peak, _shmem())
             for root in Path("/dev/shm").glob(self.prefix + "*"):
-                held = 0
+                held = {}  # by inode: a recycled file is briefly linked under two names
                 for dirpath, _, files in os.walk(root):
                     for f in files:
                         try:
-                            held += os.stat(os.path.join(dirpath, f)).st_blocks * 512
+                            st = os.stat(os.path.join(dirpath, f))
                         except FileNotFoundError:
-                            pass
+                            continue
+                        held[st.st_ino] = st.st_blocks * 512
                 host = root.name[len(self.prefix) :]
-                self.peak[host] = max(self.peak.get(host, 0), held)
+                self.peak[host] = max(self.peak.get(host, 0), sum(held.values()))
 
     def stop(self) -> dict[str, int]:
         self._stop.set()
         self._thread.join()
-        return self.peak
+        return self.peak | {"all (meminfo)": self.shmem_peak - self.shmem_base}
 
 
-WARMUP = 2  # versions 1..K: first touch of the procs' own memory, and of the pages later versions reuse
+def _shmem() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Shmem:"))
+
+
+WARMUP = 3  # versions 1..K+1: first touch of the procs' own memory, of the K files, of their maps
 
 
 async def measure(writer, reader, rounds: int) -> dict:
@@ -142,10 +133,12 @@ async def measure(writer, reader, rounds: int) -> dict:
     Per round: publish, fetch (prefetch + load), copy, end-to-end without and with the copy (medians)."""
     times: dict[str, list[float]] = {k: [] for k in ("publish", "fetch", "copy", "e2e", "e2e_copy")}
     for v in range(1, rounds + WARMUP + 1):
+        await writer.prepare.call_one(v)
         t0 = time.perf_counter()
         pub = await writer.publish.call_one(v)
         fetch, copy = await reader.fetch.call_one(v)
         wall = time.perf_counter() - t0
+        await reader.check.call_one(v)
         if v > WARMUP:
             for k, x in zip(times, (pub, fetch, copy, wall - copy, wall)):
                 times[k].append(x)
@@ -209,7 +202,8 @@ def table(rows: list[dict]):
         t.add_column(col, justify="right")
     for r in rows:
         gb = r["bytes"] / 1e9
-        peak = max(r["shm"].values(), default=0)
+        hosts = {h: b for h, b in r["shm"].items() if h != "all (meminfo)"}
+        peak = max(max(hosts.values(), default=0), r["shm"]["all (meminfo)"] / max(len(hosts), 1))
         t.add_row(
             r["size"], r["path"], f"{gb:.2f}", f"{gb / r['publish']:.2f}", f"{gb / r['fetch']:.2f}",
             f"{gb / r['e2e']:.2f} ({r['e2e']:.3f})", f"{gb / r['memcpy']:.2f}", f"{r['memcpy'] / r['e2e']:.2f}x",

@@ -131,6 +131,19 @@ def test_a_pinned_version_is_never_overwritten(store):
             pass
 
 
+def test_loaded_views_are_read_only(store):
+    """A stray in-place op on loaded weights crashes the reader instead of changing every reader's weights."""
+    store.publish(1, uniform_state(1, 1024))
+    code = (
+        "import torch\n"
+        "from forge_rl.weights import ShmWeightStore\n"
+        f"ShmWeightStore({store.run_id!r}).load(1)['t0'].fill_(7.0)\n"
+    )
+    crashed = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True)
+    assert crashed.returncode == -signal.SIGSEGV, crashed.stderr.decode()[-2000:]
+    assert all(bool((t == 1).all()) for t in store.load(1).values())
+
+
 def test_mismatch_names_the_tensor(store):
     state = model_state(seed=3)
     store.publish(1, state)

@@ -7,10 +7,8 @@ The result loads with `safetensors.torch.load_file` and with vLLM's `reload_weig
 """
 
 import json
-import mmap
 import os
 import struct
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,38 +130,6 @@ def allocate_file(path: Path, size: int) -> None:
             os.posix_fallocate(fd, 0, size)
     finally:
         os.close(fd)
-
-
-def map_file(path: Path, size: int, writable: bool) -> torch.Tensor:
-    """The file as a uint8 tensor backed by a mmap (see map_fd)."""
-    fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
-    try:
-        return map_fd(fd, size, writable)
-    finally:
-        os.close(fd)
-
-
-def map_fd(fd: int, size: int, writable: bool, close_with_map: bool = False) -> torch.Tensor:
-    """The open file `fd` as a uint8 tensor backed by a mmap that lives as long as the tensor or any
-    view of it. Writers get a shared map; readers a private (copy-on-write) one, so a stray in-place
-    op in a reader cannot change what other readers see. Page tables are filled up front, in one
-    call, instead of by one fault per 4 KiB page during the copy (a large part of the copy's time).
-    `close_with_map`: close `fd` (and release any lock it holds) when the map goes away."""
-    if writable:
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
-    else:
-        # MAP_POPULATE would write-fault (copy) every page of a writable private map; this maps them read-only.
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        try:
-            mm.madvise(MADV_POPULATE_READ)
-        except OSError:  # kernels before 5.14: pages fault in on first touch instead
-            pass
-    if close_with_map:
-        weakref.finalize(mm, os.close, fd)
-    return torch.frombuffer(mm, dtype=torch.uint8)
-
-
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; Python names it from 3.13
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 from monarch.actor import Actor, concurrent_endpoint, endpoint
 
-from forge_rl.weights.layout import allocate_file, map_fd, map_file
+from forge_rl.weights.layout import allocate_file
+from forge_rl.weights.maps import server_map, writable_map
 from forge_rl.weights.shm import ShmWeightStore, version_dir
 from forge_rl.weights.store import VersionUnavailable, WeightStoreConfig
 
@@ -99,7 +100,7 @@ class WeightServer(Actor):
 
         fd = self.store.pin(version, writable=True)  # RDMA registration wants writable memory
         try:
-            buf = map_fd(fd, os.fstat(fd).st_size, writable=True, close_with_map=True)  # unpinned with the map
+            buf = server_map(fd, os.fstat(fd).st_size)  # unpinned with the map
         except BaseException:
             os.close(fd)
             raise
@@ -135,7 +136,7 @@ async def fetch(store: ShmWeightStore, version: int, timeout: float) -> Path:
     try:
         file = store._new_file(tmp, remote.size)
         allocate_file(file, remote.size)
-        buf = map_file(file, remote.size, writable=True)
+        buf = writable_map(file, remote.size)
         from monarch.rdma import RDMAAction
 
         action = RDMAAction()

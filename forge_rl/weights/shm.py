@@ -36,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-from forge_rl.weights.layout import Layout, create_file, map_fd, map_file
+from forge_rl.weights import maps
+from forge_rl.weights.layout import Layout, create_file
 from forge_rl.weights.runs import RUN_ID_ENV, SHM_DIR, register_process, release_process, run_prefix
 from forge_rl.weights.shards import local_piece, region
 from forge_rl.weights.store import (
@@ -155,7 +156,7 @@ class ShmWeightStore(WeightStore):
             layout = Layout.read_fd(fd)
             if expected is not None:
                 check_spec(layout.spec, expected, version)
-            return layout.views(map_fd(fd, layout.size, writable=False, close_with_map=True))
+            return layout.views(maps.pinned_view(fd, layout.size))
         except BaseException:
             os.close(fd)
             raise
@@ -199,6 +200,7 @@ class ShmWeightStore(WeightStore):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            maps.forget(self.root)
             release_process(self.run_id)
 
     # ------------------------------------------------------------------ internals
@@ -281,7 +283,7 @@ class ShmVersionWriter(VersionWriter):
         self.tmp = store.root / f"{version_dir(version)}.tmp"
         create_file(store._new_file(self.tmp, self.layout.size), self.layout)
         self._views: dict[str, torch.Tensor] | None = self.layout.views(
-            map_file(self.tmp / FILE, self.layout.size, writable=True)
+            maps.writable_map(self.tmp / FILE, self.layout.size)
         )
 
     def write(self, name: str, tensor: torch.Tensor, offset: tuple[int, ...] | None = None) -> None:
