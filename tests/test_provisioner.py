@@ -16,8 +16,23 @@ def test_each_proc_sees_only_its_own_gpu(monkeypatch):
             probe = await DistributedProbe.options(procs=2, gpus=True).as_actor()
             seen = [env["CUDA_VISIBLE_DEVICES"] for _, env in (await probe.env.call(["CUDA_VISIBLE_DEVICES"])).items()]
             assert sorted(seen) == ["3", "5"]
-            with pytest.raises(RuntimeError, match="asks for 2 GPUs; 1 free"):
+            with pytest.raises(RuntimeError, match=r"asks for 2 GPUs \(2 procs x 1\); 1 free"):
                 await DistributedProbe.options(procs=2, gpus=True).as_actor()
+
+    run(body())
+
+
+def test_a_proc_can_have_several_gpus(monkeypatch):
+    """A generator replica with vLLM tensor_parallel_size=2: one proc that sees two GPUs."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7,8")
+
+    async def body():
+        async with provisioned():
+            probe = await DistributedProbe.options(procs=2, gpus=2).as_actor()
+            seen = [env["CUDA_VISIBLE_DEVICES"] for _, env in (await probe.env.call(["CUDA_VISIBLE_DEVICES"])).items()]
+            assert sorted(seen) == ["3,5", "6,7"]
+            with pytest.raises(RuntimeError, match=r"asks for 2 GPUs \(1 procs x 2\); 1 free"):
+                await DistributedProbe.options(gpus=2).as_actor()
 
     run(body())
 

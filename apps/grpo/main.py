@@ -154,13 +154,11 @@ async def main(cfg: GRPOConfig) -> dict:
     held_out = held_out_problems(cfg.eval_size)
     async with provisioned():
         console.print(f"[bold]GRPO[/bold] {cfg.model}: starting actors (vLLM engine start takes ~30 s on CPU)")
-        gpus = bool(visible_gpus())  # one GPU per trainer rank and per generator replica
-        if gpus and cfg.generator.engine_args.get("tensor_parallel_size", 1) > 1:
-            raise ValueError("generator.engine_args.tensor_parallel_size > 1 needs several GPUs per replica, "
-                             "which the provisioner does not hand out yet (it pins one GPU per proc)")
+        gpus = bool(visible_gpus())  # one GPU per trainer rank; a generator replica gets one per TP rank
+        generator_gpus = int(cfg.generator.engine_args.get("tensor_parallel_size", 1)) if gpus else 0
         trainer, generator, buffer, reward, dataset = await asyncio.gather(
             Trainer.options(procs=cfg.trainer_procs, spmd=True, gpus=gpus).as_actor(cfg.trainer, cfg.weight_store),
-            Generator.options(replicas=cfg.generator.replicas, gpus=gpus).as_service(
+            Generator.options(replicas=cfg.generator.replicas, gpus=generator_gpus).as_service(
                 model_dir, engine_args=cfg.generator.engine_args, sampling=cfg.generator.sampling, seed=cfg.seed,
                 swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store,
             ),

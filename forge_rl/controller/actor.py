@@ -27,7 +27,7 @@ A = TypeVar("A", bound="ForgeActor")
 class ActorOptions:
     procs: int = 1  # procs per replica (e.g. tensor-parallel ranks)
     hosts: int | None = None  # hosts per replica; None = this host (multi-host comes via launchers)
-    gpus: bool = False  # one GPU per proc, pinned before CUDA initialises
+    gpus: int = 0  # GPUs per proc (True = 1; e.g. vLLM's tensor_parallel_size), pinned before CUDA initialises
     replicas: int = 1  # only for as_service
     mesh_name: str | None = None  # defaults to the class name
     spmd: bool = False  # set up torch.distributed env inside the mesh (trainer ranks)
@@ -36,6 +36,9 @@ class ActorOptions:
         for name in ("procs", "replicas"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ForgeActor option {name} must be >= 1, got {getattr(self, name)}")
+        object.__setattr__(self, "gpus", int(self.gpus))  # gpus=True means one per proc
+        if self.gpus < 0:
+            raise ValueError(f"ForgeActor option gpus must be >= 0 (GPUs per proc), got {self.gpus}")
         if self.hosts not in (None, 1):
             raise ValueError(
                 f"ForgeActor option hosts={self.hosts}: the local provisioner runs on one host; "

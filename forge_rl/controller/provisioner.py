@@ -43,13 +43,14 @@ def visible_gpus() -> list[str]:
 shm_prefix = run_prefix
 
 
-def _pin_gpus(gpu_ids: list[str]):
-    """Bootstrap for a proc: see only its own GPU. Runs in the proc before user code touches CUDA."""
+def _pin_gpus(gpu_ids: list[str], per_proc: int):
+    """Bootstrap for a proc: see only its own GPUs. Runs in the proc before user code touches CUDA."""
 
     def bootstrap() -> None:
         from monarch.actor import current_rank
 
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_ids[current_rank().rank]
+        rank = current_rank().rank
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids[rank * per_proc : (rank + 1) * per_proc])
 
     return bootstrap
 
@@ -73,9 +74,9 @@ class Provisioner:
         install_fault_hook()
 
     async def get_proc_mesh(
-        self, procs: int = 1, gpus: bool = False, mesh_name: str = "forge", spmd: bool = False
+        self, procs: int = 1, gpus: int = 0, mesh_name: str = "forge", spmd: bool = False
     ) -> ProcMesh:
-        """A new mesh of `procs` procs on this host; `gpus=True` gives each proc its own GPU."""
+        """A new mesh of `procs` procs on this host, each with `gpus` GPUs of its own (True = 1)."""
         if self._stopped:
             raise RuntimeError("provisioner was shut down; create a new one")
         if procs < 1:
@@ -83,13 +84,14 @@ class Provisioner:
         bootstrap = None
         gpu_ids: list[str] = []
         if gpus:
-            if len(self._free_gpus) < procs:
+            wanted = procs * int(gpus)
+            if len(self._free_gpus) < wanted:
                 raise RuntimeError(
-                    f"mesh {mesh_name!r} asks for {procs} GPUs; {len(self._free_gpus)} free "
-                    f"of the visible {visible_gpus() or 'none'}"
+                    f"mesh {mesh_name!r} asks for {wanted} GPUs ({procs} procs x {int(gpus)}); "
+                    f"{len(self._free_gpus)} free of the visible {visible_gpus() or 'none'}"
                 )
-            gpu_ids, self._free_gpus = self._free_gpus[:procs], self._free_gpus[procs:]
-            bootstrap = _pin_gpus(gpu_ids)
+            gpu_ids, self._free_gpus = self._free_gpus[:wanted], self._free_gpus[wanted:]
+            bootstrap = _pin_gpus(gpu_ids, int(gpus))
         mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=mesh_name)
         await mesh.initialized
         self._gpus_of[id(mesh)] = gpu_ids
