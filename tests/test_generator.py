@@ -247,3 +247,30 @@ def test_killed_replica_is_respawned_and_its_group_retried(generator):
     assert len(group) == 8 and all(len(c.response_ids) == 90 for c in group)  # the whole group, once
     assert stats["pid"] != victim and stats["policy_version"] == 0
     assert svc.service_stats.respawns == 1 and svc.service_stats.retries == 1
+
+
+def test_a_dead_engine_gets_its_replica_replaced(generator):
+    """vLLM's EngineCore dies under a replica (here: SIGKILL): the replica ends its proc, the Service
+    respawns it and the group in flight is retried. Runs after the replica-kill test (counts add up)."""
+    import signal
+
+    import psutil
+
+    loop, svc = generator
+    respawns, retries = svc.service_stats.respawns, svc.service_stats.retries
+
+    async def body():
+        victim = (await svc.stats.route())["pid"]
+        (core,) = [p for p in psutil.Process(victim).children(recursive=True) if "EngineCore" in p.name()]
+        call = asyncio.ensure_future(svc.generate.route(PROMPT, n=8, temperature=1.0, max_tokens=90, ignore_eos=True))
+        while (await svc.stats.route())["tokens_generated_in_flight"] < 8:
+            assert not call.done(), "the group finished before the kill"
+            await asyncio.sleep(0.005)
+        core.send_signal(signal.SIGKILL)
+        group = await asyncio.wait_for(call, 240)
+        return victim, group, await svc.stats.route()
+
+    victim, group, stats = loop.run_until_complete(body())
+    assert len(group) == 8 and all(len(c.response_ids) == 90 for c in group)
+    assert stats["pid"] != victim and not psutil.pid_exists(victim)
+    assert svc.service_stats.respawns == respawns + 1 and svc.service_stats.retries == retries + 1

@@ -12,6 +12,8 @@ own CPU default reserves a fraction of the NUMA node's memory, which fails on sm
 import asyncio
 import itertools
 import os
+import signal
+import sys
 import time
 from typing import Any
 
@@ -29,6 +31,8 @@ CPU_ENGINE_DEFAULTS: dict[str, Any] = dict(
 )
 # Behaviour logprobs after temperature scaling: the policy the trainer trains is softmax(logits / T).
 ENGINE_DEFAULTS: dict[str, Any] = dict(logprobs_mode="processed_logprobs")
+
+ENGINE_CHECK_S = 1.0  # how often an idle generator checks that its vLLM engine is alive
 
 # How a live weight update treats in-flight requests (see update_weights).
 SWAP_MODES = ("keep_kv", "recompute_kv", "drain")
@@ -83,6 +87,7 @@ class Generator(ForgeActor):
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         # The engine's processes must not outlive this proc if it is killed (they would be orphaned).
         self._reaper = reap_descendants_on_exit()
+        self._engine_watch = asyncio.create_task(self._watch_engine())
         self.max_model_len = self.engine.vllm_config.model_config.max_model_len
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source)
@@ -94,6 +99,7 @@ class Generator(ForgeActor):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
         from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         prompt_ids = self._prompt_ids(prompt)
         if n < 1:
@@ -118,6 +124,8 @@ class Generator(ForgeActor):
             async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id):
                 for c in out.outputs:
                     children[c.index].extend(c, self.policy_version)
+        except EngineDeadError:
+            self._engine_died()
         finally:
             del self._in_flight[request_id]
             self._leave()
@@ -213,6 +221,20 @@ class Generator(ForgeActor):
             pid=os.getpid(),
             tokens_per_s=self._generated_tokens / self._busy_s if self._busy_s else 0.0,
         )
+
+    async def _watch_engine(self) -> None:
+        while self.engine is not None:
+            if self.engine.errored:
+                self._engine_died()
+            await asyncio.sleep(ENGINE_CHECK_S)
+
+    def _engine_died(self) -> None:
+        """A dead EngineCore cannot be revived in place. End this proc: a Service then replaces the
+        replica and retries the calls that were in flight on it (the reaper clears what the engine
+        left); an actor's owner gets a SupervisionError on its next call."""
+        print(f"generator pid {os.getpid()}: the vLLM engine died; ending this proc so that it is replaced",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def _enter(self) -> None:
         if self._active == 0:
