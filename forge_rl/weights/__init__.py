@@ -4,8 +4,10 @@
     store.publish(5, hf_state_dict)                 # one writer, full tensors
     with store.writer(5, spec, rank, world) as w:    # or: every rank writes its (DTensor) shards
         for name, t in shards.items(): w.write(name, t)
-    path = await store.prefetch(5)                   # reader: this host now holds v5
-    engine.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+    await store.prefetch(5)                          # reader: this host now holds v5
+    with store.pinned(5) as path:                    # writers leave v5's pages alone meanwhile
+        engine.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+    views = store.load(5)                            # or: read-only views, pinned while they live
 """
 
 from forge_rl.weights.runs import cleanup_stale_runs, register_process, remove_run
