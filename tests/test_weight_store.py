@@ -183,8 +183,9 @@ def test_dtensor_shards_from_two_procs_give_full_tensors_to_the_controller():
 
 
 def test_reader_racing_a_writer_never_sees_a_mixed_version():
-    def read_until(store: ShmWeightStore, done: threading.Event) -> set[int]:
-        seen = set()
+    seen: set[int] = set()
+
+    def read_until(store: ShmWeightStore, done: threading.Event) -> None:
         while not done.is_set():
             available = store.versions()
             if not available:
@@ -194,25 +195,29 @@ def test_reader_racing_a_writer_never_sees_a_mixed_version():
                 loaded = store.load(available[-1])
             except VersionUnavailable:
                 continue  # dropped between listing and opening: allowed
-            values = torch.cat(list(loaded.values())).unique().tolist()
-            assert values == [available[-1]], f"version {available[-1]} mixed with {values}"
+            for _ in range(2):  # and the views stay that version while held, however many are published
+                values = torch.cat(list(loaded.values())).unique().tolist()
+                assert values == [available[-1]], f"version {available[-1]} mixed with {values}"
+                time.sleep(0.002)  # leaves the GIL to the controller's event loop too
             seen.add(available[-1])
-            time.sleep(0.001)  # leave the GIL to the controller's event loop now and then
-        return seen
 
     async def body():
         async with provisioned() as prov:
             writer = await Writer.as_actor(keep_versions=2)
             store, done = ShmWeightStore(prov.run_id), threading.Event()
             reading = asyncio.ensure_future(asyncio.to_thread(read_until, store, done))
+            last = 0
             try:
-                # 8 MB per version: each publish takes long enough for reads to overlap it.
-                await writer.publish_uniform.call_one(1, 60, 1 << 18)
+                # 8 MB per version, 10 versions per call, until the reader has seen enough of them:
+                # with recycled pages a publish is so fast that a fixed count can finish unobserved.
+                while (len(seen) < 8 or last < 20) and last < 1000 and not reading.done():
+                    await writer.publish_uniform.call_one(last + 1, last + 10, 1 << 18)
+                    last += 10
             finally:
                 done.set()
-            seen = await reading
-            assert len(seen) >= 4, f"reader saw too few versions to mean anything: {sorted(seen)}"
-            assert store.versions() == [59, 60]
+            await reading  # re-raises a mixed read
+            assert len(seen) >= 8, f"reader saw too few versions to mean anything: {sorted(seen)}"
+            assert store.versions() == [last - 1, last]
 
     run(body())
 
