@@ -77,18 +77,23 @@ def test_reaper_kills_what_a_killed_proc_started_and_removes_its_shared_memory()
         "print(child.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    child = psutil.Process(int(proc.stdout.readline()))
-    time.sleep(1.5)  # the reaper has listed the child and its mapping at least once
-    assert segment.exists()
-    proc.kill()
-    proc.wait()  # the child is now an orphan: nothing but the reaper stops it
-    gone, still = psutil.wait_procs([child], timeout=10)
-    assert gone and not still
-    deadline = time.monotonic() + 10
-    while segment.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not segment.exists(), "the killed child's shared memory was left behind"
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        child = psutil.Process(int(proc.stdout.readline()))
+        deadline = time.monotonic() + 30
+        while not segment.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.2)  # the child has mapped it by now; the reaper (every 0.5 s) has seen the mapping
+        proc.kill()
+        proc.wait()  # the child is now an orphan: nothing but the reaper stops it
+        gone, still = psutil.wait_procs([child], timeout=10)
+        assert gone and not still
+        deadline = time.monotonic() + 10
+        while segment.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not segment.exists(), "the killed child's shared memory was left behind"
+    finally:
+        segment.unlink(missing_ok=True)
 
 
 def test_reaper_leaves_a_living_proc_alone():

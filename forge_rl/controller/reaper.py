@@ -28,15 +28,21 @@ GRACE_S = 3.0
 
 
 def reap_descendants_on_exit(pid: int | None = None) -> subprocess.Popen:
-    """Start the watcher for `pid` (default: this process). Call it after the children exist or
-    before: the watcher keeps refreshing its list while `pid` lives."""
+    """Start the watcher for `pid` (default: this process) and return once it has recorded the
+    descendants `pid` has now; later ones are picked up while `pid` lives (every POLL_S)."""
     pid = pid or os.getpid()
-    return subprocess.Popen(
-        [sys.executable, "-m", "forge_rl.controller.reaper", str(pid)],
+    # Run as a plain script: importing the forge_rl package would pull in torch and Monarch (seconds of
+    # start-up, hundreds of MB) into a process that needs psutil alone.
+    watcher = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), str(pid)],
         stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
     )
+    watcher.stdout.readline()  # "ready": it has listed what exists now
+    watcher.stdout.close()
+    return watcher
 
 
 def _same_process(proc: psutil.Process, started: float) -> bool:
@@ -75,12 +81,16 @@ def watch(pid: int) -> tuple[list[int], list[str]]:
         return [], []
     seen: dict[int, tuple[psutil.Process, float]] = {}
     shm: set[str] = set()
+    ready = False
     while _same_process(parent, parent_started):
         try:
             seen = {p.pid: (p, p.create_time()) for p in parent.children(recursive=True) if p.pid != me}
             shm = _shm_files(seen)
         except psutil.Error:
             pass  # a process ended while we listed: keep the last list, look again next round
+        if not ready:
+            _tell_ready()
+            ready = True
         time.sleep(POLL_S)
     orphans = [p for p, started in seen.values() if _same_process(p, started)]
     for p in orphans:
@@ -102,6 +112,14 @@ def watch(pid: int) -> tuple[list[int], list[str]]:
         except FileNotFoundError:
             pass
     return [p.pid for p in orphans], left
+
+
+def _tell_ready() -> None:
+    try:
+        print("ready", flush=True)
+        sys.stdout.close()  # nothing more goes to the starter (who closes its end)
+    except (BrokenPipeError, ValueError):
+        pass
 
 
 if __name__ == "__main__":
