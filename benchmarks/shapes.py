@@ -1,7 +1,11 @@
 """Qwen-style decoder state dicts of a given size, by HF tensor name (for the weight sync benchmarks)."""
 
 # Qwen-style decoder shapes: (hidden, intermediate, layers, kv dim, vocab)
-MODELS = {"100M": (768, 2048, 12, 256, 16000), "500M": (1536, 4096, 16, 512, 32000)}
+MODELS = {
+    "100M": (768, 2048, 12, 256, 16000),
+    "500M": (1536, 4096, 16, 512, 32000),
+    "1.7B": (2048, 6144, 28, 1024, 151936),  # Qwen3-1.7B's hidden, MLP, layers, kv dim and vocab
+}
 
 
 def model_spec(size: str) -> dict[str, tuple[int, ...]]:

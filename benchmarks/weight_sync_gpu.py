@@ -23,9 +23,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from benchmarks.shapes import MODELS, model_spec  # noqa: E402
+from benchmarks.shapes import model_spec  # noqa: E402
 
-MODELS.setdefault("1.7B", (2048, 6144, 28, 1024, 151936))  # Qwen3-1.7B's shapes
 DTYPES = {"500M": torch.float32, "1.7B": torch.bfloat16}
 
 

@@ -73,16 +73,8 @@ class Layout:
         return cls(entries, struct.pack("<Q", len(text)) + text, base + pos)
 
     @classmethod
-    def read(cls, path: Path) -> "Layout":
-        """The layout of an existing safetensors file."""
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            return cls.read_fd(fd)
-        finally:
-            os.close(fd)
-
-    @classmethod
     def read_fd(cls, fd: int) -> "Layout":
+        """The layout of an open safetensors file."""
         (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
         text = os.pread(fd, n, 8)
         header = json.loads(text)
