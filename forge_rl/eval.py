@@ -18,7 +18,8 @@ from forge_rl.rewards.exact_match import exact_match
 
 
 async def greedy_completions(
-    generator, tokenizer, problems: list[Problem], max_tokens: int = 8, concurrency: int = 64
+    generator, tokenizer, problems: list[Problem], max_tokens: int = 8, concurrency: int = 64,
+    chat_template_kwargs: dict | None = None,
 ) -> list[str]:
     """Greedy completion text of each problem, in the order given."""
     if concurrency < 1:
@@ -28,7 +29,7 @@ async def greedy_completions(
     async def one(problem: Problem) -> str:
         async with slots:
             completions = await generator.generate.route(
-                chat_prompt(tokenizer, problem), n=1, temperature=0.0, max_tokens=max_tokens
+                chat_prompt(tokenizer, problem, **(chat_template_kwargs or {})), n=1, temperature=0.0, max_tokens=max_tokens
             )
             return completions[0].text
 
@@ -36,7 +37,8 @@ async def greedy_completions(
 
 
 async def greedy_accuracy(
-    generator, tokenizer, problems: list[Problem], max_tokens: int = 8, concurrency: int = 64
+    generator, tokenizer, problems: list[Problem], max_tokens: int = 8, concurrency: int = 64,
+    chat_template_kwargs: dict | None = None,
 ) -> dict[str, Any]:
     """Greedy exact-match accuracy on `problems`.
 
@@ -45,7 +47,7 @@ async def greedy_accuracy(
     """
     if not problems:
         raise ValueError("greedy_accuracy: no problems to evaluate")
-    texts = await greedy_completions(generator, tokenizer, problems, max_tokens, concurrency)
+    texts = await greedy_completions(generator, tokenizer, problems, max_tokens, concurrency, chat_template_kwargs)
     correct = exact_match([p.question for p in problems], texts, answer=[p.answer for p in problems])
     n = len(problems)
     return {

@@ -80,19 +80,36 @@ def test_concurrent_generate_calls_share_the_engine(generator):
     assert stats["max_concurrent_requests"] >= 4  # calls overlap in the engine instead of queueing in the actor
 
 
-def test_trainer_logprobs_equal_generator_behaviour_logprobs(generator):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_trainer_logprobs_equal_generator_behaviour_logprobs(generator, temperature):
+    """The trainer reproduces the behaviour policy that the sampling config defines (its temperature is
+    read from that config, as the GRPO app does), to 1e-4 in fp32."""
     from forge_rl.actors.trainer import Trainer, TrainerConfig
     from forge_rl.controller import stop_actor
+    from forge_rl.sampling import behaviour_temperature
     from forge_rl.types import Episode, TrainBatch
 
     loop, svc = generator
-    completions = loop.run_until_complete(svc.generate.route(PROMPT, n=8, temperature=1.0, max_tokens=12))
+    sampling = dict(temperature=temperature, max_tokens=12)
+    completions = loop.run_until_complete(svc.generate.route(PROMPT, n=8, **sampling))
     batch = TrainBatch.collate([Episode(c, advantage=0.0) for c in completions], pad_id=0)
-    trainer = loop.run_until_complete(Trainer.options(spmd=True).as_actor(TrainerConfig(model=str(TINY_MODEL_DIR))))
+    cfg = TrainerConfig(model=str(TINY_MODEL_DIR), temperature=behaviour_temperature(sampling))
+    trainer = loop.run_until_complete(Trainer.options(spmd=True).as_actor(cfg))
     ours = loop.run_until_complete(trainer.logprobs.call_one(batch))
     loop.run_until_complete(stop_actor(trainer))
     gap = (ours - batch.behaviour_logprobs)[batch.response_mask].abs().max().item()
     assert gap < 1e-4
+    if temperature != 1.0:  # under the untempered policy the same tokens are far off: the check has teeth
+        assert (untempered_logprobs(completions[0]) - completions[0].logprobs).abs().max() > 1e-2
+
+
+def untempered_logprobs(completion) -> torch.Tensor:
+    """log softmax(logits) of each sampled response token under the HF model (temperature 1)."""
+    model = AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR, dtype=torch.float32).eval()
+    ids = torch.cat([completion.prompt_ids, completion.response_ids])[None]
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(completion.prompt_ids) - 1 : -1]
+    return torch.log_softmax(logits, -1).gather(-1, completion.response_ids[:, None])[:, 0]
 
 
 # ---- live weight updates ------------------------------------------------------------------------

@@ -26,19 +26,20 @@ from rich.console import Console
 from tqdm import tqdm
 
 from forge_rl.actors.dataset import ArithmeticDataset
-from forge_rl.actors.generator import Generator
+from forge_rl.actors.generator import Generator, PromptTooLong
 from forge_rl.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
 from forge_rl.actors.reward import RewardActor, RewardSpec
 from forge_rl.actors.trainer import Trainer, TrainerConfig
-from forge_rl.config import parse_args, to_yaml
+from forge_rl.config import ConfigError, parse_args, to_yaml
 from forge_rl.controller import provisioned
 from forge_rl.controller.provisioner import visible_gpus
 from forge_rl.data.arithmetic import chat_prompt, held_out_problems
 from forge_rl.eval import greedy_accuracy
-from forge_rl.losses.advantages import group_advantages
 from forge_rl.models import resolve_model_path
 from forge_rl.observability import MetricsLogger, plot_run
-from forge_rl.types import Episode, Group, TrainBatch
+from forge_rl.rollout import Admission, RolloutStats, rollout_group
+from forge_rl.sampling import behaviour_temperature
+from forge_rl.types import TrainBatch
 from forge_rl.weights import WeightStoreConfig
 
 
@@ -47,7 +48,21 @@ class GeneratorSection:
     replicas: int = 1
     swap_mode: str = "recompute_kv"  # keep_kv | recompute_kv | drain
     engine_args: dict[str, Any] = field(default_factory=dict)  # vLLM AsyncEngineArgs
+    # vLLM SamplingParams: the behaviour policy. The trainer reads its temperature from here; options it
+    # cannot reproduce (top_p, top_k, min_p, penalties) are refused at start.
     sampling: dict[str, Any] = field(default_factory=lambda: dict(temperature=1.0, max_tokens=8))
+
+
+@dataclass
+class BufferSection:
+    """The replay buffer's own settings; max_policy_age, the data-parallel size and padding come from
+    the run (top-level `max_policy_age`, trainer.parallel, the tokenizer)."""
+
+    capacity: int = 64  # groups
+    order: str = "oldest"  # "oldest" | "random"
+    max_resample: int = 1  # times a group may be trained on
+    min_fresh_groups: int = 1
+    drop_zero_advantage: bool = True
 
 
 @dataclass
@@ -56,82 +71,162 @@ class GRPOConfig:
     steps: int = 100
     group_size: int = 8  # completions per prompt (G)
     batch_groups: int = 16  # groups per train step
-    rollout_tasks: int = 4  # concurrent rollout loops (async mode)
+    rollout_tasks: int = 4  # concurrent rollouts at most (admission may allow fewer)
     async_mode: bool = True  # false (+ max_policy_age 0): the synchronous baseline
-    max_policy_age: int = 1
+    max_policy_age: int = 1  # a token made by version u is trained on at version v only if v - u <= this
     trainer_procs: int = 1
     scale_advantages_by_std: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false}
     rewards: list[RewardSpec] = field(
         default_factory=lambda: [RewardSpec("exact_match", 1.0), RewardSpec("format", 0.1)]
     )
     generator: GeneratorSection = field(default_factory=GeneratorSection)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
+    buffer: BufferSection = field(default_factory=BufferSection)
     weight_store: WeightStoreConfig = field(default_factory=WeightStoreConfig)
     eval_every: int = 10  # steps; 0 = only before and after
     eval_size: int = 500  # held-out prompts, greedy
     checkpoint_every: int = 0  # steps; 0 = only at the end
+    no_batch_timeout_s: float = 300.0  # stop, saying why, when no batch could be sampled for this long
     resume: bool = False
     output_dir: str = "outputs/grpo"
     wandb_project: str | None = None
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("steps", "group_size", "batch_groups", "rollout_tasks", "trainer_procs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_policy_age < 0:
+            raise ValueError(f"max_policy_age must be >= 0, got {self.max_policy_age}")
+        if self.no_batch_timeout_s <= 0:
+            raise ValueError(f"no_batch_timeout_s must be > 0, got {self.no_batch_timeout_s}")
+
+
+class NoBatchError(RuntimeError):
+    """The train loop waited `no_batch_timeout_s` without a batch; the message says why."""
+
 
 class Run:
     """The state one GRPO run shares between its rollout tasks and its train loop."""
 
-    def __init__(self, cfg: GRPOConfig):
+    def __init__(self, cfg: GRPOConfig, version: int = 0):
         self.cfg = cfg
-        self.version = 0  # policy version = trainer steps taken
-        self.drops: dict[str, int] = {"reward_error": 0}
-        self.rollout_rewards: list[float] = []  # since the last step's log line
-        self.rollout_parts: dict[str, list[float]] = {}
-        self.generated_tokens = 0
+        self.version = version  # policy version = trainer steps taken
+        self.rollouts = RolloutStats()
+        self.admission = Admission(cfg.max_policy_age, cfg.batch_groups, version)
         self.trainer_busy_s = 0.0  # train_step + push_weights, as the controller waits for them
         self.staleness_sum, self.staleness_steps = 0.0, 0
         self.max_staleness = 0  # over every batch trained on: must stay <= max_policy_age
         self.last_updates: list[dict] | None = None  # the newest finished generator weight update
         self.stop = asyncio.Event()
 
+    @property
+    def drops(self) -> dict[str, int]:
+        return self.rollouts.drops
 
-async def rollout_once(run: Run, dataset, generator, reward, buffer, tokenizer) -> int:
-    """One group: generate, score, advantages, add to the buffer. Returns generated tokens."""
+
+async def rollout_once(run: Run, dataset, generator, reward, buffer, tokenizer) -> bool:
+    """One admitted group: prompt, generate, score, advantages, add to the buffer. True if stored."""
     cfg = run.cfg
     problem = await dataset.next.call_one()
-    prompt = chat_prompt(tokenizer, problem)
-    completions = await generator.generate.route(prompt, n=cfg.group_size)
-    texts = [c.text for c in completions]
-    tokens = sum(len(c.response_ids) for c in completions)
-    run.generated_tokens += tokens
+    prompt = chat_prompt(tokenizer, problem, **cfg.chat_template_kwargs)
+
+    async def score(completions):
+        return await reward.score.call_one(problem.question, [c.text for c in completions], problem.answer,
+                                           [c.finish_reason for c in completions])
+
     try:
-        totals, parts = await reward.score.call_one(problem.question, texts, problem.answer,
-                                                    [c.finish_reason for c in completions])
-    except Exception as e:  # ActorError around RewardError: drop the group, count it, go on
-        run.drops["reward_error"] += len(completions)
-        tqdm.write(f"dropped group {problem.id}: {e}".splitlines()[0][:200])
-        return tokens
-    run.rollout_rewards += totals
-    for name, values in parts.items():
-        run.rollout_parts.setdefault(name, []).extend(values)
-    advantages = group_advantages(totals, scale_by_std=cfg.scale_advantages_by_std)
-    episodes = [
-        Episode(c, reward=t, rewards={k: v[i] for k, v in parts.items()}, advantage=a, target=problem.answer,
-                metadata={"problem": problem.id})
-        for i, (c, t, a) in enumerate(zip(completions, totals, advantages))
-    ]
-    await buffer.add.call_one(Group(problem.id, episodes))
-    return tokens
+        group = await rollout_group(
+            prompt_id=problem.id, prompt=prompt, generator=generator, score=score, group_size=cfg.group_size,
+            stats=run.rollouts, scale_advantages_by_std=cfg.scale_advantages_by_std, target=problem.answer,
+            metadata={"problem": problem.id},
+        )
+    except Exception as e:
+        if not isinstance(getattr(e, "exception", e), PromptTooLong):
+            raise
+        run.drops["prompt_too_long"] += cfg.group_size  # skipped and counted, the loop goes on
+        return False
+    return group is not None and await buffer.add.call_one(group)
 
 
 async def rollout_loop(run: Run, *actors) -> None:
+    """Start a rollout whenever admission allows one, until the run stops."""
     while not run.stop.is_set():
-        await rollout_once(run, *actors)
+        await run.admission.acquire()
+        stored = False
+        try:
+            stored = await rollout_once(run, *actors)
+        finally:
+            await run.admission.finish(stored)
 
 
 def batch_staleness(batches: list[TrainBatch], version: int) -> tuple[float, int]:
     """Mean and max of (trainer version - version that generated the token) over response tokens."""
     ages = torch.cat([version - b.policy_versions[b.response_mask] for b in batches])
     return float(ages.float().mean()), int(ages.max())
+
+
+def check_config(cfg: GRPOConfig) -> None:
+    """Settings that only make sense together; errors name the keys."""
+    temperature = behaviour_temperature(cfg.generator.sampling)
+    if cfg.trainer.temperature is not None and cfg.trainer.temperature != temperature:
+        raise ConfigError(
+            f"trainer.temperature={cfg.trainer.temperature} differs from generator.sampling.temperature="
+            f"{temperature}: the trainer must reproduce the sampling policy; set only generator.sampling.temperature"
+        )
+    cfg.trainer.temperature = temperature
+    logprobs_mode = cfg.generator.engine_args.get("logprobs_mode", "processed_logprobs")
+    if logprobs_mode != "processed_logprobs":
+        raise ConfigError(f"generator.engine_args.logprobs_mode={logprobs_mode!r}: behaviour logprobs must be of the "
+                          "sampled distribution (after temperature); use 'processed_logprobs'")
+    if cfg.trainer.grpo.kl_coef > 0:
+        raise ConfigError(f"trainer.grpo.kl_coef={cfg.trainer.grpo.kl_coef} needs reference logprobs, and the GRPO "
+                          "app runs no reference model yet; set trainer.grpo.kl_coef=0")
+    if cfg.buffer.capacity < cfg.batch_groups:
+        raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is smaller than batch_groups={cfg.batch_groups}")
+
+
+async def wait_for_batch(run: Run, buffer, rollouts: list[asyncio.Task]) -> tuple[list[TrainBatch], float]:
+    """Sample a batch at the run's version, waiting while rollouts fill the buffer. Raises at once when a
+    rollout task died, and NoBatchError (saying why) after no_batch_timeout_s without a batch."""
+    start = time.perf_counter()
+    before = await buffer.stats.call_one()
+    drops_before = dict(run.drops)
+    while (batches := await buffer.sample.call_one(run.version, run.cfg.batch_groups)) is None:
+        raise_if_failed(rollouts)
+        if time.perf_counter() - start > run.cfg.no_batch_timeout_s:
+            raise NoBatchError(_why_no_batch(run, before, await buffer.stats.call_one(), drops_before))
+        await asyncio.sleep(0.01)
+    return batches, time.perf_counter() - start
+
+
+def raise_if_failed(tasks: list[asyncio.Task]) -> None:
+    for t in tasks:
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            raise RuntimeError(f"a rollout task failed: {t.exception()}") from t.exception()
+
+
+def _why_no_batch(run: Run, before: dict, now: dict, drops_before: dict) -> str:
+    cfg, adm = run.cfg, run.admission
+    dropped = {r: now["dropped"][r] - before["dropped"][r] for r in now["dropped"]}
+    dropped.update({r: v - drops_before.get(r, 0) for r, v in run.drops.items()})
+    added = now["added"] - before["added"]
+    lines = [f"no batch of {cfg.batch_groups} groups for {cfg.no_batch_timeout_s:.0f} s (no_batch_timeout_s) at "
+             f"policy version {run.version}; meanwhile {added} episodes reached the buffer, {now['groups']} groups "
+             f"are in it, {adm.in_flight} rollouts in flight; drops: {dropped}"]
+    if added and dropped.get("zero_advantage", 0) == added:
+        lines.append("every group had zero advantage: all its completions got the same reward (a broken reward, "
+                     "a task too easy or too hard, a chat template that makes the model emit something else)")
+    elif added and dropped.get("stale", 0) >= added:
+        lines.append("every group arrived too old for max_policy_age")
+    elif dropped.get("reward_error"):
+        lines.append("reward functions are failing (see the 'dropped group' lines)")
+    elif dropped.get("prompt_too_long"):
+        lines.append("prompts do not fit the engine's max_model_len with max_tokens")
+    elif not added:
+        lines.append("no rollout finished: the generator is stuck or far too slow for this timeout")
+    return "; ".join(lines)
 
 
 async def main(cfg: GRPOConfig) -> dict:
@@ -141,6 +236,7 @@ async def main(cfg: GRPOConfig) -> dict:
     if not cfg.async_mode and cfg.max_policy_age != 0:
         console.print("[yellow]async_mode: false runs a synchronous loop; max_policy_age is set to 0[/yellow]")
         cfg.max_policy_age = 0
+    check_config(cfg)
     model_dir = resolve_model_path(cfg.model)
     cfg.trainer.model = model_dir
     out = Path(cfg.output_dir)
@@ -148,8 +244,8 @@ async def main(cfg: GRPOConfig) -> dict:
     (out / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     dp_size = _dp_size(cfg)
-    buffer_cfg = ReplayBufferConfig(**{**asdict(cfg.buffer), "max_policy_age": cfg.max_policy_age,
-                                       "dp_size": dp_size, "pad_id": tokenizer.pad_token_id or 0, "seed": cfg.seed})
+    buffer_cfg = ReplayBufferConfig(**asdict(cfg.buffer), max_policy_age=cfg.max_policy_age, dp_size=dp_size,
+                                    pad_id=tokenizer.pad_token_id or 0, seed=cfg.seed)
     run = Run(cfg)
     held_out = held_out_problems(cfg.eval_size)
     async with provisioned():
@@ -177,9 +273,9 @@ async def main(cfg: GRPOConfig) -> dict:
         console.print(f"held-out greedy accuracy at step {start_step}: {eval_acc:.1%} ({len(held_out)} prompts)")
         evals = [(start_step, eval_acc)]
         actors = (dataset, generator, reward, buffer, tokenizer)
-        rollouts = []
-        if cfg.async_mode:
-            rollouts = [asyncio.create_task(rollout_loop(run, *actors)) for _ in range(cfg.rollout_tasks)]
+        # Synchronous: the whole batch is generated at once (and zero-advantage top-ups run concurrently).
+        tasks = cfg.rollout_tasks if cfg.async_mode else max(cfg.rollout_tasks, cfg.batch_groups)
+        rollouts = [asyncio.create_task(rollout_loop(run, *actors)) for _ in range(tasks)]
         pending_update: asyncio.Task | None = None
         last_buffer = await buffer.stats.call_one()
         started = time.perf_counter()
@@ -189,18 +285,10 @@ async def main(cfg: GRPOConfig) -> dict:
         try:
             for step in range(start_step + 1, cfg.steps + 1):
                 step_start = time.perf_counter()
-                gen_tokens_before = run.generated_tokens
-                if not cfg.async_mode:  # synchronous: generate this step's groups with the current weights
-                    await asyncio.gather(*(rollout_once(run, *actors) for _ in range(cfg.batch_groups)))
-                wait_start = time.perf_counter()
-                while (batches := await buffer.sample.call_one(run.version, cfg.batch_groups)) is None:
-                    if rollouts and all(t.done() for t in rollouts):
-                        [t.result() for t in rollouts]  # a rollout loop died: raise its error here
-                    if not cfg.async_mode:  # not enough usable groups (zero-advantage drops): top up
-                        await rollout_once(run, *actors)
-                    else:
-                        await asyncio.sleep(0.02)
-                sample_wait = time.perf_counter() - wait_start
+                gen_tokens_before = run.rollouts.generated_tokens
+                batches, sample_wait = await wait_for_batch(run, buffer, rollouts)
+                # the next batch is sampled at version + 1: admit only what that batch can still use
+                await run.admission.sampled((await buffer.stats.call_one())["groups"], run.version + 1)
                 staleness, oldest = batch_staleness(batches, run.version)
                 run.max_staleness = max(run.max_staleness, oldest)
                 busy_start = time.perf_counter()
@@ -211,7 +299,7 @@ async def main(cfg: GRPOConfig) -> dict:
                 run.version += 1
                 if pending_update is not None:
                     run.last_updates = await pending_update  # one swap at a time, in version order
-                pending_update = asyncio.create_task(generator.update_weights.call_all(run.version))
+                pending_update = asyncio.create_task(_update_generators(run, generator, run.version))
                 if not cfg.async_mode:
                     run.last_updates = await pending_update
                 if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
@@ -223,10 +311,11 @@ async def main(cfg: GRPOConfig) -> dict:
                     started += time.perf_counter() - eval_start  # evaluations are not training time
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                     await _checkpoint(run, trainer, buffer, dataset, ckpt_dir, step)
+                raise_if_failed(rollouts)
                 buf = await buffer.stats.call_one()
                 gen_stats = await generator.stats.route()
                 line = _step_metrics(run, step, metrics, push, run.last_updates, buf, last_buffer, staleness, sample_wait,
-                                     time.perf_counter() - step_start, run.generated_tokens - gen_tokens_before,
+                                     time.perf_counter() - step_start, run.rollouts.generated_tokens - gen_tokens_before,
                                      gen_stats, eval_acc if evals[-1][0] == step else None)
                 last_buffer = buf
                 log.log(step, line)
@@ -242,12 +331,12 @@ async def main(cfg: GRPOConfig) -> dict:
             raise
         finally:
             bar.close()
-        run.stop.set()
-        for t in rollouts:
-            t.cancel()
-        await asyncio.gather(*rollouts, return_exceptions=True)
+            run.stop.set()
+            for t in rollouts:
+                t.cancel()
+            await asyncio.gather(*rollouts, return_exceptions=True)
         if pending_update is not None:
-            await pending_update
+            run.last_updates = await pending_update
         wall = time.perf_counter() - started  # the training phase: start-up and evaluations excluded
         gen_busy_s = (await generator.stats.route())["busy_s"] - gen_busy_start - eval_busy_s
         if step > start_step:
@@ -260,13 +349,15 @@ async def main(cfg: GRPOConfig) -> dict:
         gen_stats = await generator.stats.route()
         log.close()
     last3 = [acc for _, acc in evals[-3:]]
+    generated = final_buffer["added"] + run.drops["reward_error"] + run.drops["prompt_too_long"]
     summary = dict(
         steps=cfg.steps, start_step=start_step, wall_s=wall, steps_per_min=(cfg.steps - start_step) / wall * 60,
         eval_first=first_eval, eval_last3_mean=statistics.mean(last3), evals=evals,
         generator_version=gen_version, trainer_version=run.version, max_staleness=run.max_staleness,
         mean_staleness=run.staleness_sum / max(run.staleness_steps, 1),
         trainer_idle_fraction=1 - run.trainer_busy_s / wall, generator_idle_fraction=1 - gen_busy_s / wall,
-        generator_stats=gen_stats,
+        generator_stats=gen_stats, admission_wait_s=run.admission.wait_s,
+        stale_fraction=final_buffer["dropped"]["stale"] / max(generated, 1),
         buffer=final_buffer, drops={**final_buffer["dropped"], **run.drops},
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -274,9 +365,15 @@ async def main(cfg: GRPOConfig) -> dict:
     console.print(
         f"[bold green]done[/bold green]: {cfg.steps - start_step} steps in {wall:.0f} s; held-out accuracy "
         f"{first_eval:.1%} -> {summary['eval_last3_mean']:.1%} (mean of the last {len(last3)} evaluations); "
-        f"curves: {png}"
+        f"stale drops {summary['stale_fraction']:.1%} of generated episodes; curves: {png}"
     )
     return summary
+
+
+async def _update_generators(run: Run, generator, version: int) -> list[dict]:
+    updates = await generator.update_weights.call_all(version)
+    await run.admission.generators_at(version)
+    return updates
 
 
 def _dp_size(cfg: GRPOConfig) -> int:
@@ -288,7 +385,8 @@ def _dp_size(cfg: GRPOConfig) -> int:
 
 
 async def _evaluate(generator, tokenizer, problems, cfg: GRPOConfig) -> float:
-    result = await greedy_accuracy(generator, tokenizer, problems, max_tokens=cfg.generator.sampling.get("max_tokens", 8))
+    result = await greedy_accuracy(generator, tokenizer, problems, max_tokens=cfg.generator.sampling.get("max_tokens", 8),
+                                   chat_template_kwargs=cfg.chat_template_kwargs)
     return result["accuracy"]
 
 
@@ -308,9 +406,12 @@ async def _resume(run: Run, trainer, generator, buffer, dataset, ckpt_dir: Path,
     path = candidates[-1]
     step = (await trainer.load.call(str(path))).item(procs=0)
     state = torch.load(path / "app_state.pt", weights_only=False)
-    run.version, run.drops = state["version"], state["drops"]
+    run.version = state["version"]
+    run.drops.update(state["drops"])
+    run.admission = Admission(run.cfg.max_policy_age, run.cfg.batch_groups, run.version)
     await buffer.load_state_dict.call_one(state["buffer"])
     await dataset.load_state_dict.call_one(state["dataset"])
+    run.admission.buffered = (await buffer.stats.call_one())["groups"]
     if run.version > 0:  # the generators start from the model dir: give them the resumed weights
         await trainer.push_weights.call(run.version)
         await generator.update_weights.call_all(run.version)
@@ -320,7 +421,7 @@ async def _resume(run: Run, trainer, generator, buffer, dataset, ckpt_dir: Path,
 
 def _step_metrics(run, step, metrics, push, updates, buf, last_buf, staleness, sample_wait, step_s, gen_tokens,
                   gen_stats, eval_acc) -> dict[str, float]:
-    rewards, parts = run.rollout_rewards, run.rollout_parts
+    rewards, parts = run.rollouts.take_rewards()
     line = {
         "reward/mean": statistics.mean(rewards) if rewards else math.nan,
         "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
@@ -347,7 +448,6 @@ def _step_metrics(run, step, metrics, push, updates, buf, last_buf, staleness, s
         line[f"drops/{reason}"] = count
     if eval_acc is not None:
         line["eval/accuracy"] = eval_acc
-    run.rollout_rewards, run.rollout_parts = [], {}
     return line
 
 

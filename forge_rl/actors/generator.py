@@ -38,6 +38,10 @@ ENGINE_CHECK_S = 1.0  # how often an idle generator checks that its vLLM engine 
 SWAP_MODES = ("keep_kv", "recompute_kv", "drain")
 
 
+class PromptTooLong(ValueError):
+    """A prompt that cannot fit the engine's max_model_len (with max_tokens): callers skip and count it."""
+
+
 class Generator(ForgeActor):
     def __init__(
         self,
@@ -109,7 +113,7 @@ class Generator(ForgeActor):
         )
         max_tokens = params.max_tokens or 0
         if len(prompt_ids) + max_tokens > self.max_model_len:
-            raise ValueError(
+            raise PromptTooLong(
                 f"prompt of {len(prompt_ids)} tokens + max_tokens={max_tokens} exceeds the engine's "
                 f"max_model_len={self.max_model_len}"
             )
@@ -257,7 +261,7 @@ class Generator(ForgeActor):
         if not ids:
             raise ValueError("prompt is empty (no tokens)")
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens; the engine's max_model_len is {self.max_model_len}")
+            raise PromptTooLong(f"prompt has {len(ids)} tokens; the engine's max_model_len is {self.max_model_len}")
         return ids
 
     async def __cleanup__(self, exc: Exception | None) -> None:

@@ -57,7 +57,9 @@ class TrainerConfig:
     model: str = "tiny"  # "tiny" (embedded) or a local HF model directory
     loss: str = "grpo"  # "grpo" | "sft"
     grpo: GRPOLossConfig = field(default_factory=GRPOLossConfig)
-    temperature: float = 1.0  # the sampling temperature: the policy being trained is softmax(logits / T)
+    # The policy being trained is softmax(logits / T). RL apps set T from the generator's sampling config
+    # (forge_rl.sampling); None here means 1.0.
+    temperature: float | None = None
     micro_batch_size: int = 0  # sequences per forward/backward on a rank; 0 = the rank's whole batch
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -68,7 +70,7 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.loss not in ("grpo", "sft"):
             raise ValueError(f"trainer.loss={self.loss!r}; choose 'grpo' or 'sft'")
-        if self.temperature <= 0:
+        if self.temperature is not None and self.temperature <= 0:
             raise ValueError(f"trainer.temperature must be > 0, got {self.temperature}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"trainer.dtype={self.dtype!r}; choose 'float32' or 'bfloat16'")
@@ -224,7 +226,7 @@ class Trainer(ForgeActor):
         logits = self.model(tokens.to(self.device))
         if isinstance(logits, DTensor):  # TP shards the vocab dim of the lm_head output
             logits = logits.full_tensor()
-        return token_logprobs(logits / self.cfg.temperature, tokens.to(self.device))
+        return token_logprobs(logits / (self.cfg.temperature or 1.0), tokens.to(self.device))
 
     @endpoint
     async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:

@@ -23,10 +23,12 @@ def problems(n: int, seed: int, max_operand: int = 99) -> list[Problem]:
     return out
 
 
-def chat_prompt(tokenizer, problem: Problem) -> str:
-    """The problem as a user turn, ready for the assistant's answer."""
+def chat_prompt(tokenizer, problem: Problem, **chat_template_kwargs) -> str:
+    """The problem as a user turn, ready for the assistant's answer. `chat_template_kwargs` go to the
+    template (Qwen3's `enable_thinking=False` turns off its default thinking block)."""
     return tokenizer.apply_chat_template(
-        [{"role": "user", "content": problem.question}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": problem.question}], tokenize=False, add_generation_prompt=True,
+        **chat_template_kwargs,
     )
 
 

@@ -1,0 +1,127 @@
+"""Rollouts for group-based RL apps: staleness-aware admission, and one group from prompt to buffer.
+
+Admission decides when a rollout may start. A group is worth generating only if it can still be trained
+on within `max_policy_age` versions of the weights that generate it. With B groups per train step, groups
+are trained in about the order they were admitted, so the k-th group waiting (in flight or buffered,
+counted from the next batch) is trained at version `sample_version + k // B`. Its tokens come from the
+generators' version `g` or newer. So the rule is
+
+    pending < (max_policy_age + 1 - (sample_version - g)) * B
+
+where `pending` = rollouts in flight + groups in the buffer, `sample_version` = the trainer version at
+which the next batch will be sampled (one ahead while a step is running) and `g` = the version every
+generator replica has loaded. With `max_policy_age: 0` this is the synchronous loop: exactly one batch is
+generated with the current weights, nothing runs while the trainer steps and the generators swap.
+
+Only a straggler that completes after groups admitted later can still arrive too old; the buffer drops
+it and counts it (the safety net), so stale drops are rare rather than routine.
+"""
+
+import asyncio
+from dataclasses import dataclass, field
+
+from forge_rl.losses.advantages import group_advantages
+from forge_rl.types import Episode, Group
+
+
+class Admission:
+    """Counts pending groups and admits a rollout only while it can be trained within max_policy_age."""
+
+    def __init__(self, max_policy_age: int, batch_groups: int, version: int = 0):
+        if max_policy_age < 0 or batch_groups < 1:
+            raise ValueError(f"Admission: max_policy_age={max_policy_age} must be >= 0 and "
+                             f"batch_groups={batch_groups} >= 1")
+        self.max_policy_age, self.batch_groups = max_policy_age, batch_groups
+        self.sample_version = version  # trainer version at the next sample
+        self.generator_version = version  # the version every generator replica has loaded
+        self.in_flight = 0
+        self.buffered = 0
+        self.admitted = 0
+        self.wait_s = 0.0  # rollout time spent waiting for admission
+        self._changed = asyncio.Condition()
+
+    @property
+    def capacity(self) -> int:
+        lag = self.sample_version - self.generator_version
+        return max(0, (self.max_policy_age + 1 - lag) * self.batch_groups)
+
+    @property
+    def pending(self) -> int:
+        return self.in_flight + self.buffered
+
+    def can_admit(self) -> bool:
+        return self.pending < self.capacity
+
+    async def acquire(self) -> int:
+        """Wait until a rollout may start; returns the generator version it is admitted under."""
+        import time
+
+        start = time.perf_counter()
+        async with self._changed:
+            await self._changed.wait_for(self.can_admit)
+            self.in_flight += 1
+            self.admitted += 1
+        self.wait_s += time.perf_counter() - start
+        return self.generator_version
+
+    async def finish(self, stored: bool) -> None:
+        """A rollout ended: its group is in the buffer (`stored`), or it was dropped or failed."""
+        async with self._changed:
+            self.in_flight -= 1
+            self.buffered += int(stored)
+            self._changed.notify_all()
+
+    async def sampled(self, buffered_groups: int, sample_version: int) -> None:
+        """The trainer took a batch: `buffered_groups` are left in the buffer, the next sample is at
+        `sample_version`."""
+        async with self._changed:
+            self.buffered, self.sample_version = buffered_groups, sample_version
+            self._changed.notify_all()
+
+    async def generators_at(self, version: int) -> None:
+        """Every generator replica now runs `version`."""
+        async with self._changed:
+            self.generator_version = version
+            self._changed.notify_all()
+
+
+@dataclass
+class RolloutStats:
+    """What the rollouts did since the last train step (reset by the train loop) and in total."""
+
+    rewards: list[float] = field(default_factory=list)
+    parts: dict[str, list[float]] = field(default_factory=dict)
+    generated_tokens: int = 0
+    drops: dict[str, int] = field(default_factory=lambda: {"reward_error": 0, "prompt_too_long": 0})
+
+    def take_rewards(self) -> tuple[list[float], dict[str, list[float]]]:
+        rewards, parts = self.rewards, self.parts
+        self.rewards, self.parts = [], {}
+        return rewards, parts
+
+
+async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size: int, stats: RolloutStats,
+                        scale_advantages_by_std: bool = True, target=None, metadata=None) -> Group | None:
+    """Generate a group of `group_size` completions of `prompt`, score it and compute group advantages.
+
+    `score(completions) -> (totals, parts)` is awaited once per group. Returns None (counted in
+    `stats.drops`) when scoring fails; any other error propagates and ends the caller's loop.
+    """
+    completions = await generator.generate.route(prompt, n=group_size)
+    stats.generated_tokens += sum(len(c.response_ids) for c in completions)
+    try:
+        totals, parts = await score(completions)
+    except Exception as e:  # a reward function failed on this group: drop it, count it, go on
+        stats.drops["reward_error"] += len(completions)
+        print(f"dropped group {prompt_id}: {e}".splitlines()[0][:200], flush=True)
+        return None
+    stats.rewards += totals
+    for name, values in parts.items():
+        stats.parts.setdefault(name, []).extend(values)
+    advantages = group_advantages(totals, scale_by_std=scale_advantages_by_std)
+    episodes = [
+        Episode(c, reward=t, rewards={k: v[i] for k, v in parts.items()}, advantage=a, target=target,
+                metadata=dict(metadata or {}))
+        for i, (c, t, a) in enumerate(zip(completions, totals, advantages))
+    ]
+    return Group(prompt_id, episodes)
