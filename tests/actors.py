@@ -57,6 +57,13 @@ class DistributedProbe(ForgeActor):
         dist.all_reduce(t)
         return t.item()
 
+    @endpoint
+    async def placement(self) -> tuple[list[int], int]:
+        """The cores this proc may run on and its torch intra-op threads."""
+        import torch
+
+        return sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+
 
 # Reward functions with the TRL signature that fail, for the reward actor's tests (a fault injected on purpose).
 def raising_reward(prompts, completions, **_):

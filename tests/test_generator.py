@@ -291,3 +291,22 @@ def test_a_dead_engine_gets_its_replica_replaced(generator):
     assert len(group) == 8 and all(len(c.response_ids) == 90 for c in group)
     assert stats["pid"] != victim and not psutil.pid_exists(victim)
     assert svc.service_stats.respawns == respawns + 1 and svc.service_stats.retries == retries + 1
+
+
+def test_hold_stops_engine_steps_until_release(generator):
+    """Colocated placement: a held generator makes no progress (its cores are the trainer's), keeps the
+    request, and finishes it after release."""
+    loop, svc = generator
+
+    async def body():
+        await svc.hold.call_all()
+        call = asyncio.ensure_future(svc.generate.route(PROMPT, n=2, temperature=1.0, max_tokens=20, ignore_eos=True))
+        await asyncio.sleep(1.0)
+        assert not call.done()
+        assert (await svc.stats.route())["tokens_generated_in_flight"] == 0
+        await svc.release.call_all()
+        out = await asyncio.wait_for(call, 60)
+        assert [len(c.response_ids) for c in out] == [20, 20]
+        assert (await svc.stats.route())["held_s"] >= 1.0
+
+    loop.run_until_complete(body())

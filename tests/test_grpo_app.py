@@ -42,3 +42,16 @@ def test_grpo_async_run_then_synchronous_resume(tmp_path):
     assert second["max_staleness"] == 0  # synchronous: every token from the weights being trained
     resumed = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]
     assert resumed == [1, 2, 3, 4, 5]
+
+
+def test_grpo_colocated_run_holds_the_staleness_bound(tmp_path):
+    """Generator and trainer time-share the cores: the generator is held while the trainer steps."""
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
+                      SMALL + ["steps=3", f"output_dir={tmp_path}", "max_policy_age=1", "resources.placement=colocated"])
+    summary = asyncio.run(main(cfg))
+    assert summary["placement"].startswith("placement colocated")
+    assert summary["trainer_version"] == 3 and summary["generator_version"] == 3
+    assert summary["max_staleness"] <= 1
+    assert summary["generator_stats"]["held_s"] > 0  # it stepped aside for each train step
+    accounting = summary["buffer"]
+    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())

@@ -47,3 +47,26 @@ def test_spmd_mesh_runs_torch_distributed():
             assert sums == [3.0, 3.0]
 
     run(body())
+
+
+def test_each_proc_runs_on_its_cores_with_its_threads():
+    """Placement is applied in the proc: affinity, torch threads, and the cores a vLLM CPU engine binds to."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    per_proc = ((cores[0],), (cores[-1],))
+
+    async def body():
+        async with provisioned():
+            probe = await DistributedProbe.options(procs=2, cpus=per_proc, threads=1).as_actor()
+            got = sorted(v for _, v in (await probe.placement.call()).items())
+            assert got == sorted(([c], 1) for (c,) in per_proc)
+            envs = [env for _, env in (await probe.env.call(["VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"])).items()]
+            assert sorted(e["VLLM_CPU_OMP_THREADS_BIND"] for e in envs) == sorted(str(c) for (c,) in per_proc)
+            assert {e["OMP_NUM_THREADS"] for e in envs} == {"1"}
+            unpinned = await DistributedProbe.as_actor()
+            assert (await unpinned.placement.call_one())[0] == cores
+            with pytest.raises(ValueError, match="option cpus has 1 core lists"):
+                await DistributedProbe.options(procs=2, cpus=per_proc[:1]).as_actor()
+
+    run(body())

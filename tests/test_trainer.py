@@ -1,6 +1,7 @@
 """Trainer actor on the tiny model: FSDP2/TP parity with one proc, checkpoints, export, bad input."""
 
 import asyncio
+import math
 import os
 import signal
 
@@ -160,3 +161,73 @@ def test_push_weights_from_one_and_from_sharded_ranks(loop, tmp_path):
                 assert torch.equal(got[name], tensor), (version, name)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("procs,parallel", [(1, {}), (2, dict(dp_shard=2))], ids=["autocast", "fsdp2"])
+def test_bf16_compute_keeps_fp32_masters_so_tiny_updates_land(loop, tmp_path, procs, parallel):
+    """trainer.dtype=bfloat16 computes in bf16 but steps fp32 master weights: one AdamW step at lr 1e-6
+    moves each weight by ~lr (Adam's first step is lr * sign(grad)), an update far below bf16's resolution
+    near 0.02 (~1e-4) that a bf16 parameter would round away. Published weights are bf16."""
+    from safetensors.torch import load_file
+
+    from forge_rl.controller import stop_actor
+    from forge_rl.weights import ShmWeightStore
+
+    lr = 1e-6
+    cfg = config(tmp_path, **parallel)
+    cfg.dtype, cfg.optim = "bfloat16", OptimizerConfig(lr=lr, max_grad_norm=0.0)
+    trainer = spawn(loop, cfg, procs=procs)
+    before = load_file(loop.run_until_complete(trainer.export_hf.call(str(tmp_path / "before"))).item(procs=0)
+                       + "/model.safetensors")
+    steps(loop, trainer, procs, seeds=(0,))
+    after = load_file(loop.run_until_complete(trainer.export_hf.call(str(tmp_path / "after"))).item(procs=0)
+                      + "/model.safetensors")
+    store = ShmWeightStore()
+    try:
+        loop.run_until_complete(trainer.push_weights.call(1))
+        published = store.load(1)
+        assert all(t.dtype == torch.bfloat16 for t in published.values())
+    finally:
+        store.close()
+        loop.run_until_complete(stop_actor(trainer))
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert before[name].dtype == torch.float32
+    delta = (after[name] - before[name]).abs().flatten()
+    moved = delta[delta > 0]
+    assert moved.numel() > 0.9 * delta.numel()  # nearly every weight changed
+    assert moved.median().item() == pytest.approx(lr, rel=0.05)
+    assert delta.max().item() <= lr * 1.01
+
+
+def test_non_finite_steps_are_skipped_counted_and_stop_the_run_in_a_row(loop, tmp_path):
+    """Corrupt behaviour logprobs (-1e4) overflow the importance ratio: the step leaves the weights as
+    they were and is counted; a good step resets the count; max_nonfinite_steps in a row raise."""
+    from forge_rl.controller import stop_actor
+
+    cfg = config(tmp_path)
+    cfg.max_nonfinite_steps = 2
+    trainer = spawn(loop, cfg)
+    probe = make_batch(7)
+
+    def bad() -> TrainBatch:
+        b = make_batch(3)
+        b.behaviour_logprobs[b.response_mask] = -1e4
+        b.advantages[:] = -1.0
+        return b
+
+    def train(batch) -> dict:
+        return loop.run_until_complete(trainer.train_step.call([batch])).item(procs=0)
+
+    try:
+        before = loop.run_until_complete(trainer.logprobs.call_one(probe))
+        m = train(bad())
+        assert m["skipped"] == 1 and m["skipped_steps"] == 1 and not math.isfinite(m["grad_norm"])
+        assert torch.equal(loop.run_until_complete(trainer.logprobs.call_one(probe)), before)
+        m = train(make_batch(0))  # a good step updates and resets the run of bad ones
+        assert m["skipped"] == 0 and m["skipped_steps"] == 1
+        assert not torch.equal(loop.run_until_complete(trainer.logprobs.call_one(probe)), before)
+        train(bad())
+        with pytest.raises(ActorError, match="2 train steps in a row had a non-finite gradient norm"):
+            train(bad())
+    finally:
+        loop.run_until_complete(stop_actor(trainer))

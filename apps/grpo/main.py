@@ -37,6 +37,7 @@ from forge_rl.data.arithmetic import chat_prompt, held_out_problems
 from forge_rl.eval import greedy_accuracy
 from forge_rl.models import resolve_model_path
 from forge_rl.observability import MetricsLogger, plot_run
+from forge_rl.resources import ResourcesConfig, plan_placement
 from forge_rl.rollout import Admission, RolloutStats, rollout_group
 from forge_rl.sampling import behaviour_temperature
 from forge_rl.types import TrainBatch
@@ -84,6 +85,7 @@ class GRPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     buffer: BufferSection = field(default_factory=BufferSection)
     weight_store: WeightStoreConfig = field(default_factory=WeightStoreConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)  # placement, cores, threads
     eval_every: int = 10  # steps; 0 = only before and after
     eval_size: int = 500  # held-out prompts, greedy
     checkpoint_every: int = 0  # steps; 0 = only at the end
@@ -176,6 +178,8 @@ def check_config(cfg: GRPOConfig) -> None:
             f"{temperature}: the trainer must reproduce the sampling policy; set only generator.sampling.temperature"
         )
     cfg.trainer.temperature = temperature
+    if cfg.trainer.publish_dtype is None and cfg.generator.engine_args.get("dtype") in ("float32", "bfloat16"):
+        cfg.trainer.publish_dtype = cfg.generator.engine_args["dtype"]  # push weights as the engine holds them
     logprobs_mode = cfg.generator.engine_args.get("logprobs_mode", "processed_logprobs")
     if logprobs_mode != "processed_logprobs":
         raise ConfigError(f"generator.engine_args.logprobs_mode={logprobs_mode!r}: behaviour logprobs must be of the "
@@ -250,12 +254,21 @@ async def main(cfg: GRPOConfig) -> dict:
     held_out = held_out_problems(cfg.eval_size)
     async with provisioned():
         console.print(f"[bold]GRPO[/bold] {cfg.model}: starting actors (vLLM engine start takes ~30 s on CPU)")
-        gpus = bool(visible_gpus())  # one GPU per trainer rank; a generator replica gets one per TP rank
+        gpus = visible_gpus()  # one GPU per trainer rank; a generator replica gets one per TP rank
         generator_gpus = int(cfg.generator.engine_args.get("tensor_parallel_size", 1)) if gpus else 0
+        placement = plan_placement(cfg.resources, cfg.trainer_procs, cfg.generator.replicas, generator_gpus, gpus)
+        console.print(placement.describe())
+        engine_args = dict(cfg.generator.engine_args)
+        if placement.colocated and placement.device == "cuda":
+            engine_args.setdefault("enable_sleep_mode", True)  # the engine sleeps while the trainer steps
+        shared = placement.colocated and placement.device == "cuda"
         trainer, generator, buffer, reward, dataset = await asyncio.gather(
-            Trainer.options(procs=cfg.trainer_procs, spmd=True, gpus=gpus).as_actor(cfg.trainer, cfg.weight_store),
-            Generator.options(replicas=cfg.generator.replicas, gpus=generator_gpus).as_service(
-                model_dir, engine_args=cfg.generator.engine_args, sampling=cfg.generator.sampling, seed=cfg.seed,
+            Trainer.options(procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=shared,
+                            cpus=_tuples(placement.trainer_cpus), threads=placement.trainer_threads,
+                            ).as_actor(cfg.trainer, cfg.weight_store),
+            Generator.options(replicas=cfg.generator.replicas, gpus=generator_gpus, share_gpus=shared,
+                              cpus=_tuples(placement.generator_cpus)).as_service(
+                model_dir, engine_args=engine_args, sampling=cfg.generator.sampling, seed=cfg.seed,
                 swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store,
             ),
             ReplayBuffer.as_actor(buffer_cfg),
@@ -279,7 +292,7 @@ async def main(cfg: GRPOConfig) -> dict:
         pending_update: asyncio.Task | None = None
         last_buffer = await buffer.stats.call_one()
         started = time.perf_counter()
-        gen_busy_start, eval_busy_s = (await generator.stats.route())["busy_s"], 0.0
+        gen_busy_start, eval_busy_s = _generating_s(await generator.stats.route()), 0.0
         step = start_step
         bar = tqdm(total=cfg.steps, initial=start_step, desc="GRPO steps", unit="step", dynamic_ncols=True)
         try:
@@ -291,10 +304,16 @@ async def main(cfg: GRPOConfig) -> dict:
                 await run.admission.sampled((await buffer.stats.call_one())["groups"], run.version + 1)
                 staleness, oldest = batch_staleness(batches, run.version)
                 run.max_staleness = max(run.max_staleness, oldest)
+                if placement.colocated:  # the trainer gets the device: the generators step aside
+                    if pending_update is not None:
+                        run.last_updates, pending_update = await pending_update, None
+                    await generator.hold.call_all()
                 busy_start = time.perf_counter()
                 metrics = (await trainer.train_step.call(batches)).item(procs=0)
                 push = (await trainer.push_weights.call(run.version + 1)).item(procs=0)
                 run.trainer_busy_s += time.perf_counter() - busy_start
+                if placement.colocated:
+                    await generator.release.call_all()
                 run.staleness_sum, run.staleness_steps = run.staleness_sum + staleness, run.staleness_steps + 1
                 run.version += 1
                 if pending_update is not None:
@@ -338,7 +357,7 @@ async def main(cfg: GRPOConfig) -> dict:
         if pending_update is not None:
             run.last_updates = await pending_update
         wall = time.perf_counter() - started  # the training phase: start-up and evaluations excluded
-        gen_busy_s = (await generator.stats.route())["busy_s"] - gen_busy_start - eval_busy_s
+        gen_busy_s = _generating_s(await generator.stats.route()) - gen_busy_start - eval_busy_s
         if step > start_step:
             eval_acc = await _evaluate(generator, tokenizer, held_out, cfg)
             evals.append((step, eval_acc))
@@ -356,7 +375,7 @@ async def main(cfg: GRPOConfig) -> dict:
         generator_version=gen_version, trainer_version=run.version, max_staleness=run.max_staleness,
         mean_staleness=run.staleness_sum / max(run.staleness_steps, 1),
         trainer_idle_fraction=1 - run.trainer_busy_s / wall, generator_idle_fraction=1 - gen_busy_s / wall,
-        generator_stats=gen_stats, admission_wait_s=run.admission.wait_s,
+        generator_stats=gen_stats, admission_wait_s=run.admission.wait_s, placement=placement.describe(),
         stale_fraction=final_buffer["dropped"]["stale"] / max(generated, 1),
         buffer=final_buffer, drops={**final_buffer["dropped"], **run.drops},
     )
@@ -368,6 +387,15 @@ async def main(cfg: GRPOConfig) -> dict:
         f"stale drops {summary['stale_fraction']:.1%} of generated episodes; curves: {png}"
     )
     return summary
+
+
+def _generating_s(stats: dict) -> float:
+    """Seconds the generator had requests in its engine and was not held for the trainer."""
+    return stats["busy_s"] - stats["held_s"]
+
+
+def _tuples(lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(x) for x in lists)
 
 
 async def _update_generators(run: Run, generator, version: int) -> list[dict]:
@@ -430,7 +458,7 @@ def _step_metrics(run, step, metrics, push, updates, buf, last_buf, staleness, s
         "trainer/loss": metrics["loss"], "trainer/grad_norm": metrics["grad_norm"],
         "trainer/clip_fraction": metrics["clip_fraction"], "trainer/approx_kl": metrics["approx_kl"],
         "trainer/entropy": metrics["entropy"], "trainer/tokens_per_s": metrics["tokens_per_s"],
-        "trainer/step_s": metrics["step_s"],
+        "trainer/step_s": metrics["step_s"], "trainer/skipped_steps": metrics["skipped_steps"],
         "batch/staleness": staleness,
         "batch/staleness_max_run": run.max_staleness,
         "sync/push_s": push["push_s"],

@@ -71,6 +71,8 @@ class Generator(ForgeActor):
         self._in_flight: dict[str, tuple[int, list[_Child]]] = {}  # request id -> (prompt length, children)
         self._swap_lock: asyncio.Lock | None = None
         self.updates: list[dict] = []  # one record per weight update
+        self._held_since: float | None = None  # paused by hold() (colocated placement)
+        self._held_s = 0.0
 
     @endpoint
     async def setup(self) -> None:
@@ -170,12 +172,12 @@ class Generator(ForgeActor):
         mode = mode or self.swap_mode
         if mode not in SWAP_MODES:
             raise ValueError(f"update_weights mode={mode!r}; choose one of {SWAP_MODES}")
-        if self._swap_lock is None:
-            self._swap_lock = asyncio.Lock()
         start = time.perf_counter()
         await self.store.prefetch(version)
         prefetched = time.perf_counter()
-        async with self._swap_lock:
+        async with self._lock():
+            if self._held_since is not None:
+                raise RuntimeError(f"update_weights({version}) while the generator is held; release() it first")
             if version <= self.policy_version:
                 raise ValueError(f"update_weights({version}): the generator already has version {self.policy_version}")
             pause_mode = {"keep_kv": "keep", "recompute_kv": "keep", "drain": "wait"}[mode]
@@ -205,6 +207,41 @@ class Generator(ForgeActor):
         self.updates.append(record)
         return record
 
+    @concurrent_endpoint
+    async def hold(self) -> float:
+        """Stop engine steps until release(), so another role gets the device (colocated placement).
+        Requests stay in flight. On CPU the engine's threads go idle; on GPU the engine also sleeps
+        (level 1: weights to host memory, KV cache freed; in-flight requests recompute their cache after
+        release). Returns the seconds it took."""
+        start = time.perf_counter()
+        async with self._lock():
+            if self._held_since is not None:
+                return 0.0
+            await self.engine.pause_generation(mode="keep", clear_cache=torch.cuda.is_available())
+            if torch.cuda.is_available():
+                await self.engine.sleep(level=1)
+            self._held_since = time.perf_counter()
+        return self._held_since - start
+
+    @concurrent_endpoint
+    async def release(self) -> float:
+        """Undo hold(): wake the engine and resume stepping. Returns the seconds it took."""
+        start = time.perf_counter()
+        async with self._lock():
+            if self._held_since is None:
+                return 0.0
+            if torch.cuda.is_available():
+                await self.engine.wake_up()
+            await self.engine.resume_generation()
+            self._held_s += time.perf_counter() - self._held_since
+            self._held_since = None
+        return time.perf_counter() - start
+
+    def _lock(self) -> asyncio.Lock:
+        if self._swap_lock is None:  # created on the actor's event loop, at first use
+            self._swap_lock = asyncio.Lock()
+        return self._swap_lock
+
     @endpoint
     async def version(self) -> int:
         return self.policy_version
@@ -214,6 +251,7 @@ class Generator(ForgeActor):
         return dict(
             generated_tokens=self._generated_tokens,
             busy_s=self._busy_s,
+            held_s=self._held_s,  # paused for another role (colocated); part of busy_s when requests waited
             max_concurrent_requests=self._max_active,
             unfinished_requests=self.engine.get_num_unfinished_requests(),
             tokens_generated_in_flight=sum(len(c.ids) for _, cs in self._in_flight.values() for c in cs),

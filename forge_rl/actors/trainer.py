@@ -31,6 +31,9 @@ HF_ASSETS = ("config.json", "generation_config.json", "tokenizer.json", "tokeniz
              "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
 
 
+DTYPES = ("float32", "bfloat16")
+
+
 @dataclass
 class ParallelConfig:
     dp_shard: int = -1  # FSDP2 degree; -1 = all ranks not used by tp
@@ -63,17 +66,28 @@ class TrainerConfig:
     micro_batch_size: int = 0  # sequences per forward/backward on a rank; 0 = the rank's whole batch
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
-    dtype: str = "float32"  # parameter dtype
+    # Compute dtype. Master weights, gradients' reduction and optimizer state stay float32 whatever this is:
+    # FSDP2's mixed-precision policy casts parameters for compute when dp_shard > 1, torch.autocast does
+    # otherwise. (A bf16 master copy would round updates of ~lr 1e-6 on weights near 0.02 to nothing.)
+    dtype: str = "float32"
+    publish_dtype: str | None = None  # dtype of the weights pushed to generators; None = `dtype`
     checkpoint_dir: str = "outputs/checkpoints"
+    # A step whose gradient norm is NaN/inf leaves the weights untouched and is counted; this many in a
+    # row end the run (something is broken: data, rewards, the learning rate).
+    max_nonfinite_steps: int = 3
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.loss not in ("grpo", "sft"):
             raise ValueError(f"trainer.loss={self.loss!r}; choose 'grpo' or 'sft'")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"trainer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
         if self.temperature is not None and self.temperature <= 0:
             raise ValueError(f"trainer.temperature must be > 0, got {self.temperature}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"trainer.dtype={self.dtype!r}; choose 'float32' or 'bfloat16'")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"trainer.dtype={self.dtype!r}; choose one of {DTYPES}")
+        if self.publish_dtype is not None and self.publish_dtype not in DTYPES:
+            raise ValueError(f"trainer.publish_dtype={self.publish_dtype!r}; choose one of {DTYPES} (or leave it unset)")
 
 
 def lr_lambda(cfg: OptimizerConfig):
@@ -141,6 +155,8 @@ class Trainer(ForgeActor):
         self.store_cfg = weight_store
         self.store: ShmWeightStore | None = None  # opened at the first push_weights
         self.step = 0
+        self.skipped_steps = 0  # non-finite gradient norm: no update
+        self.nonfinite_in_a_row = 0
 
     @endpoint
     async def setup(self) -> None:
@@ -189,7 +205,6 @@ class Trainer(ForgeActor):
 
         config = qwen3.titan_config(self.model_dir)
         config.update_from_config(config=_WithParallelism(parallelism))  # TP sharding plans on the config
-        dtype = getattr(torch, self.cfg.dtype)
         with torch.device("meta"):
             model = config.build()
         model = parallelize_qwen3(
@@ -216,14 +231,17 @@ class Trainer(ForgeActor):
         _load_full_state_dict(model, adapter.from_hf(qwen3.load_hf_state_dict(self.model_dir)), self.model_dir)
         self.max_seq_len = config.layers[0].attention.rope.max_seq_len
         self.vocab_size = config.vocab_size
-        return model.to(dtype), adapter, dims
+        # Without FSDP there is no mixed-precision policy: autocast gives the compute dtype instead.
+        self.autocast = self.cfg.dtype != "float32" and dims.dp_shard == 1
+        return model, adapter, dims
 
     # ---- training -------------------------------------------------------------------------------
 
     def _forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         from torch.distributed.tensor import DTensor
 
-        logits = self.model(tokens.to(self.device))
+        with torch.autocast(self.device.type, dtype=getattr(torch, self.cfg.dtype), enabled=self.autocast):
+            logits = self.model(tokens.to(self.device))
         if isinstance(logits, DTensor):  # TP shards the vocab dim of the lm_head output
             logits = logits.full_tensor()
         return token_logprobs(logits / (self.cfg.temperature or 1.0), tokens.to(self.device))
@@ -263,12 +281,24 @@ class Trainer(ForgeActor):
             for i, key in enumerate(("clipped", "approx_kl_behaviour", "entropy", "ratio", "kl_ref"), start=1):
                 if key in diag:
                     sums[i] += float((diag[key] * m).sum())
-        grad_norm = self._clip_grad_norm()
+        grad_norm = self._clip_grad_norm()  # global over ranks, so every rank takes the same branch
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
+        finite = math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.nonfinite_in_a_row = 0
+        else:  # skip: the weights, optimizer state and schedule stay as they were
+            self.skipped_steps += 1
+            self.nonfinite_in_a_row += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
+        self.step += 1  # the policy version advances either way, so versions stay in step with the app
+        if self.nonfinite_in_a_row >= cfg.max_nonfinite_steps:
+            raise FloatingPointError(
+                f"{self.nonfinite_in_a_row} train steps in a row had a non-finite gradient norm (loss {float(sums[0])}); "
+                f"stopping (trainer.max_nonfinite_steps={cfg.max_nonfinite_steps}). Check rewards, behaviour "
+                "logprobs and the learning rate"
+            )
         # Ranks of one TP group hold the same rows: sum over the dp dimension only.
         sums[1:] = sums[1:] / (self.world // self.dp_size)
         sums[0] = sums[0] / (self.world // self.dp_size)
@@ -281,6 +311,7 @@ class Trainer(ForgeActor):
             kl_ref=float(sums[5]) / total_tokens, tokens=sum(b.tokens.numel() for b in batches),
             response_tokens=total_tokens, tokens_per_s=sum(b.tokens.numel() for b in batches) / elapsed,
             step_s=elapsed, peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
+            skipped=float(not finite), skipped_steps=self.skipped_steps,
         )
 
     def _clip_grad_norm(self) -> float:
@@ -336,7 +367,8 @@ class Trainer(ForgeActor):
         start = time.perf_counter()
         if self.store is None:
             self.store = ShmWeightStore(cfg=self.store_cfg)
-        state = {k: v.detach() for k, v in self.model.state_dict().items() if not k.endswith("rope.cache")}
+        dtype = getattr(torch, self.cfg.publish_dtype or self.cfg.dtype)  # fp32 masters -> the generators' dtype
+        state = {k: v.detach().to(dtype) for k, v in self.model.state_dict().items() if not k.endswith("rope.cache")}
         hf = self.adapter.to_hf(state)
         if self.tied and "lm_head.weight" not in hf:  # vLLM's reload wants it even when tied
             hf["lm_head.weight"] = hf["model.embed_tokens.weight"]

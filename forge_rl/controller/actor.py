@@ -31,6 +31,20 @@ class ActorOptions:
     replicas: int = 1  # only for as_service
     mesh_name: str | None = None  # defaults to the class name
     spmd: bool = False  # set up torch.distributed env inside the mesh (trainer ranks)
+    # Cores of each proc (for a service: replica 0's procs, then replica 1's, ...); empty = not pinned.
+    cpus: tuple[tuple[int, ...], ...] = ()
+    threads: int = 0  # torch/OpenMP threads per proc; 0 = one per core of the proc
+    share_gpus: bool = False  # time-share the first visible GPUs with other roles (colocated placement)
+
+    def cpus_of(self, replica: int = 0) -> list[list[int]] | None:
+        """The core lists of one replica's procs."""
+        if not self.cpus:
+            return None
+        lists = [list(c) for c in self.cpus[replica * self.procs : (replica + 1) * self.procs]]
+        if len(lists) != self.procs:
+            raise ValueError(f"ForgeActor option cpus has {len(self.cpus)} core lists; replica {replica} of "
+                             f"{self.procs} procs needs entries {replica * self.procs}..{(replica + 1) * self.procs - 1}")
+        return lists
 
     def __post_init__(self) -> None:
         for name in ("procs", "replicas"):
@@ -77,7 +91,8 @@ class _Launcher:
         """Spawn on one new proc mesh, run `setup` on every rank, return the actor mesh."""
         name = self.opts.mesh_name or self.cls.__name__
         mesh = await get_provisioner().get_proc_mesh(
-            procs=self.opts.procs, gpus=self.opts.gpus, mesh_name=name, spmd=self.opts.spmd
+            procs=self.opts.procs, gpus=self.opts.gpus, mesh_name=name, spmd=self.opts.spmd,
+            cpus=self.opts.cpus_of(0), threads=self.opts.threads, share_gpus=self.opts.share_gpus,
         )
         try:
             actor = mesh.spawn(name, self.cls, *args, **kwargs)

@@ -43,14 +43,32 @@ def visible_gpus() -> list[str]:
 shm_prefix = run_prefix
 
 
-def _pin_gpus(gpu_ids: list[str], per_proc: int):
-    """Bootstrap for a proc: see only its own GPUs. Runs in the proc before user code touches CUDA."""
+def _pin(gpu_ids: list[str], gpus_per_proc: int, cpus: list[list[int]], threads: int):
+    """Bootstrap for a proc: see only its own GPUs, run on its own cores with its own number of threads.
+    Runs in the proc before user code touches CUDA or starts a thread pool."""
 
     def bootstrap() -> None:
         from monarch.actor import current_rank
 
         rank = current_rank().rank
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids[rank * per_proc : (rank + 1) * per_proc])
+        if gpus_per_proc:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids[rank * gpus_per_proc : (rank + 1) * gpus_per_proc])
+        if cpus:
+            mine = cpus[rank]
+            # Affinity is per thread, and Monarch's runtime threads exist already: pin every one of them
+            # (threads started later inherit the mask of the thread that starts them).
+            for tid in os.listdir("/proc/self/task"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(int(tid), mine)
+            n = str(threads or len(mine))
+            os.environ["OMP_NUM_THREADS"] = n
+            # A vLLM CPU engine started in this proc binds its OpenMP threads to these cores (and its
+            # processes inherit the affinity), instead of choosing cores across the whole machine.
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, mine))
+            os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+            import torch
+
+            torch.set_num_threads(int(n))
 
     return bootstrap
 
@@ -74,16 +92,24 @@ class Provisioner:
         install_fault_hook()
 
     async def get_proc_mesh(
-        self, procs: int = 1, gpus: int = 0, mesh_name: str = "forge", spmd: bool = False
+        self, procs: int = 1, gpus: int = 0, mesh_name: str = "forge", spmd: bool = False,
+        cpus: list[list[int]] | None = None, threads: int = 0, share_gpus: bool = False,
     ) -> ProcMesh:
-        """A new mesh of `procs` procs on this host, each with `gpus` GPUs of its own (True = 1)."""
+        """A new mesh of `procs` procs on this host, each with `gpus` GPUs of its own (True = 1).
+
+        `cpus`: each proc's cores (one list per proc), with `threads` torch/OpenMP threads (0 = one per
+        core). `share_gpus`: take the first visible GPUs without reserving them, for roles that
+        time-share a device (colocated placement)."""
         if self._stopped:
             raise RuntimeError("provisioner was shut down; create a new one")
         if procs < 1:
             raise ValueError(f"procs must be >= 1, got {procs}")
-        bootstrap = None
         gpu_ids: list[str] = []
-        if gpus:
+        if cpus and len(cpus) != procs:
+            raise ValueError(f"mesh {mesh_name!r}: {len(cpus)} core lists for {procs} procs")
+        if gpus and share_gpus:
+            gpu_ids = visible_gpus()[: procs * int(gpus)]
+        elif gpus:
             wanted = procs * int(gpus)
             if len(self._free_gpus) < wanted:
                 raise RuntimeError(
@@ -91,7 +117,9 @@ class Provisioner:
                     f"{len(self._free_gpus)} free of the visible {visible_gpus() or 'none'}"
                 )
             gpu_ids, self._free_gpus = self._free_gpus[:wanted], self._free_gpus[wanted:]
-            bootstrap = _pin_gpus(gpu_ids, int(gpus))
+        bootstrap = _pin(gpu_ids, int(gpus), list(cpus or []), threads) if gpus or cpus else None
+        if share_gpus:
+            gpu_ids = []  # nothing to give back
         mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=mesh_name)
         await mesh.initialized
         self._gpus_of[id(mesh)] = gpu_ids

@@ -247,7 +247,8 @@ class Service:
     async def _spawn(self, replica: Replica) -> None:
         replica.actor_name = f"{self.name}-r{replica.index}g{replica.generation}"
         replica.mesh = await get_provisioner().get_proc_mesh(
-            procs=self.opts.procs, gpus=self.opts.gpus, mesh_name=replica.actor_name, spmd=self.opts.spmd
+            procs=self.opts.procs, gpus=self.opts.gpus, mesh_name=replica.actor_name, spmd=self.opts.spmd,
+            cpus=self.opts.cpus_of(replica.index), threads=self.opts.threads, share_gpus=self.opts.share_gpus,
         )
         _actor_owner[replica.actor_name.lower()] = self
         replica.actor = replica.mesh.spawn(replica.actor_name, self.actor_cls, *self.args, **self.kwargs)

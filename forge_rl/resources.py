@@ -1,0 +1,147 @@
+"""Placement: which cores, threads and GPUs each role gets, so the processes on a host never fight.
+
+    placement = plan_placement(ResourcesConfig(), trainer_procs=1, generator_replicas=1, generator_gpus=0)
+    print(placement.describe())
+
+- disaggregated: generator replicas and trainer ranks on separate cores (CPU) or separate GPUs, running
+  at the same time.
+- colocated: generator and trainer time-share the same cores or GPU. The generator's engine is paused
+  while the trainer steps (on GPU it also sleeps, freeing its memory), so each role gets the whole device
+  when it runs; what does not need the device (rewards, publishing weights, data) still overlaps.
+- auto: disaggregated when every role can have devices of its own, colocated otherwise.
+
+On CPU each proc is pinned (sched_setaffinity) to its cores with as many torch/OpenMP threads as cores,
+and a vLLM CPU engine binds its OpenMP threads to its replica's cores (VLLM_CPU_OMP_THREADS_BIND). Cores
+can be given explicitly (`generator_cpus: "0-3|4-7"` for two replicas, `trainer_cpus: "8-15"`); anything
+not given is derived from the cores this process may use.
+"""
+
+import os
+from dataclasses import dataclass, field
+
+PLACEMENTS = ("auto", "colocated", "disaggregated")
+
+
+@dataclass
+class ResourcesConfig:
+    placement: str = "auto"  # auto | colocated | disaggregated
+    generator_cpus: str = ""  # cores per generator replica, "|" between replicas ("0-3|4-7"); "" = derived
+    trainer_cpus: str = ""  # cores shared by the trainer ranks, split evenly ("4-7"); "" = derived
+    trainer_threads: int = 0  # torch threads per trainer rank; 0 = one per core of the rank
+    generator_share: float = 0.5  # disaggregated on CPU: fraction of the cores for generation when derived
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"resources.placement={self.placement!r}; choose one of {PLACEMENTS}")
+        if self.trainer_threads < 0:
+            raise ValueError(f"resources.trainer_threads must be >= 0, got {self.trainer_threads}")
+        if not 0 < self.generator_share < 1:
+            raise ValueError(f"resources.generator_share must be in (0, 1), got {self.generator_share}")
+
+
+@dataclass
+class Placement:
+    mode: str  # "colocated" | "disaggregated"
+    device: str  # "cpu" | "cuda"
+    generator_cpus: list[list[int]] = field(default_factory=list)  # per replica (per proc of a replica)
+    trainer_cpus: list[list[int]] = field(default_factory=list)  # per trainer rank
+    trainer_threads: int = 0
+    gpus: list[str] = field(default_factory=list)
+
+    @property
+    def colocated(self) -> bool:
+        return self.mode == "colocated"
+
+    def describe(self) -> str:
+        if self.device == "cuda":
+            share = "time-shared (vLLM sleeps while the trainer steps)" if self.colocated else "one set per role"
+            return f"placement {self.mode} on GPUs {','.join(self.gpus)}: {share}"
+        gen = " | ".join(_fmt(c) for c in self.generator_cpus)
+        train = " | ".join(_fmt(c) for c in self.trainer_cpus)
+        how = "time-shared: the generator pauses while the trainer steps" if self.colocated else "side by side"
+        return (f"placement {self.mode} on CPU cores {_fmt(sorted({c for cs in self.generator_cpus + self.trainer_cpus for c in cs}))}"
+                f" ({how}): generator replicas [{gen}], trainer ranks [{train}] x {self.trainer_threads} threads")
+
+
+def plan_placement(cfg: ResourcesConfig, trainer_procs: int, generator_replicas: int, generator_gpus: int,
+                   gpus: list[str] | None = None, cores: list[int] | None = None) -> Placement:
+    """Decide and check where every role runs. Errors name the config keys that conflict."""
+    if gpus:
+        return _plan_gpus(cfg, trainer_procs, generator_replicas, generator_gpus, gpus)
+    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    gen = [parse_cpus(s, "resources.generator_cpus") for s in cfg.generator_cpus.split("|")] if cfg.generator_cpus else []
+    train = parse_cpus(cfg.trainer_cpus, "resources.trainer_cpus") if cfg.trainer_cpus else []
+    if gen and len(gen) != generator_replicas:
+        raise ValueError(f"resources.generator_cpus={cfg.generator_cpus!r} lists {len(gen)} replicas' cores; "
+                         f"generator.replicas={generator_replicas}")
+    for name, listed in (("generator_cpus", [c for g in gen for c in g]), ("trainer_cpus", train)):
+        if outside := sorted(set(listed) - set(cores)):
+            raise ValueError(f"resources.{name} names cores {outside} that this process may not use (it may use {_fmt(cores)})")
+    given = {c for g in gen for c in g}
+    mode = cfg.placement
+    if mode == "auto":
+        overlap = bool(set(train) & given)
+        mode = "colocated" if overlap or len(cores) < generator_replicas + trainer_procs else "disaggregated"
+    if mode == "colocated":
+        gen, train = gen or [cores] * generator_replicas, train or cores
+    else:
+        if overlap := set(train) & given:
+            raise ValueError(f"resources.placement=disaggregated but resources.generator_cpus and "
+                             f"resources.trainer_cpus share cores {sorted(overlap)}")
+        free = [c for c in cores if c not in given and c not in train]
+        if not gen:
+            n = max(generator_replicas, round(len(cores) * cfg.generator_share))
+            n = min(n, len(free) - (0 if train else trainer_procs))
+            if n < generator_replicas:
+                raise ValueError(
+                    f"resources.placement=disaggregated needs a core per generator replica ({generator_replicas}) and "
+                    f"per trainer rank ({trainer_procs}); this process may use {len(cores)} cores ({_fmt(cores)}); "
+                    "use resources.placement=colocated (or auto)")
+            gen, free = _split(free[:n], generator_replicas), free[n:]
+        train = train or free
+    if any(not g for g in gen):
+        raise ValueError(f"every generator replica needs at least one core, got {gen} (resources.generator_cpus)")
+    if len(train) < trainer_procs:
+        raise ValueError(f"trainer cores {_fmt(train)} are fewer than trainer_procs={trainer_procs} (resources.trainer_cpus)")
+    ranks = _split(train, trainer_procs)
+    return Placement(mode, "cpu", generator_cpus=gen, trainer_cpus=ranks,
+                     trainer_threads=cfg.trainer_threads or len(ranks[0]))
+
+
+def _plan_gpus(cfg: ResourcesConfig, trainer_procs: int, replicas: int, per_replica: int, gpus: list[str]) -> Placement:
+    if cfg.generator_cpus or cfg.trainer_cpus:
+        raise ValueError("resources.generator_cpus / resources.trainer_cpus pin CPU roles; on GPUs roles get devices")
+    wanted = trainer_procs + replicas * per_replica
+    mode = cfg.placement
+    if mode == "auto":
+        mode = "disaggregated" if len(gpus) >= wanted else "colocated"
+    if mode == "disaggregated" and len(gpus) < wanted:
+        raise ValueError(f"resources.placement=disaggregated needs {wanted} GPUs (trainer_procs={trainer_procs} + "
+                         f"generator.replicas={replicas} x tensor_parallel_size={per_replica}); {len(gpus)} visible")
+    if mode == "colocated" and (trainer_procs > len(gpus) or replicas * per_replica > len(gpus)):
+        raise ValueError(f"resources.placement=colocated time-shares the visible GPUs {gpus}: trainer_procs={trainer_procs} "
+                         f"and generator.replicas x tensor_parallel_size={replicas * per_replica} must each fit in them")
+    return Placement(mode, "cuda", gpus=list(gpus))
+
+
+def parse_cpus(text: str, key: str) -> list[int]:
+    """"0-3,6" -> [0, 1, 2, 3, 6]; errors name `key`."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out += list(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ValueError(f"{key}={text!r}: expected core ids like '0-3,6'") from None
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"{key}={text!r}: expected distinct core ids like '0-3,6'")
+    return out
+
+
+def _split(cores: list[int], n: int) -> list[list[int]]:
+    per = len(cores) // n
+    return [cores[i * per : (i + 1) * per] for i in range(n)]
+
+
+def _fmt(cores: list[int]) -> str:
+    return ",".join(map(str, cores))
