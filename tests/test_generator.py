@@ -230,10 +230,10 @@ def test_misspelt_sampling_option_fails_at_start(generator):
         loop.run_until_complete(Generator.as_actor(str(TINY_MODEL_DIR), sampling={"temprature": 0.7}))
 
 
-def test_killed_replica_is_respawned_and_its_group_retried(generator):
-    """Last in this file: the respawned replica starts from the shipped weights (version 0).
-    The killed proc's vLLM engine processes do not outlive it, nor does their shared memory
-    (forge_rl.controller.reaper)."""
+def test_killed_replica_is_respawned_and_its_group_retried(generator, store):
+    """The respawned replica catches up to the newest published weights before it takes the retried call
+    (it never serves the shipped weights mid-run). The killed proc's vLLM engine processes do not outlive
+    it, nor does their shared memory (forge_rl.controller.reaper)."""
     import os
     import signal
 
@@ -262,7 +262,9 @@ def test_killed_replica_is_respawned_and_its_group_retried(generator):
     assert len(engine_procs) >= 2  # EngineCore and the reaper at least
     assert not alive, f"processes of the killed replica still run: {alive}"
     assert len(group) == 8 and all(len(c.response_ids) == 90 for c in group)  # the whole group, once
-    assert stats["pid"] != victim and stats["policy_version"] == 0
+    newest = max(store.versions())
+    assert stats["pid"] != victim and stats["policy_version"] == newest > 0
+    assert all((c.policy_versions == newest).all() for c in group)  # the retried group: the current weights
     assert svc.service_stats.respawns == 1 and svc.service_stats.retries == 1
 
 
@@ -310,3 +312,43 @@ def test_hold_stops_engine_steps_until_release(generator):
         assert (await svc.stats.route())["held_s"] >= 1.0
 
     loop.run_until_complete(body())
+
+
+def test_version_tags_are_exact_under_load_across_repeated_swaps(generator, store):
+    """Many sequences in flight, weights swapped three times: every token's tag is the version whose weights
+    sampled it. Checked by logprobs: each token's behaviour logprob equals log_softmax of the HF model of
+    its tagged version (recompute_kv recomputes the prefix under the new weights), so a token tagged one
+    version late or early would be off by far more than 1e-4."""
+    loop, svc = generator
+
+    async def body():
+        base = await svc.version.route()
+        weights = {base + 1 + i: perturbed_weights(10 + i) for i in range(4)}
+        store.publish(base + 1, weights[base + 1])
+        await svc.update_weights.call_all(base + 1)  # a known starting point, nothing in flight
+        calls = [asyncio.ensure_future(svc.generate.route(PROMPT, n=2, temperature=1.0, max_tokens=70,
+                                                          ignore_eos=True)) for _ in range(16)]
+        for v in range(base + 2, base + 5):
+            store.publish(v, weights[v])
+            target = (await svc.stats.route())["tokens_generated_in_flight"] + 150
+            while (await svc.stats.route())["tokens_generated_in_flight"] < target:
+                await asyncio.sleep(0.005)
+            await svc.update_weights.call_all(v, mode="recompute_kv")
+        return [c for group in await asyncio.gather(*calls) for c in group], weights
+
+    completions, weights = loop.run_until_complete(body())
+    models = {v: hf_with(w) for v, w in weights.items()}
+    seen = set()
+    for c in completions:
+        versions = c.policy_versions.tolist()
+        assert versions == sorted(versions)
+        ids = torch.cat([c.prompt_ids, c.response_ids])[None]
+        P = len(c.prompt_ids)
+        for v in set(versions):
+            with torch.no_grad():
+                logits = models[v](ids).logits[0, P - 1 : -1]
+            expected = torch.log_softmax(logits, -1).gather(-1, c.response_ids[:, None])[:, 0]
+            mine = c.policy_versions == v
+            assert (expected[mine] - c.logprobs[mine]).abs().max() < 1e-4, (v, versions)
+        seen |= set(versions)
+    assert len(seen) >= 3, f"swaps should land mid-sequence; saw versions {sorted(seen)}"

@@ -94,9 +94,15 @@ class Generator(ForgeActor):
         # The engine's processes must not outlive this proc if it is killed (they would be orphaned).
         self._reaper = reap_descendants_on_exit()
         self._engine_watch = asyncio.create_task(self._watch_engine())
+        await self.engine.update_weight_version(str(self.policy_version))
         self.max_model_len = self.engine.vllm_config.model_config.max_model_len
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source)
+        # A replica (re)started mid-run must not serve the base weights: it takes the newest version the
+        # trainer has published before it takes any call.
+        if published := self.store.versions():
+            await self.store.prefetch(published[-1])
+            await self._load(published[-1])
 
     @concurrent_endpoint  # calls overlap, so the engine batches many groups (continuous batching)
     async def generate(self, prompt: str | list[int], n: int = 1, **sampling: Any) -> list[Completion]:
@@ -119,8 +125,9 @@ class Generator(ForgeActor):
                 f"prompt of {len(prompt_ids)} tokens + max_tokens={max_tokens} exceeds the engine's "
                 f"max_model_len={self.max_model_len}"
             )
-        # Stream deltas so every token is tagged with the weights version that sampled it: a live
-        # weight swap (update_weights) can land between two tokens of one sequence.
+        # Stream deltas (progress counters, many requests in flight). Policy versions come from the engine:
+        # each engine step is labelled with the weights version it ran with, and the final delta carries
+        # each sequence's spans of versions, so tags are exact however late an output reaches this actor.
         params.output_kind = RequestOutputKind.DELTA
         children = [_Child() for _ in range(n)]
         request_id = f"{os.getpid()}-{next(self._request_ids)}"
@@ -129,7 +136,7 @@ class Generator(ForgeActor):
         try:
             async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id):
                 for c in out.outputs:
-                    children[c.index].extend(c, self.policy_version)
+                    children[c.index].extend(c)
         except EngineDeadError:
             self._engine_died()
         finally:
@@ -178,23 +185,20 @@ class Generator(ForgeActor):
         async with self._lock():
             if self._held_since is not None:
                 raise RuntimeError(f"update_weights({version}) while the generator is held; release() it first")
-            if version <= self.policy_version:
+            if version < self.policy_version:
                 raise ValueError(f"update_weights({version}): the generator already has version {self.policy_version}")
+            if version == self.policy_version:  # a replica that caught up when it (re)started
+                return dict(version=version, mode="already_loaded", prefetch_s=prefetched - start, drain_wait_s=0.0,
+                            pause_s=0.0, requests_in_flight=0, tokens_in_flight=0)
             pause_mode = {"keep_kv": "keep", "recompute_kv": "keep", "drain": "wait"}[mode]
             await self.engine.pause_generation(mode=pause_mode, clear_cache=mode != "keep_kv")
             paused = time.perf_counter()
             requests = sum(len(children) for _, children in self._in_flight.values())
             tokens = sum(p + len(c.ids) for p, children in self._in_flight.values() for c in children)
             try:
-                with self.store.pinned(version) as path:  # the writers must not recycle it mid-reload
-                    await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+                await self._load(version)
                 if mode == "keep_kv":  # new requests must not reuse prefixes cached by old weights
                     await self.engine.reset_prefix_cache()
-                # Outputs of steps before the pause may still be on their way to their generate calls;
-                # let them land before the version changes, so their tokens keep the old tag.
-                for _ in range(3):
-                    await asyncio.sleep(0)
-                self.policy_version = version
             finally:
                 await self.engine.resume_generation()
         done = time.perf_counter()
@@ -206,6 +210,14 @@ class Generator(ForgeActor):
         )
         self.updates.append(record)
         return record
+
+    async def _load(self, version: int) -> None:
+        """Reload the engine's weights from the store's `version` (prefetched) and label what follows."""
+        with self.store.pinned(version) as path:  # the writers must not recycle it mid-reload
+            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+        # The engine labels every step after this one with the new version (see generate).
+        await self.engine.update_weight_version(str(version))
+        self.policy_version = version
 
     @concurrent_endpoint
     async def hold(self) -> float:
@@ -321,10 +333,24 @@ class _Child:
         self.versions: list[int] = []
         self.finish_reason: str | None = None
 
-    def extend(self, delta, version: int) -> None:
+    def extend(self, delta) -> None:
         new = list(delta.token_ids)
         self.ids += new
         self.logprobs += [lp[t].logprob for lp, t in zip(delta.logprobs or [], new)]
-        self.versions += [version] * len(new)
         if delta.finish_reason is not None:
             self.finish_reason = str(delta.finish_reason)
+            self.versions = versions_from_spans(delta.weight_versions, len(self.ids))
+
+
+def versions_from_spans(spans, n_tokens: int) -> list[int]:
+    """Per-token policy versions from vLLM's weight-version spans ([start, end) of output tokens per label)."""
+    if not n_tokens:
+        return []
+    if not spans:
+        raise RuntimeError("the vLLM engine reported no weight versions for a finished sequence")
+    versions = [-1] * n_tokens
+    for span in spans:
+        versions[span.start : span.end] = [int(span.version)] * (span.end - span.start)
+    if -1 in versions or len(versions) != n_tokens:
+        raise RuntimeError(f"weight-version spans {spans} do not cover the {n_tokens} tokens of a sequence")
+    return versions
