@@ -66,7 +66,7 @@ def cli() -> None:
             label, f"{s['steps_per_min']:.1f}", f"{s['steps_per_min'] / base:.2f}x",
             f"{s['trainer_idle_fraction']:.0%}", f"{s['generator_idle_fraction']:.0%}",
             f"{s['mean_staleness']:.2f}", str(s["max_staleness"]), f"{s['eval_first']:.1%}",
-            f"{s['evals'][-1][1]:.1%}", ", ".join(f"{k}={v}" for k, v in s["drops"].items() if v),
+            f"{s['evals'][-1][-1]:.1%}", ", ".join(f"{k}={v}" for k, v in s["drops"].items() if v),
         )
     Console(width=200).print(table)
 

@@ -38,6 +38,7 @@ class Admission:
         self.buffered = 0
         self.admitted = 0
         self.wait_s = 0.0  # rollout time spent waiting for admission
+        self.paused = False  # set while the app evaluates: no new rollouts (fair, untimed evaluations)
         self._changed = asyncio.Condition()
 
     @property
@@ -50,7 +51,13 @@ class Admission:
         return self.in_flight + self.buffered
 
     def can_admit(self) -> bool:
-        return self.pending < self.capacity
+        return not self.paused and self.pending < self.capacity
+
+    async def pause(self, paused: bool = True) -> None:
+        """Stop (or, with False, resume) admitting rollouts; those in flight finish."""
+        async with self._changed:
+            self.paused = paused
+            self._changed.notify_all()
 
     async def acquire(self) -> int:
         """Wait until a rollout may start; returns the generator version it is admitted under."""

@@ -44,11 +44,16 @@ def test_grpo_async_run_then_synchronous_resume(tmp_path):
     assert resumed == [1, 2, 3, 4, 5]
 
 
-def test_grpo_colocated_run_holds_the_staleness_bound(tmp_path):
-    """Generator and trainer time-share the cores: the generator is held while the trainer steps."""
+def test_grpo_colocated_run_with_a_kl_penalty_to_the_reference(tmp_path):
+    """Generator and trainer time-share the cores (the generator is held while the trainer steps), and a
+    frozen reference actor fills ref_logprobs for the KL penalty."""
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
-                      SMALL + ["steps=3", f"output_dir={tmp_path}", "max_policy_age=1", "resources.placement=colocated"])
+                      SMALL + ["steps=3", f"output_dir={tmp_path}", "max_policy_age=1", "resources.placement=colocated",
+                               "trainer.grpo.kl_coef=0.05"])
     summary = asyncio.run(main(cfg))
+    kl = [r["trainer/kl_ref"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/kl_ref" in r]
+    assert len(kl) == 3 and abs(kl[0]) < 1e-6  # step 1: the policy is still the reference
+    assert kl[-1] > 1e-7  # the policy moved away from the frozen reference
     assert summary["placement"].startswith("placement colocated")
     assert summary["trainer_version"] == 3 and summary["generator_version"] == 3
     assert summary["max_staleness"] <= 1

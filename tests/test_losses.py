@@ -82,3 +82,33 @@ def test_sft_loss_and_config_errors():
         GRPOLossConfig(normalize="mean")
     with pytest.raises(ValueError, match="loss.kl_estimator"):
         GRPOLossConfig(kl_estimator="k2")
+
+
+# ---- chunked logprobs -------------------------------------------------------------------------------
+
+def naive_token_logprobs(logits, tokens, temperature):
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    picked = logp.gather(-1, tokens[:, 1:, None])[..., 0]
+    entropy = -(logp.exp() * logp).sum(-1)
+    pad = torch.zeros_like(tokens[:, :1], dtype=picked.dtype)
+    return torch.cat([pad, picked], 1), torch.cat([pad, entropy], 1)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 7, 100_000])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_equal_the_full_log_softmax_with_gradients(chunk_tokens, temperature):
+    from forge_rl.losses.logprobs import token_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(5, 9, 301, generator=g)).requires_grad_()
+    tokens = torch.randint(0, 301, (5, 9), generator=g)
+    weights = torch.randn(5, 9, generator=g)
+    want_lp, want_ent = naive_token_logprobs(logits, tokens, temperature)
+    want_grad, = torch.autograd.grad((want_lp * weights).sum() + 0.1 * want_ent.sum(), logits)
+    lp, ent = token_logprobs(logits, tokens, temperature, entropy="grad", chunk_tokens=chunk_tokens)
+    grad, = torch.autograd.grad((lp * weights).sum() + 0.1 * ent.sum(), logits)
+    assert (lp - want_lp).abs().max() < 1e-5 and (ent - want_ent).abs().max() < 1e-5
+    assert (grad - want_grad).abs().max() < 1e-5
+    lp, ent = token_logprobs(logits, tokens, temperature, entropy="detached", chunk_tokens=chunk_tokens)
+    assert not ent.requires_grad and lp.requires_grad
+    assert token_logprobs(logits, tokens, temperature)[1] is None  # no entropy unless asked for

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from forge_rl.actors.dataset import ArithmeticDataset
 from forge_rl.actors.generator import Generator, PromptTooLong
+from forge_rl.actors.reference import Reference
 from forge_rl.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
 from forge_rl.actors.reward import RewardActor, RewardSpec
 from forge_rl.actors.trainer import Trainer, TrainerConfig
@@ -184,9 +185,6 @@ def check_config(cfg: GRPOConfig) -> None:
     if logprobs_mode != "processed_logprobs":
         raise ConfigError(f"generator.engine_args.logprobs_mode={logprobs_mode!r}: behaviour logprobs must be of the "
                           "sampled distribution (after temperature); use 'processed_logprobs'")
-    if cfg.trainer.grpo.kl_coef > 0:
-        raise ConfigError(f"trainer.grpo.kl_coef={cfg.trainer.grpo.kl_coef} needs reference logprobs, and the GRPO "
-                          "app runs no reference model yet; set trainer.grpo.kl_coef=0")
     if cfg.buffer.capacity < cfg.batch_groups:
         raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is smaller than batch_groups={cfg.batch_groups}")
 
@@ -275,6 +273,12 @@ async def main(cfg: GRPOConfig) -> dict:
             RewardActor.as_actor(cfg.rewards),
             ArithmeticDataset.as_actor(cfg.seed),
         )
+        reference = None
+        if cfg.trainer.grpo.kl_coef > 0:  # the frozen policy of the KL penalty, on the trainer's cores
+            reference = await Reference.options(
+                procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=True,
+                cpus=_tuples(placement.trainer_cpus), threads=placement.trainer_threads,
+            ).as_actor(cfg.trainer)
         ckpt_dir = Path(cfg.trainer.checkpoint_dir)
         start_step = 0
         if cfg.resume:
@@ -284,7 +288,7 @@ async def main(cfg: GRPOConfig) -> dict:
         first_eval = eval_acc
         log.log(start_step, {"eval/accuracy": eval_acc})
         console.print(f"held-out greedy accuracy at step {start_step}: {eval_acc:.1%} ({len(held_out)} prompts)")
-        evals = [(start_step, eval_acc)]
+        evals = [(start_step, 0.0, eval_acc)]  # (step, training seconds so far, accuracy)
         actors = (dataset, generator, reward, buffer, tokenizer)
         # Synchronous: the whole batch is generated at once (and zero-advantage top-ups run concurrently).
         tasks = cfg.rollout_tasks if cfg.async_mode else max(cfg.rollout_tasks, cfg.batch_groups)
@@ -309,6 +313,8 @@ async def main(cfg: GRPOConfig) -> dict:
                         run.last_updates, pending_update = await pending_update, None
                     await generator.hold.call_all()
                 busy_start = time.perf_counter()
+                if reference is not None:
+                    batches = (await reference.fill_ref_logprobs.call(batches)).item(procs=0)
                 metrics = (await trainer.train_step.call(batches)).item(procs=0)
                 push = (await trainer.push_weights.call(run.version + 1)).item(procs=0)
                 run.trainer_busy_s += time.perf_counter() - busy_start
@@ -324,8 +330,10 @@ async def main(cfg: GRPOConfig) -> dict:
                 if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
                     await pending_update
                     eval_start = time.perf_counter()
+                    await run.admission.pause()  # evaluations are untimed: no rollouts run meanwhile
                     eval_acc = await _evaluate(generator, tokenizer, held_out, cfg)
-                    evals.append((step, eval_acc))
+                    await run.admission.pause(False)
+                    evals.append((step, eval_start - started, eval_acc))
                     eval_busy_s += time.perf_counter() - eval_start
                     started += time.perf_counter() - eval_start  # evaluations are not training time
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
@@ -360,18 +368,19 @@ async def main(cfg: GRPOConfig) -> dict:
         gen_busy_s = _generating_s(await generator.stats.route()) - gen_busy_start - eval_busy_s
         if step > start_step:
             eval_acc = await _evaluate(generator, tokenizer, held_out, cfg)
-            evals.append((step, eval_acc))
+            evals.append((step, wall, eval_acc))
             log.log(step, {"eval/accuracy": eval_acc})
         await _checkpoint(run, trainer, buffer, dataset, ckpt_dir, run.version)
         final_buffer = await buffer.evict.call_one()
         gen_version = await generator.version.route()
         gen_stats = await generator.stats.route()
         log.close()
-    last3 = [acc for _, acc in evals[-3:]]
+    last3 = [acc for *_, acc in evals[-3:]]
     generated = final_buffer["added"] + run.drops["reward_error"] + run.drops["prompt_too_long"]
     summary = dict(
         steps=cfg.steps, start_step=start_step, wall_s=wall, steps_per_min=(cfg.steps - start_step) / wall * 60,
         eval_first=first_eval, eval_last3_mean=statistics.mean(last3), evals=evals,
+        time_to_60=next((t for _, t, acc in evals if acc >= 0.6), None),
         generator_version=gen_version, trainer_version=run.version, max_staleness=run.max_staleness,
         mean_staleness=run.staleness_sum / max(run.staleness_steps, 1),
         trainer_idle_fraction=1 - run.trainer_busy_s / wall, generator_idle_fraction=1 - gen_busy_s / wall,
@@ -457,6 +466,7 @@ def _step_metrics(run, step, metrics, push, updates, buf, last_buf, staleness, s
         "train/accuracy": statistics.mean(parts["exact_match"]) if parts.get("exact_match") else math.nan,
         "trainer/loss": metrics["loss"], "trainer/grad_norm": metrics["grad_norm"],
         "trainer/clip_fraction": metrics["clip_fraction"], "trainer/approx_kl": metrics["approx_kl"],
+        "trainer/kl_ref": metrics["kl_ref"],
         "trainer/entropy": metrics["entropy"], "trainer/tokens_per_s": metrics["tokens_per_s"],
         "trainer/step_s": metrics["step_s"], "trainer/skipped_steps": metrics["skipped_steps"],
         "batch/staleness": staleness,

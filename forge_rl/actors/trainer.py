@@ -24,6 +24,7 @@ from monarch.actor import endpoint
 
 from forge_rl.controller import ForgeActor
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
+from forge_rl.losses.logprobs import token_logprobs
 from forge_rl.types import TrainBatch
 from forge_rl.weights import ShmWeightStore, WeightStoreConfig, spec_of
 
@@ -140,15 +141,6 @@ def validate_batches(batches: list[TrainBatch], dp_size: int, vocab_size: int, m
             raise ValueError(f"batch[{r}].tokens has ids outside [0, {vocab_size})")
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob [B, T] of each token given its prefix (0 at t=0), and the entropy of that distribution."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logp.gather(-1, tokens[:, 1:, None])[..., 0]
-    entropy = -(logp.exp() * logp).sum(-1)
-    pad = torch.zeros_like(tokens[:, :1], dtype=picked.dtype)
-    return torch.cat([pad, picked], 1), torch.cat([pad, entropy], 1)
-
-
 class Trainer(ForgeActor):
     def __init__(self, cfg: TrainerConfig | None = None, weight_store: WeightStoreConfig | None = None):
         self.cfg = cfg or TrainerConfig()
@@ -237,14 +229,14 @@ class Trainer(ForgeActor):
 
     # ---- training -------------------------------------------------------------------------------
 
-    def _forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, tokens: torch.Tensor, entropy: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:
         from torch.distributed.tensor import DTensor
 
         with torch.autocast(self.device.type, dtype=getattr(torch, self.cfg.dtype), enabled=self.autocast):
             logits = self.model(tokens.to(self.device))
         if isinstance(logits, DTensor):  # TP shards the vocab dim of the lm_head output
             logits = logits.full_tensor()
-        return token_logprobs(logits / (self.cfg.temperature or 1.0), tokens.to(self.device))
+        return token_logprobs(logits, tokens.to(self.device), self.cfg.temperature or 1.0, entropy=entropy)
 
     @endpoint
     async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
@@ -265,7 +257,8 @@ class Trainer(ForgeActor):
         for lo in range(0, batch.num_sequences, mb):
             rows = slice(lo, lo + mb)
             mask = batch.response_mask[rows].to(self.device)
-            logprobs, entropy = self._forward(batch.tokens[rows])
+            # the entropy is logged (detached), and takes gradient only when an entropy bonus uses it
+            logprobs, entropy = self._forward(batch.tokens[rows], "grad" if loss_cfg.entropy_coef else "detached")
             if cfg.loss == "sft":
                 token_loss, diag = sft_token_loss(logprobs), {"entropy": entropy.detach()}
             else:

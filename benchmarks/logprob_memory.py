@@ -1,0 +1,104 @@
+"""Peak memory of one GRPO train step at Qwen3's 151,936-token vocabulary: chunked logprobs vs the full
+log-softmax the trainer used before.
+
+    .venv/bin/python benchmarks/logprob_memory.py [--batch 8] [--seq 256] [--vocab 151936]
+
+A random-init Qwen3-shaped model (small hidden size, Qwen3's vocabulary: the logits dominate, as they do
+for a real model at long sequences) runs forward, per-token logprobs and entropy, the GRPO loss and
+backward, once per variant, each variant in a fresh process. Prints the peak RSS the step added (VmHWM
+after the step minus RSS before it) and checks that both variants give the same loss and gradients.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss
+from forge_rl.losses.logprobs import token_logprobs
+
+
+def full_log_softmax(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the trainer did before: fp32 log-softmax over the whole vocabulary, entropy always."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, tokens[:, 1:, None])[..., 0]
+    entropy = -(logp.exp() * logp).sum(-1)
+    pad = torch.zeros_like(tokens[:, :1], dtype=picked.dtype)
+    return torch.cat([pad, picked], 1), torch.cat([pad, entropy], 1)
+
+
+def rss_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+def one_step(variant: str, batch: int, seq: int, vocab: int, out: str) -> None:
+    """Runs in its own process: build the model, measure one step, save loss + gradients."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=seq,
+                      tie_word_embeddings=True)
+    model = Qwen3ForCausalLM(cfg)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, vocab, (batch, seq), generator=g)
+    mask = torch.zeros(batch, seq, dtype=torch.bool)
+    mask[:, seq // 2 :] = True
+    behaviour = -torch.rand(batch, seq, generator=g) * mask
+    advantages = torch.randn(batch, generator=g)
+    before = rss_mb("VmRSS")
+    logits = model(tokens).logits
+    if variant == "full":
+        logprobs, entropy = full_log_softmax(logits, tokens)
+    else:
+        logprobs, entropy = token_logprobs(logits, tokens, entropy="detached")
+    del logits
+    token_loss, _ = per_token_loss(logprobs, behaviour, advantages, GRPOLossConfig(), entropy=entropy)
+    loss = reduce_loss(token_loss, mask, "sequence_mean", batch, int(mask.sum()))
+    loss.backward()
+    peak = rss_mb("VmHWM") - before
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    torch.save(dict(loss=loss.item(), peak_mb=peak, grads=grads), out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--variant", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.variant:
+        return one_step(args.variant, args.batch, args.seq, args.vocab, args.out)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in ("full", "chunked"):
+            out = f"{tmp}/{variant}.pt"
+            subprocess.run([sys.executable, __file__, "--variant", variant, "--out", out, "--batch", str(args.batch),
+                            "--seq", str(args.seq), "--vocab", str(args.vocab)], check=True)
+            results[variant] = torch.load(out)
+    full, chunked = results["full"], results["chunked"]
+    grad_gap = max((full["grads"][n] - chunked["grads"][n]).abs().max().item() for n in full["grads"])
+    logits_gb = args.batch * args.seq * args.vocab * 4 / 1e9
+    print(f"one GRPO train step, batch {args.batch} x {args.seq} tokens, vocab {args.vocab} "
+          f"(fp32 logits: {logits_gb:.2f} GB per copy), CPU, peak RSS added by the step:")
+    print(f"  full log-softmax (before): {full['peak_mb'] / 1024:6.2f} GiB")
+    print(f"  chunked logprobs (now):    {chunked['peak_mb'] / 1024:6.2f} GiB  "
+          f"({chunked['peak_mb'] / full['peak_mb']:.2f}x)")
+    print(f"  loss {full['loss']:.8f} vs {chunked['loss']:.8f}; max gradient difference {grad_gap:.1e}")
+    print(json.dumps(dict(full_gib=full["peak_mb"] / 1024, chunked_gib=chunked["peak_mb"] / 1024,
+                          ratio=chunked["peak_mb"] / full["peak_mb"], loss_gap=abs(full["loss"] - chunked["loss"]),
+                          grad_gap=grad_gap)))
+
+
+if __name__ == "__main__":
+    main()

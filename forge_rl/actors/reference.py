@@ -1,0 +1,36 @@
+"""Reference: the frozen policy that a KL penalty keeps the trained policy close to.
+
+    reference = await Reference.options(procs=2, spmd=True).as_actor(trainer_cfg)
+    batches = (await reference.fill_ref_logprobs.call(batches)).item(procs=0)
+
+It builds exactly the trainer's TorchTitan model (same checkpoint, parallelism, compute dtype and
+temperature) on its own proc mesh and only ever runs forward passes, so the reference logprobs are of
+the same distribution family as the trainer's. The optimizer it inherits never steps (AdamW allocates
+no state before its first step).
+"""
+
+import dataclasses
+
+import torch
+from monarch.actor import endpoint
+
+from forge_rl.actors.trainer import Trainer
+from forge_rl.types import TrainBatch
+
+
+class Reference(Trainer):
+    @endpoint
+    async def fill_ref_logprobs(self, batches: list[TrainBatch]) -> list[TrainBatch]:
+        """`batches` with `ref_logprobs` set: the reference policy's logprob of every token. Every rank runs
+        every batch (FSDP ranks gather parameters together), so any rank's result is the whole answer."""
+        self.model.eval()
+        out = []
+        with torch.no_grad():
+            for batch in batches:
+                logprobs, _ = self._forward(batch.tokens)
+                out.append(dataclasses.replace(batch, ref_logprobs=logprobs.cpu()))
+        return out
+
+    @endpoint
+    async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
+        raise RuntimeError("the reference policy is frozen: train_step is the Trainer's")
