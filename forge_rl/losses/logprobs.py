@@ -1,54 +1,71 @@
-"""Per-token logprobs (and entropy) from logits, a chunk of sequences at a time.
+"""Per-token logprobs (and entropy) from logits, a block of positions at a time.
 
 A full fp32 log-softmax over the vocabulary costs B x T x V x 4 bytes per copy, and the obvious code makes
-several (the fp32 cast, the log-softmax, its exp, the product for the entropy, what autograd saves): at
-Qwen3's 151,936-token vocabulary, 16 sequences x 2,048 tokens is ~20 GB per copy. Here each chunk of rows
-is cast, reduced to the picked token's logprob (logit - logsumexp) and dropped; under autograd each chunk is
-checkpointed, so backward recomputes its softmax instead of keeping it. Peak: the model's logits plus one
-chunk's fp32 temporaries. The entropy is computed only when asked for: detached for logging, or with
-gradient when an entropy bonus uses it.
+several (the fp32 cast, the log-softmax, its exp, the product for the entropy, what autograd saves for
+backward): at Qwen3's 151,936-token vocabulary, 16 sequences x 2,048 tokens is ~20 GB per copy. Here one
+autograd function walks the positions in blocks of about `block_elements` logits: forward keeps only the
+picked logprob and the entropy per position; backward recomputes each block's softmax and writes that
+block of the logits' gradient in place. Peak: the logits, their gradient, and one block's fp32
+temporaries. The entropy is computed only when asked for: detached for logging, or with its gradient
+when an entropy bonus uses it.
 """
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 ENTROPY = ("none", "detached", "grad")
 
 
 def token_logprobs(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, entropy: str = "none",
-    chunk_tokens: int = 8192,
+    block_elements: int = 1 << 24,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob [B, T] of each token given its prefix under softmax(logits / temperature) (0 at t=0), and
     the entropy [B, T] of that distribution when `entropy` is "detached" or "grad" (else None)."""
     if entropy not in ENTROPY:
         raise ValueError(f"entropy={entropy!r}; choose one of {ENTROPY}")
-    B, T, _ = logits.shape
-    rows = max(1, chunk_tokens // max(T - 1, 1))
-    grad = torch.is_grad_enabled() and logits.requires_grad
-    picked, entropies = [], []
-    for lo in range(0, B, rows):
-        chunk, targets = logits[lo : lo + rows, :-1], tokens[lo : lo + rows, 1:]
-        if grad:
-            picked.append(checkpoint(_picked, chunk, targets, temperature, use_reentrant=False))
-        else:
-            picked.append(_picked(chunk, targets, temperature))
-        if entropy == "grad" and grad:
-            entropies.append(checkpoint(_entropy, chunk, temperature, use_reentrant=False))
-        elif entropy != "none":
-            with torch.no_grad():
-                entropies.append(_entropy(chunk, temperature))
-    pad = torch.zeros(B, 1, dtype=torch.float32, device=logits.device)
-    logprobs = torch.cat([pad, torch.cat(picked)], 1)
-    return logprobs, (torch.cat([pad, torch.cat(entropies)], 1) if entropies else None)
+    logprobs, ent = _TokenLogprobs.apply(logits, tokens, float(temperature), entropy != "none", block_elements)
+    if entropy == "detached":
+        ent = ent.detach()
+    return logprobs, (ent if entropy != "none" else None)
 
 
-def _picked(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    x = logits.float() / temperature
-    return x.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(x, -1)
+def _blocks(B: int, T: int, V: int, block_elements: int):
+    """(row, start, end) spans over positions 0..T-2 (the predicting positions), ~block_elements logits each."""
+    step = max(1, block_elements // V)
+    for b in range(B):
+        for t in range(0, T - 1, step):
+            yield b, t, min(t + step, T - 1)
 
 
-def _entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    x = logits.float() / temperature
-    lse = torch.logsumexp(x, -1, keepdim=True)
-    return (lse[..., 0] - (torch.softmax(x, -1) * x).sum(-1))
+class _TokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, tokens, temperature, with_entropy, block_elements):
+        B, T, V = logits.shape
+        logprobs = torch.zeros(B, T, dtype=torch.float32, device=logits.device)
+        ent = torch.zeros(B, T, dtype=torch.float32, device=logits.device)
+        for b, lo, hi in _blocks(B, T, V, block_elements):
+            x = logits[b, lo:hi].float() / temperature
+            logp = torch.log_softmax(x, -1)
+            logprobs[b, lo + 1 : hi + 1] = logp.gather(-1, tokens[b, lo + 1 : hi + 1, None])[:, 0]
+            if with_entropy:
+                ent[b, lo + 1 : hi + 1] = -(logp.exp() * logp).sum(-1)
+        ctx.save_for_backward(logits, tokens, ent)
+        ctx.temperature, ctx.block_elements = temperature, block_elements
+        return logprobs, ent
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_ent):
+        logits, tokens, ent = ctx.saved_tensors
+        B, T, V = logits.shape
+        grad = torch.zeros_like(logits)
+        use_ent = grad_ent is not None and bool(grad_ent.any())
+        for b, lo, hi in _blocks(B, T, V, ctx.block_elements):
+            logp = torch.log_softmax(logits[b, lo:hi].float() / ctx.temperature, -1)
+            p = logp.exp()
+            # d logprob(target) / dx = onehot(target) - p; d entropy / dx = -p * (log p + H)
+            g = -p * grad_logprobs[b, lo + 1 : hi + 1, None]
+            g.scatter_add_(-1, tokens[b, lo + 1 : hi + 1, None], grad_logprobs[b, lo + 1 : hi + 1, None])
+            if use_ent:
+                g -= p * (logp + ent[b, lo + 1 : hi + 1, None]) * grad_ent[b, lo + 1 : hi + 1, None]
+            grad[b, lo:hi] = (g / ctx.temperature).to(grad.dtype)
+        return grad, None, None, None, None
