@@ -85,6 +85,13 @@ class Admission:
             self.buffered, self.sample_version = buffered_groups, sample_version
             self._changed.notify_all()
 
+    async def buffer_holds(self, buffered_groups: int) -> None:
+        """The buffer's own count of groups. A sample that finds too few groups may still have dropped stale
+        ones; without this, admission would keep counting them and could wait forever."""
+        async with self._changed:
+            self.buffered = buffered_groups
+            self._changed.notify_all()
+
     async def generators_at(self, version: int) -> None:
         """Every generator replica now runs `version`."""
         async with self._changed:

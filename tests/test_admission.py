@@ -65,6 +65,8 @@ def simulate(seed: int, max_policy_age: int, batch_groups: int, concurrency: int
                     await adm.sampled(len(store.entries), version + 1)
                     version += 1
                     swap_due = version
+                else:  # as the app's wait loop does: stale drops free room
+                    await adm.buffer_holds(len(store.entries))
         assert version == steps, "the simulated run stalled: admission never let enough rollouts start"
         assert adm.pending <= (max_policy_age + 1) * batch_groups
         return store
@@ -110,5 +112,22 @@ def test_synchronous_admission_generates_one_batch_per_version():
         assert not waiter.done()
         await adm.generators_at(1)
         assert await asyncio.wait_for(waiter, 1) == 1  # admitted under the new weights
+
+    asyncio.run(run())
+
+
+def test_stale_groups_dropped_by_a_failed_sample_free_their_slots():
+    """A resumed synchronous run finds stale leftovers in the buffer: the sample drops them and fails;
+    admission must count what the buffer really holds, or it waits forever (seen before the fix)."""
+    async def run():
+        adm = Admission(max_policy_age=0, batch_groups=4, version=3)
+        store = GroupStore(ReplayBufferConfig(capacity=8, max_policy_age=0))
+        for i in range(4):  # restored from a checkpoint: one group made by version 2, three by version 3
+            store.add(make_group(i, 2 if i == 0 else 3, zero_advantage=False))
+        await adm.buffer_holds(len(store.entries))
+        assert not adm.can_admit()
+        assert store.sample(3, 4) is None and store.dropped["stale"] == 2
+        await adm.buffer_holds(len(store.entries))
+        assert adm.can_admit()  # one more group makes the batch
 
     asyncio.run(run())

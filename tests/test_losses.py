@@ -112,3 +112,17 @@ def test_blockwise_logprobs_equal_the_full_log_softmax_with_gradients(block_elem
     lp, ent = token_logprobs(logits, tokens, temperature, entropy="detached", block_elements=block_elements)
     assert not ent.requires_grad and lp.requires_grad
     assert token_logprobs(logits, tokens, temperature)[1] is None  # no entropy unless asked for
+
+
+def test_tis_mode_is_a_truncated_importance_weighted_policy_gradient_without_clipping():
+    """One optimizer step per batch: the ratio to the proximal policy is 1, so the clip never acts, whatever
+    the staleness; only the truncated weight min(pi/mu, cap) differs from on-policy REINFORCE."""
+    g = torch.Generator().manual_seed(0)
+    lp = (-torch.rand(4, 6, generator=g) * 3).requires_grad_()
+    behaviour = lp.detach() + torch.randn(4, 6, generator=g)  # stale: pi/mu far from 1 both ways
+    A = torch.randn(4, generator=g)
+    loss, diag = per_token_loss(lp, behaviour, A, GRPOLossConfig(tis_cap=2.0, clip_low=0.2, clip_high=0.2))
+    assert diag["clipped"].sum() == 0
+    loss.sum().backward()
+    weight = torch.exp(lp.detach() - behaviour).clamp(max=2.0)
+    assert torch.allclose(lp.grad, -weight * A[:, None])

@@ -62,6 +62,12 @@ def per_token_loss(
     TIS mode (tis_cap > 0): the PPO ratio is taken against the current weights before the update
     (the proximal policy) and the behaviour -> proximal gap is carried by a truncated importance
     weight, which bounds the variance that very stale tokens would bring.
+
+    What TIS mode guarantees, exactly: the trainer takes one optimizer step per batch, so the proximal
+    policy is the policy being differentiated, the ratio is 1 and the clip never acts. The gradient is
+    -min(pi/mu, tis_cap) * A * grad log pi per token: an off-policy policy gradient whose importance weight
+    is bounded by tis_cap (tested in tests/test_losses.py). It is not a trust region; the plain mode's
+    clipped ratio against the behaviour policy is.
     """
     A = advantages[:, None].to(logprobs.dtype)
     if cfg.tis_cap > 0:
