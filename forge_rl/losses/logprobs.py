@@ -30,11 +30,18 @@ def token_logprobs(
 
 
 def _blocks(B: int, T: int, V: int, block_elements: int):
-    """(row, start, end) spans over positions 0..T-2 (the predicting positions), ~block_elements logits each."""
+    """(rows, start, end) spans over the predicting positions 0..T-2, ~block_elements logits each: several
+    whole rows at once when a row fits (few Python steps for small vocabularies), else pieces of one row."""
+    per_row = (T - 1) * V
+    if per_row <= block_elements:
+        rows = block_elements // per_row
+        for b in range(0, B, rows):
+            yield slice(b, min(b + rows, B)), 0, T - 1
+        return
     step = max(1, block_elements // V)
     for b in range(B):
         for t in range(0, T - 1, step):
-            yield b, t, min(t + step, T - 1)
+            yield slice(b, b + 1), t, min(t + step, T - 1)
 
 
 class _TokenLogprobs(torch.autograd.Function):
@@ -46,7 +53,7 @@ class _TokenLogprobs(torch.autograd.Function):
         for b, lo, hi in _blocks(B, T, V, block_elements):
             x = logits[b, lo:hi].float() / temperature
             logp = torch.log_softmax(x, -1)
-            logprobs[b, lo + 1 : hi + 1] = logp.gather(-1, tokens[b, lo + 1 : hi + 1, None])[:, 0]
+            logprobs[b, lo + 1 : hi + 1] = logp.gather(-1, tokens[b, lo + 1 : hi + 1, None])[..., 0]
             if with_entropy:
                 ent[b, lo + 1 : hi + 1] = -(logp.exp() * logp).sum(-1)
         ctx.save_for_backward(logits, tokens, ent)
