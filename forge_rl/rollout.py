@@ -18,6 +18,7 @@ it and counts it (the safety net), so stale drops are rare rather than routine.
 """
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from forge_rl.losses.advantages import group_advantages
@@ -61,8 +62,6 @@ class Admission:
 
     async def acquire(self) -> int:
         """Wait until a rollout may start; returns the generator version it is admitted under."""
-        import time
-
         start = time.perf_counter()
         async with self._changed:
             await self._changed.wait_for(self.can_admit)
