@@ -15,11 +15,13 @@ from tests.actors import Echo
 from tests.conftest import TINY_MODEL
 
 
-def make_batch(seed: int, B: int = 8, T: int = 24) -> TrainBatch:
+def make_batch(seed: int, B: int = 8, T: int = 24, shared_prompt: int = 0) -> TrainBatch:
+    """Random rows; with `shared_prompt` = P, every row has the same P-token prompt (one GRPO group)."""
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(3, 128, (B, T), generator=g)
     mask = torch.zeros(B, T, dtype=torch.bool)
-    mask[:, 10:] = True
+    mask[:, shared_prompt or 10:] = True
+    tokens[:, :shared_prompt] = tokens[0, :shared_prompt]
     mask[0, 20:] = False  # one shorter response: the normalisations must see unequal lengths
     behaviour = -torch.rand(B, T, generator=g) * 5 * mask
     return TrainBatch(tokens, mask, behaviour, torch.where(mask, 0, -1), torch.randn(B, generator=g))
@@ -54,8 +56,9 @@ def spawn(loop, cfg: TrainerConfig, procs: int = 1):
     return loop.run_until_complete(Trainer.options(procs=procs, spmd=True).as_actor(cfg))
 
 
-def steps(loop, trainer, n_dp: int, seeds=(0, 1, 2)) -> list[dict]:
-    return [loop.run_until_complete(trainer.train_step.call(split(make_batch(s), n_dp))).item(procs=0) for s in seeds]
+def steps(loop, trainer, n_dp: int, seeds=(0, 1, 2), shared_prompt: int = 0) -> list[dict]:
+    return [loop.run_until_complete(trainer.train_step.call(split(make_batch(s, shared_prompt=shared_prompt), n_dp)))
+            .item(procs=0) for s in seeds]
 
 
 @pytest.fixture(scope="module")
@@ -65,21 +68,30 @@ def single(loop, tmp_path_factory):
 
 
 def test_fsdp_and_tp_match_one_proc(loop, tmp_path):
+    """Random rows, then rows of one shared prompt: the one-proc trainer runs every row whole
+    (share_prompts off); FSDP2 and TP pack the shared prompt, and must still match it."""
     from forge_rl.controller import stop_actor
 
-    reference = spawn(loop, config(tmp_path / "one"))
-    expected = steps(loop, reference, 1)
+    reference = spawn(loop, unpacked(config(tmp_path / "one")))
+    expected = steps(loop, reference, 1) + steps(loop, reference, 1, seeds=(3, 4), shared_prompt=16)
     loop.run_until_complete(stop_actor(reference))
     fsdp = spawn(loop, replace_mb(config(tmp_path / "fsdp", dp_shard=2), 2), procs=2)  # and 2 micro-batches
-    got_fsdp = steps(loop, fsdp, 2)
+    got_fsdp = steps(loop, fsdp, 2) + steps(loop, fsdp, 2, seeds=(3, 4), shared_prompt=16)
     loop.run_until_complete(stop_actor(fsdp))
     tp = spawn(loop, config(tmp_path / "tp", dp_shard=1, tp=2), procs=2)
-    got_tp = steps(loop, tp, 1)
+    got_tp = steps(loop, tp, 1) + steps(loop, tp, 1, seeds=(3, 4), shared_prompt=16)
     loop.run_until_complete(stop_actor(tp))
     for got in (got_fsdp, got_tp):
         for e, g in zip(expected, got):
             assert abs(e["loss"] - g["loss"]) < 1e-5 and abs(e["grad_norm"] - g["grad_norm"]) < 1e-4
+        assert [g["model_tokens"] < g["tokens"] for g in got] == [False] * 3 + [True] * 2  # packed: fewer tokens
+    assert all(e["model_tokens"] == e["tokens"] for e in expected)
     assert expected[0]["loss"] != expected[2]["loss"] and 0 < expected[0]["clip_fraction"] < 1
+
+
+def unpacked(cfg: TrainerConfig) -> TrainerConfig:
+    cfg.share_prompts = False
+    return cfg
 
 
 def replace_mb(cfg: TrainerConfig, micro_batch_size: int) -> TrainerConfig:

@@ -21,13 +21,14 @@ from forge_rl.types import TrainBatch
 class Reference(Trainer):
     @endpoint
     async def fill_ref_logprobs(self, batches: list[TrainBatch]) -> list[TrainBatch]:
-        """`batches` with `ref_logprobs` set: the reference policy's logprob of every token. Every rank runs
-        every batch (FSDP ranks gather parameters together), so any rank's result is the whole answer."""
+        """`batches` with `ref_logprobs` set: the reference policy's logprob of every response token (0
+        elsewhere). Every rank runs every batch (FSDP ranks gather parameters together), so any rank's
+        result is the whole answer."""
         self.model.eval()
         out = []
         with torch.no_grad():
             for batch in batches:
-                logprobs, _ = self._forward(batch.tokens)
+                logprobs, _ = self._forward(batch.tokens, response_mask=batch.response_mask)
                 out.append(dataclasses.replace(batch, ref_logprobs=logprobs.cpu()))
         return out
 

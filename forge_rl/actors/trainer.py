@@ -24,7 +24,8 @@ from monarch.actor import endpoint
 
 from forge_rl.controller import ForgeActor
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
-from forge_rl.losses.logprobs import token_logprobs
+from forge_rl.data.prompt_packing import plan_packing
+from forge_rl.losses.logprobs import selected_logprobs, token_logprobs
 from forge_rl.types import TrainBatch
 from forge_rl.weights import ShmWeightStore, WeightStoreConfig, spec_of
 
@@ -65,6 +66,12 @@ class TrainerConfig:
     # (forge_rl.sampling); None here means 1.0.
     temperature: float | None = None
     micro_batch_size: int = 0  # sequences per forward/backward on a rank; 0 = the rank's whole batch
+    # Pack the responses of one group with a single copy of their shared prompt (same logprobs and
+    # gradients, fewer tokens; forge_rl.data.prompt_packing), when that leaves at most
+    # pack_max_fraction of the tokens in rows of at most pack_max_len.
+    share_prompts: bool = True
+    pack_max_fraction: float = 0.75
+    pack_max_len: int = 1024
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     # Compute dtype. Master weights, gradients' reduction and optimizer state stay float32 whatever this is:
@@ -229,14 +236,39 @@ class Trainer(ForgeActor):
 
     # ---- training -------------------------------------------------------------------------------
 
-    def _forward(self, tokens: torch.Tensor, entropy: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, tokens: torch.Tensor, entropy: str = "none", response_mask: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logprob (and entropy) [B, T] of every token, or with `response_mask` of its response tokens
+        only (0 elsewhere), computed on shared-prompt packed rows when that saves tokens."""
+        temperature = self.cfg.temperature or 1.0
+        packed = None
+        if response_mask is not None and self.cfg.share_prompts:
+            packed = plan_packing(tokens, response_mask, self.cfg.pack_max_fraction, self.cfg.pack_max_len)
+        self.last_forward_tokens = tokens.numel() if packed is None else packed.num_tokens
+        if packed is None:
+            logits = self._logits(tokens)
+            lp, ent = token_logprobs(logits, tokens.to(self.device), temperature, entropy=entropy)
+            if response_mask is None:
+                return lp, ent
+            keep = response_mask.to(self.device)  # same result either way: 0 outside the responses
+            return lp.where(keep, 0.0), (ent.where(keep, 0.0) if ent is not None else None)
+        d = self.device
+        logits = self._logits(packed.tokens, positions=packed.positions.to(d),
+                              attention_masks=packed.attention_mask.to(d))
+        picked = logits.flatten(0, 1)[packed.pred_index.to(d)]
+        lp, ent = selected_logprobs(picked, packed.targets.to(d), temperature, entropy=entropy)
+        where = (packed.rows.to(d), packed.cols.to(d))
+        zeros = torch.zeros(tokens.shape, dtype=lp.dtype, device=d)
+        return zeros.index_put(where, lp), (zeros.index_put(where, ent) if ent is not None else None)
+
+    def _logits(self, tokens: torch.Tensor, **kwargs) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
         with torch.autocast(self.device.type, dtype=getattr(torch, self.cfg.dtype), enabled=self.autocast):
-            logits = self.model(tokens.to(self.device))
+            logits = self.model(tokens.to(self.device), **kwargs)
         if isinstance(logits, DTensor):  # TP shards the vocab dim of the lm_head output
             logits = logits.full_tensor()
-        return token_logprobs(logits, tokens.to(self.device), self.cfg.temperature or 1.0, entropy=entropy)
+        return logits
 
     @endpoint
     async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
@@ -252,13 +284,14 @@ class Trainer(ForgeActor):
         max_len = loss_cfg.max_response_len or max(int(b.response_mask.sum(1).max()) for b in batches)
         normalize = "token_mean" if cfg.loss == "sft" else loss_cfg.normalize
         mb = cfg.micro_batch_size or batch.num_sequences
-        sums = torch.zeros(6, dtype=torch.float64)  # loss, clipped, approx_kl, entropy, ratio, kl_ref
+        sums = torch.zeros(7, dtype=torch.float64)  # loss, clipped, approx_kl, entropy, ratio, kl_ref, model tokens
         self.model.train()
         for lo in range(0, batch.num_sequences, mb):
             rows = slice(lo, lo + mb)
             mask = batch.response_mask[rows].to(self.device)
             # the entropy is logged (detached), and takes gradient only when an entropy bonus uses it
-            logprobs, entropy = self._forward(batch.tokens[rows], "grad" if loss_cfg.entropy_coef else "detached")
+            logprobs, entropy = self._forward(batch.tokens[rows], "grad" if loss_cfg.entropy_coef else "detached",
+                                              batch.response_mask[rows])
             if cfg.loss == "sft":
                 token_loss, diag = sft_token_loss(logprobs), {"entropy": entropy.detach()}
             else:
@@ -270,6 +303,7 @@ class Trainer(ForgeActor):
             loss = reduce_loss(token_loss, mask, normalize, total_seqs, total_tokens, max_len)
             loss.backward()
             sums[0] += loss.item()
+            sums[6] += self.last_forward_tokens
             m = mask.float()
             for i, key in enumerate(("clipped", "approx_kl_behaviour", "entropy", "ratio", "kl_ref"), start=1):
                 if key in diag:
@@ -302,6 +336,7 @@ class Trainer(ForgeActor):
             clip_fraction=float(sums[1]) / total_tokens, approx_kl=float(sums[2]) / total_tokens,
             entropy=float(sums[3]) / total_tokens, ratio_mean=float(sums[4]) / total_tokens,
             kl_ref=float(sums[5]) / total_tokens, tokens=sum(b.tokens.numel() for b in batches),
+            model_tokens=int(sums[6]),  # what the model ran on: fewer than `tokens` when prompts were shared
             response_tokens=total_tokens, tokens_per_s=sum(b.tokens.numel() for b in batches) / elapsed,
             step_s=elapsed, peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
             skipped=float(not finite), skipped_steps=self.skipped_steps,

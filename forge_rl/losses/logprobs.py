@@ -21,58 +21,78 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob [B, T] of each token given its prefix under softmax(logits / temperature) (0 at t=0), and
     the entropy [B, T] of that distribution when `entropy` is "detached" or "grad" (else None)."""
+    return _apply(logits, tokens, temperature, entropy, block_elements, shift=1)
+
+
+def selected_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy: str = "none",
+    block_elements: int = 1 << 24,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob [M] of targets[m] under softmax(logits[m] / temperature), for logits [M, V] already picked
+    at the predicting positions (shared-prompt packing), and the entropy [M] as in `token_logprobs`."""
+    logprobs, ent = _apply(logits[None], targets[None], temperature, entropy, block_elements, shift=0)
+    return logprobs[0], (ent[0] if ent is not None else None)
+
+
+def _apply(logits, tokens, temperature, entropy, block_elements, shift):
     if entropy not in ENTROPY:
         raise ValueError(f"entropy={entropy!r}; choose one of {ENTROPY}")
-    logprobs, ent = _TokenLogprobs.apply(logits, tokens, float(temperature), entropy != "none", block_elements)
+    logprobs, ent = _TokenLogprobs.apply(logits, tokens, float(temperature), entropy != "none", block_elements,
+                                         shift)
     if entropy == "detached":
         ent = ent.detach()
     return logprobs, (ent if entropy != "none" else None)
 
 
-def _blocks(B: int, T: int, V: int, block_elements: int):
-    """(rows, start, end) spans over the predicting positions 0..T-2, ~block_elements logits each: several
-    whole rows at once when a row fits (few Python steps for small vocabularies), else pieces of one row."""
-    per_row = (T - 1) * V
+def _blocks(B: int, T: int, V: int, block_elements: int, shift: int = 1):
+    """(rows, start, end) spans over the predicting positions 0..T-1-shift, ~block_elements logits each:
+    several whole rows at once when a row fits (few Python steps for small vocabularies), else pieces of
+    one row."""
+    end = T - shift
+    per_row = max(end, 1) * V
     if per_row <= block_elements:
         rows = block_elements // per_row
         for b in range(0, B, rows):
-            yield slice(b, min(b + rows, B)), 0, T - 1
+            yield slice(b, min(b + rows, B)), 0, end
         return
     step = max(1, block_elements // V)
     for b in range(B):
-        for t in range(0, T - 1, step):
-            yield slice(b, b + 1), t, min(t + step, T - 1)
+        for t in range(0, end, step):
+            yield slice(b, b + 1), t, min(t + step, end)
 
 
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, tokens, temperature, with_entropy, block_elements):
+    def forward(ctx, logits, tokens, temperature, with_entropy, block_elements, shift):
+        # logits[:, t] predict tokens[:, t + shift]; results are placed at t + shift
         B, T, V = logits.shape
+        s = shift
         logprobs = torch.zeros(B, T, dtype=torch.float32, device=logits.device)
         ent = torch.zeros(B, T, dtype=torch.float32, device=logits.device)
-        for b, lo, hi in _blocks(B, T, V, block_elements):
+        for b, lo, hi in _blocks(B, T, V, block_elements, shift):
             x = logits[b, lo:hi].float() / temperature
             logp = torch.log_softmax(x, -1)
-            logprobs[b, lo + 1 : hi + 1] = logp.gather(-1, tokens[b, lo + 1 : hi + 1, None])[..., 0]
+            logprobs[b, lo + s : hi + s] = logp.gather(-1, tokens[b, lo + s : hi + s, None])[..., 0]
             if with_entropy:
-                ent[b, lo + 1 : hi + 1] = -(logp.exp() * logp).sum(-1)
+                ent[b, lo + s : hi + s] = -(logp.exp() * logp).sum(-1)
         ctx.save_for_backward(logits, tokens, ent)
-        ctx.temperature, ctx.block_elements = temperature, block_elements
+        ctx.temperature, ctx.block_elements, ctx.shift = temperature, block_elements, shift
         return logprobs, ent
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_ent):
         logits, tokens, ent = ctx.saved_tensors
         B, T, V = logits.shape
+        s = shift = ctx.shift
         grad = torch.zeros_like(logits)
         use_ent = grad_ent is not None and bool(grad_ent.any())
-        for b, lo, hi in _blocks(B, T, V, ctx.block_elements):
+        for b, lo, hi in _blocks(B, T, V, ctx.block_elements, shift):
             logp = torch.log_softmax(logits[b, lo:hi].float() / ctx.temperature, -1)
             p = logp.exp()
             # d logprob(target) / dx = onehot(target) - p; d entropy / dx = -p * (log p + H)
-            g = -p * grad_logprobs[b, lo + 1 : hi + 1, None]
-            g.scatter_add_(-1, tokens[b, lo + 1 : hi + 1, None], grad_logprobs[b, lo + 1 : hi + 1, None])
+            g = -p * grad_logprobs[b, lo + s : hi + s, None]
+            g.scatter_add_(-1, tokens[b, lo + s : hi + s, None], grad_logprobs[b, lo + s : hi + s, None])
             if use_ent:
-                g -= p * (logp + ent[b, lo + 1 : hi + 1, None]) * grad_ent[b, lo + 1 : hi + 1, None]
+                g -= p * (logp + ent[b, lo + s : hi + s, None]) * grad_ent[b, lo + s : hi + s, None]
             grad[b, lo:hi] = (g / ctx.temperature).to(grad.dtype)
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None

@@ -7,9 +7,11 @@ own `Qwen3StateDictAdapter`.
 """
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from forge_rl.models import titan_cpu  # noqa: F401  (must run before torchtitan's model modules import)
 
@@ -22,6 +24,27 @@ from torchtitan.models.qwen3 import _build_qwen3_layers, _qwen3_norm  # noqa: E4
 from torchtitan.models.qwen3 import _EMBEDDING_INIT, _LINEAR_INIT  # noqa: E402
 
 
+class MaskedSDPA(ScaledDotProductAttention):
+    """TorchTitan's SDPA inner attention, plus a dense boolean mask [B, 1, L, L] when one is passed as
+    `attention_masks` (shared-prompt packing, forge_rl.data.prompt_packing); causal otherwise. SDPA with
+    a dense mask runs forward and backward on CPU and CUDA, where flex attention has no CPU backward."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ScaledDotProductAttention.Config):
+        pass
+
+    def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False, **kwargs):
+        if attention_masks is None:
+            return super().forward(q_BLNH, k_BLNH, v_BLNH, scale=scale, enable_gqa=enable_gqa, **kwargs)
+        if not isinstance(attention_masks, torch.Tensor) or attention_masks.dtype != torch.bool:
+            raise TypeError(f"MaskedSDPA takes a bool tensor mask, got {type(attention_masks).__name__}")
+        out = F.scaled_dot_product_attention(
+            q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2),
+            attn_mask=attention_masks, scale=scale, enable_gqa=enable_gqa,
+        )
+        return out.transpose(1, 2)
+
+
 def read_hf_config(model_dir: str | Path) -> dict:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
@@ -32,8 +55,8 @@ def read_hf_config(model_dir: str | Path) -> dict:
 def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
     """TorchTitan Qwen3 config matching the HF config in `model_dir`.
 
-    Attention is SDPA (causal): it runs forward and backward on CPU and CUDA, while flex
-    attention has no CPU backward. Batches are right-padded, so causal SDPA needs no mask.
+    Attention is SDPA: it runs forward and backward on CPU and CUDA, while flex attention has no CPU
+    backward. Right-padded batches need no mask (causal); packed rows pass a dense one (MaskedSDPA).
     """
     hf = read_hf_config(model_dir)
     if hf.get("model_type") != "qwen3":
@@ -53,7 +76,7 @@ def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
         rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=hf["max_position_embeddings"], theta=theta),
     )
     for layer in layers:
-        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+        layer.attention.inner_attention = MaskedSDPA.Config()
         layer.attention_norm.eps = layer.ffn_norm.eps = hf.get("rms_norm_eps", 1e-6)
     return Qwen3Model.Config(
         vocab_size=vocab,
