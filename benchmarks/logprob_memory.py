@@ -1,12 +1,12 @@
-"""Peak memory of one GRPO train step at Qwen3's 151,936-token vocabulary: chunked logprobs vs the full
-log-softmax the trainer used before.
+"""Peak memory of one GRPO train step at Qwen3's 151,936-token vocabulary: the full log-softmax the trainer
+used first, blockwise logprobs from whole logits, and blockwise logprobs with the lm_head fused in.
 
     .venv/bin/python benchmarks/logprob_memory.py [--batch 8] [--seq 256] [--vocab 151936]
 
 A random-init Qwen3-shaped model (small hidden size, Qwen3's vocabulary: the logits dominate, as they do
 for a real model at long sequences) runs forward, per-token logprobs and entropy, the GRPO loss and
 backward, once per variant, each variant in a fresh process. Prints the peak RSS the step added (VmHWM
-after the step minus RSS before it) and checks that both variants give the same loss and gradients.
+after the step minus RSS before it) and checks that every variant gives the same loss and gradients.
 """
 
 import argparse
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss
-from forge_rl.losses.logprobs import token_logprobs
+from forge_rl.losses.logprobs import hidden_logprobs, token_logprobs
 
 
 def full_log_softmax(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,12 +55,16 @@ def one_step(variant: str, batch: int, seq: int, vocab: int, out: str) -> None:
     behaviour = -torch.rand(batch, seq, generator=g) * mask
     advantages = torch.randn(batch, generator=g)
     before = rss_mb("VmRSS")
-    logits = model(tokens).logits
-    if variant == "full":
-        logprobs, entropy = full_log_softmax(logits, tokens)
+    if variant == "fused":  # the trainer's path when the lm_head is whole on its rank
+        hidden = model.model(tokens).last_hidden_state
+        logprobs, entropy = hidden_logprobs(hidden, model.lm_head.weight, tokens, entropy="detached")
     else:
-        logprobs, entropy = token_logprobs(logits, tokens, entropy="detached")
-    del logits
+        logits = model(tokens).logits
+        if variant == "full":
+            logprobs, entropy = full_log_softmax(logits, tokens)
+        else:
+            logprobs, entropy = token_logprobs(logits, tokens, entropy="detached")
+        del logits
     token_loss, _ = per_token_loss(logprobs, behaviour, advantages, GRPOLossConfig(), entropy=entropy)
     loss = reduce_loss(token_loss, mask, "sequence_mean", batch, int(mask.sum()))
     loss.backward()
@@ -81,23 +85,25 @@ def main() -> None:
         return one_step(args.variant, args.batch, args.seq, args.vocab, args.out)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for variant in ("full", "chunked"):
+        for variant in ("full", "chunked", "fused"):
             out = f"{tmp}/{variant}.pt"
             subprocess.run([sys.executable, __file__, "--variant", variant, "--out", out, "--batch", str(args.batch),
                             "--seq", str(args.seq), "--vocab", str(args.vocab)], check=True)
             results[variant] = torch.load(out)
-    full, chunked = results["full"], results["chunked"]
-    grad_gap = max((full["grads"][n] - chunked["grads"][n]).abs().max().item() for n in full["grads"])
+    full = results["full"]
     logits_gb = args.batch * args.seq * args.vocab * 4 / 1e9
     print(f"one GRPO train step, batch {args.batch} x {args.seq} tokens, vocab {args.vocab} "
           f"(fp32 logits: {logits_gb:.2f} GB per copy), CPU, peak RSS added by the step:")
-    print(f"  full log-softmax (before): {full['peak_mb'] / 1024:6.2f} GiB")
-    print(f"  chunked logprobs (now):    {chunked['peak_mb'] / 1024:6.2f} GiB  "
-          f"({chunked['peak_mb'] / full['peak_mb']:.2f}x)")
-    print(f"  loss {full['loss']:.8f} vs {chunked['loss']:.8f}; max gradient difference {grad_gap:.1e}")
-    print(json.dumps(dict(full_gib=full["peak_mb"] / 1024, chunked_gib=chunked["peak_mb"] / 1024,
-                          ratio=chunked["peak_mb"] / full["peak_mb"], loss_gap=abs(full["loss"] - chunked["loss"]),
-                          grad_gap=grad_gap)))
+    summary = dict(full_gib=full["peak_mb"] / 1024)
+    for variant, label in (("full", "full log-softmax (first)"), ("chunked", "blockwise from logits"),
+                           ("fused", "blockwise, lm_head fused")):
+        r = results[variant]
+        grad_gap = max((full["grads"][n] - r["grads"][n]).abs().max().item() for n in full["grads"])
+        print(f"  {label:26s} {r['peak_mb'] / 1024:6.2f} GiB ({r['peak_mb'] / full['peak_mb']:.2f}x)  "
+              f"loss {r['loss']:.8f}  max gradient difference {grad_gap:.1e}")
+        summary.update({f"{variant}_gib": r["peak_mb"] / 1024, f"{variant}_ratio": r["peak_mb"] / full["peak_mb"],
+                        f"{variant}_grad_gap": grad_gap, f"{variant}_loss_gap": abs(full["loss"] - r["loss"])})
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

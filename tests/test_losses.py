@@ -114,6 +114,31 @@ def test_blockwise_logprobs_equal_the_full_log_softmax_with_gradients(block_elem
     assert token_logprobs(logits, tokens, temperature)[1] is None  # no entropy unless asked for
 
 
+@pytest.mark.parametrize("block_elements", [1, 2000, 10**7])
+@pytest.mark.parametrize("shift", [1, 0])
+def test_fused_lm_head_logprobs_equal_the_full_logits_with_gradients(block_elements, shift):
+    from forge_rl.losses.logprobs import hidden_logprobs, selected_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(5, 9, 16, generator=g).requires_grad_()
+    weight = torch.randn(301, 16, generator=g).requires_grad_()
+    tokens = torch.randint(0, 301, (5, 9), generator=g)
+    weights = torch.randn(5, 9, generator=g)
+    logits = hidden @ weight.T
+    if shift:
+        want_lp, want_ent = naive_token_logprobs(logits, tokens, 0.7)
+    else:  # logits at position t predict tokens[t] (packed, already picked)
+        lp0, ent0 = selected_logprobs(logits.flatten(0, 1), tokens.flatten(), 0.7, entropy="grad")
+        want_lp, want_ent = lp0.view(5, 9), ent0.view(5, 9)
+    want = torch.autograd.grad((want_lp * weights).sum() + 0.1 * want_ent.sum(), (hidden, weight))
+    lp, ent = hidden_logprobs(hidden, weight, tokens, 0.7, entropy="grad", shift=shift, block_elements=block_elements)
+    got = torch.autograd.grad((lp * weights).sum() + 0.1 * ent.sum(), (hidden, weight))
+    torch.testing.assert_close(lp, want_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, want_ent, atol=1e-5, rtol=0)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+
+
 def test_tis_mode_is_a_truncated_importance_weighted_policy_gradient_without_clipping():
     """One optimizer step per batch: the ratio to the proximal policy is 1, so the clip never acts, whatever
     the staleness; only the truncated weight min(pi/mu, cap) differs from on-policy REINFORCE."""

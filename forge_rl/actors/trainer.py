@@ -25,7 +25,7 @@ from monarch.actor import endpoint
 from forge_rl.controller import ForgeActor
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
 from forge_rl.data.prompt_packing import plan_packing
-from forge_rl.losses.logprobs import selected_logprobs, token_logprobs
+from forge_rl.losses.logprobs import hidden_logprobs, selected_logprobs, token_logprobs
 from forge_rl.types import TrainBatch
 from forge_rl.weights import ShmWeightStore, WeightStoreConfig, spec_of
 
@@ -70,6 +70,10 @@ class TrainerConfig:
     # gradients, fewer tokens; forge_rl.data.prompt_packing), when that leaves at most
     # pack_max_fraction of the tokens in rows of at most pack_max_len.
     share_prompts: bool = True
+    # Compute logprobs straight from the final hidden states and the lm_head weight, a block of positions
+    # at a time, so the logits and their gradient never exist whole (forge_rl.losses.logprobs). Applies
+    # when the lm_head is whole on each rank (no FSDP, no TP); otherwise logits are made, then blockwise.
+    fused_lm_head: bool = True
     pack_max_fraction: float = 0.75
     pack_max_len: int = 1024
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -232,6 +236,8 @@ class Trainer(ForgeActor):
         self.vocab_size = config.vocab_size
         # Without FSDP there is no mixed-precision policy: autocast gives the compute dtype instead.
         self.autocast = self.cfg.dtype != "float32" and dims.dp_shard == 1
+        self.fused_lm_head = self.cfg.fused_lm_head and dims.dp_shard == 1 and dims.tp == 1 and not p.compile
+        model._skip_lm_head = self.fused_lm_head  # the decoder returns hidden states; the head is in the logprobs
         return model, adapter, dims
 
     # ---- training -------------------------------------------------------------------------------
@@ -245,30 +251,39 @@ class Trainer(ForgeActor):
         if response_mask is not None and self.cfg.share_prompts:
             packed = plan_packing(tokens, response_mask, self.cfg.pack_max_fraction, self.cfg.pack_max_len)
         self.last_forward_tokens = tokens.numel() if packed is None else packed.num_tokens
+        d = self.device
         if packed is None:
-            logits = self._logits(tokens)
-            lp, ent = token_logprobs(logits, tokens.to(self.device), temperature, entropy=entropy)
+            out = self._model_out(tokens)
+            if self.fused_lm_head:
+                lp, ent = hidden_logprobs(out, self.model.lm_head.weight, tokens.to(d), temperature, entropy)
+            else:
+                lp, ent = token_logprobs(out, tokens.to(d), temperature, entropy=entropy)
             if response_mask is None:
                 return lp, ent
-            keep = response_mask.to(self.device)  # same result either way: 0 outside the responses
+            keep = response_mask.to(d)  # same result either way: 0 outside the responses
             return lp.where(keep, 0.0), (ent.where(keep, 0.0) if ent is not None else None)
-        d = self.device
-        logits = self._logits(packed.tokens, positions=packed.positions.to(d),
+        out = self._model_out(packed.tokens, positions=packed.positions.to(d),
                               attention_masks=packed.attention_mask.to(d))
-        picked = logits.flatten(0, 1)[packed.pred_index.to(d)]
-        lp, ent = selected_logprobs(picked, packed.targets.to(d), temperature, entropy=entropy)
+        picked, targets = out.flatten(0, 1)[packed.pred_index.to(d)], packed.targets.to(d)
+        if self.fused_lm_head:
+            lp, ent = hidden_logprobs(picked[None], self.model.lm_head.weight, targets[None], temperature, entropy,
+                                      shift=0)
+            lp, ent = lp[0], (ent[0] if ent is not None else None)
+        else:
+            lp, ent = selected_logprobs(picked, targets, temperature, entropy=entropy)
         where = (packed.rows.to(d), packed.cols.to(d))
         zeros = torch.zeros(tokens.shape, dtype=lp.dtype, device=d)
         return zeros.index_put(where, lp), (zeros.index_put(where, ent) if ent is not None else None)
 
-    def _logits(self, tokens: torch.Tensor, **kwargs) -> torch.Tensor:
+    def _model_out(self, tokens: torch.Tensor, **kwargs) -> torch.Tensor:
+        """The logits, or the final hidden states when the lm_head is fused into the logprobs."""
         from torch.distributed.tensor import DTensor
 
         with torch.autocast(self.device.type, dtype=getattr(torch, self.cfg.dtype), enabled=self.autocast):
-            logits = self.model(tokens.to(self.device), **kwargs)
-        if isinstance(logits, DTensor):  # TP shards the vocab dim of the lm_head output
-            logits = logits.full_tensor()
-        return logits
+            out = self.model(tokens.to(self.device), **kwargs)
+        if isinstance(out, DTensor):  # TP shards the vocab dim of the lm_head output
+            out = out.full_tensor()
+        return out
 
     @endpoint
     async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:

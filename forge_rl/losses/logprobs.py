@@ -8,6 +8,10 @@ picked logprob and the entropy per position; backward recomputes each block's so
 block of the logits' gradient in place. Peak: the logits, their gradient, and one block's fp32
 temporaries. The entropy is computed only when asked for: detached for logging, or with its gradient
 when an entropy bonus uses it.
+
+`hidden_logprobs` goes one step further and fuses the lm_head: from the final hidden states and the
+lm_head weight it makes each block's logits, uses them and drops them, so neither the logits nor their
+gradient exist whole (the trainer uses it when the lm_head is neither FSDP-sharded nor TP-sharded).
 """
 
 import torch
@@ -87,12 +91,72 @@ class _TokenLogprobs(torch.autograd.Function):
         grad = torch.zeros_like(logits)
         use_ent = grad_ent is not None and bool(grad_ent.any())
         for b, lo, hi in _blocks(B, T, V, ctx.block_elements, shift):
-            logp = torch.log_softmax(logits[b, lo:hi].float() / ctx.temperature, -1)
-            p = logp.exp()
-            # d logprob(target) / dx = onehot(target) - p; d entropy / dx = -p * (log p + H)
-            g = -p * grad_logprobs[b, lo + s : hi + s, None]
-            g.scatter_add_(-1, tokens[b, lo + s : hi + s, None], grad_logprobs[b, lo + s : hi + s, None])
-            if use_ent:
-                g -= p * (logp + ent[b, lo + s : hi + s, None]) * grad_ent[b, lo + s : hi + s, None]
-            grad[b, lo:hi] = (g / ctx.temperature).to(grad.dtype)
+            out = (b, slice(lo + s, hi + s))
+            g = _logits_grad(logits[b, lo:hi].float(), ctx.temperature, tokens[out], grad_logprobs[out],
+                             ent[out] if use_ent else None, grad_ent[out] if use_ent else None)
+            grad[b, lo:hi] = g.to(grad.dtype)
         return grad, None, None, None, None, None
+
+
+def _logits_grad(x, temperature, targets, grad_logprobs, ent=None, grad_ent=None):
+    """Gradient with respect to a block of logits x [..., V] of the picked logprobs (and entropy)."""
+    logp = torch.log_softmax(x / temperature, -1)
+    p = logp.exp()
+    # d logprob(target) / dx = onehot(target) - p; d entropy / dx = -p * (log p + H)
+    g = -p * grad_logprobs[..., None]
+    g.scatter_add_(-1, targets[..., None], grad_logprobs[..., None])
+    if grad_ent is not None:
+        g -= p * (logp + ent[..., None]) * grad_ent[..., None]
+    return g / temperature
+
+
+def hidden_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+    entropy: str = "none", shift: int = 1, block_elements: int = 1 << 24,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs` (shift 1) or `selected_logprobs` (shift 0) of logits = hidden [B, T, D] @ weight.T
+    [V, D], with the lm_head fused in: each block's logits are made, used and dropped, in forward and again
+    in backward, so neither the logits nor their gradient ever exist whole (fp32 matmul)."""
+    if entropy not in ENTROPY:
+        raise ValueError(f"entropy={entropy!r}; choose one of {ENTROPY}")
+    logprobs, ent = _HiddenLogprobs.apply(hidden, weight, tokens, float(temperature), entropy != "none",
+                                          block_elements, shift)
+    if entropy == "detached":
+        ent = ent.detach()
+    return logprobs, (ent if entropy != "none" else None)
+
+
+class _HiddenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, block_elements, shift):
+        B, T, _ = hidden.shape
+        V, s = weight.shape[0], shift
+        w = weight.float()
+        logprobs = torch.zeros(B, T, dtype=torch.float32, device=hidden.device)
+        ent = torch.zeros(B, T, dtype=torch.float32, device=hidden.device)
+        for b, lo, hi in _blocks(B, T, V, block_elements, shift):
+            logp = torch.log_softmax(hidden[b, lo:hi].float() @ w.T / temperature, -1)
+            logprobs[b, lo + s : hi + s] = logp.gather(-1, tokens[b, lo + s : hi + s, None])[..., 0]
+            if with_entropy:
+                ent[b, lo + s : hi + s] = -(logp.exp() * logp).sum(-1)
+        ctx.save_for_backward(hidden, weight, tokens, ent)
+        ctx.temperature, ctx.block_elements, ctx.shift = temperature, block_elements, shift
+        return logprobs, ent
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_ent):
+        hidden, weight, tokens, ent = ctx.saved_tensors
+        B, T, _ = hidden.shape
+        V, s = weight.shape[0], ctx.shift
+        w = weight.float()
+        grad_hidden = torch.zeros_like(hidden)
+        grad_weight = torch.zeros_like(w)
+        use_ent = grad_ent is not None and bool(grad_ent.any())
+        for b, lo, hi in _blocks(B, T, V, ctx.block_elements, s):
+            out = (b, slice(lo + s, hi + s))
+            h = hidden[b, lo:hi].float()
+            g = _logits_grad(h @ w.T, ctx.temperature, tokens[out], grad_logprobs[out],
+                             ent[out] if use_ent else None, grad_ent[out] if use_ent else None)
+            grad_hidden[b, lo:hi] = (g @ w).to(grad_hidden.dtype)
+            grad_weight += g.flatten(0, -2).T @ h.flatten(0, -2)
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None
