@@ -4,6 +4,7 @@ import asyncio
 import sys
 
 from forge_rl.controller import provisioned
+from forge_rl.controller.signals import handle_stop_signals
 from tests.actors import ShmWriter
 
 
@@ -16,10 +17,11 @@ async def main(how: str) -> None:
         print("SHM", " ".join(path for _, path in infos), flush=True)
         if how == "exception":
             raise RuntimeError("controller failed on purpose")
-        if how == "sigint":
+        if how in ("sigint", "sigterm"):
             print("READY", flush=True)
             await asyncio.sleep(120)
 
 
 if __name__ == "__main__":
+    handle_stop_signals()  # the test sends SIGINT; this process may have inherited it ignored
     asyncio.run(main(sys.argv[1]))

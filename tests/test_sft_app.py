@@ -17,6 +17,7 @@ from apps.sft.main import SFTConfig, main
 from forge_rl.config import load_config
 from forge_rl.data.arithmetic import chat_prompt, held_out_problems, problems, training_problems
 from forge_rl.data.jsonl import DatasetFormatError, load_sft_dataset, tokenize_messages
+from tests.test_shutdown import started_in_the_background
 from tests.conftest import REPO, TINY_MODEL
 
 # The documented band of tiny-warm's greedy accuracy on the held-out prompts (docs/sft.md).
@@ -86,6 +87,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits(tmp_path):
         [sys.executable, "-m", "apps.sft.main", "--config", "configs/sft/tiny.yaml", f"output_dir={tmp_path}",
          "steps=100000", "batch_size=32", "eval_size=0", "export_dir=", "save_every=0"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=started_in_the_background,  # SIGINT inherited ignored, as under nohup or `cmd &`
     )
     try:
         deadline = time.time() + 120

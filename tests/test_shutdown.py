@@ -1,4 +1,4 @@
-"""Shutdown leaves no child processes and nothing in /dev/shm: normal exit, exception, Ctrl-C."""
+"""Shutdown leaves no child processes and nothing in /dev/shm: normal exit, exception, Ctrl-C, SIGTERM."""
 
 import os
 import signal
@@ -22,12 +22,17 @@ def alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
-@pytest.mark.parametrize("how", ["normal", "exception", "sigint"])
+def started_in_the_background() -> None:
+    """What `cmd &` in a non-interactive shell (nohup, CI, a batch step) gives a child: SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("how", ["normal", "exception", "sigint", "sigterm"])
 def test_shutdown_leaves_no_processes_or_shm(how):
     shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.shutdown_script", how],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=started_in_the_background,
     )
     pids, shm, lines = [], [], []
     for line in proc.stdout:
@@ -38,7 +43,7 @@ def test_shutdown_leaves_no_processes_or_shm(how):
             shm = line.split()[1:]
             assert all(Path(p).exists() for p in shm)
         if line.startswith("READY"):
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGINT)
     code = proc.wait(timeout=120)
     output = "".join(lines)
     assert len(pids) == 3 and len(shm) == 3, output

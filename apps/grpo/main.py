@@ -33,6 +33,7 @@ from forge_rl.actors.reward import RewardActor, RewardSpec
 from forge_rl.actors.trainer import Trainer, TrainerConfig
 from forge_rl.config import ConfigError, parse_args, to_yaml
 from forge_rl.controller import provisioned
+from forge_rl.controller.signals import handle_stop_signals
 from forge_rl.controller.provisioner import visible_gpus
 from forge_rl.data.arithmetic import chat_prompt, held_out_problems
 from forge_rl.eval import greedy_accuracy
@@ -509,6 +510,7 @@ def _console_line(step: int, m: dict[str, float]) -> str:
 
 if __name__ == "__main__":
     config = parse_args(GRPOConfig, description=__doc__.splitlines()[0])
+    handle_stop_signals()
     try:
         asyncio.run(main(config))
     except KeyboardInterrupt:

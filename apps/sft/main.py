@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig
 from forge_rl.config import ConfigError, parse_args, to_yaml
+from forge_rl.controller.signals import handle_stop_signals
 from forge_rl.data.jsonl import SFTExample, load_sft_dataset, tokenize_messages
 from forge_rl.models import resolve_model_path
 from forge_rl.observability import MetricsLogger, plot_run
@@ -278,6 +279,7 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     cfg = parse_args(SFTConfig, description=__doc__)
+    handle_stop_signals()
     try:
         result = asyncio.run(main(cfg))
     except ConfigError as e:
