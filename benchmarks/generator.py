@@ -2,8 +2,9 @@
 
     .venv/bin/python -m benchmarks.generator [--sizes tiny,100M] [--rounds 6] [--every 2]
 
-1. Throughput: the same workload (G prompts x n completions, fixed length) through a raw `AsyncLLM` in this
-   process and through the Generator actor (Monarch calls, per-token version tagging, streaming), same
+1. Throughput: the same workload (G prompts x n completions, fixed length) through a raw `AsyncLLM` in a
+   Python process of its own (as the actor's engine has its proc; it shares nothing with this benchmark's
+   event loop) and through the Generator actor (Monarch calls, per-token version tagging, streaming), same
    engine arguments, one after the other in the same run. Target: actor >= 0.95x raw.
 2. Updates: for each model size and swap mode, `rounds` rounds of the workload run back to back while the
    weights are updated every `every` rounds (a trainer step every k generation rounds) from new versions in
@@ -15,7 +16,10 @@
 
 import argparse
 import asyncio
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -70,6 +74,15 @@ async def raw_engine_tok_s(model: str, groups: int, n: int, tokens: int) -> floa
         engine.shutdown()
 
 
+def raw_engine_in_own_process(model: str, groups: int, n: int, tokens: int) -> float:
+    """`raw_engine_tok_s` in a fresh Python process (`--raw MODEL`), so that no event loop, Monarch
+    runtime or actor of this process competes with the raw engine's."""
+    cmd = [sys.executable, "-m", "benchmarks.generator", "--raw", model, "--groups", str(groups), "--n", str(n),
+           "--tokens", str(tokens)]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["tok_s"]
+
+
 async def actor_round(gen, groups: int, n: int, tokens: int) -> int:
     results = await asyncio.gather(
         *(gen.generate.call_one(PROMPT, n=n, max_tokens=tokens, ignore_eos=True) for _ in range(groups))
@@ -85,7 +98,12 @@ async def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--every", type=int, default=2, help="update the weights every k rounds")
+    ap.add_argument("--raw", metavar="MODEL", help="only measure the raw engine on MODEL and print its tok/s as JSON")
     args = ap.parse_args()
+    if args.raw:
+        tok_s = await raw_engine_tok_s(args.raw, args.groups, args.n, args.tokens)
+        print(json.dumps(dict(tok_s=tok_s)), flush=True)
+        return
     from safetensors.torch import load_file
 
     from forge_rl.models.build_tiny import build
@@ -105,8 +123,8 @@ async def main() -> None:
         for size in args.sizes.split(","):
             with tempfile.TemporaryDirectory() as tmp:
                 model = str(TINY_MODEL_DIR) if SIZES[size] is None else str(build(Path(tmp) / size, **SIZES[size]))
-                console.print(f"[bold]{size}[/bold]: raw engine")
-                raw = await raw_engine_tok_s(model, args.groups, args.n, args.tokens)
+                console.print(f"[bold]{size}[/bold]: raw engine (own process)")
+                raw = raw_engine_in_own_process(model, args.groups, args.n, args.tokens)
                 console.print(f"[bold]{size}[/bold]: Generator actor")
                 gen = await Generator.as_actor(model, engine_args=engine_args())
                 await actor_round(gen, args.groups, args.n, args.tokens)  # warm-up
