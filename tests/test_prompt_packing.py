@@ -91,3 +91,11 @@ def test_bad_response_masks_are_named():
     mask = torch.tensor([[0, 0, 1, 1, 0, 0], [0, 0, 1, 0, 1, 0]], dtype=torch.bool)
     with pytest.raises(ValueError, match="row 1: its response tokens are not one contiguous span"):
         plan_packing(tokens, mask)
+
+
+@pytest.mark.parametrize("key, value", [("pack_max_fraction", 0.0), ("pack_max_fraction", 1.5), ("pack_max_len", 0)])
+def test_bad_packing_settings_name_the_key(key, value):
+    from forge_rl.actors.trainer import TrainerConfig
+
+    with pytest.raises(ValueError, match=f"trainer.{key}"):
+        TrainerConfig(**{key: value})

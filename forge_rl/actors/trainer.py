@@ -70,12 +70,12 @@ class TrainerConfig:
     # gradients, fewer tokens; forge_rl.data.prompt_packing), when that leaves at most
     # pack_max_fraction of the tokens in rows of at most pack_max_len.
     share_prompts: bool = True
+    pack_max_fraction: float = 0.75
+    pack_max_len: int = 1024
     # Compute logprobs straight from the final hidden states and the lm_head weight, a block of positions
     # at a time, so the logits and their gradient never exist whole (forge_rl.losses.logprobs). Applies
     # when the lm_head is whole on each rank (no FSDP, no TP); otherwise logits are made, then blockwise.
     fused_lm_head: bool = True
-    pack_max_fraction: float = 0.75
-    pack_max_len: int = 1024
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     # Compute dtype. Master weights, gradients' reduction and optimizer state stay float32 whatever this is:
@@ -92,6 +92,10 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.loss not in ("grpo", "sft"):
             raise ValueError(f"trainer.loss={self.loss!r}; choose 'grpo' or 'sft'")
+        if not 0 < self.pack_max_fraction <= 1:
+            raise ValueError(f"trainer.pack_max_fraction must be in (0, 1], got {self.pack_max_fraction}")
+        if self.pack_max_len < 1:
+            raise ValueError(f"trainer.pack_max_len must be >= 1, got {self.pack_max_len}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"trainer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
         if self.temperature is not None and self.temperature <= 0:
