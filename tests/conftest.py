@@ -1,5 +1,6 @@
 import asyncio
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,12 @@ REPO = Path(__file__).resolve().parents[1]
 # Monarch procs are new Python processes: let them import test actors (tests/actors.py).
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 TINY_MODEL = REPO / "forge_rl" / "models" / "tiny"
+
+
+def started_in_the_background() -> None:
+    """A subprocess preexec_fn: what `cmd &` in a non-interactive shell (nohup, CI, a batch step) gives a
+    child, SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run(coro, timeout: float = 300):

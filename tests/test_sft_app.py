@@ -17,8 +17,7 @@ from apps.sft.main import SFTConfig, main
 from forge_rl.config import load_config
 from forge_rl.data.arithmetic import chat_prompt, held_out_problems, problems, training_problems
 from forge_rl.data.jsonl import DatasetFormatError, load_sft_dataset, tokenize_messages
-from tests.test_shutdown import started_in_the_background
-from tests.conftest import REPO, TINY_MODEL
+from tests.conftest import REPO, TINY_MODEL, started_in_the_background
 
 # The documented band of tiny-warm's greedy accuracy on the held-out prompts (docs/sft.md).
 WARM_BAND = (0.25, 0.50)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, started_in_the_background
 
 
 def alive(pid: int) -> bool:
@@ -20,11 +20,6 @@ def alive(pid: int) -> bool:
     # A zombie is dead but unreaped; it holds nothing.
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().split()[2] != "Z"
-
-
-def started_in_the_background() -> None:
-    """What `cmd &` in a non-interactive shell (nohup, CI, a batch step) gives a child: SIGINT ignored."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.mark.parametrize("how", ["normal", "exception", "sigint", "sigterm"])
