@@ -116,9 +116,11 @@ class Generator(ForgeActor):
         prompt_ids = self._prompt_ids(prompt)
         if n < 1:
             raise ValueError(f"n must be >= 1 (completions per prompt), got {n}")
-        params = SamplingParams(
-            **{**self.sampling, **sampling, "n": n, "logprobs": 0}
-        )
+        merged = {**self.sampling, **sampling}
+        # We decode the text ourselves, once per completion; vLLM's incremental detokenizer (and its
+        # decoding of every logprob's token) is needed only for stop strings.
+        merged.setdefault("detokenize", bool(merged.get("stop")))
+        params = SamplingParams(**{**merged, "n": n, "logprobs": 0})
         max_tokens = params.max_tokens or 0
         if len(prompt_ids) + max_tokens > self.max_model_len:
             raise PromptTooLong(
