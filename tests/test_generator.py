@@ -68,6 +68,17 @@ def test_generator_rejects_bad_input_and_keeps_serving(generator):
     assert svc.service_stats.retries == 0 and svc.healthy_replicas == 1
 
 
+def test_stop_strings_still_work_without_vllm_detokenizing_by_default(generator):
+    # The generator turns vLLM's detokenizer off unless stop strings need it.
+    loop, svc = generator
+    completions = loop.run_until_complete(
+        svc.generate.route(PROMPT, n=16, temperature=1.0, max_tokens=12, stop=["4"], seed=3))
+    stopped = [c for c in completions if c.finish_reason == "stop" and "4" in c.text]
+    assert stopped, "no completion reached the stop string; pick another"
+    for c in stopped:
+        assert c.text.index("4") == len(c.text) - 1  # generation ended at the first "4"
+
+
 def test_concurrent_generate_calls_share_the_engine(generator):
     loop, svc = generator
 

@@ -56,3 +56,38 @@ def test_types_pickle_compactly():
     assert len(blob) < 1.2 * raw  # tensors pickle as raw buffers, not one object per token
     again = pickle.loads(blob)
     assert torch.equal(again.episodes[3].completion.response_ids, eps[3].completion.response_ids)
+
+
+def _monarch_round_trip(obj):
+    """Through the pickler Monarch uses for endpoint arguments and results."""
+    import io
+
+    from monarch._src.actor.pickle import torch_dump, torch_loads
+
+    buf = io.BytesIO()
+    torch_dump(obj, buf)
+    return torch_loads(buf.getvalue()), len(buf.getvalue())
+
+
+def test_tensors_cross_monarch_as_numpy_and_come_back_as_writable_tensors():
+    group = Group("p0", [Episode(completion(), reward=1.0, advantage=0.5) for _ in range(4)])
+    back, _ = _monarch_round_trip(group)
+    for ep in back.episodes:
+        c, ref = ep.completion, completion()
+        for name in ("prompt_ids", "response_ids", "logprobs", "policy_versions"):
+            got, want = getattr(c, name), getattr(ref, name)
+            assert type(got) is torch.Tensor and got.dtype == want.dtype and torch.equal(got, want)
+        c.logprobs += 1.0  # writable: the trainer and buffer may change them in place
+    batch = TrainBatch.collate(back.episodes, pad_id=0)
+    batch.ref_logprobs = torch.zeros(batch.tokens.shape, dtype=torch.bfloat16)  # numpy has no bfloat16
+    (out,), _ = _monarch_round_trip([batch])
+    assert out.response_mask.dtype == torch.bool and torch.equal(out.tokens, batch.tokens)
+    assert out.ref_logprobs.dtype == torch.bfloat16
+
+
+def test_a_view_sends_only_its_own_elements():
+    # Monarch's tensor pickling sends a view's whole storage; numpy sends the view's elements.
+    big = torch.arange(100_000)
+    view = Completion(big[:3], big[3:5], torch.zeros(2), big[5:7], "stop")
+    back, size = _monarch_round_trip(view)
+    assert size < 4_000 and torch.equal(back.response_ids, torch.tensor([3, 4]))
