@@ -84,8 +84,11 @@ def test_fsdp_and_tp_match_one_proc(loop, tmp_path):
     for got in (got_fsdp, got_tp):
         for e, g in zip(expected, got):
             assert abs(e["loss"] - g["loss"]) < 1e-5 and abs(e["grad_norm"] - g["grad_norm"]) < 1e-4
+            assert abs(e["entropy"] - g["entropy"]) < 1e-5
         assert [g["model_tokens"] < g["tokens"] for g in got] == [False] * 3 + [True] * 2  # packed: fewer tokens
     assert all(e["model_tokens"] == e["tokens"] for e in expected)
+    # TP computes logprobs from its vocabulary shards (loss parallel); the others hold whole logits
+    assert [g["loss_parallel"] for g in expected + got_fsdp + got_tp] == [0.0] * 10 + [1.0] * 5
     assert expected[0]["loss"] != expected[2]["loss"] and 0 < expected[0]["clip_fraction"] < 1
 
 

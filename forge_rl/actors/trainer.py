@@ -25,7 +25,7 @@ from monarch.actor import endpoint
 from forge_rl.controller import ForgeActor
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
 from forge_rl.data.prompt_packing import plan_packing
-from forge_rl.losses.logprobs import hidden_logprobs, selected_logprobs, token_logprobs
+from forge_rl.losses.logprobs import VocabShard, hidden_logprobs, selected_logprobs, token_logprobs
 from forge_rl.types import TrainBatch
 from forge_rl.weights import ShmWeightStore, WeightStoreConfig, spec_of
 
@@ -240,7 +240,11 @@ class Trainer(ForgeActor):
         self.vocab_size = config.vocab_size
         # Without FSDP there is no mixed-precision policy: autocast gives the compute dtype instead.
         self.autocast = self.cfg.dtype != "float32" and dims.dp_shard == 1
-        self.fused_lm_head = self.cfg.fused_lm_head and dims.dp_shard == 1 and dims.tp == 1 and not p.compile
+        # Under FSDP2 the lm_head's weight is whole on every rank between the decoder's forward and the end
+        # of its backward (TorchTitan groups it with the final norm, which does not reshard after forward),
+        # and its gradient is reduce-scattered with that group's: the fused logprobs use it then.
+        self.fused_lm_head = self.cfg.fused_lm_head and dims.tp == 1 and not p.compile
+        self.loss_parallel = False  # set once the model hands back vocabulary-sharded logits (TP)
         model._skip_lm_head = self.fused_lm_head  # the decoder returns hidden states; the head is in the logprobs
         return model, adapter, dims
 
@@ -257,37 +261,52 @@ class Trainer(ForgeActor):
         self.last_forward_tokens = tokens.numel() if packed is None else packed.num_tokens
         d = self.device
         if packed is None:
-            out = self._model_out(tokens)
+            out, shard = self._model_out(tokens)
             if self.fused_lm_head:
-                lp, ent = hidden_logprobs(out, self.model.lm_head.weight, tokens.to(d), temperature, entropy)
+                lp, ent = hidden_logprobs(out, self._lm_head_weight(), tokens.to(d), temperature, entropy)
             else:
-                lp, ent = token_logprobs(out, tokens.to(d), temperature, entropy=entropy)
+                lp, ent = token_logprobs(out, tokens.to(d), temperature, entropy=entropy, shard=shard)
             if response_mask is None:
                 return lp, ent
             keep = response_mask.to(d)  # same result either way: 0 outside the responses
             return lp.where(keep, 0.0), (ent.where(keep, 0.0) if ent is not None else None)
-        out = self._model_out(packed.tokens, positions=packed.positions.to(d),
-                              attention_masks=packed.attention_mask.to(d))
+        out, shard = self._model_out(packed.tokens, positions=packed.positions.to(d),
+                                     attention_masks=packed.attention_mask.to(d))
         picked, targets = out.flatten(0, 1)[packed.pred_index.to(d)], packed.targets.to(d)
         if self.fused_lm_head:
-            lp, ent = hidden_logprobs(picked[None], self.model.lm_head.weight, targets[None], temperature, entropy,
+            lp, ent = hidden_logprobs(picked[None], self._lm_head_weight(), targets[None], temperature, entropy,
                                       shift=0)
             lp, ent = lp[0], (ent[0] if ent is not None else None)
         else:
-            lp, ent = selected_logprobs(picked, targets, temperature, entropy=entropy)
+            lp, ent = selected_logprobs(picked, targets, temperature, entropy=entropy, shard=shard)
         where = (packed.rows.to(d), packed.cols.to(d))
         zeros = torch.zeros(tokens.shape, dtype=lp.dtype, device=d)
         return zeros.index_put(where, lp), (zeros.index_put(where, ent) if ent is not None else None)
 
-    def _model_out(self, tokens: torch.Tensor, **kwargs) -> torch.Tensor:
-        """The logits, or the final hidden states when the lm_head is fused into the logprobs."""
+    def _lm_head_weight(self) -> torch.Tensor:
+        """The lm_head's whole weight, as the decoder's forward left it (FSDP2: unsharded until backward)."""
         from torch.distributed.tensor import DTensor
+
+        weight = self.model.lm_head.weight
+        if isinstance(weight, DTensor):
+            raise RuntimeError("trainer.fused_lm_head: the lm_head weight is still sharded after the forward "
+                               "(an FSDP reshard-after-forward policy?); set trainer.fused_lm_head=false")
+        return weight
+
+    def _model_out(self, tokens: torch.Tensor, **kwargs) -> tuple[torch.Tensor, VocabShard | None]:
+        """The logits, or the final hidden states when the lm_head is fused into the logprobs. Under TP the
+        logits are this rank's vocabulary shard, with the VocabShard that says which (loss parallel: the
+        logprobs are reduced over ranks without gathering the logits)."""
+        from torch.distributed.tensor import DTensor, Shard
 
         with torch.autocast(self.device.type, dtype=getattr(torch, self.cfg.dtype), enabled=self.autocast):
             out = self.model(tokens.to(self.device), **kwargs)
-        if isinstance(out, DTensor):  # TP shards the vocab dim of the lm_head output
-            out = out.full_tensor()
-        return out
+        if not isinstance(out, DTensor):
+            return out, None
+        if out.placements == (Shard(out.ndim - 1),):
+            self.loss_parallel = True
+            return out.to_local(), VocabShard.of(out.device_mesh.get_group(), out.shape[-1])
+        return out.full_tensor(), None
 
     @endpoint
     async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
@@ -356,6 +375,7 @@ class Trainer(ForgeActor):
             entropy=float(sums[3]) / total_tokens, ratio_mean=float(sums[4]) / total_tokens,
             kl_ref=float(sums[5]) / total_tokens, tokens=sum(b.tokens.numel() for b in batches),
             model_tokens=int(sums[6]),  # what the model ran on: fewer than `tokens` when prompts were shared
+            loss_parallel=float(self.loss_parallel),  # TP: logprobs from vocabulary shards, logits never gathered
             response_tokens=total_tokens, tokens_per_s=sum(b.tokens.numel() for b in batches) / elapsed,
             step_s=elapsed, peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
             skipped=float(not finite), skipped_steps=self.skipped_steps,
