@@ -19,6 +19,7 @@ it and counts it (the safety net), so stale drops are rare rather than routine.
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from forge_rl.losses.advantages import group_advantages
@@ -138,3 +139,15 @@ async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size:
         for i, (c, t, a) in enumerate(zip(completions, totals, advantages))
     ]
     return Group(prompt_id, episodes)
+
+
+async def rollout_loop(admission: Admission, stop: asyncio.Event, rollout_once: Callable[[], Awaitable[bool]]) -> None:
+    """Start a rollout whenever admission allows one, until `stop` is set. `rollout_once()` produces one
+    group and returns whether it reached the buffer; an error in it ends this loop (and so the run)."""
+    while not stop.is_set():
+        await admission.acquire()
+        stored = False
+        try:
+            stored = await rollout_once()
+        finally:
+            await admission.finish(stored)

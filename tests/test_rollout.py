@@ -8,9 +8,11 @@ from types import SimpleNamespace
 import pytest
 from monarch.actor import ActorError
 
-from apps.grpo.main import GRPOConfig, Run, raise_if_failed, rollout_loop, rollout_once
+from apps.grpo.main import GRPOConfig, rollout_once
 from forge_rl.actors.generator import PromptTooLong
 from forge_rl.data.arithmetic import Problem
+from forge_rl.rollout import rollout_loop
+from forge_rl.train_loop import Run, raise_if_failed
 
 
 def endpoint(fn):
@@ -42,7 +44,7 @@ def test_any_other_rollout_error_ends_the_loop_and_the_run():
 
     async def body():
         run = Run(GRPOConfig(group_size=4))
-        task = asyncio.create_task(rollout_loop(run, *actors(broken)))
+        task = asyncio.create_task(rollout_loop(run.admission, run.stop, lambda: rollout_once(run, *actors(broken))))
         await asyncio.wait([task], timeout=5)
         assert task.done() and run.admission.in_flight == 0  # its admission slot was given back
         with pytest.raises(RuntimeError, match="a rollout task failed"):

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 from tqdm import tqdm
 
@@ -31,6 +30,7 @@ from forge_rl.actors.reference import Reference
 from forge_rl.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
 from forge_rl.actors.reward import RewardActor, RewardSpec
 from forge_rl.actors.trainer import Trainer, TrainerConfig
+from forge_rl.checkpoint import resume_from_checkpoint, save_checkpoint
 from forge_rl.config import ConfigError, parse_args, to_yaml
 from forge_rl.controller import provisioned
 from forge_rl.controller.signals import handle_stop_signals
@@ -40,9 +40,9 @@ from forge_rl.eval import greedy_accuracy
 from forge_rl.models import resolve_model_path
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.resources import ResourcesConfig, plan_placement
-from forge_rl.rollout import Admission, RolloutStats, rollout_group
+from forge_rl.rollout import rollout_group, rollout_loop
 from forge_rl.sampling import behaviour_temperature
-from forge_rl.types import TrainBatch
+from forge_rl.train_loop import Run, batch_staleness, raise_if_failed, update_generators, wait_for_batch
 from forge_rl.weights import WeightStoreConfig
 
 
@@ -107,29 +107,6 @@ class GRPOConfig:
             raise ValueError(f"no_batch_timeout_s must be > 0, got {self.no_batch_timeout_s}")
 
 
-class NoBatchError(RuntimeError):
-    """The train loop waited `no_batch_timeout_s` without a batch; the message says why."""
-
-
-class Run:
-    """The state one GRPO run shares between its rollout tasks and its train loop."""
-
-    def __init__(self, cfg: GRPOConfig, version: int = 0):
-        self.cfg = cfg
-        self.version = version  # policy version = trainer steps taken
-        self.rollouts = RolloutStats()
-        self.admission = Admission(cfg.max_policy_age, cfg.batch_groups, version)
-        self.trainer_busy_s = 0.0  # train_step + push_weights, as the controller waits for them
-        self.staleness_sum, self.staleness_steps = 0.0, 0
-        self.max_staleness = 0  # over every batch trained on: must stay <= max_policy_age
-        self.last_updates: list[dict] | None = None  # the newest finished generator weight update
-        self.stop = asyncio.Event()
-
-    @property
-    def drops(self) -> dict[str, int]:
-        return self.rollouts.drops
-
-
 async def rollout_once(run: Run, dataset, generator, reward, buffer, tokenizer) -> bool:
     """One admitted group: prompt, generate, score, advantages, add to the buffer. True if stored."""
     cfg = run.cfg
@@ -154,23 +131,6 @@ async def rollout_once(run: Run, dataset, generator, reward, buffer, tokenizer) 
     return group is not None and await buffer.add.call_one(group)
 
 
-async def rollout_loop(run: Run, *actors) -> None:
-    """Start a rollout whenever admission allows one, until the run stops."""
-    while not run.stop.is_set():
-        await run.admission.acquire()
-        stored = False
-        try:
-            stored = await rollout_once(run, *actors)
-        finally:
-            await run.admission.finish(stored)
-
-
-def batch_staleness(batches: list[TrainBatch], version: int) -> tuple[float, int]:
-    """Mean and max of (trainer version - version that generated the token) over response tokens."""
-    ages = torch.cat([version - b.policy_versions[b.response_mask] for b in batches])
-    return float(ages.float().mean()), int(ages.max())
-
-
 def check_config(cfg: GRPOConfig) -> None:
     """Settings that only make sense together; errors name the keys."""
     temperature = behaviour_temperature(cfg.generator.sampling)
@@ -188,49 +148,6 @@ def check_config(cfg: GRPOConfig) -> None:
                           "sampled distribution (after temperature); use 'processed_logprobs'")
     if cfg.buffer.capacity < cfg.batch_groups:
         raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is smaller than batch_groups={cfg.batch_groups}")
-
-
-async def wait_for_batch(run: Run, buffer, rollouts: list[asyncio.Task]) -> tuple[list[TrainBatch], float]:
-    """Sample a batch at the run's version, waiting while rollouts fill the buffer. Raises at once when a
-    rollout task died, and NoBatchError (saying why) after no_batch_timeout_s without a batch."""
-    start = time.perf_counter()
-    before = await buffer.stats.call_one()
-    drops_before = dict(run.drops)
-    while (batches := await buffer.sample.call_one(run.version, run.cfg.batch_groups)) is None:
-        raise_if_failed(rollouts)
-        await run.admission.buffer_holds((await buffer.stats.call_one())["groups"])
-        if time.perf_counter() - start > run.cfg.no_batch_timeout_s:
-            raise NoBatchError(_why_no_batch(run, before, await buffer.stats.call_one(), drops_before))
-        await asyncio.sleep(0.01)
-    return batches, time.perf_counter() - start
-
-
-def raise_if_failed(tasks: list[asyncio.Task]) -> None:
-    for t in tasks:
-        if t.done() and not t.cancelled() and t.exception() is not None:
-            raise RuntimeError(f"a rollout task failed: {t.exception()}") from t.exception()
-
-
-def _why_no_batch(run: Run, before: dict, now: dict, drops_before: dict) -> str:
-    cfg, adm = run.cfg, run.admission
-    dropped = {r: now["dropped"][r] - before["dropped"][r] for r in now["dropped"]}
-    dropped.update({r: v - drops_before.get(r, 0) for r, v in run.drops.items()})
-    added = now["added"] - before["added"]
-    lines = [f"no batch of {cfg.batch_groups} groups for {cfg.no_batch_timeout_s:.0f} s (no_batch_timeout_s) at "
-             f"policy version {run.version}; meanwhile {added} episodes reached the buffer, {now['groups']} groups "
-             f"are in it, {adm.in_flight} rollouts in flight; drops: {dropped}"]
-    if added and dropped.get("zero_advantage", 0) == added:
-        lines.append("every group had zero advantage: all its completions got the same reward (a broken reward, "
-                     "a task too easy or too hard, a chat template that makes the model emit something else)")
-    elif added and dropped.get("stale", 0) >= added:
-        lines.append("every group arrived too old for max_policy_age")
-    elif dropped.get("reward_error"):
-        lines.append("reward functions are failing (see the 'dropped group' lines)")
-    elif dropped.get("prompt_too_long"):
-        lines.append("prompts do not fit the engine's max_model_len with max_tokens")
-    elif not added:
-        lines.append("no rollout finished: the generator is stuck or far too slow for this timeout")
-    return "; ".join(lines)
 
 
 async def main(cfg: GRPOConfig) -> dict:
@@ -284,7 +201,8 @@ async def main(cfg: GRPOConfig) -> dict:
         ckpt_dir = Path(cfg.trainer.checkpoint_dir)
         start_step = 0
         if cfg.resume:
-            start_step = await _resume(run, trainer, generator, buffer, dataset, ckpt_dir, console)
+            start_step, path = await resume_from_checkpoint(run, trainer, generator, buffer, dataset, ckpt_dir)
+            console.print(f"resumed from {path} at step {start_step} (policy version {run.version})")
         log = MetricsLogger(out, cfg.wandb_project, config=asdict(cfg), resume_step=start_step if cfg.resume else None)
         eval_acc = await _evaluate(generator, tokenizer, held_out, cfg)
         first_eval = eval_acc
@@ -294,7 +212,8 @@ async def main(cfg: GRPOConfig) -> dict:
         actors = (dataset, generator, reward, buffer, tokenizer)
         # Synchronous: the whole batch is generated at once (and zero-advantage top-ups run concurrently).
         tasks = cfg.rollout_tasks if cfg.async_mode else max(cfg.rollout_tasks, cfg.batch_groups)
-        rollouts = [asyncio.create_task(rollout_loop(run, *actors)) for _ in range(tasks)]
+        rollouts = [asyncio.create_task(rollout_loop(run.admission, run.stop, lambda: rollout_once(run, *actors)))
+                    for _ in range(tasks)]
         pending_update: asyncio.Task | None = None
         last_buffer = await buffer.stats.call_one()
         started = time.perf_counter()
@@ -326,7 +245,7 @@ async def main(cfg: GRPOConfig) -> dict:
                 run.version += 1
                 if pending_update is not None:
                     run.last_updates = await pending_update  # one swap at a time, in version order
-                pending_update = asyncio.create_task(_update_generators(run, generator, run.version))
+                pending_update = asyncio.create_task(update_generators(run, generator, run.version))
                 if not cfg.async_mode:
                     run.last_updates = await pending_update
                 if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
@@ -339,7 +258,7 @@ async def main(cfg: GRPOConfig) -> dict:
                     eval_busy_s += time.perf_counter() - eval_start
                     started += time.perf_counter() - eval_start  # evaluations are not training time
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                    await _checkpoint(run, trainer, buffer, dataset, ckpt_dir, step)
+                    await save_checkpoint(run, trainer, buffer, dataset, step)
                 raise_if_failed(rollouts)
                 buf = await buffer.stats.call_one()
                 gen_stats = await generator.stats.route()
@@ -356,7 +275,7 @@ async def main(cfg: GRPOConfig) -> dict:
             run.stop.set()
             for t in rollouts:
                 t.cancel()
-            await _checkpoint(run, trainer, buffer, dataset, ckpt_dir, run.version)
+            await save_checkpoint(run, trainer, buffer, dataset, run.version)
             raise
         finally:
             bar.close()
@@ -372,7 +291,7 @@ async def main(cfg: GRPOConfig) -> dict:
             eval_acc = await _evaluate(generator, tokenizer, held_out, cfg)
             evals.append((step, wall, eval_acc))
             log.log(step, {"eval/accuracy": eval_acc})
-        await _checkpoint(run, trainer, buffer, dataset, ckpt_dir, run.version)
+        await save_checkpoint(run, trainer, buffer, dataset, run.version)
         final_buffer = await buffer.evict.call_one()
         gen_version = await generator.version.route()
         gen_stats = await generator.stats.route()
@@ -409,12 +328,6 @@ def _tuples(lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(x) for x in lists)
 
 
-async def _update_generators(run: Run, generator, version: int) -> list[dict]:
-    updates = await generator.update_weights.call_all(version)
-    await run.admission.generators_at(version)
-    return updates
-
-
 def _dp_size(cfg: GRPOConfig) -> int:
     p = cfg.trainer.parallel
     dp = cfg.trainer_procs // p.tp if p.dp_shard == -1 else p.dp_shard
@@ -427,35 +340,6 @@ async def _evaluate(generator, tokenizer, problems, cfg: GRPOConfig) -> float:
     result = await greedy_accuracy(generator, tokenizer, problems, max_tokens=cfg.generator.sampling.get("max_tokens", 8),
                                    chat_template_kwargs=cfg.chat_template_kwargs)
     return result["accuracy"]
-
-
-async def _checkpoint(run: Run, trainer, buffer, dataset, ckpt_dir: Path, step: int) -> None:
-    """Trainer DCP checkpoint plus the controller's state (buffer, data position, counters)."""
-    path = Path((await trainer.save.call(step)).item(procs=0))
-    state = dict(version=run.version, drops=run.drops, buffer=await buffer.state_dict.call_one(),
-                 dataset=await dataset.state_dict.call_one())
-    torch.save(state, path / "app_state.pt")
-
-
-async def _resume(run: Run, trainer, generator, buffer, dataset, ckpt_dir: Path, console) -> int:
-    candidates = sorted((p for p in ckpt_dir.glob("step-*") if (p / "app_state.pt").is_file()),
-                        key=lambda p: int(p.name.split("-")[1]))
-    if not candidates:
-        raise FileNotFoundError(f"resume=true but no checkpoint with app_state.pt under {ckpt_dir}")
-    path = candidates[-1]
-    step = (await trainer.load.call(str(path))).item(procs=0)
-    state = torch.load(path / "app_state.pt", weights_only=False)
-    run.version = state["version"]
-    run.drops.update(state["drops"])
-    run.admission = Admission(run.cfg.max_policy_age, run.cfg.batch_groups, run.version)
-    await buffer.load_state_dict.call_one(state["buffer"])
-    await dataset.load_state_dict.call_one(state["dataset"])
-    run.admission.buffered = (await buffer.stats.call_one())["groups"]
-    if run.version > 0:  # the generators start from the model dir: give them the resumed weights
-        await trainer.push_weights.call(run.version)
-        await generator.update_weights.call_all(run.version)
-    console.print(f"resumed from {path} at step {step} (policy version {run.version})")
-    return step
 
 
 def _step_metrics(run, step, metrics, push, updates, buf, last_buf, staleness, sample_wait, step_s, gen_tokens,

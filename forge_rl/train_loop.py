@@ -1,0 +1,98 @@
+"""The train loop's parts that every group-based RL app shares: the run's shared state, waiting for a batch
+(and saying why none comes), the staleness of a batch, and moving the generators to a new version.
+
+    run = Run(cfg)                      # cfg: max_policy_age, batch_groups, no_batch_timeout_s
+    batches, waited_s = await wait_for_batch(run, buffer, rollout_tasks)
+    staleness, oldest = batch_staleness(batches, run.version)
+    ... train_step, push_weights(run.version + 1) ...
+    run.version += 1
+    updates = await update_generators(run, generator, run.version)
+"""
+
+import asyncio
+import time
+from typing import Any
+
+import torch
+
+from forge_rl.rollout import Admission, RolloutStats
+from forge_rl.types import TrainBatch
+
+
+class NoBatchError(RuntimeError):
+    """The train loop waited `no_batch_timeout_s` without a batch; the message says why."""
+
+
+class Run:
+    """The state one run shares between its rollout tasks and its train loop. `cfg` is the app's config;
+    this reads its max_policy_age, batch_groups and no_batch_timeout_s."""
+
+    def __init__(self, cfg: Any, version: int = 0):
+        self.cfg = cfg
+        self.version = version  # policy version = trainer steps taken
+        self.rollouts = RolloutStats()
+        self.admission = Admission(cfg.max_policy_age, cfg.batch_groups, version)
+        self.trainer_busy_s = 0.0  # train_step + push_weights, as the controller waits for them
+        self.staleness_sum, self.staleness_steps = 0.0, 0
+        self.max_staleness = 0  # over every batch trained on: must stay <= max_policy_age
+        self.last_updates: list[dict] | None = None  # the newest finished generator weight update
+        self.stop = asyncio.Event()
+
+    @property
+    def drops(self) -> dict[str, int]:
+        return self.rollouts.drops
+
+
+def batch_staleness(batches: list[TrainBatch], version: int) -> tuple[float, int]:
+    """Mean and max of (trainer version - version that generated the token) over response tokens."""
+    ages = torch.cat([version - b.policy_versions[b.response_mask] for b in batches])
+    return float(ages.float().mean()), int(ages.max())
+
+
+async def wait_for_batch(run: Run, buffer, rollouts: list[asyncio.Task]) -> tuple[list[TrainBatch], float]:
+    """Sample a batch at the run's version, waiting while rollouts fill the buffer. Raises at once when a
+    rollout task died, and NoBatchError (saying why) after no_batch_timeout_s without a batch."""
+    start = time.perf_counter()
+    before = await buffer.stats.call_one()
+    drops_before = dict(run.drops)
+    while (batches := await buffer.sample.call_one(run.version, run.cfg.batch_groups)) is None:
+        raise_if_failed(rollouts)
+        await run.admission.buffer_holds((await buffer.stats.call_one())["groups"])
+        if time.perf_counter() - start > run.cfg.no_batch_timeout_s:
+            raise NoBatchError(why_no_batch(run, before, await buffer.stats.call_one(), drops_before))
+        await asyncio.sleep(0.01)
+    return batches, time.perf_counter() - start
+
+
+def raise_if_failed(tasks: list[asyncio.Task]) -> None:
+    for t in tasks:
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            raise RuntimeError(f"a rollout task failed: {t.exception()}") from t.exception()
+
+
+def why_no_batch(run: Run, before: dict, now: dict, drops_before: dict) -> str:
+    cfg, adm = run.cfg, run.admission
+    dropped = {r: now["dropped"][r] - before["dropped"][r] for r in now["dropped"]}
+    dropped.update({r: v - drops_before.get(r, 0) for r, v in run.drops.items()})
+    added = now["added"] - before["added"]
+    lines = [f"no batch of {cfg.batch_groups} groups for {cfg.no_batch_timeout_s:.0f} s (no_batch_timeout_s) at "
+             f"policy version {run.version}; meanwhile {added} episodes reached the buffer, {now['groups']} groups "
+             f"are in it, {adm.in_flight} rollouts in flight; drops: {dropped}"]
+    if added and dropped.get("zero_advantage", 0) == added:
+        lines.append("every group had zero advantage: all its completions got the same reward (a broken reward, "
+                     "a task too easy or too hard, a chat template that makes the model emit something else)")
+    elif added and dropped.get("stale", 0) >= added:
+        lines.append("every group arrived too old for max_policy_age")
+    elif dropped.get("reward_error"):
+        lines.append("reward functions are failing (see the 'dropped group' lines)")
+    elif dropped.get("prompt_too_long"):
+        lines.append("prompts do not fit the engine's max_model_len with max_tokens")
+    elif not added:
+        lines.append("no rollout finished: the generator is stuck or far too slow for this timeout")
+    return "; ".join(lines)
+
+
+async def update_generators(run: Run, generator, version: int) -> list[dict]:
+    updates = await generator.update_weights.call_all(version)
+    await run.admission.generators_at(version)
+    return updates
