@@ -39,6 +39,7 @@ class Admission:
         self.in_flight = 0
         self.buffered = 0
         self.admitted = 0
+        self.stored = 0  # rollouts that ended with their group in the buffer, ever
         self.wait_s = 0.0  # rollout time spent waiting for admission
         self.paused = False  # set while the app evaluates: no new rollouts (fair, untimed evaluations)
         self._changed = asyncio.Condition()
@@ -76,21 +77,31 @@ class Admission:
         async with self._changed:
             self.in_flight -= 1
             self.buffered += int(stored)
+            self.stored += int(stored)
             self._changed.notify_all()
 
-    async def sampled(self, buffered_groups: int, sample_version: int) -> None:
+    async def sampled(self, buffered_groups: int, sample_version: int, stored_before_read: int | None = None) -> None:
         """The trainer took a batch: `buffered_groups` are left in the buffer, the next sample is at
-        `sample_version`."""
+        `sample_version`. See `buffer_holds` for `stored_before_read`."""
         async with self._changed:
-            self.buffered, self.sample_version = buffered_groups, sample_version
+            self.buffered, self.sample_version = self._count(buffered_groups, stored_before_read), sample_version
             self._changed.notify_all()
 
-    async def buffer_holds(self, buffered_groups: int) -> None:
+    async def buffer_holds(self, buffered_groups: int, stored_before_read: int | None = None) -> None:
         """The buffer's own count of groups. A sample that finds too few groups may still have dropped stale
-        ones; without this, admission would keep counting them and could wait forever."""
+        ones; without this, admission would keep counting them and could wait forever.
+
+        The count is read from the buffer actor while rollouts go on finishing: pass `stored_before_read`
+        (`self.stored` taken before the read), so that groups stored after it are added rather than lost.
+        Lost, they would free slots that are not free and admit groups beyond the bound, which then arrive
+        stale. (A group stored just before the read may be counted twice until the next count: admission
+        is then briefly stricter, never looser.)"""
         async with self._changed:
-            self.buffered = buffered_groups
+            self.buffered = self._count(buffered_groups, stored_before_read)
             self._changed.notify_all()
+
+    def _count(self, buffered_groups: int, stored_before_read: int | None) -> int:
+        return buffered_groups + (0 if stored_before_read is None else self.stored - stored_before_read)
 
     async def generators_at(self, version: int) -> None:
         """Every generator replica now runs `version`."""

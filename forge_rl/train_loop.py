@@ -57,7 +57,8 @@ async def wait_for_batch(run: Run, buffer, rollouts: list[asyncio.Task]) -> tupl
     drops_before = dict(run.drops)
     while (batches := await buffer.sample.call_one(run.version, run.cfg.batch_groups)) is None:
         raise_if_failed(rollouts)
-        await run.admission.buffer_holds((await buffer.stats.call_one())["groups"])
+        stored = run.admission.stored
+        await run.admission.buffer_holds((await buffer.stats.call_one())["groups"], stored)
         if time.perf_counter() - start > run.cfg.no_batch_timeout_s:
             raise NoBatchError(why_no_batch(run, before, await buffer.stats.call_one(), drops_before))
         await asyncio.sleep(0.01)

@@ -217,7 +217,7 @@ async def main(cfg: GRPOConfig) -> dict:
         pending_update: asyncio.Task | None = None
         last_buffer = await buffer.stats.call_one()
         started = time.perf_counter()
-        gen_busy_start, eval_busy_s = _generating_s(await generator.stats.route()), 0.0
+        gen_busy_start, eval_busy_s = (await generator.stats.route())["busy_s"], 0.0
         step = start_step
         bar = tqdm(total=cfg.steps, initial=start_step, desc="GRPO steps", unit="step", dynamic_ncols=True)
         try:
@@ -226,7 +226,8 @@ async def main(cfg: GRPOConfig) -> dict:
                 gen_tokens_before = run.rollouts.generated_tokens
                 batches, sample_wait = await wait_for_batch(run, buffer, rollouts)
                 # the next batch is sampled at version + 1: admit only what that batch can still use
-                await run.admission.sampled((await buffer.stats.call_one())["groups"], run.version + 1)
+                stored = run.admission.stored
+                await run.admission.sampled((await buffer.stats.call_one())["groups"], run.version + 1, stored)
                 staleness, oldest = batch_staleness(batches, run.version)
                 run.max_staleness = max(run.max_staleness, oldest)
                 if placement.colocated:  # the trainer gets the device: the generators step aside
@@ -286,7 +287,7 @@ async def main(cfg: GRPOConfig) -> dict:
         if pending_update is not None:
             run.last_updates = await pending_update
         wall = time.perf_counter() - started  # the training phase: start-up and evaluations excluded
-        gen_busy_s = _generating_s(await generator.stats.route()) - gen_busy_start - eval_busy_s
+        gen_busy_s = (await generator.stats.route())["busy_s"] - gen_busy_start - eval_busy_s
         if step > start_step:
             eval_acc = await _evaluate(generator, tokenizer, held_out, cfg)
             evals.append((step, wall, eval_acc))
@@ -319,9 +320,6 @@ async def main(cfg: GRPOConfig) -> dict:
     return summary
 
 
-def _generating_s(stats: dict) -> float:
-    """Seconds the generator had requests in its engine and was not held for the trainer."""
-    return stats["busy_s"] - stats["held_s"]
 
 
 def _tuples(lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:

@@ -64,10 +64,10 @@ class Generator(ForgeActor):
         self.policy_version = 0
         self._request_ids = itertools.count()
         self._generated_tokens = 0
-        self._busy_s = 0.0  # wall time with at least one request in the engine
+        self._busy_s = 0.0  # wall time with at least one request in the engine, not held for another role
         self._active = 0
         self._max_active = 0  # most requests in the engine at once (shows that calls overlap)
-        self._busy_since = 0.0
+        self._since = time.perf_counter()  # last change of _active or _held_since
         self._in_flight: dict[str, tuple[int, list[_Child]]] = {}  # request id -> (prompt length, children)
         self._swap_lock: asyncio.Lock | None = None
         self.updates: list[dict] = []  # one record per weight update
@@ -234,6 +234,7 @@ class Generator(ForgeActor):
             await self.engine.pause_generation(mode="keep", clear_cache=torch.cuda.is_available())
             if torch.cuda.is_available():
                 await self.engine.sleep(level=1)
+            self._tick()
             self._held_since = time.perf_counter()
         return self._held_since - start
 
@@ -247,6 +248,7 @@ class Generator(ForgeActor):
             if torch.cuda.is_available():
                 await self.engine.wake_up()
             await self.engine.resume_generation()
+            self._tick()
             self._held_s += time.perf_counter() - self._held_since
             self._held_since = None
         return time.perf_counter() - start
@@ -262,10 +264,11 @@ class Generator(ForgeActor):
 
     @endpoint
     async def stats(self) -> dict[str, float]:
+        self._tick()
         return dict(
             generated_tokens=self._generated_tokens,
-            busy_s=self._busy_s,
-            held_s=self._held_s,  # paused for another role (colocated); part of busy_s when requests waited
+            busy_s=self._busy_s,  # requests in the engine and not held: the time it generated
+            held_s=self._held_s,  # paused for another role (colocated)
             max_concurrent_requests=self._max_active,
             unfinished_requests=self.engine.get_num_unfinished_requests(),
             tokens_generated_in_flight=sum(len(c.ids) for _, cs in self._in_flight.values() for c in cs),
@@ -292,16 +295,22 @@ class Generator(ForgeActor):
               file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
+    def _tick(self) -> None:
+        """Account the time since the last change of state: generating if requests were in the engine and
+        it was not held (held time with requests waiting is the other role's, not generation)."""
+        now = time.perf_counter()
+        if self._active and self._held_since is None:
+            self._busy_s += now - self._since
+        self._since = now
+
     def _enter(self) -> None:
-        if self._active == 0:
-            self._busy_since = time.perf_counter()
+        self._tick()
         self._active += 1
         self._max_active = max(self._max_active, self._active)
 
     def _leave(self) -> None:
+        self._tick()
         self._active -= 1
-        if self._active == 0:
-            self._busy_s += time.perf_counter() - self._busy_since
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
