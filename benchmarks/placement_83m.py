@@ -1,0 +1,66 @@
+"""Sync, async side by side (disaggregated) and async time-shared (colocated) GRPO on an 83M-parameter model.
+
+    .venv/bin/python -m benchmarks.placement_83m [--steps 6] [key=value ...]
+
+Issue 17's workload: a Qwen3-shaped model of 83M parameters (hidden 768, 12 layers, 12 heads, 4 KV heads,
+MLP 2304, random init, the tiny model's character tokenizer), G=8, 4 groups per step, 64 new tokens
+(`ignore_eos`: every response is exactly 64 tokens, so every step and both loops do the same work), the
+zero-advantage filter off (a random model earns almost no reward: the steps still do all their work). On the 2-core CPU machine generation and training
+each take seconds per step, so where the roles' time goes decides the loop's speed. Each run is
+apps/grpo/main.py in this process, one after the other; prints steps/min (training phase), the trainer's
+and the generator's idle fractions and the stale drops. Target (issue 17): the best async placement at
+least 1.2x sync.
+"""
+
+import argparse
+import asyncio
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from apps.grpo.main import GRPOConfig, main
+from forge_rl.config import load_config
+from forge_rl.models.build_tiny import build
+
+SHAPE_83M = dict(hidden_size=768, intermediate_size=2304, num_hidden_layers=12, num_attention_heads=12,
+                 num_key_value_heads=4, head_dim=64)
+
+
+def cli() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("overrides", nargs="*", help="apps.grpo.main overrides for every run")
+    args = ap.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build(Path(tmp) / "qwen3_83m", **SHAPE_83M)
+        common = [f"model={model}", f"steps={args.steps}", "group_size=8", "batch_groups=4", "rollout_tasks=8",
+                  "generator.sampling.max_tokens=64",
+                  "generator.sampling.ignore_eos=true", "generator.engine_args.max_model_len=256",
+                  "buffer.drop_zero_advantage=false", "eval_every=0", "eval_size=8", "checkpoint_every=0",
+                  "no_batch_timeout_s=900", *args.overrides]
+        runs = [
+            ("synchronous", ["async_mode=false", "max_policy_age=0", "resources.placement=disaggregated"]),
+            ("async, disaggregated", ["async_mode=true", "max_policy_age=1", "resources.placement=disaggregated"]),
+            ("async, colocated", ["async_mode=true", "max_policy_age=1", "resources.placement=colocated"]),
+        ]
+        for label, extra in runs:
+            Console().rule(label)
+            out = f"output_dir=outputs/bench/placement_83m/{label.split(',')[-1].strip()}"
+            cfg = load_config(GRPOConfig, "configs/grpo/tiny.yaml", common + extra + [out])
+            results.append((label, asyncio.run(main(cfg))))
+    base = results[0][1]["steps_per_min"]
+    table = Table(title=f"GRPO on an 83M-parameter Qwen3 shape, {args.steps} steps, G=8 x 4 groups x 64 tokens")
+    for col in ("loop", "steps/min", "s/step", "vs sync", "trainer idle", "generator idle", "stale drops"):
+        table.add_column(col, justify="right")
+    for label, s in results:
+        table.add_row(label, f"{s['steps_per_min']:.2f}", f"{60 / s['steps_per_min']:.1f}",
+                      f"{s['steps_per_min'] / base:.2f}x", f"{s['trainer_idle_fraction']:.0%}",
+                      f"{s['generator_idle_fraction']:.0%}", f"{s['stale_fraction']:.1%}")
+    Console(width=160).print(table)
+
+
+if __name__ == "__main__":
+    cli()
