@@ -11,7 +11,12 @@
    the weight store. Reports the pause per update (generation stopped), the drain wait (drain mode: the
    engine running below capacity while in-flight requests finish), tokens in flight at the swap, and the
    fraction of generation wall time lost to updates = (pauses + drain waits) / wall time.
-"100M" is a random char-level Qwen3 (hidden 768, 14 layers) built into a temporary directory.
+3. The weight store on the path vLLM uses, per model size: publish (the trainer's write of every tensor
+   into the version's shared-memory safetensors file: one copy) and the engine's reload (vLLM's
+   `reload_weights` from that file inside the paused engine: one copy into the engine's parameters plus,
+   on CPU, oneDNN's repacking of every linear layer), each as seconds and GB/s of model bytes.
+"100M" is a random char-level Qwen3 (hidden 768, 14 layers) built into a temporary directory. Each size
+has a weight store of its own (a generator loads the newest published version when it starts).
 """
 
 import argparse
@@ -107,7 +112,7 @@ async def main() -> None:
     from safetensors.torch import load_file
 
     from forge_rl.models.build_tiny import build
-    from forge_rl.weights import ShmWeightStore
+    from forge_rl.weights import ShmWeightStore, WeightStoreConfig
 
     throughput = Table(title=f"generation throughput, {args.groups} groups x n={args.n} x {args.tokens} tokens")
     for col in ("model", "raw AsyncLLM tok/s", "Generator actor tok/s", "actor / raw"):
@@ -116,17 +121,23 @@ async def main() -> None:
     for col in ("model", "mode", "updates", "reload+pause s (median)", "drain wait s (median)",
                 "tokens in flight", "tok/s", "time lost to updates"):
         updates.add_column(col, justify="right")
+    store_table = Table(title="weight store on vLLM's reload path (medians over every update)")
+    for col in ("model", "MB", "publish s", "publish GB/s", "engine reload + pause s", "reload GB/s"):
+        store_table.add_column(col, justify="right")
 
     async with provisioned():
-        store = ShmWeightStore()
         version = 0
         for size in args.sizes.split(","):
+            store_cfg = WeightStoreConfig(host_id=f"bench-{size}")  # versions of this size only
+            store = ShmWeightStore(cfg=store_cfg)
+            publish_s: list[float] = []
+            reloads: list[float] = []
             with tempfile.TemporaryDirectory() as tmp:
                 model = str(TINY_MODEL_DIR) if SIZES[size] is None else str(build(Path(tmp) / size, **SIZES[size]))
                 console.print(f"[bold]{size}[/bold]: raw engine (own process)")
                 raw = raw_engine_in_own_process(model, args.groups, args.n, args.tokens)
                 console.print(f"[bold]{size}[/bold]: Generator actor")
-                gen = await Generator.as_actor(model, engine_args=engine_args())
+                gen = await Generator.as_actor(model, engine_args=engine_args(), weight_store=store_cfg)
                 await actor_round(gen, args.groups, args.n, args.tokens)  # warm-up
                 start = time.perf_counter()
                 tok = await actor_round(gen, args.groups, args.n, args.tokens)
@@ -141,7 +152,9 @@ async def main() -> None:
                         work = asyncio.ensure_future(actor_round(gen, args.groups, args.n, args.tokens))
                         if r % args.every == args.every - 1:
                             version += 1
+                            t = time.perf_counter()
                             store.publish(version, weights)  # what the trainer's push_weights does
+                            publish_s.append(time.perf_counter() - t)
                             await asyncio.sleep(0.2)  # let the round get under way
                             records.append(await gen.update_weights.call_one(version, mode=mode))
                         tokens += await work
@@ -154,10 +167,15 @@ async def main() -> None:
                         f"{tokens / wall:,.0f}", f"{lost / wall:.1%}",
                     )
                     console.print(f"  {mode}: {[round(u['pause_s'], 3) for u in records]} s pauses")
+                    reloads += [u["pause_s"] for u in records]  # pause, reload_weights, resume
                 await stop_actor(gen)
-        store.close()
+            store.close()
+            gb = sum(t.numel() * t.element_size() for t in weights.values()) / 1e9
+            pub, rel = statistics.median(publish_s), statistics.median(reloads)
+            store_table.add_row(size, f"{gb * 1e3:,.0f}", f"{pub:.3f}", f"{gb / pub:.2f}", f"{rel:.3f}", f"{gb / rel:.2f}")
     console.print(throughput)
     console.print(updates)
+    console.print(store_table)
 
 
 if __name__ == "__main__":
