@@ -320,8 +320,6 @@ async def main(cfg: GRPOConfig) -> dict:
     return summary
 
 
-
-
 def _tuples(lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(x) for x in lists)
 
