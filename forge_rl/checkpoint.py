@@ -1,7 +1,7 @@
 """Checkpoints of a whole run: the trainer's DCP checkpoint plus the controller's state beside it.
 
     path = await save_checkpoint(run, trainer, buffer, dataset, step)    # <checkpoint_dir>/step-N/
-    step = await resume_from_checkpoint(run, trainer, generator, buffer, dataset, checkpoint_dir)
+    step, path = await resume_from_checkpoint(run, trainer, generator, buffer, dataset, checkpoint_dir)
 
 The controller's state (`app_state.pt` in the trainer's step directory) holds the policy version, the drop
 counters, the replay buffer's groups and the dataset's position, so a resumed run continues with the same

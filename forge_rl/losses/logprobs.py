@@ -30,7 +30,8 @@ ENTROPY = ("none", "detached", "grad")
 
 @dataclass(frozen=True)
 class VocabShard:
-    """The logits hold vocabulary ids [start, start + size) of `vocab` on this rank of `group`."""
+    """This rank's logits hold the vocabulary ids from `start` on (as many as their last dimension) of a
+    vocabulary of `vocab` ids split over the ranks of `group`."""
 
     group: dist.ProcessGroup
     start: int
