@@ -1,4 +1,5 @@
-"""Greedy held-out evaluation of a generator service on the arithmetic task.
+"""Greedy held-out evaluation of a generator service: any task's held-out set scored by the run's reward
+actor (`evaluate_task`), or the arithmetic task by exact match (`greedy_accuracy`, which the SFT app uses).
 
     from forge_rl.data.arithmetic import held_out_problems
     result = await greedy_accuracy(generator, tokenizer, held_out_problems(500))
@@ -55,3 +56,32 @@ async def greedy_accuracy(
         "n": n,
         "format_ok": sum(t.strip().isdigit() for t in texts) / n,
     }
+
+
+async def evaluate_task(generator, reward, examples, eval_reward: str, max_tokens: int = 8,
+                        concurrency: int = 64) -> dict[str, Any]:
+    """Greedy completions of a task's held-out examples (rendered, `TaskExample.text`), scored by the run's
+    reward actor. Returns {"accuracy": mean of `eval_reward`'s values, "reward": mean total reward, "n",
+    "finished": fraction that ended on their own, not at max_tokens}."""
+    if not examples:
+        raise ValueError("evaluate_task: no held-out examples")
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(example):
+        async with slots:
+            return (await generator.generate.route(example.text, n=1, temperature=0.0, max_tokens=max_tokens))[0]
+
+    completions = await asyncio.gather(*(one(e) for e in examples))
+    names = sorted({k for e in examples for k in e.columns})
+    missing = [(e.where, k) for e in examples for k in names if k not in e.columns]
+    if missing:
+        raise ValueError(f"evaluate_task: held-out row {missing[0][0]} has no column {missing[0][1]!r}")
+    totals, parts = await reward.score.call_one(
+        [e.prompt for e in examples], [c.text for c in completions], [c.finish_reason for c in completions],
+        {k: [e.columns[k] for e in examples] for k in names},
+    )
+    if eval_reward not in parts:
+        raise ValueError(f"task.eval_reward={eval_reward!r} is not one of the run's rewards {sorted(parts)}")
+    n = len(examples)
+    return {"accuracy": sum(parts[eval_reward]) / n, "reward": sum(totals) / n, "n": n,
+            "finished": sum(c.finish_reason == "stop" for c in completions) / n}

@@ -117,7 +117,9 @@ class RolloutStats:
     rewards: list[float] = field(default_factory=list)
     parts: dict[str, list[float]] = field(default_factory=dict)
     generated_tokens: int = 0
-    drops: dict[str, int] = field(default_factory=lambda: {"reward_error": 0, "prompt_too_long": 0})
+    # reward_error and reward_timeout count episodes; prompt_too_long counts prompts the engine refused
+    drops: dict[str, int] = field(default_factory=lambda: {"reward_error": 0, "reward_timeout": 0,
+                                                            "prompt_too_long": 0})
 
     def take_rewards(self) -> tuple[list[float], dict[str, list[float]]]:
         rewards, parts = self.rewards, self.parts
@@ -137,7 +139,8 @@ async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size:
     try:
         totals, parts = await score(completions)
     except Exception as e:  # a reward function failed on this group: drop it, count it, go on
-        stats.drops["reward_error"] += len(completions)
+        timed_out = type(getattr(e, "exception", e)).__name__ == "RewardTimeout"
+        stats.drops["reward_timeout" if timed_out else "reward_error"] += len(completions)
         print(f"dropped group {prompt_id}: {e}".splitlines()[0][:200], flush=True)
         return None
     stats.rewards += totals
@@ -162,3 +165,32 @@ async def rollout_loop(admission: Admission, stop: asyncio.Event, rollout_once: 
             stored = await rollout_once()
         finally:
             await admission.finish(stored)
+
+
+async def rollout_from_dataset(*, dataset, generator, reward, buffer, group_size: int, stats: RolloutStats,
+                               scale_advantages_by_std: bool = True) -> bool:
+    """One group of a task: the dataset actor's next example (`forge_rl.actors.dataset.PromptDataset`), G
+    completions, the reward actor's scores with the example's columns, advantages, the buffer. True if stored.
+    A prompt the engine refuses as too long is counted (drops["prompt_too_long"]) and skipped."""
+    from forge_rl.actors.generator import PromptTooLong
+
+    example = await dataset.next.call_one()
+
+    async def score(completions):
+        n = len(completions)
+        return await reward.score.call_one([example.prompt] * n, [c.text for c in completions],
+                                           [c.finish_reason for c in completions],
+                                           {k: [v] * n for k, v in example.columns.items()})
+
+    try:
+        group = await rollout_group(
+            prompt_id=example.id, prompt=example.text, generator=generator, score=score, group_size=group_size,
+            stats=stats, scale_advantages_by_std=scale_advantages_by_std, target=example.answer,
+            metadata={"example": example.id},
+        )
+    except Exception as e:
+        if not isinstance(getattr(e, "exception", e), PromptTooLong):
+            raise
+        stats.drops["prompt_too_long"] += 1
+        return False
+    return group is not None and await buffer.add.call_one(group)

@@ -72,3 +72,20 @@ def raising_reward(prompts, completions, **_):
 
 def nan_reward(prompts, completions, **_):
     return [float("nan")] * len(completions)
+
+
+def slow_reward(prompts, completions, **_):
+    import time
+
+    time.sleep(5)
+    return [0.0] * len(completions)
+
+
+def unit_reward(prompts, completions, unit, answer, **_):
+    """A user's reward that reads an extra column: the answer, followed by the row's unit."""
+    return [float(c.strip() == f"{a} {u}") for c, a, u in zip(completions, answer, unit, strict=True)]
+
+
+def bonus_reward(prompts, completions, bonus, **_):
+    """The row's `bonus` column, for every completion: shows a column reaching a reward."""
+    return [float(b) for b in bonus]

@@ -4,8 +4,11 @@ import asyncio
 import json
 import math
 
+import pytest
+import torch
+
 from apps.grpo.main import GRPOConfig, main
-from forge_rl.config import load_config
+from forge_rl.config import ConfigError, load_config
 from forge_rl.observability.metrics import read_jsonl
 from tests.conftest import REPO
 
@@ -60,3 +63,40 @@ def test_grpo_colocated_run_with_a_kl_penalty_to_the_reference(tmp_path):
     assert summary["generator_stats"]["held_s"] > 0  # it stepped aside for each train step
     accounting = summary["buffer"]
     assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
+
+
+def test_grpo_on_a_users_jsonl_task_with_a_column_reward(tmp_path):
+    """A user's task: their JSONL with their own column names, a reward of theirs reading an extra column, a
+    held-out file, and a prompt too long for the engine (skipped and counted, the run goes on)."""
+    import random
+
+    rng = random.Random(0)
+    rows = [{"q": f"{a}+{b}=", "sum": a + b, "bonus": 0.5} for a, b in ((rng.randint(0, 99), rng.randint(0, 99))
+                                                                         for _ in range(9))]
+    rows.append({"q": "1+1=" * 200, "sum": 2, "bonus": 0.5})  # far beyond max_model_len 128
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", SMALL + [
+        "steps=3", f"output_dir={tmp_path}/run", f"task.source={tmp_path}/train.jsonl", "task.prompt_column=q",
+        "task.answer_column=sum", f"task.held_out={tmp_path}/test.jsonl", "task.eval_reward=exact_match",
+        "buffer.drop_zero_advantage=false",
+        "rewards=[{name: exact_match, weight: 1.0}, {name: 'tests.actors:bonus_reward', weight: 1.0}]"])
+    summary = asyncio.run(main(cfg))
+    assert summary["trainer_version"] == 3
+    scored = [r for r in read_jsonl(tmp_path / "run/metrics.jsonl") if "reward/tests.actors:bonus_reward" in r]
+    assert scored and all(r["reward/tests.actors:bonus_reward"] == 0.5 for r in scored)
+    # 12+ groups from 10 rows: past the first epoch, so the long prompt was met, skipped and counted
+    assert summary["data"]["epoch"] >= 1 and summary["drops"]["prompt_too_long"] >= 1
+    assert len(summary["evals"]) == 2 and all(0.0 <= acc <= 1.0 for *_, acc in summary["evals"])
+    app_state = torch.load(next((tmp_path / "run").glob("checkpoints/step-*/app_state.pt")), weights_only=False)
+    assert app_state["dataset"]["source"] == str(tmp_path / "train.jsonl")
+    assert app_state["dataset"]["position"] == summary["data"]["position"]
+
+
+def test_a_reward_needing_a_missing_column_stops_the_run_at_start(tmp_path):
+    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", SMALL + [
+        "steps=1", f"output_dir={tmp_path}/run", f"task.source={tmp_path}/train.jsonl",
+        "rewards=[{name: 'tests.actors:bonus_reward', weight: 1.0}]"])
+    with pytest.raises(ConfigError, match=r"reward 'tests.actors:bonus_reward' needs \['bonus'\]"):
+        asyncio.run(main(cfg))

@@ -1,5 +1,5 @@
-"""The GRPO controller's rollout: a prompt too long for the engine is skipped and counted, other errors
-end the loop. The generator's refusal is injected as the ActorError a real replica raises (the refusal
+"""A task's rollout (`rollout_from_dataset`): a prompt too long for the engine is skipped and counted, other
+errors end the loop. The generator's refusal is injected as the ActorError a real replica raises (the refusal
 itself is tested against a real engine in test_generator.py)."""
 
 import asyncio
@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 from monarch.actor import ActorError
 
-from apps.grpo.main import GRPOConfig, rollout_once
+from apps.grpo.main import GRPOConfig
 from forge_rl.actors.generator import PromptTooLong
-from forge_rl.data.arithmetic import Problem
-from forge_rl.rollout import rollout_loop
+from forge_rl.data.task import TaskConfig, to_example
+from forge_rl.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.train_loop import Run, raise_if_failed
 
 
@@ -22,11 +22,12 @@ def endpoint(fn):
     return SimpleNamespace(call_one=call, route=call)
 
 
-def actors(generate):
-    dataset = SimpleNamespace(next=endpoint(lambda: Problem("p0", "1+1=", "2")))
+def rollout_once(run, generate):
+    example = to_example({"prompt": "1+1=", "answer": "2"}, "row 0", 0, TaskConfig())
+    dataset = SimpleNamespace(next=endpoint(lambda: example))
     generator = SimpleNamespace(generate=endpoint(generate))
-    tokenizer = SimpleNamespace(apply_chat_template=lambda messages, **_: messages[0]["content"])
-    return dataset, generator, None, None, tokenizer
+    return rollout_from_dataset(dataset=dataset, generator=generator, reward=None, buffer=None,
+                                group_size=run.cfg.group_size, stats=run.rollouts)
 
 
 def test_a_prompt_too_long_is_skipped_and_counted():
@@ -34,8 +35,8 @@ def test_a_prompt_too_long_is_skipped_and_counted():
         raise ActorError(PromptTooLong(f"prompt of 999 tokens + max_tokens=8 exceeds the engine's max_model_len"))
 
     run = Run(GRPOConfig(group_size=4))
-    assert asyncio.run(rollout_once(run, *actors(too_long))) is False
-    assert run.drops["prompt_too_long"] == 4
+    assert asyncio.run(rollout_once(run, too_long)) is False
+    assert run.drops["prompt_too_long"] == 1  # prompts, not episodes: none was generated
 
 
 def test_any_other_rollout_error_ends_the_loop_and_the_run():
@@ -44,7 +45,7 @@ def test_any_other_rollout_error_ends_the_loop_and_the_run():
 
     async def body():
         run = Run(GRPOConfig(group_size=4))
-        task = asyncio.create_task(rollout_loop(run.admission, run.stop, lambda: rollout_once(run, *actors(broken))))
+        task = asyncio.create_task(rollout_loop(run.admission, run.stop, lambda: rollout_once(run, broken)))
         await asyncio.wait([task], timeout=5)
         assert task.done() and run.admission.in_flight == 0  # its admission slot was given back
         with pytest.raises(RuntimeError, match="a rollout task failed"):

@@ -24,23 +24,23 @@ from typing import Any
 from rich.console import Console
 from tqdm import tqdm
 
-from forge_rl.actors.dataset import ArithmeticDataset
-from forge_rl.actors.generator import Generator, PromptTooLong
+from forge_rl.actors.dataset import PromptDataset
+from forge_rl.actors.generator import Generator
 from forge_rl.actors.reference import Reference
 from forge_rl.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
-from forge_rl.actors.reward import RewardActor, RewardSpec
+from forge_rl.actors.reward import RewardActor, RewardSpec, check_reward_columns
 from forge_rl.actors.trainer import Trainer, TrainerConfig
 from forge_rl.checkpoint import resume_from_checkpoint, save_checkpoint
 from forge_rl.config import ConfigError, parse_args, to_yaml
 from forge_rl.controller import provisioned
 from forge_rl.controller.signals import handle_stop_signals
 from forge_rl.controller.provisioner import visible_gpus
-from forge_rl.data.arithmetic import chat_prompt, held_out_problems
-from forge_rl.eval import greedy_accuracy
+from forge_rl.data.task import TaskConfig, TaskRows
+from forge_rl.eval import evaluate_task
 from forge_rl.models import resolve_model_path
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.resources import ResourcesConfig, plan_placement
-from forge_rl.rollout import rollout_group, rollout_loop
+from forge_rl.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.sampling import behaviour_temperature
 from forge_rl.train_loop import Run, batch_staleness, raise_if_failed, update_generators, wait_for_batch
 from forge_rl.weights import WeightStoreConfig
@@ -80,16 +80,18 @@ class GRPOConfig:
     trainer_procs: int = 1
     scale_advantages_by_std: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false}
+    task: TaskConfig = field(default_factory=TaskConfig)  # prompts, columns, held-out split (forge_rl/data/task.py)
     rewards: list[RewardSpec] = field(
         default_factory=lambda: [RewardSpec("exact_match", 1.0), RewardSpec("format", 0.1)]
     )
+    reward_timeout_s: float | None = 60.0  # per reward function call; a slower group is dropped and counted
     generator: GeneratorSection = field(default_factory=GeneratorSection)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     buffer: BufferSection = field(default_factory=BufferSection)
     weight_store: WeightStoreConfig = field(default_factory=WeightStoreConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)  # placement, cores, threads
     eval_every: int = 10  # steps; 0 = only before and after
-    eval_size: int = 500  # held-out prompts, greedy
+    eval_size: int = 500  # held-out prompts (the first of the task's held-out set), greedy
     checkpoint_every: int = 0  # steps; 0 = only at the end
     no_batch_timeout_s: float = 300.0  # stop, saying why, when no batch could be sampled for this long
     resume: bool = False
@@ -105,30 +107,6 @@ class GRPOConfig:
             raise ValueError(f"max_policy_age must be >= 0, got {self.max_policy_age}")
         if self.no_batch_timeout_s <= 0:
             raise ValueError(f"no_batch_timeout_s must be > 0, got {self.no_batch_timeout_s}")
-
-
-async def rollout_once(run: Run, dataset, generator, reward, buffer, tokenizer) -> bool:
-    """One admitted group: prompt, generate, score, advantages, add to the buffer. True if stored."""
-    cfg = run.cfg
-    problem = await dataset.next.call_one()
-    prompt = chat_prompt(tokenizer, problem, **cfg.chat_template_kwargs)
-
-    async def score(completions):
-        return await reward.score.call_one(problem.question, [c.text for c in completions], problem.answer,
-                                           [c.finish_reason for c in completions])
-
-    try:
-        group = await rollout_group(
-            prompt_id=problem.id, prompt=prompt, generator=generator, score=score, group_size=cfg.group_size,
-            stats=run.rollouts, scale_advantages_by_std=cfg.scale_advantages_by_std, target=problem.answer,
-            metadata={"problem": problem.id},
-        )
-    except Exception as e:
-        if not isinstance(getattr(e, "exception", e), PromptTooLong):
-            raise
-        run.drops["prompt_too_long"] += cfg.group_size  # skipped and counted, the loop goes on
-        return False
-    return group is not None and await buffer.add.call_one(group)
 
 
 def check_config(cfg: GRPOConfig) -> None:
@@ -148,6 +126,19 @@ def check_config(cfg: GRPOConfig) -> None:
                           "sampled distribution (after temperature); use 'processed_logprobs'")
     if cfg.buffer.capacity < cfg.batch_groups:
         raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is smaller than batch_groups={cfg.batch_groups}")
+    names = [r.name for r in cfg.rewards]
+    if cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
+        raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
+
+
+def check_task(cfg: GRPOConfig) -> None:
+    """Read the task's data and match it to the rewards before any actor starts: a bad row or a missing column
+    fails in seconds, naming the file, the row and the column."""
+    try:
+        rows = TaskRows(cfg.task, cfg.seed)
+        check_reward_columns(cfg.rewards, rows.columns())
+    except ValueError as e:  # DataError included
+        raise ConfigError(str(e)) from None
 
 
 async def main(cfg: GRPOConfig) -> dict:
@@ -164,11 +155,11 @@ async def main(cfg: GRPOConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(to_yaml(cfg))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    check_task(cfg)
     dp_size = _dp_size(cfg)
     buffer_cfg = ReplayBufferConfig(**asdict(cfg.buffer), max_policy_age=cfg.max_policy_age, dp_size=dp_size,
                                     pad_id=tokenizer.pad_token_id or 0, seed=cfg.seed)
     run = Run(cfg)
-    held_out = held_out_problems(cfg.eval_size)
     async with provisioned():
         console.print(f"[bold]GRPO[/bold] {cfg.model}: starting actors (vLLM engine start takes ~30 s on CPU)")
         gpus = visible_gpus()  # one GPU per trainer rank; a generator replica gets one per TP rank
@@ -189,9 +180,14 @@ async def main(cfg: GRPOConfig) -> dict:
                 swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store,
             ),
             ReplayBuffer.as_actor(buffer_cfg),
-            RewardActor.as_actor(cfg.rewards),
-            ArithmeticDataset.as_actor(cfg.seed),
+            RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s),
+            PromptDataset.as_actor(cfg.task, model_dir, cfg.seed, _max_prompt_tokens(cfg, model_dir),
+                                   cfg.chat_template_kwargs),
         )
+        held_out = await dataset.held_out.call_one(cfg.eval_size)
+        if not held_out:
+            console.print("[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): "
+                          "no evaluations[/yellow]")
         reference = None
         if cfg.trainer.grpo.kl_coef > 0:  # the frozen policy of the KL penalty, on the trainer's cores
             reference = await Reference.options(
@@ -204,15 +200,17 @@ async def main(cfg: GRPOConfig) -> dict:
             start_step, path = await resume_from_checkpoint(run, trainer, generator, buffer, dataset, ckpt_dir)
             console.print(f"resumed from {path} at step {start_step} (policy version {run.version})")
         log = MetricsLogger(out, cfg.wandb_project, config=asdict(cfg), resume_step=start_step if cfg.resume else None)
-        eval_acc = await _evaluate(generator, tokenizer, held_out, cfg)
+        eval_acc = await _evaluate(generator, reward, held_out, cfg)
         first_eval = eval_acc
         log.log(start_step, {"eval/accuracy": eval_acc})
-        console.print(f"held-out greedy accuracy at step {start_step}: {eval_acc:.1%} ({len(held_out)} prompts)")
+        console.print(f"held-out greedy accuracy at step {start_step}: {eval_acc:.1%} ({len(held_out)} prompts, "
+                      f"{_eval_reward(cfg)})")
         evals = [(start_step, 0.0, eval_acc)]  # (step, training seconds so far, accuracy)
-        actors = (dataset, generator, reward, buffer, tokenizer)
+        actors = dict(dataset=dataset, generator=generator, reward=reward, buffer=buffer, group_size=cfg.group_size,
+                      stats=run.rollouts, scale_advantages_by_std=cfg.scale_advantages_by_std)
         # Synchronous: the whole batch is generated at once (and zero-advantage top-ups run concurrently).
         tasks = cfg.rollout_tasks if cfg.async_mode else max(cfg.rollout_tasks, cfg.batch_groups)
-        rollouts = [asyncio.create_task(rollout_loop(run.admission, run.stop, lambda: rollout_once(run, *actors)))
+        rollouts = [asyncio.create_task(rollout_loop(run.admission, run.stop, lambda: rollout_from_dataset(**actors)))
                     for _ in range(tasks)]
         pending_update: asyncio.Task | None = None
         last_buffer = await buffer.stats.call_one()
@@ -253,7 +251,7 @@ async def main(cfg: GRPOConfig) -> dict:
                     await pending_update
                     eval_start = time.perf_counter()
                     await run.admission.pause()  # evaluations are untimed: no rollouts run meanwhile
-                    eval_acc = await _evaluate(generator, tokenizer, held_out, cfg)
+                    eval_acc = await _evaluate(generator, reward, held_out, cfg)
                     await run.admission.pause(False)
                     evals.append((step, eval_start - started, eval_acc))
                     eval_busy_s += time.perf_counter() - eval_start
@@ -263,9 +261,10 @@ async def main(cfg: GRPOConfig) -> dict:
                 raise_if_failed(rollouts)
                 buf = await buffer.stats.call_one()
                 gen_stats = await generator.stats.route()
+                data_stats = await dataset.stats.call_one()
                 line = _step_metrics(run, step, metrics, push, run.last_updates, buf, last_buffer, staleness, sample_wait,
                                      time.perf_counter() - step_start, run.rollouts.generated_tokens - gen_tokens_before,
-                                     gen_stats, eval_acc if evals[-1][0] == step else None)
+                                     gen_stats, data_stats, eval_acc if evals[-1][0] == step else None)
                 last_buffer = buf
                 log.log(step, line)
                 bar.update(1)
@@ -289,16 +288,17 @@ async def main(cfg: GRPOConfig) -> dict:
         wall = time.perf_counter() - started  # the training phase: start-up and evaluations excluded
         gen_busy_s = (await generator.stats.route())["busy_s"] - gen_busy_start - eval_busy_s
         if step > start_step:
-            eval_acc = await _evaluate(generator, tokenizer, held_out, cfg)
+            eval_acc = await _evaluate(generator, reward, held_out, cfg)
             evals.append((step, wall, eval_acc))
             log.log(step, {"eval/accuracy": eval_acc})
         await save_checkpoint(run, trainer, buffer, dataset, run.version)
         final_buffer = await buffer.evict.call_one()
+        data_stats = await dataset.stats.call_one()
         gen_version = await generator.version.route()
         gen_stats = await generator.stats.route()
         log.close()
     last3 = [acc for *_, acc in evals[-3:]]
-    generated = final_buffer["added"] + run.drops["reward_error"] + run.drops["prompt_too_long"]
+    generated = final_buffer["added"] + run.drops["reward_error"] + run.drops["reward_timeout"]
     summary = dict(
         steps=cfg.steps, start_step=start_step, wall_s=wall, steps_per_min=(cfg.steps - start_step) / wall * 60,
         eval_first=first_eval, eval_last3_mean=statistics.mean(last3), evals=evals,
@@ -308,7 +308,7 @@ async def main(cfg: GRPOConfig) -> dict:
         trainer_idle_fraction=1 - run.trainer_busy_s / wall, generator_idle_fraction=1 - gen_busy_s / wall,
         generator_stats=gen_stats, admission_wait_s=run.admission.wait_s, placement=placement.describe(),
         stale_fraction=final_buffer["dropped"]["stale"] / max(generated, 1),
-        buffer=final_buffer, drops={**final_buffer["dropped"], **run.drops},
+        buffer=final_buffer, drops=_drops(final_buffer, run, data_stats), data=data_stats,
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     png = plot_run(out / "metrics.jsonl", out / "curves.png", title=f"GRPO {cfg.model}")
@@ -332,14 +332,42 @@ def _dp_size(cfg: GRPOConfig) -> int:
     return dp
 
 
-async def _evaluate(generator, tokenizer, problems, cfg: GRPOConfig) -> float:
-    result = await greedy_accuracy(generator, tokenizer, problems, max_tokens=cfg.generator.sampling.get("max_tokens", 8),
-                                   chat_template_kwargs=cfg.chat_template_kwargs)
+def _drops(buf: dict, run: Run, data_stats: dict) -> dict[str, int]:
+    """Every drop reason: the buffer's (episodes), the rollouts' (episodes; prompt_too_long in prompts) and the
+    prompts the dataset skipped as too long for the engine."""
+    drops = {**buf["dropped"], **run.drops}
+    drops["prompt_too_long"] += data_stats["too_long"]
+    return drops
+
+
+def _eval_reward(cfg: GRPOConfig) -> str:
+    return cfg.task.eval_reward or cfg.rewards[0].name
+
+
+async def _evaluate(generator, reward, examples, cfg: GRPOConfig) -> float:
+    """Mean of the eval reward over the held-out examples, greedy (NaN when the task has none)."""
+    if not examples:
+        return math.nan
+    result = await evaluate_task(generator, reward, examples, _eval_reward(cfg),
+                                 max_tokens=cfg.generator.sampling.get("max_tokens", 8))
     return result["accuracy"]
 
 
+def _max_prompt_tokens(cfg: GRPOConfig, model_dir: str) -> int:
+    """Prompt tokens that leave room for max_tokens in the engine's max_model_len (default: the model's)."""
+    limit = cfg.generator.engine_args.get("max_model_len")
+    if limit is None:
+        model_config = json.loads((Path(model_dir) / "config.json").read_text())
+        limit = model_config["max_position_embeddings"]
+    room = int(limit) - int(cfg.generator.sampling.get("max_tokens", 16))
+    if room < 1:
+        raise ConfigError(f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens')} leaves no room "
+                          f"for a prompt in max_model_len={limit} (generator.engine_args.max_model_len)")
+    return room
+
+
 def _step_metrics(run, step, metrics, push, updates, buf, last_buf, staleness, sample_wait, step_s, gen_tokens,
-                  gen_stats, eval_acc) -> dict[str, float]:
+                  gen_stats, data_stats, eval_acc) -> dict[str, float]:
     rewards, parts = run.rollouts.take_rewards()
     line = {
         "reward/mean": statistics.mean(rewards) if rewards else math.nan,
@@ -364,8 +392,9 @@ def _step_metrics(run, step, metrics, push, updates, buf, last_buf, staleness, s
     if updates:
         line["sync/prefetch_s"] = max(u["prefetch_s"] for u in updates)
         line["sync/pause_s"] = max(u["pause_s"] for u in updates)
-    for reason, count in {**buf["dropped"], **run.drops}.items():
+    for reason, count in _drops(buf, run, data_stats).items():
         line[f"drops/{reason}"] = count
+    line["data/epoch"] = data_stats["epoch"]
     if eval_acc is not None:
         line["eval/accuracy"] = eval_acc
     return line
@@ -393,5 +422,7 @@ if __name__ == "__main__":
     handle_stop_signals()
     try:
         asyncio.run(main(config))
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}")
     except KeyboardInterrupt:
         raise SystemExit(130)

@@ -78,3 +78,16 @@ def training_problems(n: int, seed: int, max_operand: int = 99) -> list[Problem]
     import itertools
 
     return list(itertools.islice(iter_training_problems(seed, max_operand), n))
+
+
+# ---- as a task (task.source: arithmetic) ------------------------------------------------------------------
+
+def training_rows(seed: int = 0):
+    """The training stream as task rows: {"id", "prompt", "answer"}, endless."""
+    for p in iter_training_problems(seed):
+        yield {"id": p.id, "prompt": p.question, "answer": p.answer}
+
+
+def held_out_rows() -> list[dict]:
+    """The whole held-out pool as task rows (an app's eval_size takes its first n)."""
+    return [{"id": p.id, "prompt": p.question, "answer": p.answer} for p in held_out_problems(HELD_OUT_POOL)]

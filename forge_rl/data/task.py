@@ -1,0 +1,244 @@
+"""A task: the prompts an RL app trains on, how they become chat prompts, and what reward functions see.
+
+    task:                                  # in an app's config
+      source: data/train.jsonl             # a file, an HF dataset directory, "package.module:function",
+                                           # or a built-in task name ("arithmetic")
+      prompt_column: question              # a string (one user turn) or a list of chat messages
+      answer_column: answer                # reaches reward functions as `answer=`
+      system_prompt: "Answer with a number."
+      held_out: data/test.jsonl            # or a split name of `source`, or held_out_fraction: 0.05
+
+Every row becomes a `TaskExample`: an id, the prompt as the row has it, the chat messages given to the
+template (system prompt, few-shot turns, then the prompt), the answer, and every other column. Reward
+functions get those columns as keyword arguments, one value per completion (TRL's convention), so a reward can
+use the answer, test cases or any metadata of its row.
+
+A row that is not usable raises `DataError` naming the row and the column, when the source is loaded: a bad
+file fails at start, never mid-run.
+"""
+
+import dataclasses
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from forge_rl.data.sources import DataError, is_callable_source, read_rows
+
+# Built-in tasks: a name in `task.source` stands for these settings.
+TASKS = {
+    "arithmetic": dict(source="forge_rl.data.arithmetic:training_rows",
+                       held_out="forge_rl.data.arithmetic:held_out_rows"),
+}
+ROLES = ("system", "user", "assistant", "tool")
+# keyword arguments reward functions get from forge_rl itself; a column may not take these names
+RESERVED_COLUMNS = ("prompts", "completions", "finish_reason")
+
+
+@dataclass
+class TaskConfig:
+    source: str = "arithmetic"  # a name in TASKS, a file, an HF dataset directory or "package.module:function"
+    split: str | None = None  # the split of `source` to train on (HF directories, functions); default: train
+    prompt_column: str = "prompt"  # a string, or a list of {role, content} chat messages
+    answer_column: str | None = "answer"  # null: the task has no reference answer
+    id_column: str | None = None  # default: the row's position in the source
+    system_prompt: str | None = None  # prepended as a system turn (unless the row's messages have one)
+    few_shot: list[dict[str, str]] = field(default_factory=list)  # [{prompt, answer}]: earlier user/assistant turns
+    chat_template: bool = True  # false: the prompt text is given to the model as it is (base models)
+    shuffle: bool = True  # reshuffle file rows every epoch (seeded); functions keep their own order
+    held_out: str | None = None  # a split name of `source`, a file or directory, or "package.module:function"
+    held_out_fraction: float = 0.0  # or: hold out this fraction of `source`'s rows
+    split_seed: int = 0  # which rows held_out_fraction takes (independent of the run's seed)
+    eval_reward: str | None = None  # the reward whose held-out mean is eval/accuracy; default: the first reward
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.held_out_fraction < 1.0:
+            raise ValueError(f"task.held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
+        if self.held_out_fraction and self.held_out:
+            raise ValueError(f"task.held_out={self.held_out!r} and task.held_out_fraction={self.held_out_fraction}: "
+                             "give one")
+        for i, shot in enumerate(self.few_shot):
+            if not isinstance(shot, dict) or set(shot) != {"prompt", "answer"}:
+                raise ValueError(f"task.few_shot[{i}] must be {{prompt: ..., answer: ...}}, got {shot!r}")
+
+    def resolved(self) -> "TaskConfig":
+        """This config with a built-in task's name replaced by its settings (those not set here)."""
+        if self.source not in TASKS:
+            return self
+        builtin = TASKS[self.source]
+        return dataclasses.replace(self, **{k: v for k, v in builtin.items() if k == "source" or getattr(self, k) is None})
+
+
+@dataclass(frozen=True)
+class TaskExample:
+    id: str
+    prompt: str | list[dict[str, str]]  # as in the row: what reward functions get as `prompts`
+    messages: list[dict[str, str]]  # what the chat template renders: system, few-shot turns, then the prompt
+    answer: str | None
+    columns: dict[str, Any]  # reward keyword arguments: `answer` and every column but the prompt
+    where: str  # the file and line (or row) it came from
+    text: str = ""  # the rendered prompt the generator is given (see `render`)
+
+
+def to_example(row: dict, where: str, index: int, cfg: TaskConfig) -> TaskExample:
+    """Validate one row and map its columns; errors name the row and the column (and its config key)."""
+    if cfg.prompt_column not in row:
+        raise DataError(f"{where}: no column {cfg.prompt_column!r} (task.prompt_column); the row has {sorted(row)}")
+    prompt = row[cfg.prompt_column]
+    messages = _prompt_messages(prompt, where, cfg)
+    answer = None
+    if cfg.answer_column is not None:
+        if cfg.answer_column not in row:
+            raise DataError(f"{where}: no column {cfg.answer_column!r} (task.answer_column); the row has "
+                            f"{sorted(row)}; set task.answer_column: null for a task without answers")
+        answer = row[cfg.answer_column]
+        if answer is None or isinstance(answer, (dict, list)):
+            raise DataError(f"{where}: column {cfg.answer_column!r} (task.answer_column) must be a string or a "
+                            f"number, got {answer!r:.80}")
+        answer = str(answer)
+    for name in RESERVED_COLUMNS:
+        if name in row:
+            raise DataError(f"{where}: column {name!r} would clash with the reward argument of that name; "
+                            "rename it")
+    columns = {k: v for k, v in row.items() if k != cfg.prompt_column}
+    if answer is not None:
+        columns["answer"] = answer
+    if cfg.id_column is not None:
+        if cfg.id_column not in row:
+            raise DataError(f"{where}: no column {cfg.id_column!r} (task.id_column)")
+        example_id = str(row[cfg.id_column])
+    else:
+        example_id = str(row.get("id", index))
+    return TaskExample(example_id, prompt, messages, answer, columns, where)
+
+
+def _prompt_messages(prompt: Any, where: str, cfg: TaskConfig) -> list[dict[str, str]]:
+    col = f"column {cfg.prompt_column!r} (task.prompt_column)"
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise DataError(f"{where}: {col} is empty")
+        turns = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list) and prompt:
+        if not cfg.chat_template:
+            raise DataError(f"{where}: {col} holds chat messages, but task.chat_template is false")
+        for i, m in enumerate(prompt):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise DataError(f"{where}: {col}[{i}] must be an object with string 'role' and 'content', got {m!r:.100}")
+            if m["role"] not in ROLES:
+                raise DataError(f"{where}: {col}[{i}] has role {m['role']!r}; expected one of {ROLES}")
+        turns = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    else:
+        raise DataError(f"{where}: {col} must be a string or a non-empty list of chat messages, got {prompt!r:.80}")
+    shots = []
+    for shot in cfg.few_shot:
+        shots += [{"role": "user", "content": shot["prompt"]}, {"role": "assistant", "content": shot["answer"]}]
+    system = [] if turns[0]["role"] == "system" or cfg.system_prompt is None else [
+        {"role": "system", "content": cfg.system_prompt}]
+    if turns[0]["role"] == "system":  # the row's own system turn stays first, before the few-shot turns
+        system, turns = turns[:1], turns[1:]
+    return system + shots + turns
+
+
+def render(tokenizer, example: TaskExample, cfg: TaskConfig, **chat_template_kwargs) -> str:
+    """The prompt text the generator continues: the chat template with the generation prompt appended, or
+    (task.chat_template: false) the system prompt, few-shot pairs and prompt as plain text."""
+    if cfg.chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise DataError("the model's tokenizer has no chat template; set task.chat_template: false to give "
+                            "prompts as plain text")
+        return tokenizer.apply_chat_template(example.messages, tokenize=False, add_generation_prompt=True,
+                                             **chat_template_kwargs)
+    text = ""
+    for m in example.messages:  # a few-shot answer follows its prompt directly, as the model should answer
+        text += m["content"] + ("\n\n" if m["role"] in ("system", "assistant") else "")
+    return text
+
+
+class TaskRows:
+    """A task's train stream and held-out set. File rows are checked at construction; the train stream is
+    addressed by position (epoch-shuffled with the seed), so a resumed run continues where it stopped."""
+
+    def __init__(self, cfg: TaskConfig, seed: int = 0):
+        cfg = cfg.resolved()
+        self.cfg, self.seed = cfg, seed
+        rows = read_rows(cfg.source, cfg.split, seed)
+        self.streamed = not isinstance(rows, list)
+        self._held_out: list[TaskExample] | None = None
+        if self.streamed:
+            if cfg.held_out_fraction:
+                raise DataError(f"task.held_out_fraction: {cfg.source!r} yields rows lazily (maybe endlessly); "
+                                "give task.held_out instead")
+            self.examples: list[TaskExample] = []
+        else:
+            examples = [to_example(row, where, i, cfg) for i, (where, row) in enumerate(rows)]
+            if cfg.held_out_fraction:
+                k = max(1, round(len(examples) * cfg.held_out_fraction))
+                if k >= len(examples):
+                    raise DataError(f"task.held_out_fraction={cfg.held_out_fraction} of {len(examples)} rows leaves "
+                                    "none to train on")
+                held = set(random.Random(cfg.split_seed).sample(range(len(examples)), k))
+                self._held_out = [e for i, e in enumerate(examples) if i in held]
+                examples = [e for i, e in enumerate(examples) if i not in held]
+            self.examples = examples
+        self.position = 0
+        self._stream: Iterator[TaskExample] | None = None
+        self.seek(0)
+
+    def seek(self, position: int) -> None:
+        self.position = position
+        if self.streamed:
+            rows = read_rows(self.cfg.source, self.cfg.split, self.seed)
+            self._stream = (to_example(row, where, i, self.cfg) for i, (where, row) in enumerate(rows))
+            for _ in range(position):
+                next(self._stream)
+
+    def next(self) -> TaskExample:
+        if self.streamed:
+            try:
+                example = next(self._stream)
+            except StopIteration:  # a finite generator: start it again, as an epoch
+                self.seek(0)
+                example = next(self._stream)
+        else:
+            n = len(self.examples)
+            epoch, i = divmod(self.position, n)
+            order = list(range(n))
+            if self.cfg.shuffle:
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            example = self.examples[order[i]]
+        self.position += 1
+        return example
+
+    @property
+    def epoch(self) -> int:
+        return 0 if self.streamed or not self.examples else self.position // len(self.examples)
+
+    def held_out(self) -> list[TaskExample]:
+        """The held-out examples (empty when the task has none)."""
+        if self._held_out is None:
+            source = self.cfg.held_out
+            if source is None:
+                self._held_out = []
+            else:
+                if is_callable_source(source) or _looks_like_path(source):
+                    rows = read_rows(source, None, self.seed)
+                else:  # a split name of the training source
+                    rows = read_rows(self.cfg.source, source, self.seed)
+                if not isinstance(rows, list):
+                    raise DataError(f"task.held_out {source!r} yields rows lazily; the held-out set must be finite "
+                                    "(return a list)")
+                self._held_out = [to_example(row, where, i, self.cfg) for i, (where, row) in enumerate(rows)]
+        return self._held_out
+
+    def columns(self) -> list[str]:
+        """The reward keyword arguments every example has (from the first example)."""
+        if self.examples:
+            return sorted(self.examples[0].columns)
+        where, row = next(iter(read_rows(self.cfg.source, self.cfg.split, self.seed)))
+        return sorted(to_example(row, where, 0, self.cfg).columns)
+
+
+def _looks_like_path(source: str) -> bool:
+    from pathlib import Path
+
+    return "/" in source or Path(source).suffix != "" or Path(source).exists()
