@@ -38,6 +38,15 @@ class ShmWriter(ForgeActor):
     async def info(self) -> tuple[int, str]:
         return os.getpid(), str(self.path)
 
+    @endpoint
+    async def start_child(self) -> int:
+        """A child process that outlives this proc unless someone stops it (as vLLM's EngineCore would)."""
+        import subprocess
+        import sys
+
+        self.child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        return self.child.pid
+
 
 class DistributedProbe(ForgeActor):
     """Reports what the provisioner set up in its proc."""

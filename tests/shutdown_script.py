@@ -17,7 +17,10 @@ async def main(how: str) -> None:
         print("SHM", " ".join(path for _, path in infos), flush=True)
         if how == "exception":
             raise RuntimeError("controller failed on purpose")
-        if how in ("sigint", "sigterm"):
+        if how == "sigkill":
+            children = [await actor.start_child.call_one()] + await svc.start_child.call_all()
+            print("CHILDREN", " ".join(str(pid) for pid in children), flush=True)
+        if how in ("sigint", "sigterm", "sigkill"):
             print("READY", flush=True)
             await asyncio.sleep(120)
 

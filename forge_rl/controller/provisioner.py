@@ -20,6 +20,7 @@ import uuid
 
 from monarch.actor import ProcMesh, this_host
 
+from forge_rl.controller.reaper import CONTROLLER_ENV, reap_descendants_on_exit
 from forge_rl.weights.runs import RUN_ID_ENV, cleanup_stale_runs, register_process, remove_run, run_prefix
 
 logger = logging.getLogger(__name__)
@@ -75,11 +76,17 @@ def _pin(gpu_ids: list[str], gpus_per_proc: int, cpus: list[list[int]], threads:
 
 class Provisioner:
     def __init__(self, run_id: str | None = None):
-        self.run_id = run_id or os.environ.get(RUN_ID_ENV) or uuid.uuid4().hex[:8]
+        # A run id in the environment names this run, unless another controller set it: this process was
+        # started by one (a test, a notebook, a sweep), and its run is not ours.
+        started_by_another = os.environ.get(CONTROLLER_ENV, "").split("-")[0] not in ("", str(os.getpid()))
+        self.run_id = run_id or (None if started_by_another else os.environ.get(RUN_ID_ENV)) or uuid.uuid4().hex[:8]
         os.environ[RUN_ID_ENV] = self.run_id  # procs inherit it (shm names, logs)
         # Shared memory outlives killed runs: remove what dead runs left, and mark this one alive.
         cleanup_stale_runs()
         register_process(self.run_id)
+        # A SIGKILLed controller runs no cleanup: a watcher in its own session then stops every process the
+        # run started (procs, vLLM engine cores) and removes the run's shared memory.
+        self._reaper = reap_descendants_on_exit(run_id=self.run_id)
         self._meshes: list[ProcMesh] = []
         self._services: list = []
         self._free_gpus = visible_gpus()
@@ -151,6 +158,8 @@ class Provisioner:
         for mesh in reversed(list(self._meshes)):
             await self.stop_proc_mesh(mesh)
         remove_run(self.run_id)
+        self._reaper.terminate()  # nothing left to watch (a notebook's controller lives on after a run)
+        self._reaper.wait()
 
 
 _provisioner: Provisioner | None = None
