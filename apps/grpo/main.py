@@ -51,6 +51,7 @@ class GeneratorSection:
     replicas: int = 1
     swap_mode: str = "recompute_kv"  # keep_kv | recompute_kv | drain
     engine_args: dict[str, Any] = field(default_factory=dict)  # vLLM AsyncEngineArgs
+    log_level: str = "WARNING"  # vLLM's console output; INFO shows its per-update lines
     # vLLM SamplingParams: the behaviour policy. The trainer reads its temperature from here; options it
     # cannot reproduce (top_p, top_k, min_p, penalties) are refused at start.
     sampling: dict[str, Any] = field(default_factory=lambda: dict(temperature=1.0, max_tokens=8))
@@ -177,7 +178,7 @@ async def main(cfg: GRPOConfig) -> dict:
             Generator.options(replicas=cfg.generator.replicas, gpus=generator_gpus, share_gpus=shared,
                               cpus=_tuples(placement.generator_cpus)).as_service(
                 model_dir, engine_args=engine_args, sampling=cfg.generator.sampling, seed=cfg.seed,
-                swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store,
+                swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store, log_level=cfg.generator.log_level,
             ),
             ReplayBuffer.as_actor(buffer_cfg),
             RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s),

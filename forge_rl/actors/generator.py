@@ -30,7 +30,7 @@ CPU_ENGINE_DEFAULTS: dict[str, Any] = dict(
     dtype="float32", enforce_eager=True, kv_cache_memory_bytes=256 << 20, max_model_len=512
 )
 # Behaviour logprobs after temperature scaling: the policy the trainer trains is softmax(logits / T).
-ENGINE_DEFAULTS: dict[str, Any] = dict(logprobs_mode="processed_logprobs")
+ENGINE_DEFAULTS: dict[str, Any] = dict(logprobs_mode="processed_logprobs", use_tqdm_on_load=False)
 
 ENGINE_CHECK_S = 1.0  # how often an idle generator checks that its vLLM engine is alive
 
@@ -52,10 +52,12 @@ class Generator(ForgeActor):
         swap_mode: str = "recompute_kv",
         weight_store: WeightStoreConfig | None = None,
         weight_source=None,
+        log_level: str = "WARNING",  # vLLM's console output (forge_rl/observability/vllm_logs.py)
     ):
         if swap_mode not in SWAP_MODES:
             raise ValueError(f"generator.swap_mode={swap_mode!r}; choose one of {SWAP_MODES}")
         self.swap_mode = swap_mode
+        self.log_level = log_level
         self.store_cfg, self.weight_source = weight_store, weight_source
         self.model = str(model)
         self.engine_args = dict(engine_args or {})
@@ -76,6 +78,9 @@ class Generator(ForgeActor):
 
     @endpoint
     async def setup(self) -> None:
+        from forge_rl.observability.vllm_logs import quiet_vllm
+
+        quiet_vllm(self.log_level)  # before vLLM is imported here; its engine processes inherit it
         from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
