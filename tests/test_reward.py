@@ -42,8 +42,11 @@ def test_weighted_rewards_columns_failures_and_timeouts():
 
 
 def test_unknown_reward_names_the_choices():
-    with pytest.raises(ValueError, match=r"reward 'exact': not one of \['exact_match', 'format', 'math'"):
+    with pytest.raises(ValueError, match=r"reward 'exact': not one of \['code_tests', 'exact_match', 'format'"):
         resolve_reward("exact")
+    with pytest.raises(ValueError, match=r"reward 'code_tests': args \['wall_seconds'\] do not fit it"):
+        resolve_reward("code_tests", {"wall_seconds": 3})
+    assert resolve_reward("code_tests", {"wall_s": 3}).keywords == {"wall_s": 3}
     with pytest.raises(ValueError, match="cannot import no.such:thing"):
         resolve_reward("no.such:thing")
 

@@ -16,8 +16,9 @@ import asyncio
 import importlib
 import inspect
 import math
-from dataclasses import dataclass
-from typing import Callable
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from monarch.actor import concurrent_endpoint
 
@@ -28,6 +29,7 @@ REWARDS = {
     "format": "forge_rl.rewards.format:digits_format",
     "math": "forge_rl.rewards.math:math_answer",
     "math_format": "forge_rl.rewards.math:math_format",
+    "code_tests": "forge_rl.rewards.sandbox:code_tests",
 }
 
 
@@ -35,13 +37,27 @@ REWARDS = {
 class RewardSpec:
     name: str  # a key of REWARDS, or "package.module:function"
     weight: float = 1.0
+    args: dict[str, Any] = field(default_factory=dict)  # fixed keyword arguments (e.g. a sandbox's limits)
 
 
 class RewardError(RuntimeError):
     """A reward function failed on a group; the group is dropped (reason "reward_error")."""
 
 
-def resolve_reward(name: str) -> Callable:
+def resolve_reward(name: str, args: dict[str, Any] | None = None) -> Callable:
+    """The reward function `name` names, with `args` bound as keyword arguments."""
+    fn = _import_reward(name)
+    if not args:
+        return fn
+    named = {p.name for p in inspect.signature(fn).parameters.values()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    unknown = sorted(set(args) - named)  # a misspelt limit must not vanish into **kwargs
+    if unknown:
+        raise ValueError(f"reward {name!r}: args {unknown} do not fit it (its parameters: {sorted(named)})")
+    return functools.partial(fn, **args)
+
+
+def _import_reward(name: str) -> Callable:
     target = REWARDS.get(name, name)
     module, _, attr = target.partition(":")
     if not attr:
@@ -60,7 +76,7 @@ def check_reward_columns(specs: list[RewardSpec], columns: list[str]) -> None:
     """Every parameter a reward function requires must be a column of the task (or `finish_reason`)."""
     given = set(columns) | {"finish_reason"}
     for spec in specs:
-        params = list(inspect.signature(resolve_reward(spec.name)).parameters.values())[2:]  # after prompts, completions
+        params = list(inspect.signature(resolve_reward(spec.name, spec.args)).parameters.values())[2:]  # after prompts, completions
         missing = [p.name for p in params if p.default is inspect.Parameter.empty
                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given]
         if missing:
@@ -75,7 +91,7 @@ class RewardActor(ForgeActor):
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"reward_timeout_s must be > 0 (or null for none), got {timeout_s}")
         self.specs = list(specs)
-        self.functions = [resolve_reward(s.name) for s in self.specs]  # fail at spawn, not mid-run
+        self.functions = [resolve_reward(s.name, s.args) for s in self.specs]  # fail at spawn, not mid-run
         self.timeout_s = timeout_s
 
     @concurrent_endpoint  # groups are scored concurrently: one slow verifier does not hold up the others
