@@ -287,6 +287,10 @@ async def main(cfg: GRPOConfig) -> dict:
         if pending_update is not None:
             run.last_updates = await pending_update
         wall = time.perf_counter() - started  # the training phase: start-up and evaluations excluded
+        # A replica respawning now (it died late in the run) joins the final evaluation with the final weights.
+        if not await generator.wait_healthy(timeout_s=300):
+            console.print("[yellow]a generator replica is still down after 300 s; evaluating without it[/yellow]")
+        await update_generators(run, generator, run.version)
         gen_busy_s = (await generator.stats.route())["busy_s"] - gen_busy_start - eval_busy_s
         if step > start_step:
             eval_acc = await _evaluate(generator, reward, held_out, cfg)
@@ -296,6 +300,7 @@ async def main(cfg: GRPOConfig) -> dict:
         final_buffer = await buffer.evict.call_one()
         data_stats = await dataset.stats.call_one()
         gen_version = await generator.version.route()
+        gen_versions = await generator.version.call_all()  # every replica, respawned ones included
         gen_stats = await generator.stats.route()
         log.close()
     last3 = [acc for *_, acc in evals[-3:]]
@@ -304,7 +309,8 @@ async def main(cfg: GRPOConfig) -> dict:
         steps=cfg.steps, start_step=start_step, wall_s=wall, steps_per_min=(cfg.steps - start_step) / wall * 60,
         eval_first=first_eval, eval_last3_mean=statistics.mean(last3), evals=evals,
         time_to_60=next((t for _, t, acc in evals if acc >= 0.6), None),
-        generator_version=gen_version, trainer_version=run.version, max_staleness=run.max_staleness,
+        generator_version=gen_version, generator_versions=gen_versions, trainer_version=run.version,
+        generator_respawns=generator.service_stats.respawns, max_staleness=run.max_staleness,
         mean_staleness=run.staleness_sum / max(run.staleness_steps, 1),
         trainer_idle_fraction=1 - run.trainer_busy_s / wall, generator_idle_fraction=1 - gen_busy_s / wall,
         generator_stats=gen_stats, admission_wait_s=run.admission.wait_s, placement=placement.describe(),

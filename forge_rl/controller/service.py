@@ -115,6 +115,18 @@ class Service:
     def healthy_replicas(self) -> int:
         return sum(r.healthy for r in self._replicas)
 
+    async def wait_healthy(self, timeout_s: float) -> bool:
+        """Wait until every replica is healthy (respawns finished); False if some is not within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not all(r.healthy for r in self._replicas):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._closed:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 1.0))
+        return True
+
     def replica_info(self) -> list[dict[str, Any]]:
         return [
             dict(index=r.index, generation=r.generation, healthy=r.healthy, inflight=r.inflight, calls=r.calls)
