@@ -1,14 +1,15 @@
 """Checkpoints of a whole run: the trainer's DCP checkpoint plus the controller's state beside it.
 
-    path = await save_checkpoint(run, trainer, buffer, dataset, step)    # <checkpoint_dir>/step-N/
+    path = await save_checkpoint(run, trainer, buffer, dataset, step, checkpoint_dir, keep_last=3)
     step, path = await resume_from_checkpoint(run, trainer, generator, buffer, dataset, checkpoint_dir)
 
 The controller's state (`app_state.pt` in the trainer's step directory) holds the policy version, the drop
 counters, the replay buffer's groups and the dataset's position, so a resumed run continues with the same
 step, optimizer, buffer contents and data. A step directory without `app_state.pt` is not a run checkpoint
-(the run died while writing it) and is never resumed from.
+(written before saves were atomic) and is never resumed from.
 """
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -19,19 +20,48 @@ from forge_rl.train_loop import Run
 APP_STATE = "app_state.pt"
 
 
-async def save_checkpoint(run: Run, trainer, buffer, dataset, step: int) -> Path:
-    """Trainer DCP checkpoint plus the controller's state (buffer, data position, counters)."""
-    path = Path((await trainer.save.call(step)).item(procs=0))
-    state = dict(version=run.version, drops=run.drops, buffer=await buffer.state_dict.call_one(),
-                 dataset=await dataset.state_dict.call_one())
-    torch.save(state, path / APP_STATE)
-    return path
+async def save_checkpoint(run: Run, trainer, buffer, dataset, step: int, checkpoint_dir: Path,
+                          keep_last: int = 0) -> Path:
+    """Trainer DCP checkpoint plus the controller's state (buffer, data position, counters), as
+    `checkpoint_dir/step-N`. Written under a temporary name and renamed when complete: a failure midway
+    (a full disk, a kill) leaves every earlier checkpoint as it was. Then only the newest `keep_last`
+    complete checkpoints are kept (0: all)."""
+    checkpoint_dir = Path(checkpoint_dir)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_dir / f"step-{step}"
+    partial = checkpoint_dir / f".step-{step}.partial"
+    shutil.rmtree(partial, ignore_errors=True)  # what an earlier failed save left
+    try:
+        await trainer.save.call(step, str(partial))
+        state = dict(version=run.version, drops=run.drops, buffer=await buffer.state_dict.call_one(),
+                     dataset=await dataset.state_dict.call_one())
+        torch.save(state, partial / APP_STATE)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if final.exists():  # the same step saved again (a resumed run's last step): replace it whole
+        replaced = checkpoint_dir / f".step-{step}.replaced"
+        shutil.rmtree(replaced, ignore_errors=True)
+        final.rename(replaced)
+        partial.rename(final)
+        shutil.rmtree(replaced, ignore_errors=True)
+    else:
+        partial.rename(final)
+    if keep_last > 0:
+        for old in complete_checkpoints(checkpoint_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def complete_checkpoints(checkpoint_dir: Path) -> list[Path]:
+    """The complete run checkpoints under `checkpoint_dir`, oldest first."""
+    return sorted((p for p in Path(checkpoint_dir).glob("step-*") if (p / APP_STATE).is_file()),
+                  key=lambda p: int(p.name.split("-")[1]))
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> Path:
     """The newest complete run checkpoint under `checkpoint_dir`."""
-    candidates = sorted((p for p in checkpoint_dir.glob("step-*") if (p / APP_STATE).is_file()),
-                        key=lambda p: int(p.name.split("-")[1]))
+    candidates = complete_checkpoints(checkpoint_dir)
     if not candidates:
         raise FileNotFoundError(f"resume=true but no checkpoint with {APP_STATE} under {checkpoint_dir}")
     return candidates[-1]

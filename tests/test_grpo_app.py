@@ -18,8 +18,11 @@ SMALL = ["batch_groups=4", "group_size=4", "rollout_tasks=2", "eval_size=32", "e
 
 def test_grpo_async_run_then_synchronous_resume(tmp_path):
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
-                      SMALL + ["steps=3", f"output_dir={tmp_path}", "max_policy_age=1"])
+                      SMALL + ["steps=3", f"output_dir={tmp_path}", "max_policy_age=1", "checkpoint_every=1",
+                               "checkpoint_keep_last=2"])
     first = asyncio.run(main(cfg))
+    # a checkpoint every step, the newest two kept; step 3 saved twice (every-step and final), whole each time
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-2", "step-3"]
     # weights went trainer -> store -> generator every step, and no batch broke the staleness bound
     assert first["trainer_version"] == 3 and first["generator_version"] == 3
     assert first["max_staleness"] <= 1

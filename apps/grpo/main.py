@@ -94,6 +94,7 @@ class GRPOConfig:
     eval_every: int = 10  # steps; 0 = only before and after
     eval_size: int = 500  # held-out prompts (the first of the task's held-out set), greedy
     checkpoint_every: int = 0  # steps; 0 = only at the end
+    checkpoint_keep_last: int = 3  # complete checkpoints kept (older ones removed); 0 = all
     no_batch_timeout_s: float = 300.0  # stop, saying why, when no batch could be sampled for this long
     resume: bool = False
     output_dir: str = "outputs/grpo"
@@ -106,6 +107,8 @@ class GRPOConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_policy_age < 0:
             raise ValueError(f"max_policy_age must be >= 0, got {self.max_policy_age}")
+        if self.checkpoint_keep_last < 0:
+            raise ValueError(f"checkpoint_keep_last must be >= 0 (0 keeps all), got {self.checkpoint_keep_last}")
         if self.no_batch_timeout_s <= 0:
             raise ValueError(f"no_batch_timeout_s must be > 0, got {self.no_batch_timeout_s}")
 
@@ -258,7 +261,7 @@ async def main(cfg: GRPOConfig) -> dict:
                     eval_busy_s += time.perf_counter() - eval_start
                     started += time.perf_counter() - eval_start  # evaluations are not training time
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                    await save_checkpoint(run, trainer, buffer, dataset, step)
+                    await save_checkpoint(run, trainer, buffer, dataset, step, ckpt_dir, cfg.checkpoint_keep_last)
                 raise_if_failed(rollouts)
                 buf = await buffer.stats.call_one()
                 gen_stats = await generator.stats.route()
@@ -276,7 +279,7 @@ async def main(cfg: GRPOConfig) -> dict:
             run.stop.set()
             for t in rollouts:
                 t.cancel()
-            await save_checkpoint(run, trainer, buffer, dataset, run.version)
+            await save_checkpoint(run, trainer, buffer, dataset, run.version, ckpt_dir, cfg.checkpoint_keep_last)
             raise
         finally:
             bar.close()
@@ -296,7 +299,7 @@ async def main(cfg: GRPOConfig) -> dict:
             eval_acc = await _evaluate(generator, reward, held_out, cfg)
             evals.append((step, wall, eval_acc))
             log.log(step, {"eval/accuracy": eval_acc})
-        await save_checkpoint(run, trainer, buffer, dataset, run.version)
+        await save_checkpoint(run, trainer, buffer, dataset, run.version, ckpt_dir, cfg.checkpoint_keep_last)
         final_buffer = await buffer.evict.call_one()
         data_stats = await dataset.stats.call_one()
         gen_version = await generator.version.route()

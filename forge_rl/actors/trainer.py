@@ -476,12 +476,12 @@ class Trainer(ForgeActor):
                 "train": {"step": self.step, "scheduler": self.scheduler.state_dict()}}
 
     @endpoint
-    async def save(self, step: int | None = None) -> str:
-        """DCP checkpoint of model, optimizer, LR schedule and step under checkpoint_dir/step-N
+    async def save(self, step: int | None = None, path: str | None = None) -> str:
+        """DCP checkpoint of model, optimizer, LR schedule and step under checkpoint_dir/step-N, or `path`
         (each rank writes its own shards)."""
         import torch.distributed.checkpoint as dcp
 
-        path = Path(self.cfg.checkpoint_dir) / f"step-{self.step if step is None else step}"
+        path = Path(path) if path else Path(self.cfg.checkpoint_dir) / f"step-{self.step if step is None else step}"
         dcp.save(self._state(), checkpoint_id=str(path))
         return str(path)
 
