@@ -16,10 +16,12 @@ A bad record raises `DatasetFormatError` naming the file, the line (or row) and 
 is downloaded: paths are local.
 """
 
-import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from forge_rl.data.sources import DataError, read_jsonl
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -79,20 +81,19 @@ def read_records(path: str | Path) -> list[tuple[str, list[dict[str, str]]]]:
         raise FileNotFoundError(f"dataset {path}: no such file or directory")
     if path.is_dir():
         return _read_hf_dir(path)
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno} (line {lineno})"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetFormatError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            out.append((where, _messages_of(record, where)))
+    try:
+        rows = read_jsonl(path)  # the task reader's: JSON errors name the file and line
+    except DataError as e:
+        raise DatasetFormatError(_with_line(str(e))) from None
+    out = [(_with_line(where), _messages_of(record, _with_line(where))) for where, record in rows]
     if not out:
         raise DatasetFormatError(f"{path}: no records (the file is empty)")
     return out
+
+
+def _with_line(text: str) -> str:
+    """"file:N..." -> "file:N (line N)...", as SFT's messages name a line."""
+    return re.sub(r"^(.*?:(\d+))(?=:|$)", r"\1 (line \2)", text, count=1)
 
 
 def _read_hf_dir(path: Path) -> list[tuple[str, list[dict[str, str]]]]:

@@ -52,13 +52,13 @@ def read_rows(source: str, split: str | None = None, seed: int = 0) -> list[tupl
     if split is not None:
         raise DataError(f"data source {path}: a single file has no splits (split={split!r}); give the held-out "
                         "rows as their own file or use held_out_fraction")
-    rows = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}[path.suffix](path)
+    rows = {".jsonl": read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}[path.suffix](path)
     if not rows:
         raise DataError(f"data source {path}: no rows (the file is empty)")
     return rows
 
 
-def _read_jsonl(path: Path) -> list[tuple[str, dict]]:
+def read_jsonl(path: Path) -> list[tuple[str, dict]]:
     rows = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -146,5 +146,5 @@ def _call_source(source: str, split: str | None, seed: int) -> list[tuple[str, d
 
 def _object(row: Any, where: str) -> dict:
     if not isinstance(row, dict):
-        raise DataError(f"{where}: expected an object (a dict of columns), got {type(row).__name__}")
+        raise DataError(f"{where}: expected a JSON object (a dict of columns), got {type(row).__name__}")
     return row

@@ -181,6 +181,7 @@ class TaskRows:
                 examples = [e for i, e in enumerate(examples) if i not in held]
             self.examples = examples
         self.position = 0
+        self._epoch_order: tuple[int, list[int]] = (-1, [])
         self._stream: Iterator[TaskExample] | None = None
         self.seek(0)
 
@@ -200,14 +201,19 @@ class TaskRows:
                 self.seek(0)
                 example = next(self._stream)
         else:
-            n = len(self.examples)
-            epoch, i = divmod(self.position, n)
-            order = list(range(n))
-            if self.cfg.shuffle:
-                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-            example = self.examples[order[i]]
+            epoch, i = divmod(self.position, len(self.examples))
+            example = self.examples[self._order(epoch)[i]]
         self.position += 1
         return example
+
+    def _order(self, epoch: int) -> list[int]:
+        """The epoch's row order, shuffled once per epoch (not per row: datasets have millions of rows)."""
+        if self._epoch_order[0] != epoch:
+            order = list(range(len(self.examples)))
+            if self.cfg.shuffle:
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._epoch_order = (epoch, order)
+        return self._epoch_order[1]
 
     @property
     def epoch(self) -> int:
