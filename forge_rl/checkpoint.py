@@ -59,6 +59,14 @@ def complete_checkpoints(checkpoint_dir: Path) -> list[Path]:
                   key=lambda p: int(p.name.split("-")[1]))
 
 
+def resume_requested(resume: bool | str, checkpoint_dir: Path) -> bool:
+    """`resume`: true continues from the newest complete checkpoint (an error if there is none); "auto" does
+    when there is one and starts afresh otherwise (a requeued Slurm job, a rerun after a crash)."""
+    if resume not in (True, False, "auto"):
+        raise ValueError(f"resume={resume!r}: use true, false or auto")
+    return resume is True or (resume == "auto" and bool(complete_checkpoints(checkpoint_dir)))
+
+
 def latest_checkpoint(checkpoint_dir: Path) -> Path:
     """The newest complete run checkpoint under `checkpoint_dir`."""
     candidates = complete_checkpoints(checkpoint_dir)

@@ -62,6 +62,20 @@ class Admission:
             self.paused = paused
             self._changed.notify_all()
 
+    async def quiesce(self, timeout_s: float) -> bool:
+        """Pause admission and wait until no rollout is in flight: every group started is in the buffer (or
+        dropped and counted), and nothing holds a prompt that the data position has already passed, so a
+        checkpoint taken now is consistent. False if rollouts were still in flight after `timeout_s` (one
+        blocked adding to a full buffer waits for the trainer). `pause(False)` resumes admission."""
+        async with self._changed:
+            self.paused = True
+            self._changed.notify_all()
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.in_flight == 0), timeout_s)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
     async def acquire(self) -> int:
         """Wait until a rollout may start; returns the generator version it is admitted under."""
         start = time.perf_counter()

@@ -10,10 +10,13 @@
 """
 
 import asyncio
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
+from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 
 from forge_rl.rollout import Admission, RolloutStats
 from forge_rl.types import TrainBatch
@@ -21,6 +24,31 @@ from forge_rl.types import TrainBatch
 
 class NoBatchError(RuntimeError):
     """The train loop waited `no_batch_timeout_s` without a batch; the message says why."""
+
+
+class RoleDied(RuntimeError):
+    """A role's process died under the run (killed, out of memory, a crash in native code). The message
+    names the role and the checkpoint a rerun can continue from."""
+
+
+def role_died(error: BaseException, checkpoint_dir: str | Path) -> RoleDied:
+    """A RoleDied for Monarch's SupervisionError `error`: which actor died, and where to resume."""
+    from forge_rl.checkpoint import complete_checkpoints
+
+    message = str(error)
+    # Monarch names the failed actor as "<root>.<package.module.Class Class{...}>"
+    actor = re.search(r"<[\w.]*?\.(\w+) \1\{", message)
+    role = actor.group(1) if actor else "an actor"
+    # ... and ends with why its process failed: "...running on failed: Killed(sig=9)"
+    reason = message.strip().splitlines()[-1].rsplit("failed:", 1)[-1].strip() if message.strip() else "no reason"
+    checkpoints = complete_checkpoints(Path(checkpoint_dir))
+    if checkpoints:
+        where = (f"the last complete checkpoint is {checkpoints[-1]}: continue from it with resume=true "
+                 "(or resume=auto)")
+    else:
+        where = (f"no complete checkpoint under {checkpoint_dir} yet (checkpoint_every saves every N steps): a "
+                 "rerun starts from the beginning")
+    return RoleDied(f"the {role} process died ({reason}); {where}")
 
 
 class Run:
@@ -68,6 +96,8 @@ async def wait_for_batch(run: Run, buffer, rollouts: list[asyncio.Task]) -> tupl
 def raise_if_failed(tasks: list[asyncio.Task]) -> None:
     for t in tasks:
         if t.done() and not t.cancelled() and t.exception() is not None:
+            if isinstance(t.exception(), SupervisionError):  # an actor it called died: the app names it
+                raise t.exception()
             raise RuntimeError(f"a rollout task failed: {t.exception()}") from t.exception()
 
 

@@ -142,3 +142,78 @@ def test_grpo_survives_a_generator_replica_killed_mid_run(tmp_path):
     assert summary["generator_versions"] == [8, 8]  # the respawned replica took the newest weights
     accounting = summary["buffer"]
     assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
+
+
+def test_trainer_killed_mid_run_then_resumed(tmp_path):
+    """In the synchronous loop: a run resumed from a checkpoint trains its first step on exactly what the
+    uninterrupted run did (the checkpoint holds the buffered batch, weights, optimizer and data position), so
+    the losses are equal. Then SIGKILL the trainer: the app stops with an error naming the trainer and its
+    newest checkpoint, which is intact, and resume=auto continues from it to the end."""
+    import os
+    import shutil
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    from forge_rl.checkpoint import APP_STATE, complete_checkpoints
+    from forge_rl.train_loop import RoleDied
+
+    sync = SMALL + ["async_mode=false", "max_policy_age=0", "buffer.drop_zero_advantage=false", "checkpoint_every=1",
+                    "checkpoint_keep_last=0"]
+
+    def losses(out) -> dict[int, float]:
+        return {r["step"]: r["trainer/loss"] for r in read_jsonl(out / "metrics.jsonl") if "trainer/loss" in r}
+
+    def config(out, *more):
+        return load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", sync + [f"output_dir={out}", *more])
+
+    asyncio.run(main(config(tmp_path / "whole", "steps=3")))
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "whole/checkpoints/step-2", run_dir / "checkpoints/step-2")
+
+    victims = []
+
+    def kill_the_trainer_after_checkpoint_3():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not (run_dir / "checkpoints/step-3" / APP_STATE).exists():
+            time.sleep(0.02)
+        for proc in psutil.Process(os.getpid()).children():
+            if proc.name() == "forge:Trainer":  # the provisioner names each proc after its role
+                victims.append(proc.pid)
+                os.kill(proc.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_trainer_after_checkpoint_3, daemon=True)
+    killer.start()
+    with pytest.raises(RoleDied) as died:
+        asyncio.run(main(config(run_dir, "steps=8", "resume=auto")))
+    killer.join(timeout=5)
+    # the first step after resuming from step 2 trained what the uninterrupted run's step 3 did
+    assert losses(run_dir)[3] == pytest.approx(losses(tmp_path / "whole")[3], abs=1e-6)
+
+    assert len(victims) == 1
+    newest = complete_checkpoints(run_dir / "checkpoints")[-1]
+    message = str(died.value)
+    assert "Trainer process died" in message and str(newest) in message and "resume=" in message
+    killed_at = int(newest.name.split("-")[1])
+    assert 3 <= killed_at < 8  # it died mid-run, with a checkpoint behind it
+    assert not list((run_dir / "checkpoints").glob(".*"))  # no half-written checkpoint left
+    assert torch.load(newest / APP_STATE, weights_only=False)["version"] == killed_at
+
+    resumed = asyncio.run(main(config(run_dir, "steps=8", "resume=auto")))
+    assert resumed["start_step"] == killed_at and resumed["trainer_version"] == 8
+    assert resumed["generator_version"] == 8 and resumed["max_staleness"] == 0
+    assert sorted(losses(run_dir)) == list(range(3, 9))  # no step twice, none missing
+    accounting = resumed["buffer"]
+    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
+
+
+def test_resume_auto_starts_afresh_without_a_checkpoint_and_resume_true_says_why_it_cannot(tmp_path):
+    from forge_rl.checkpoint import resume_requested
+
+    assert resume_requested("auto", tmp_path) is False
+    assert resume_requested(False, tmp_path) is False
+    assert resume_requested(True, tmp_path) is True  # resume_from_checkpoint then names the empty directory
+    with pytest.raises(ConfigError, match="resume='sometimes'"):
+        load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", ["resume=sometimes"])

@@ -30,7 +30,7 @@ from forge_rl.actors.reference import Reference
 from forge_rl.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
 from forge_rl.actors.reward import RewardActor, RewardSpec, check_reward_columns
 from forge_rl.actors.trainer import Trainer, TrainerConfig
-from forge_rl.checkpoint import resume_from_checkpoint, save_checkpoint
+from forge_rl.checkpoint import resume_from_checkpoint, resume_requested, save_checkpoint
 from forge_rl.config import ConfigError, parse_args, to_yaml
 from forge_rl.controller import provisioned
 from forge_rl.controller.signals import handle_stop_signals
@@ -42,7 +42,9 @@ from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.resources import ResourcesConfig, plan_placement
 from forge_rl.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.sampling import behaviour_temperature
-from forge_rl.train_loop import Run, batch_staleness, raise_if_failed, update_generators, wait_for_batch
+from forge_rl.train_loop import (
+    RoleDied, Run, SupervisionError, batch_staleness, raise_if_failed, role_died, update_generators, wait_for_batch,
+)
 from forge_rl.weights import WeightStoreConfig
 
 
@@ -96,7 +98,7 @@ class GRPOConfig:
     checkpoint_every: int = 0  # steps; 0 = only at the end
     checkpoint_keep_last: int = 3  # complete checkpoints kept (older ones removed); 0 = all
     no_batch_timeout_s: float = 300.0  # stop, saying why, when no batch could be sampled for this long
-    resume: bool = False
+    resume: bool | str = False  # true: continue from the newest checkpoint; auto: if there is one, else start
     output_dir: str = "outputs/grpo"
     wandb_project: str | None = None
     seed: int = 0
@@ -109,6 +111,8 @@ class GRPOConfig:
             raise ValueError(f"max_policy_age must be >= 0, got {self.max_policy_age}")
         if self.checkpoint_keep_last < 0:
             raise ValueError(f"checkpoint_keep_last must be >= 0 (0 keeps all), got {self.checkpoint_keep_last}")
+        if self.resume not in (True, False, "auto"):
+            raise ValueError(f"resume={self.resume!r}: use true, false or auto")
         if self.no_batch_timeout_s <= 0:
             raise ValueError(f"no_batch_timeout_s must be > 0, got {self.no_batch_timeout_s}")
 
@@ -200,10 +204,11 @@ async def main(cfg: GRPOConfig) -> dict:
             ).as_actor(cfg.trainer)
         ckpt_dir = Path(cfg.trainer.checkpoint_dir)
         start_step = 0
-        if cfg.resume:
+        resumed = resume_requested(cfg.resume, ckpt_dir)
+        if resumed:
             start_step, path = await resume_from_checkpoint(run, trainer, generator, buffer, dataset, ckpt_dir)
             console.print(f"resumed from {path} at step {start_step} (policy version {run.version})")
-        log = MetricsLogger(out, cfg.wandb_project, config=asdict(cfg), resume_step=start_step if cfg.resume else None)
+        log = MetricsLogger(out, cfg.wandb_project, config=asdict(cfg), resume_step=start_step if resumed else None)
         eval_acc = await _evaluate(generator, reward, held_out, cfg)
         first_eval = eval_acc
         log.log(start_step, {"eval/accuracy": eval_acc})
@@ -261,7 +266,12 @@ async def main(cfg: GRPOConfig) -> dict:
                     eval_busy_s += time.perf_counter() - eval_start
                     started += time.perf_counter() - eval_start  # evaluations are not training time
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    # every group started lands in the buffer first: the checkpoint holds it and the data position
+                    if not await run.admission.quiesce(timeout_s=60):
+                        console.print("[yellow]checkpoint: rollouts still in flight after 60 s; their prompts are "
+                                      "skipped on resume[/yellow]")
                     await save_checkpoint(run, trainer, buffer, dataset, step, ckpt_dir, cfg.checkpoint_keep_last)
+                    await run.admission.pause(False)
                 raise_if_failed(rollouts)
                 buf = await buffer.stats.call_one()
                 gen_stats = await generator.stats.route()
@@ -274,8 +284,12 @@ async def main(cfg: GRPOConfig) -> dict:
                 bar.update(1)
                 bar.set_postfix(reward=f"{line['reward/mean']:.2f}", acc=f"{eval_acc:.0%}")
                 tqdm.write(_console_line(step, line))
+        except SupervisionError as e:  # a role's process died: name it and the checkpoint to resume from
+            raise role_died(e, ckpt_dir) from e
         except (KeyboardInterrupt, asyncio.CancelledError):
             console.print(f"[yellow]interrupted at step {step}: saving a final checkpoint[/yellow]")
+            # Rollouts in flight get a moment to land in the buffer, so their prompts are not skipped on resume.
+            await run.admission.quiesce(timeout_s=10)
             run.stop.set()
             for t in rollouts:
                 t.cancel()
@@ -432,7 +446,7 @@ if __name__ == "__main__":
     handle_stop_signals()
     try:
         asyncio.run(main(config))
-    except ConfigError as e:
+    except (ConfigError, RoleDied) as e:
         raise SystemExit(f"error: {e}")
     except KeyboardInterrupt:
         raise SystemExit(130)
