@@ -1,6 +1,9 @@
 import asyncio
+import contextlib
 import os
+import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,26 @@ def started_in_the_background() -> None:
 def run(coro, timeout: float = 300):
     """Run one async test body to completion (each test gets a fresh event loop)."""
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: int):
+    """A real tmpfs of `size` bytes mounted at `path` for the block (a full /dev/shm in miniature).
+    Skips the test where mounting is not permitted."""
+    if shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs the mount command, which is not installed")
+    path.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        why = (mounted.stderr.strip().splitlines() or [f"mount exited with {mounted.returncode}"])[0]
+        pytest.skip(f"mounting a tmpfs needs root (CAP_SYS_ADMIN): {why}")
+    try:
+        yield path
+    finally:
+        # Lazily if something still maps a file there (a failing test's actor): unmounted either way.
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 cleanup (normal, exception, killed writer, dead run), and the cross-host RDMA path."""
 
 import asyncio
+import errno
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -23,10 +25,11 @@ from forge_rl.weights import (
     VersionUnavailable,
     WeightMismatch,
     WeightStoreConfig,
+    WeightStoreFull,
     cleanup_stale_runs,
     spec_of,
 )
-from tests.conftest import REPO, run
+from tests.conftest import REPO, run, small_tmpfs
 from tests.weight_store_procs import Reader, Writer, model_state, uniform_state
 
 
@@ -163,6 +166,52 @@ def test_mismatch_names_the_tensor(store):
         with store.writer(2, spec_of(state)) as w:
             w.write("model.norm.weight", state["model.norm.weight"][:8])
     assert store.versions() == [1] and not list(store.root.glob("*.tmp")), "a failed write was aborted"
+
+
+def test_a_full_tmpfs_fails_the_publish_by_name_and_keeps_the_previous_version(tmp_path):
+    """The store on a real 640 KiB tmpfs holding a 256 KiB filler file: version 1 (~268 KiB) fits,
+    version 2 does not. Publishing it, and opening a sharded writer for it as trainer ranks do, fail with
+    WeightStoreFull naming the root, the version and the bytes; nothing of version 2 stays behind, and
+    version 1 stays whole for the reader holding it and for new ones. Once the filler is gone, version
+    2 publishes, and version 3 goes into version 1's pages."""
+
+    def state(v: int) -> dict[str, torch.Tensor]:
+        return {"big": torch.randn(1 << 16, generator=torch.Generator().manual_seed(v)), **model_state(v)}
+
+    def free() -> int:
+        st = os.statvfs(shm)
+        return st.f_bavail * st.f_frsize
+
+    with small_tmpfs(tmp_path / "shm", 640 << 10) as shm:
+        with open(shm / "filler", "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, 256 << 10)
+        store = ShmWeightStore(f"t{uuid.uuid4().hex[:8]}", WeightStoreConfig(keep_versions=2, root=str(shm / "w")))
+        try:
+            store.publish(1, state(1))
+            held = store.load(1)  # a reader (a generator) holding version 1 meanwhile
+            free_before = free()
+            with pytest.raises(WeightStoreFull) as full:
+                store.publish(2, state(2))
+            e, message = full.value, str(full.value)
+            assert e.errno == errno.ENOSPC and e.version == 2 and e.needed > e.free == free_before, message
+            for part in (f"weight store {store.root} is full", f"weights version 2 needs {e.needed} bytes",
+                         f"{e.free} bytes", "weight_store.keep_versions (now 2", "set weight_store.root"):
+                assert part in message, message
+            assert str(pickle.loads(pickle.dumps(e))) == message  # reaches an endpoint's caller intact
+            with pytest.raises(WeightStoreFull, match=f"weights version 2 needs {e.needed} bytes"):
+                store.writer(2, spec_of(state(2)), rank=1, world_size=2)
+            assert os.listdir(store.root) == ["v00000001"], "a failed version left files behind"
+            assert free() == free_before, "a failed version kept pages"
+            for got in (held, store.load(1), load_file(store.path(1) / "model.safetensors")):
+                assert all(torch.equal(got[n], t) for n, t in state(1).items())
+            del held, got
+            (shm / "filler").unlink()
+            store.publish(2, state(2))
+            store.publish(3, state(3))  # drops 1 and recycles its pages: needs no free space
+            assert store.versions() == [2, 3] and store.recycled == 1
+            assert all(torch.equal(store.load(3)[n], t) for n, t in state(3).items())
+        finally:
+            store.close()
 
 
 def test_dtensor_shards_from_two_procs_give_full_tensors_to_the_controller():

@@ -19,6 +19,7 @@ from forge_rl.weights.store import (
     WeightMismatch,
     WeightStore,
     WeightStoreConfig,
+    WeightStoreFull,
     check_spec,
     spec_of,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "WeightMismatch",
     "WeightStore",
     "WeightStoreConfig",
+    "WeightStoreFull",
     "check_spec",
     "cleanup_stale_runs",
     "register_process",

@@ -134,8 +134,9 @@ async def fetch(store: ShmWeightStore, version: int, timeout: float) -> Path:
         raise VersionUnavailable(version, remote.available, remote.why)
     tmp = store.root / f"{version_dir(version)}.fetch-{os.getpid()}"
     try:
-        file = store._new_file(tmp, remote.size)
-        allocate_file(file, remote.size)
+        with store._reserving(tmp, version, remote.size):  # a full reader host: WeightStoreFull
+            file = store._new_file(tmp, remote.size)
+            allocate_file(file, remote.size)
         buf = writable_map(file, remote.size)
         from monarch.rdma import RDMAAction
 

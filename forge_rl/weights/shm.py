@@ -24,6 +24,7 @@ bytes until it lets go, then Linux frees the pages) and the writer allocates fre
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -47,6 +48,7 @@ from forge_rl.weights.store import (
     WeightMismatch,
     WeightStore,
     WeightStoreConfig,
+    WeightStoreFull,
     check_spec,
     spec_of,
 )
@@ -235,6 +237,23 @@ class ShmWeightStore(WeightStore):
             shutil.rmtree(trash, ignore_errors=True)
         return file
 
+    @contextlib.contextmanager
+    def _reserving(self, tmp: Path, version: int, size: int):
+        """Around claiming the pages of a new version in `tmp`: if that fails, nothing of the version
+        stays behind (its other writer ranks then abort too), and a full filesystem raises
+        WeightStoreFull, which says how much was needed and what to do. Published versions are not
+        touched either way: the pages are reserved (posix_fallocate) before anything is written, so a
+        full tmpfs is this ENOSPC, never a SIGBUS in the middle of a copy."""
+        try:
+            yield
+        except BaseException as e:
+            self._remove(tmp)
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC and not isinstance(e, WeightStoreFull):
+                st = os.statvfs(self.root)  # after the removal: what the next attempt will find
+                raise WeightStoreFull(str(self.root), version, size, st.f_bavail * st.f_frsize,
+                                      self.cfg.keep_versions) from e
+            raise
+
     def _drop_all_but(self, keep: int) -> None:
         available = self.versions()
         for version in available[: max(len(available) - keep, 0)]:
@@ -281,10 +300,10 @@ class ShmVersionWriter(VersionWriter):
             raise ValueError(f"weights version {version} is already published on host {store.host_id}")
         self.layout = Layout.for_spec(spec, {"forge_rl_version": str(version)})
         self.tmp = store.root / f"{version_dir(version)}.tmp"
-        create_file(store._new_file(self.tmp, self.layout.size), self.layout)
-        self._views: dict[str, torch.Tensor] | None = self.layout.views(
-            maps.writable_map(self.tmp / FILE, self.layout.size)
-        )
+        with store._reserving(self.tmp, version, self.layout.size):
+            create_file(store._new_file(self.tmp, self.layout.size), self.layout)
+            views = self.layout.views(maps.writable_map(self.tmp / FILE, self.layout.size))
+        self._views: dict[str, torch.Tensor] | None = views
 
     def write(self, name: str, tensor: torch.Tensor, offset: tuple[int, ...] | None = None) -> None:
         if self._views is None:

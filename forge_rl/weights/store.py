@@ -13,6 +13,7 @@ Guarantees every backend keeps:
   whose dtype or shape differs.
 """
 
+import errno
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +48,29 @@ class VersionUnavailable(LookupError):
 
     def __reduce__(self):  # it crosses actor boundaries inside ActorError, so it must unpickle
         return type(self), (self.version, self.available, self.why)
+
+
+class WeightStoreFull(OSError):
+    """The store's filesystem had no room for a new version (ENOSPC when its pages were reserved).
+    Nothing of that version was kept; the versions published before it are untouched."""
+
+    def __init__(self, root: str, version: int, needed: int, free: int, keep_versions: int):
+        self.root, self.version, self.needed, self.free, self.keep_versions = root, version, needed, free, keep_versions
+        super().__init__(
+            errno.ENOSPC,
+            f"weight store {root} is full: weights version {version} needs {_size(needed)}, {_size(free)} free "
+            f"(version {version} was not published; earlier versions are intact). Free space on that filesystem "
+            f"(`df -h {root}`; /dev/shm is shared by the whole host), lower weight_store.keep_versions (now "
+            f"{keep_versions}: a host holds up to that many versions), or set weight_store.root to a directory on "
+            "a larger tmpfs",
+        )
+
+    def __reduce__(self):  # crosses actor boundaries inside ActorError
+        return type(self), (self.root, self.version, self.needed, self.free, self.keep_versions)
+
+
+def _size(n: int) -> str:
+    return f"{n} bytes ({n / 2**20:.1f} MiB)"
 
 
 class WeightMismatch(ValueError):
