@@ -6,6 +6,7 @@ import pickle
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
+from monarch.actor import ActorError
 
 from forge_rl.actors.replay_buffer import GroupStore, ReplayBuffer, ReplayBufferConfig
 from forge_rl.controller import provisioned
@@ -183,5 +184,89 @@ def test_mixed_prompt_group_rejected_even_after_unpickling():
     group.episodes[1].completion.prompt_ids = torch.tensor([9, 9])  # as a hand-built or unpickled group could be
     with pytest.raises(ValueError, match="episode 1: completion.prompt_ids differ"):
         GroupStore(ReplayBufferConfig()).add(group)
-    with pytest.raises(ValueError, match="episode 0: advantage is NaN"):
+    with pytest.raises(ValueError, match="episode 0: advantage is nan, expected a finite number"):
         GroupStore(ReplayBufferConfig()).add(make_group("p1", [0], [float("nan")]))
+
+
+def _completion(**fields):
+    """Set fields of episode 1's completion after the group was built (as unpickled data can be)."""
+    def change(group: Group) -> None:
+        for name, value in fields.items():
+            setattr(group.episodes[1].completion, name, value)
+    return change
+
+
+def _episode(**fields):
+    def change(group: Group) -> None:
+        for name, value in fields.items():
+            setattr(group.episodes[1], name, value)
+    return change
+
+
+def _no_prompt(group: Group) -> None:
+    for ep in group.episodes:
+        ep.completion.prompt_ids = torch.tensor([], dtype=torch.long)
+
+
+def _completion_for_episode(group: Group) -> None:
+    group.episodes[1] = group.episodes[1].completion
+
+
+# (a change to a 2-episode group "bad" with 2-token prompts and responses, what the error must say)
+MALFORMED_GROUPS = {
+    "short logprobs": (_completion(logprobs=torch.tensor([-1.0])),
+                       r"group 'bad' episode 1: completion.logprobs has 1 entries, expected 2 "
+                       r"\(one per response token\)"),
+    "no versions": (_completion(policy_versions=torch.tensor([], dtype=torch.long)),
+                    r"episode 1: completion.policy_versions has 0 entries, expected 2"),
+    "float ids": (_completion(response_ids=torch.tensor([3.0, 4.0])),
+                  r"episode 1: completion.response_ids has dtype torch.float32, expected an integer dtype"),
+    "bool versions": (_completion(policy_versions=torch.tensor([True, False])),
+                      r"episode 1: completion.policy_versions has dtype torch.bool, expected an integer dtype"),
+    "int logprobs": (_completion(logprobs=torch.tensor([-1, -1])),
+                     r"episode 1: completion.logprobs has dtype torch.int64, expected a floating-point dtype"),
+    "2-D prompt": (_completion(prompt_ids=torch.tensor([[1, 2]])),
+                   r"episode 1: completion.prompt_ids has shape \(1, 2\), expected 1 dim"),
+    "list ids": (_completion(response_ids=[3, 4]),
+                 r"episode 1: completion.response_ids is a list, expected an integer 1-D tensor"),
+    "no response": (_completion(response_ids=torch.tensor([], dtype=torch.long), logprobs=torch.tensor([]),
+                                policy_versions=torch.tensor([], dtype=torch.long)),
+                    r"episode 1: completion.response_ids is empty"),
+    "no prompt": (_no_prompt, r"episode 0: completion.prompt_ids is empty"),
+    "other prompt": (_completion(prompt_ids=torch.tensor([9, 9])), r"episode 1: completion.prompt_ids differ"),
+    "-inf logprob": (_completion(logprobs=torch.tensor([-1.0, -float("inf")])),
+                     r"episode 1: completion.logprobs has -inf at response token 1, expected finite values"),
+    "inf advantage": (_episode(advantage=float("inf")), r"episode 1: advantage is inf, expected a finite number"),
+    "text advantage": (_episode(advantage="0.5"), r"episode 1: advantage is '0.5', expected a finite number"),
+    "no episode": (_completion_for_episode, r"episode 1: expected an Episode holding a Completion, got Completion"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED_GROUPS)
+def test_a_malformed_group_is_refused_by_name_and_the_buffer_is_unchanged(case):
+    """Refused at add, not when a later batch is collated from it together with good groups."""
+    change, message = MALFORMED_GROUPS[case]
+    store = GroupStore(ReplayBufferConfig(capacity=4))
+    store.add(make_group("p1", [0, 0]))
+    before = pickle.dumps(store.state_dict())
+    bad = make_group("bad", [0, 0])
+    change(bad)
+    with pytest.raises(ValueError, match=message):
+        store.add(bad)
+    assert pickle.dumps(store.state_dict()) == before
+    assert store.added == 2 and ep_prompt(store.sample(0, 1)[0], 0) == "p1"
+
+
+def test_the_actor_refuses_a_malformed_group_and_goes_on():
+    async def body():
+        async with provisioned():
+            buf = await ReplayBuffer.as_actor(ReplayBufferConfig(capacity=2))
+            bad = make_group("bad", [0, 0])
+            MALFORMED_GROUPS["short logprobs"][0](bad)
+            with pytest.raises(ActorError, match="episode 1: completion.logprobs has 1 entries, expected 2"):
+                await buf.add.call_one(bad)
+            assert await buf.add.call_one(make_group("p1", [0, 0])) is True
+            assert (await buf.stats.call_one())["added"] == 2
+            assert (await buf.sample.call_one(0, 1))[0].num_sequences == 2
+
+    run(body())

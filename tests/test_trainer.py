@@ -12,7 +12,7 @@ from monarch.actor import ActorError
 from forge_rl.actors.trainer import OptimizerConfig, ParallelConfig, Trainer, TrainerConfig
 from forge_rl.types import TrainBatch
 from tests.actors import Echo
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_MODEL, small_tmpfs
 
 
 def make_batch(seed: int, B: int = 8, T: int = 24, shared_prompt: int = 0) -> TrainBatch:
@@ -102,23 +102,103 @@ def replace_mb(cfg: TrainerConfig, micro_batch_size: int) -> TrainerConfig:
     return cfg
 
 
+def malformed(change) -> TrainBatch:
+    """make_batch(1) (8 rows of 24 tokens) with one thing wrong."""
+    b = make_batch(1)
+    change(b)
+    return b
+
+
+def _set(**fields):
+    """Replace fields: by a value, or by a function of the batch."""
+    def change(b: TrainBatch) -> None:
+        for name, value in fields.items():
+            setattr(b, name, value(b) if callable(value) else value)
+    return change
+
+
+def _poke(field: str, at: tuple, value):
+    return lambda b: getattr(b, field).__setitem__(at, value)
+
+
+# (one rank's batch with something wrong, what the error must say)
+MALFORMED = {
+    "short logprobs": (_set(behaviour_logprobs=lambda b: b.behaviour_logprobs[:, :-1]),
+                       r"batch\[0\]\.behaviour_logprobs has shape \(8, 23\), expected \(8, 24\) "
+                       r"\(tokens is \(8, 24\)\)"),
+    "mask rows": (_set(response_mask=lambda b: b.response_mask[:7]),
+                  r"batch\[0\]\.response_mask has shape \(7, 24\), expected \(8, 24\)"),
+    "versions shape": (_set(policy_versions=lambda b: b.policy_versions.T),
+                       r"batch\[0\]\.policy_versions has shape \(24, 8\), expected \(8, 24\)"),
+    "advantages shape": (_set(advantages=lambda b: b.advantages[:, None]),
+                         r"batch\[0\]\.advantages has shape \(8, 1\), expected \(8,\) \(one per sequence\)"),
+    "ref shape": (_set(ref_logprobs=torch.zeros(8, 25)),
+                  r"batch\[0\]\.ref_logprobs has shape \(8, 25\), expected \(8, 24\)"),
+    "1-D tokens": (_set(tokens=lambda b: b.tokens.flatten()),
+                   r"batch\[0\]\.tokens has shape \(192,\), expected 2 dims"),
+    "float tokens": (_set(tokens=lambda b: b.tokens.float()),
+                     r"batch\[0\]\.tokens has dtype torch.float32, expected torch.int64"),
+    "uint8 mask": (_set(response_mask=lambda b: b.response_mask.to(torch.uint8)),
+                   r"batch\[0\]\.response_mask has dtype torch.uint8, expected torch.bool"),
+    "float64 logprobs": (_set(behaviour_logprobs=lambda b: b.behaviour_logprobs.double()),
+                         r"batch\[0\]\.behaviour_logprobs has dtype torch.float64, expected torch.float32"),
+    "bf16 advantages": (_set(advantages=lambda b: b.advantages.bfloat16()),
+                        r"batch\[0\]\.advantages has dtype torch.bfloat16, expected torch.float32"),
+    "list advantages": (_set(advantages=[0.5] * 8),
+                        r"batch\[0\]\.advantages is a list, expected a torch.float32 tensor"),
+    "nan advantage": (_poke("advantages", (3,), float("nan")),
+                      r"batch\[0\]\.advantages has nan at \[3\] \(1 non-finite values\), expected finite values"),
+    "inf logprob": (_poke("behaviour_logprobs", (2, 15), float("-inf")),
+                    r"batch\[0\]\.behaviour_logprobs has -inf at \[2, 15\]"),
+    # outside the response too: the loss masks by multiplying, and NaN * 0 is NaN
+    "nan prompt logprob": (_poke("behaviour_logprobs", (1, 0), float("nan")),
+                           r"batch\[0\]\.behaviour_logprobs has nan at \[1, 0\]"),
+    "nan ref": (_set(ref_logprobs=lambda b: torch.full((8, 24), float("nan"))),
+                r"batch\[0\]\.ref_logprobs has nan at \[0, 0\] \(192 non-finite values\)"),
+    "id = vocab": (_poke("tokens", (5, 7), 128),
+                   r"batch\[0\]\.tokens has id 128 at \[5, 7\] \(1 such ids\), "
+                   r"outside the model's vocabulary \[0, 128\)"),
+    "negative id": (_poke("tokens", (0, 0), -1), r"batch\[0\]\.tokens has id -1 at \[0, 0\]"),
+    "no rows": (_set(tokens=lambda b: b.tokens[:0], response_mask=lambda b: b.response_mask[:0]),
+                r"batch\[0\] is empty: tokens has shape \(0, 24\), expected at least one sequence"),
+    "no response": (lambda b: b.response_mask.fill_(False), r"batch\[0\] has no response tokens"),
+    "too long": (_set(tokens=torch.ones(8, 600, dtype=torch.long)),
+                 r"sequences of 600 tokens; the model's max_seq_len is 512"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_malformed_batches_name_the_field_expected_and_actual(case):
+    from forge_rl.actors.trainer import validate_batches
+
+    change, message = MALFORMED[case]
+    with pytest.raises(ValueError, match=message):
+        validate_batches([malformed(change)], 1, vocab_size=128, max_len=512)
+    with pytest.raises(ValueError, match=message.replace(r"batch\[0\]", r"batch\[1\]")):  # the rank is named
+        validate_batches([make_batch(0), malformed(change)], 2, vocab_size=128, max_len=512)
+    validate_batches([make_batch(0)], 1, vocab_size=128, max_len=512)  # and the well-formed batch passes
+
+
 def test_bad_batches_are_rejected_before_any_change(loop, single):
+    """Through the endpoint (so across Monarch's pickling): every kind of bad input is refused, and the
+    trainer is exactly as before: same weights (logprobs of a probe), same step; the next good step is
+    its first one."""
     probe = make_batch(9)
     before = loop.run_until_complete(single.logprobs.call_one(probe))
-    empty = make_batch(1)
-    empty.response_mask[:] = False
-    nan = make_batch(1)
-    nan.advantages[3] = float("nan")
-    short = make_batch(1)
-    short.behaviour_logprobs = short.behaviour_logprobs[:, :-1]
-    cases = [([empty], "batch\\[0\\] has no response tokens"), ([nan], "advantages has NaN/inf at rows \\[3\\]"),
-             ([short], "behaviour_logprobs has shape \\(8, 23\\), tokens has \\(8, 24\\)"),
-             ([make_batch(1)] * 2, "one TrainBatch per data-parallel rank \\(1\\), got 2")]
+    cases = [([malformed(MALFORMED[c][0])], MALFORMED[c][1])
+             for c in ("short logprobs", "float tokens", "nan advantage", "inf logprob", "id = vocab", "no rows",
+                       "no response")]
+    cases += [([make_batch(1)] * 2, r"one TrainBatch per data-parallel rank \(1\), got 2"),
+              ([], r"one TrainBatch per data-parallel rank \(1\), got 0"),
+              ([{"tokens": make_batch(1).tokens}], r"batch\[0\] is a dict, expected a TrainBatch")]
     for batches, message in cases:
         with pytest.raises(ActorError, match=message):
             loop.run_until_complete(single.train_step.call_one(batches))
     after = loop.run_until_complete(single.logprobs.call_one(probe))
     assert torch.equal(before, after) and loop.run_until_complete(single.version.call_one()) == 0
+    m = loop.run_until_complete(single.train_step.call_one([make_batch(0)]))
+    assert m["step"] == 1 and m["skipped"] == 0 and m["lr"] == 1e-3 and math.isfinite(m["loss"])
+    assert not torch.equal(loop.run_until_complete(single.logprobs.call_one(probe)), before)
 
 
 def test_export_hf_loads_in_transformers_with_identical_logits(loop, single, tmp_path):
@@ -176,6 +256,44 @@ def test_push_weights_from_one_and_from_sharded_ranks(loop, tmp_path):
                 assert torch.equal(got[name], tensor), (version, name)
     finally:
         store.close()
+
+
+def test_push_weights_into_a_full_tmpfs_fails_by_name_and_the_trainer_goes_on(loop, tmp_path):
+    """The store's root on a real tmpfs with room for 2.5 versions of the tiny model, one taken by a
+    filler file: push 1 fits, push 2 comes back to the caller as WeightStoreFull naming the store and
+    the bytes, and leaves version 1 as it was. The trainer goes on: it trains, and once the filler is
+    gone push 2 publishes."""
+    from safetensors.torch import load_file
+
+    from forge_rl.controller import stop_actor
+    from forge_rl.weights import ShmWeightStore, WeightStoreConfig
+
+    shipped = load_file(TINY_MODEL / "model.safetensors")
+    size = sum(t.nbytes for t in shipped.values())  # a version is this plus its header (a few KB)
+    with small_tmpfs(tmp_path / "shm", 5 * size // 2) as shm:
+        with open(shm / "filler", "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, size)
+        store_cfg = WeightStoreConfig(keep_versions=2, root=str(shm / "weights"))
+        trainer = loop.run_until_complete(Trainer.options(procs=1, spmd=True).as_actor(config(tmp_path), store_cfg))
+        store = ShmWeightStore(cfg=store_cfg)
+        try:
+            loop.run_until_complete(trainer.push_weights.call_one(1))
+            with pytest.raises(ActorError, match=rf"WeightStoreFull.*weight store {shm}/weights is full: weights "
+                                                 rf"version 2 needs \d+ bytes .*, \d+ bytes .* free"):
+                loop.run_until_complete(trainer.push_weights.call_one(2))
+            assert os.listdir(store.root) == ["v00000001"]
+            v1 = store.load(1)
+            assert all(torch.equal(v1[name], t) for name, t in shipped.items())
+            del v1
+            assert steps(loop, trainer, 1, seeds=(0,))[0]["step"] == 1
+            (shm / "filler").unlink()
+            loop.run_until_complete(trainer.push_weights.call_one(2))
+            v2 = store.load(2)
+            assert v2.keys() == shipped.keys() and not torch.equal(v2["lm_head.weight"], shipped["lm_head.weight"])
+            del v2
+        finally:
+            store.close()
+            loop.run_until_complete(stop_actor(trainer))  # its maps of the tmpfs's files go with it
 
 
 @pytest.mark.parametrize("procs,parallel", [(1, {}), (2, dict(dp_shard=2))], ids=["autocast", "fsdp2"])

@@ -11,6 +11,8 @@ The bookkeeping lives in `GroupStore` (plain Python, property-tested); the actor
 """
 
 import asyncio
+import math
+import numbers
 import random
 import time
 from collections import Counter
@@ -20,7 +22,7 @@ import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_rl.controller import ForgeActor
-from forge_rl.types import Group, TrainBatch
+from forge_rl.types import Completion, Episode, Group, TrainBatch
 
 DROP_REASONS = ("stale", "zero_advantage", "evicted")
 
@@ -161,21 +163,55 @@ class GroupStore:
 
 
 def validate_group(group: Group) -> None:
+    """Reject a malformed group before the buffer changes. Stored, it would fail (or train on garbage)
+    only later, when a batch is collated from it together with good groups. Group() checks some of
+    this on construction, but unpickling skips __init__, so everything is checked here. Whole-tensor
+    checks per episode, no per-token loops."""
     if not isinstance(group, Group):
         raise TypeError(f"ReplayBuffer.add takes a Group, got {type(group).__name__}")
     if not group.episodes:
         raise ValueError(f"group {group.prompt_id!r} has no episodes")
-    first = group.episodes[0].completion.prompt_ids
+    first = None
     for i, ep in enumerate(group.episodes):
-        # Group checks this on construction, but unpickling skips __init__, so check again here.
-        if not torch.equal(ep.completion.prompt_ids, first):
-            raise ValueError(f"group {group.prompt_id!r} episode {i}: completion.prompt_ids differ from episode 0")
-        if len(ep.completion.policy_versions) == 0:
-            raise ValueError(f"group {group.prompt_id!r} episode {i}: completion.policy_versions is empty")
+        at = f"group {group.prompt_id!r} episode {i}"
+        if not isinstance(ep, Episode) or not isinstance(ep.completion, Completion):
+            got = type(ep.completion if isinstance(ep, Episode) else ep).__name__
+            raise ValueError(f"{at}: expected an Episode holding a Completion, got {got}")
+        c = ep.completion
+        for name in ("prompt_ids", "response_ids", "logprobs", "policy_versions"):
+            _check_1d(at, name, getattr(c, name))
+        if len(c.prompt_ids) == 0:
+            raise ValueError(f"{at}: completion.prompt_ids is empty; a response needs at least one prompt token")
+        if (R := len(c.response_ids)) == 0:
+            raise ValueError(f"{at}: completion.response_ids is empty (no response tokens to train on)")
+        for name in ("logprobs", "policy_versions"):
+            if (n := len(getattr(c, name))) != R:
+                raise ValueError(f"{at}: completion.{name} has {n} entries, expected {R} (one per response token)")
+        if first is None:
+            first = c.prompt_ids
+        elif not torch.equal(c.prompt_ids, first):
+            raise ValueError(f"{at}: completion.prompt_ids differ from episode 0")
+        if not (finite := torch.isfinite(c.logprobs)).all():
+            where = int((~finite).nonzero()[0])
+            raise ValueError(f"{at}: completion.logprobs has {c.logprobs[where].item()} at response token {where}, "
+                             "expected finite values")
         if ep.advantage is None:
-            raise ValueError(f"group {group.prompt_id!r} episode {i}: advantage is None (compute advantages first)")
-        if ep.advantage != ep.advantage:
-            raise ValueError(f"group {group.prompt_id!r} episode {i}: advantage is NaN")
+            raise ValueError(f"{at}: advantage is None (compute advantages first)")
+        if not isinstance(ep.advantage, numbers.Real) or not math.isfinite(ep.advantage):
+            raise ValueError(f"{at}: advantage is {ep.advantage!r}, expected a finite number")
+
+
+def _check_1d(at: str, name: str, value) -> None:
+    """Token ids and versions must be integers (collate would truncate floats into them silently),
+    logprobs floating point."""
+    want = "a floating-point" if name == "logprobs" else "an integer"
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{at}: completion.{name} is a {type(value).__name__}, expected {want} 1-D tensor")
+    if value.dim() != 1:
+        raise ValueError(f"{at}: completion.{name} has shape {tuple(value.shape)}, expected 1 dim")
+    dtype = value.dtype
+    if dtype.is_floating_point != (name == "logprobs") or dtype.is_complex or dtype == torch.bool:
+        raise ValueError(f"{at}: completion.{name} has dtype {dtype}, expected {want} dtype")
 
 
 class ReplayBuffer(ForgeActor):

@@ -129,31 +129,59 @@ def _peak_rss_mb() -> float:
 
 
 def validate_batches(batches: list[TrainBatch], dp_size: int, vocab_size: int, max_len: int) -> None:
-    """Reject a bad batch before any parameter changes; the message names the rank and field."""
+    """Reject a malformed input before anything changes (no forward, no optimizer step, no step count).
+    Every rank checks the same list, so all of them raise together and none waits in a collective.
+    Whole-tensor checks only, no per-token Python loops. The message names the rank's batch, the field,
+    what was expected and what came."""
     if not isinstance(batches, (list, tuple)) or len(batches) != dp_size:
         got = len(batches) if isinstance(batches, (list, tuple)) else type(batches).__name__
         raise ValueError(f"train_step takes one TrainBatch per data-parallel rank ({dp_size}), got {got}")
     for r, b in enumerate(batches):
+        at = f"batch[{r}]"
+        if not isinstance(b, TrainBatch):
+            raise ValueError(f"{at} is a {type(b).__name__}, expected a TrainBatch")
+        _check_tensor(f"{at}.tokens", b.tokens, torch.int64)
+        if b.tokens.dim() != 2:
+            raise ValueError(f"{at}.tokens has shape {tuple(b.tokens.shape)}, expected 2 dims [B, T]")
         B, T = b.tokens.shape
-        for name in ("response_mask", "behaviour_logprobs", "policy_versions"):
-            if tuple(getattr(b, name).shape) != (B, T):
-                raise ValueError(f"batch[{r}].{name} has shape {tuple(getattr(b, name).shape)}, tokens has {(B, T)}")
-        if b.ref_logprobs is not None and tuple(b.ref_logprobs.shape) != (B, T):
-            raise ValueError(f"batch[{r}].ref_logprobs has shape {tuple(b.ref_logprobs.shape)}, tokens has {(B, T)}")
-        if tuple(b.advantages.shape) != (B,):
-            raise ValueError(f"batch[{r}].advantages has shape {tuple(b.advantages.shape)}, expected ({B},)")
-        if b.num_response_tokens == 0:
-            raise ValueError(f"batch[{r}] has no response tokens (response_mask is all False)")
-        if b.response_mask[:, 0].any():
-            raise ValueError(f"batch[{r}].response_mask marks token 0; a response needs at least one prompt token")
-        if not torch.isfinite(b.advantages).all():
-            raise ValueError(f"batch[{r}].advantages has NaN/inf at rows {torch.nonzero(~torch.isfinite(b.advantages)).flatten().tolist()}")
-        if not torch.isfinite(b.behaviour_logprobs[b.response_mask]).all():
-            raise ValueError(f"batch[{r}].behaviour_logprobs has NaN/inf on response tokens")
+        if B == 0 or T == 0:  # a rank without rows would skip the forward its FSDP peers wait in
+            raise ValueError(f"{at} is empty: tokens has shape {(B, T)}, expected at least one sequence")
         if T > max_len:
-            raise ValueError(f"batch[{r}] has sequences of {T} tokens; the model's max_seq_len is {max_len}")
-        if b.tokens.min() < 0 or b.tokens.max() >= vocab_size:
-            raise ValueError(f"batch[{r}].tokens has ids outside [0, {vocab_size})")
+            raise ValueError(f"{at}.tokens has sequences of {T} tokens; the model's max_seq_len is {max_len}")
+        # The dtypes TrainBatch.collate makes: others would fail deep in the step (float ids, a uint8
+        # mask) or silently change the loss's precision (float64 or bfloat16 logprobs).
+        like_tokens = f" (tokens is {(B, T)})"
+        _check_tensor(f"{at}.response_mask", b.response_mask, torch.bool, (B, T), like_tokens)
+        _check_tensor(f"{at}.behaviour_logprobs", b.behaviour_logprobs, torch.float32, (B, T), like_tokens)
+        _check_tensor(f"{at}.policy_versions", b.policy_versions, torch.int64, (B, T), like_tokens)
+        _check_tensor(f"{at}.advantages", b.advantages, torch.float32, (B,), " (one per sequence)")
+        if b.ref_logprobs is not None:
+            _check_tensor(f"{at}.ref_logprobs", b.ref_logprobs, torch.float32, (B, T), like_tokens)
+        outside = (b.tokens < 0) | (b.tokens >= vocab_size)  # pad ids too: the model embeds every token
+        if outside.any():
+            where = tuple(outside.nonzero()[0].tolist())
+            raise ValueError(f"{at}.tokens has id {int(b.tokens[where])} at {list(where)} "
+                             f"({int(outside.sum())} such ids), outside the model's vocabulary [0, {vocab_size})")
+        if b.num_response_tokens == 0:
+            raise ValueError(f"{at} has no response tokens (response_mask is all False)")
+        if b.response_mask[:, 0].any():
+            raise ValueError(f"{at}.response_mask marks token 0; a response needs at least one prompt token")
+        # The whole tensors, not just the response tokens: the loss masks by multiplying, and NaN * 0 is NaN.
+        for name in ("advantages", "behaviour_logprobs", "ref_logprobs"):
+            value = getattr(b, name)
+            if value is not None and not (finite := torch.isfinite(value)).all():
+                where = tuple((~finite).nonzero()[0].tolist())
+                raise ValueError(f"{at}.{name} has {value[where].item()} at {list(where)} "
+                                 f"({int((~finite).sum())} non-finite values), expected finite values")
+
+
+def _check_tensor(field: str, value, dtype: torch.dtype, shape: tuple[int, ...] | None = None, why: str = "") -> None:
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{field} is a {type(value).__name__}, expected a {dtype} tensor")
+    if value.dtype != dtype:
+        raise ValueError(f"{field} has dtype {value.dtype}, expected {dtype}")
+    if shape is not None and tuple(value.shape) != shape:
+        raise ValueError(f"{field} has shape {tuple(value.shape)}, expected {shape}{why}")
 
 
 class Trainer(ForgeActor):
