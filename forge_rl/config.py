@@ -73,9 +73,12 @@ def parse_args(schema: type[T], argv: Sequence[str] | None = None, description: 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", type=Path, help="YAML config file")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.lr=1e-4")
+    if "verbose" in _field_types(schema):
+        parser.add_argument("--verbose", action="store_true", help="same as verbose=true")
     args = parser.parse_args(argv)
+    overrides = [*args.overrides, *(["verbose=true"] if getattr(args, "verbose", False) else [])]
     try:
-        return load_config(schema, args.config, args.overrides)
+        return load_config(schema, args.config, overrides)
     except ConfigError as e:
         parser.exit(2, f"config error: {e}\n")
 

@@ -31,8 +31,9 @@ class RoleDied(RuntimeError):
     names the role and the checkpoint a rerun can continue from."""
 
 
-def role_died(error: BaseException, checkpoint_dir: str | Path) -> RoleDied:
-    """A RoleDied for Monarch's SupervisionError `error`: which actor died, and where to resume."""
+def role_died(error: BaseException, checkpoint_dir: str | Path, log_dir: str | Path | None = None) -> RoleDied:
+    """A RoleDied for Monarch's SupervisionError `error`: which actor died, where its last words are (the
+    procs' logs under `log_dir`, when the run keeps them) and where to resume."""
     from forge_rl.checkpoint import complete_checkpoints
 
     message = str(error)
@@ -48,7 +49,8 @@ def role_died(error: BaseException, checkpoint_dir: str | Path) -> RoleDied:
     else:
         where = (f"no complete checkpoint under {checkpoint_dir} yet (checkpoint_every saves every N steps): a "
                  "rerun starts from the beginning")
-    return RoleDied(f"the {role} process died ({reason}); {where}")
+    logs = f"; its output is in {log_dir}/" if log_dir else ""
+    return RoleDied(f"the {role} process died ({reason}){logs}; {where}")
 
 
 class Run:

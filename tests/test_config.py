@@ -149,3 +149,12 @@ def test_max_policy_age_is_one_key():
 
     with pytest.raises(ConfigError, match="buffer.max_policy_age"):
         load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", ["buffer.max_policy_age=3"])
+
+
+def test_verbose_flag_is_the_verbose_key_of_apps_that_have_one():
+    from apps.grpo.main import GRPOConfig
+
+    assert parse_args(GRPOConfig, ["--config", "configs/grpo/tiny.yaml", "--verbose"]).verbose is True
+    assert parse_args(GRPOConfig, ["--config", "configs/grpo/tiny.yaml"]).verbose is False
+    with pytest.raises(SystemExit):  # an app without the key has no such flag
+        parse_args(App, ["--verbose"])

@@ -37,6 +37,8 @@ def test_grpo_async_run_then_synchronous_resume(tmp_path):
     accounting = first["buffer"]
     assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+    # the role procs' output went to their log files, not the console (vLLM always says a few words)
+    assert (tmp_path / "logs/Trainer.log").is_file() and (tmp_path / "logs/Generator-r0g0.log").stat().st_size > 0
     assert json.loads((tmp_path / "summary.json").read_text())["trainer_version"] == 3
 
     # resume from the final checkpoint as a strictly synchronous run: same step, same data position

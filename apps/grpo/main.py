@@ -30,7 +30,7 @@ from forge_rl.actors.reference import Reference
 from forge_rl.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
 from forge_rl.actors.reward import RewardActor, RewardSpec, check_reward_columns
 from forge_rl.actors.trainer import Trainer, TrainerConfig
-from forge_rl.checkpoint import resume_from_checkpoint, resume_requested, save_checkpoint
+from forge_rl.checkpoint import complete_checkpoints, resume_from_checkpoint, resume_requested, save_checkpoint
 from forge_rl.config import ConfigError, parse_args, to_yaml
 from forge_rl.controller import provisioned
 from forge_rl.controller.signals import handle_stop_signals
@@ -100,6 +100,9 @@ class GRPOConfig:
     no_batch_timeout_s: float = 300.0  # stop, saying why, when no batch could be sampled for this long
     resume: bool | str = False  # true: continue from the newest checkpoint; auto: if there is one, else start
     output_dir: str = "outputs/grpo"
+    # false: the role processes' output (vLLM, TorchTitan, Monarch) goes to output_dir/logs/<role>.log and the
+    # console shows the run's progress; true (or --verbose): everything on the console
+    verbose: bool = False
     wandb_project: str | None = None
     seed: int = 0
 
@@ -152,7 +155,7 @@ def check_task(cfg: GRPOConfig) -> None:
 async def main(cfg: GRPOConfig) -> dict:
     from transformers import AutoTokenizer
 
-    console = Console()
+    console = Console(soft_wrap=True)  # no hard wraps at 80 columns in a log file
     if not cfg.async_mode and cfg.max_policy_age != 0:
         console.print("[yellow]async_mode: false runs a synchronous loop; max_policy_age is set to 0[/yellow]")
         cfg.max_policy_age = 0
@@ -168,8 +171,11 @@ async def main(cfg: GRPOConfig) -> dict:
     buffer_cfg = ReplayBufferConfig(**asdict(cfg.buffer), max_policy_age=cfg.max_policy_age, dp_size=dp_size,
                                     pad_id=tokenizer.pad_token_id or 0, seed=cfg.seed)
     run = Run(cfg)
-    async with provisioned():
+    log_dir = None if cfg.verbose else out / "logs"
+    async with provisioned(log_dir=log_dir):
         console.print(f"[bold]GRPO[/bold] {cfg.model}: starting actors (vLLM engine start takes ~30 s on CPU)")
+        if log_dir:
+            console.print(f"the role processes' logs (vLLM, TorchTitan, Monarch) go to {log_dir}/ (--verbose: here)")
         gpus = visible_gpus()  # one GPU per trainer rank; a generator replica gets one per TP rank
         generator_gpus = int(cfg.generator.engine_args.get("tensor_parallel_size", 1)) if gpus else 0
         placement = plan_placement(cfg.resources, cfg.trainer_procs, cfg.generator.replicas, generator_gpus, gpus)
@@ -226,7 +232,9 @@ async def main(cfg: GRPOConfig) -> dict:
         started = time.perf_counter()
         gen_busy_start, eval_busy_s = (await generator.stats.route())["busy_s"], 0.0
         step = start_step
-        bar = tqdm(total=cfg.steps, initial=start_step, desc="GRPO steps", unit="step", dynamic_ncols=True)
+        # no bar without a terminal (nohup, CI, a batch step): the step lines say it all
+        bar = tqdm(total=cfg.steps, initial=start_step, desc="GRPO steps", unit="step", dynamic_ncols=True,
+                   disable=None)
         try:
             for step in range(start_step + 1, cfg.steps + 1):
                 step_start = time.perf_counter()
@@ -285,7 +293,7 @@ async def main(cfg: GRPOConfig) -> dict:
                 bar.set_postfix(reward=f"{line['reward/mean']:.2f}", acc=f"{eval_acc:.0%}")
                 tqdm.write(_console_line(step, line))
         except SupervisionError as e:  # a role's process died: name it and the checkpoint to resume from
-            raise role_died(e, ckpt_dir) from e
+            raise role_died(e, ckpt_dir, log_dir) from e
         except (KeyboardInterrupt, asyncio.CancelledError):
             console.print(f"[yellow]interrupted at step {step}: saving a final checkpoint[/yellow]")
             # Rollouts in flight get a moment to land in the buffer, so their prompts are not skipped on resume.
@@ -336,12 +344,33 @@ async def main(cfg: GRPOConfig) -> dict:
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     png = plot_run(out / "metrics.jsonl", out / "curves.png", title=f"GRPO {cfg.model}")
-    console.print(
-        f"[bold green]done[/bold green]: {cfg.steps - start_step} steps in {wall:.0f} s; held-out accuracy "
-        f"{first_eval:.1%} -> {summary['eval_last3_mean']:.1%} (mean of the last {len(last3)} evaluations); "
-        f"stale drops {summary['stale_fraction']:.1%} of generated episodes; curves: {png}"
-    )
+    console.print(_summary_block(summary, cfg, out, png, complete_checkpoints(ckpt_dir)[-1], log_dir))
     return summary
+
+
+def _summary_block(summary: dict, cfg: GRPOConfig, out: Path, png: Path, checkpoint: Path,
+                   log_dir: Path | None) -> str:
+    """What a person wants to see at the end of a run, and where everything is."""
+    buf, done = summary["buffer"], summary["steps"] - summary["start_step"]
+    drops = ", ".join(f"{reason} {n}" for reason, n in sorted(summary["drops"].items(), key=lambda kv: -kv[1]) if n)
+    last = len(summary["evals"][-3:])
+    rows = [
+        ("steps", f"{done} (to step {summary['trainer_version']}) in {summary['wall_s']:.0f} s of training, "
+                  f"{summary['steps_per_min']:.1f} steps/min (start-up and evaluations excluded)"),
+        ("held-out", f"{summary['eval_first']:.1%} -> {summary['eval_last3_mean']:.1%} "
+                     f"({_eval_reward(cfg)}, mean of the last {last} evaluations)"),
+        ("episodes", f"{buf['added']} reached the buffer, {buf['trained']} trained; "
+                     f"stale {summary['stale_fraction']:.1%} of generated"),
+        ("drops", drops or "none"),
+        ("generators", f"policy versions {summary['generator_versions']}, {summary['generator_respawns']} respawned"),
+        ("curves", str(png)),
+        ("metrics", f"{out / 'metrics.jsonl'}, {out / 'tensorboard'}, {out / 'summary.json'}"),
+        ("checkpoint", f"{checkpoint} (resume=true continues from it)"),
+    ]
+    if log_dir:
+        rows.append(("logs", f"{log_dir}/ (vLLM, TorchTitan, Monarch)"))
+    width = max(len(k) for k, _ in rows)
+    return "[bold green]done[/bold green]\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
 def _tuples(lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:

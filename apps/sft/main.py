@@ -56,6 +56,7 @@ class SFTConfig:
     save_every: int = 0  # DCP checkpoint every N steps (and always at the end); 0 = only at the end
     resume: bool = False  # continue from the newest checkpoint in trainer.checkpoint_dir
     output_dir: str = "outputs/sft"
+    verbose: bool = False  # true (or --verbose): the procs' output (TorchTitan, vLLM) on the console, not output_dir/logs
     export_dir: str | None = "${output_dir}/hf"  # HF export at the end (empty = none)
 
 
@@ -148,7 +149,7 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
     from forge_rl.controller import provisioned
     from forge_rl.controller.provisioner import visible_gpus
 
-    console = Console()
+    console = Console(soft_wrap=True)  # no hard wraps at 80 columns in a log file
     if cfg.trainer.model not in ("tiny", cfg.model):
         raise ConfigError(f"set the model with `model`, not trainer.model ({cfg.trainer.model!r})")
     if cfg.steps < 1 or cfg.batch_size < 1:
@@ -172,7 +173,10 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
     use_gpus = bool(visible_gpus())
     summary: dict[str, Any] = dict(model=cfg.model, dataset=cfg.dataset)
     t_start = time.perf_counter()
-    async with provisioned():
+    log_dir = None if cfg.verbose else out / "logs"
+    async with provisioned(log_dir=log_dir):
+        if log_dir:
+            console.print(f"the procs' logs (TorchTitan, vLLM, Monarch) go to {log_dir}/ (--verbose: here)")
         console.print(f"starting the trainer ({cfg.procs} proc(s), dp={dp}) on {model_dir} ...")
         trainer = await Trainer.options(procs=cfg.procs, spmd=True, gpus=use_gpus).as_actor(trainer_cfg)
         start = 0

@@ -45,14 +45,24 @@ def visible_gpus() -> list[str]:
 shm_prefix = run_prefix
 
 
-def _bootstrap(mesh_name: str, gpu_ids: list[str], gpus_per_proc: int, cpus: list[list[int]], threads: int):
-    """Bootstrap for a proc: a name that says its role, only its own GPUs, its own cores with its own number
-    of threads. Runs in the proc before user code touches CUDA or starts a thread pool."""
+def _bootstrap(mesh_name: str, procs: int, gpu_ids: list[str], gpus_per_proc: int, cpus: list[list[int]],
+               threads: int, log_dir: str | None):
+    """Bootstrap for a proc: a name that says its role, its output in a log file of its own (when the run has
+    a log_dir), only its own GPUs, its own cores with its own number of threads. Runs in the proc before user
+    code touches CUDA or starts a thread pool."""
 
     def bootstrap() -> None:
         from monarch.actor import current_rank
 
         rank = current_rank().rank
+        if log_dir:
+            # Everything this proc and its children (vLLM's engine processes) write to stdout/stderr goes to
+            # the file: the controller's console keeps the run's progress, and a dead proc's last words stay.
+            name = mesh_name if procs == 1 else f"{mesh_name}-{rank}"
+            fd = os.open(Path(log_dir) / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
         # `ps`, `top` and psutil show "forge:Trainer" instead of one more "python" (15 characters at most).
         with contextlib.suppress(OSError):
             Path(f"/proc/self/task/{os.getpid()}/comm").write_text(f"forge:{mesh_name}"[:15])
@@ -79,7 +89,12 @@ def _bootstrap(mesh_name: str, gpu_ids: list[str], gpus_per_proc: int, cpus: lis
 
 
 class Provisioner:
-    def __init__(self, run_id: str | None = None):
+    def __init__(self, run_id: str | None = None, log_dir: str | Path | None = None):
+        # log_dir: each proc's stdout/stderr (and its children's) go to log_dir/<mesh>.log; None keeps them on
+        # the controller's console.
+        self.log_dir = Path(log_dir) if log_dir else None
+        if self.log_dir:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
         # A run id in the environment names this run, unless another controller set it: this process was
         # started by one (a test, a notebook, a sweep), and its run is not ours.
         started_by_another = os.environ.get(CONTROLLER_ENV, "").split("-")[0] not in ("", str(os.getpid()))
@@ -128,7 +143,8 @@ class Provisioner:
                     f"{len(self._free_gpus)} free of the visible {visible_gpus() or 'none'}"
                 )
             gpu_ids, self._free_gpus = self._free_gpus[:wanted], self._free_gpus[wanted:]
-        bootstrap = _bootstrap(mesh_name, gpu_ids, int(gpus), list(cpus or []), threads)
+        bootstrap = _bootstrap(mesh_name, procs, gpu_ids, int(gpus), list(cpus or []), threads,
+                               str(self.log_dir) if self.log_dir else None)
         if share_gpus:
             gpu_ids = []  # nothing to give back
         mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=mesh_name)
@@ -186,13 +202,14 @@ async def shutdown() -> None:
 
 
 @contextlib.asynccontextmanager
-async def provisioned(run_id: str | None = None):
+async def provisioned(run_id: str | None = None, log_dir: str | Path | None = None):
     """`async with provisioned() as prov:` -- everything spawned inside is stopped on the way out,
-    whether the block returns, raises, or is cancelled by Ctrl-C."""
+    whether the block returns, raises, or is cancelled by Ctrl-C. With `log_dir`, each proc's output goes to
+    a file there instead of the console."""
     global _provisioner
     if _provisioner is not None and not _provisioner._stopped:
         raise RuntimeError("a provisioner is already active; nest work inside it instead")
-    _provisioner = Provisioner(run_id)
+    _provisioner = Provisioner(run_id, log_dir)
     try:
         yield _provisioner
     finally:
