@@ -6,7 +6,9 @@ more than the data for the small tensors here (a group of 8 completions pickled 
 way) and sends the whole storage of a view. This module imports nothing of forge_rl.
 
 Token alignment used everywhere: a sequence is `prompt_ids + response_ids`; the behaviour logprob
-and policy version of response token i belong to that token (the logprob of choosing it).
+and policy version of response token i belong to that token (the logprob of choosing it). In a multi-turn
+response, `env_mask` marks the tokens the environment inserted between the model's turns: they are context,
+not actions, so the loss never sees them (their logprob is 0 and their version the model token's before them).
 """
 
 from dataclasses import dataclass, field
@@ -46,11 +48,12 @@ class Completion(_NumpyOnTheWire):
     finish_reason: str  # "stop" | "length" | "abort"
     text: str = ""
     prompt: str = ""
+    env_mask: torch.Tensor | None = None  # bool [R], True for tokens an environment inserted; None: none
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
-        for name in ("logprobs", "policy_versions"):
-            if len(getattr(self, name)) != n:
+        for name in ("logprobs", "policy_versions", "env_mask"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(
                     f"Completion.{name} has {len(getattr(self, name))} entries for {n} response tokens"
                 )
@@ -107,7 +110,8 @@ class TrainBatch(_NumpyOnTheWire):
     """Right-padded tensors for one data-parallel rank. B sequences of length T.
 
     `tokens[b, t]` is the t-th token of prompt+response; the masks and per-token fields are
-    aligned with it (`response_mask[b, t]` is True when token t is a response token).
+    aligned with it (`response_mask[b, t]` is True when token t is a response token the model sampled, the
+    tokens the loss is over: an environment's tokens inside a multi-turn response are not).
     """
 
     tokens: torch.Tensor  # int64 [B, T]
@@ -144,7 +148,7 @@ class TrainBatch(_NumpyOnTheWire):
             P, R = len(c.prompt_ids), len(c.response_ids)
             tokens[b, :P] = c.prompt_ids
             tokens[b, P : P + R] = c.response_ids
-            mask[b, P : P + R] = True
+            mask[b, P : P + R] = True if c.env_mask is None else ~c.env_mask
             logprobs[b, P : P + R] = c.logprobs
             versions[b, P : P + R] = c.policy_versions
             advantages[b] = ep.advantage

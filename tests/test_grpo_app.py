@@ -219,3 +219,37 @@ def test_resume_auto_starts_afresh_without_a_checkpoint_and_resume_true_says_why
     assert resume_requested(True, tmp_path) is True  # resume_from_checkpoint then names the empty directory
     with pytest.raises(ConfigError, match="resume='sometimes'"):
         load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", ["resume=sometimes"])
+
+
+def test_multi_turn_grpo_masks_the_environments_tokens(tmp_path):
+    """GRPO with the retry environment: wrong first answers get feedback and a second turn inside the same
+    sequence; the feedback tokens are stored as the environment's (logprob 0, no loss), the model's keep their
+    behaviour logprobs, and evaluation counts problems solved within two turns."""
+    from transformers import AutoTokenizer
+
+    from forge_rl.types import TrainBatch
+
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny_retry.yaml",
+                      SMALL + ["steps=3", f"output_dir={tmp_path}", "checkpoint_every=1", "env.max_total_tokens=48"])
+    summary = asyncio.run(main(cfg))
+    assert summary["trainer_version"] == 3 and summary["max_staleness"] <= 1
+    accounting = summary["buffer"]
+    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert any(r.get("reward/turns", 0) > 1 for r in rows)  # some trajectories took a second turn
+    assert "eval/first_turn" in rows[0] and rows[0]["eval/accuracy"] >= rows[0]["eval/first_turn"]
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.model)
+    groups = [g for p in sorted((tmp_path / "checkpoints").glob("step-*"))
+              for g, _ in torch.load(p / "app_state.pt", weights_only=False)["buffer"]["entries"]]
+    episodes = [e for g in groups for e in g.episodes if e.completion.env_mask.any()]
+    assert episodes, "no stored trajectory had an environment turn"
+    for e in episodes:
+        c = e.completion
+        assert len(c.response_ids) <= 48
+        feedback = tokenizer.decode(c.response_ids[c.env_mask])
+        assert "Wrong. Try again." in feedback and "<|im_start|>assistant" in feedback
+        assert (c.logprobs[c.env_mask] == 0).all() and (c.logprobs[~c.env_mask] < 0).any()
+        assert e.reward in (0.0, 0.5)  # a retry earns at most the second try's credit
+    batch = TrainBatch.collate(episodes, pad_id=0)
+    assert batch.num_response_tokens == sum(int((~e.completion.env_mask).sum()) for e in episodes)

@@ -11,15 +11,20 @@ from forge_rl.types import Completion, Episode, TrainBatch
 from tests.conftest import TINY_MODEL
 
 
-def _batch(prompts: list[list[int]], group_size: int, seed: int = 0) -> TrainBatch:
-    """Groups of `group_size` responses of random lengths per prompt, collated as the buffer does."""
+def _batch(prompts: list[list[int]], group_size: int, seed: int = 0, env_turns: bool = False) -> TrainBatch:
+    """Groups of `group_size` responses of random lengths per prompt, collated as the buffer does. With
+    `env_turns`, a run of tokens inside each response is an environment's (multi-turn), not the model's."""
     g = torch.Generator().manual_seed(seed)
     episodes = []
     for prompt in prompts:
         for _ in range(group_size):
-            R = int(torch.randint(1, 9, (1,), generator=g))
+            R = int(torch.randint(1 + 4 * env_turns, 9 + 8 * env_turns, (1,), generator=g))
+            env_mask = None
+            if env_turns:  # model tokens, then the environment's, then the model's again
+                env_mask = torch.zeros(R, dtype=torch.bool)
+                env_mask[2 : R - 2] = True
             c = Completion(torch.tensor(prompt), torch.randint(3, 128, (R,), generator=g), torch.zeros(R),
-                           torch.zeros(R, dtype=torch.long), "stop")
+                           torch.zeros(R, dtype=torch.long), "stop", env_mask=env_mask)
             episodes.append(Episode(c, advantage=float(torch.randn(1, generator=g))))
     return TrainBatch.collate(episodes, pad_id=0)
 
@@ -43,11 +48,15 @@ def _logprobs(model, batch: TrainBatch, packed: bool, temperature: float = 0.7):
     logits = model(p.tokens, positions=p.positions, attention_masks=p.attention_mask)
     lp, ent = selected_logprobs(logits.flatten(0, 1)[p.pred_index], p.targets, temperature, entropy="grad")
     zeros = torch.zeros(batch.tokens.shape)
-    return zeros.index_put((p.rows, p.cols), lp), zeros.index_put((p.rows, p.cols), ent)
+    keep = batch.response_mask
+    return zeros.index_put((p.rows, p.cols), lp) * keep, zeros.index_put((p.rows, p.cols), ent) * keep
 
 
-def test_packed_rows_give_the_same_logprobs_entropy_and_gradients(model):
-    batch = _batch(_prompts([30, 22, 30]), group_size=8)
+@pytest.mark.parametrize("env_turns", [False, True], ids=["single-turn", "multi-turn"])
+def test_packed_rows_give_the_same_logprobs_entropy_and_gradients(model, env_turns):
+    batch = _batch(_prompts([30, 22, 30]), group_size=8, env_turns=env_turns)
+    if env_turns:  # the environment's tokens sit inside the responses and are no response tokens
+        assert not batch.response_mask[0, 30 + 2] and batch.response_mask[0, 30]
     results = []
     for packed in (False, True):
         model.zero_grad()
@@ -86,10 +95,10 @@ def test_packing_is_planned_only_when_it_saves_tokens():
     assert plan_packing(long_prompts.tokens, long_prompts.response_mask, max_len=32) is None
 
 
-def test_bad_response_masks_are_named():
+def test_a_row_without_response_tokens_is_named():
     tokens = torch.ones(2, 6, dtype=torch.long)
-    mask = torch.tensor([[0, 0, 1, 1, 0, 0], [0, 0, 1, 0, 1, 0]], dtype=torch.bool)
-    with pytest.raises(ValueError, match="row 1: its response tokens are not one contiguous span"):
+    mask = torch.tensor([[0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    with pytest.raises(ValueError, match="row 1 has no response tokens"):
         plan_packing(tokens, mask)
 
 

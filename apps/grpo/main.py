@@ -36,8 +36,10 @@ from forge_rl.controller import provisioned
 from forge_rl.controller.signals import handle_stop_signals
 from forge_rl.controller.provisioner import visible_gpus
 from forge_rl.data.task import TaskConfig, TaskRows
+from forge_rl.envs import EnvConfig, env_factory
 from forge_rl.eval import evaluate_task
 from forge_rl.models import resolve_model_path
+from forge_rl.multiturn import TurnRenderer, evaluate_env, rollout_env_from_dataset
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.resources import ResourcesConfig, plan_placement
 from forge_rl.rollout import rollout_from_dataset, rollout_loop
@@ -88,6 +90,9 @@ class GRPOConfig:
         default_factory=lambda: [RewardSpec("exact_match", 1.0), RewardSpec("format", 0.1)]
     )
     reward_timeout_s: float | None = 60.0  # per reward function call; a slower group is dropped and counted
+    # Multi-turn: an environment answers each model turn (feedback, tool results) until done; it rewards the
+    # trajectory, and its tokens are masked out of the loss (forge_rl/envs, forge_rl/multiturn.py)
+    env: EnvConfig = field(default_factory=EnvConfig)
     generator: GeneratorSection = field(default_factory=GeneratorSection)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     buffer: BufferSection = field(default_factory=BufferSection)
@@ -137,6 +142,13 @@ def check_config(cfg: GRPOConfig) -> None:
                           "sampled distribution (after temperature); use 'processed_logprobs'")
     if cfg.buffer.capacity < cfg.batch_groups:
         raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is smaller than batch_groups={cfg.batch_groups}")
+    if cfg.env.name is not None:
+        try:
+            env_cls = env_factory(cfg.env)  # an unknown name or arguments fail here, naming env.name / env.args
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        # what the environment needs the chat template to show the model (e.g. its tools)
+        cfg.chat_template_kwargs = {**env_cls.template_kwargs, **cfg.chat_template_kwargs}
     names = [r.name for r in cfg.rewards]
     if cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
@@ -215,18 +227,26 @@ async def main(cfg: GRPOConfig) -> dict:
             start_step, path = await resume_from_checkpoint(run, trainer, generator, buffer, dataset, ckpt_dir)
             console.print(f"resumed from {path} at step {start_step} (policy version {run.version})")
         log = MetricsLogger(out, cfg.wandb_project, config=asdict(cfg), resume_step=start_step if resumed else None)
-        eval_acc = await _evaluate(generator, reward, held_out, cfg)
-        first_eval = eval_acc
-        log.log(start_step, {"eval/accuracy": eval_acc})
+        scores = await _evaluate(generator, reward, held_out, cfg)
+        eval_acc = first_eval = scores["eval/accuracy"]
+        log.log(start_step, scores)
         console.print(f"held-out greedy accuracy at step {start_step}: {eval_acc:.1%} ({len(held_out)} prompts, "
                       f"{_eval_reward(cfg)})")
         evals = [(start_step, 0.0, eval_acc)]  # (step, training seconds so far, accuracy)
-        actors = dict(dataset=dataset, generator=generator, reward=reward, buffer=buffer, group_size=cfg.group_size,
+        actors = dict(dataset=dataset, generator=generator, buffer=buffer, group_size=cfg.group_size,
                       stats=run.rollouts, scale_advantages_by_std=cfg.scale_advantages_by_std)
+        if cfg.env.name is None:
+            def rollout_once():
+                return rollout_from_dataset(reward=reward, **actors)
+        else:
+            turns = dict(make_env=env_factory(cfg.env), renderer=TurnRenderer(tokenizer, **cfg.chat_template_kwargs),
+                         env_cfg=cfg.env, max_tokens=cfg.generator.sampling.get("max_tokens", 16))
+
+            def rollout_once():
+                return rollout_env_from_dataset(**turns, **actors)
         # Synchronous: the whole batch is generated at once (and zero-advantage top-ups run concurrently).
         tasks = cfg.rollout_tasks if cfg.async_mode else max(cfg.rollout_tasks, cfg.batch_groups)
-        rollouts = [asyncio.create_task(rollout_loop(run.admission, run.stop, lambda: rollout_from_dataset(**actors)))
-                    for _ in range(tasks)]
+        rollouts = [asyncio.create_task(rollout_loop(run.admission, run.stop, rollout_once)) for _ in range(tasks)]
         pending_update: asyncio.Task | None = None
         last_buffer = await buffer.stats.call_one()
         started = time.perf_counter()
@@ -268,7 +288,8 @@ async def main(cfg: GRPOConfig) -> dict:
                     await pending_update
                     eval_start = time.perf_counter()
                     await run.admission.pause()  # evaluations are untimed: no rollouts run meanwhile
-                    eval_acc = await _evaluate(generator, reward, held_out, cfg)
+                    scores = await _evaluate(generator, reward, held_out, cfg)
+                    eval_acc = scores["eval/accuracy"]
                     await run.admission.pause(False)
                     evals.append((step, eval_start - started, eval_acc))
                     eval_busy_s += time.perf_counter() - eval_start
@@ -286,7 +307,7 @@ async def main(cfg: GRPOConfig) -> dict:
                 data_stats = await dataset.stats.call_one()
                 line = _step_metrics(run, step, metrics, push, run.last_updates, buf, last_buffer, staleness, sample_wait,
                                      time.perf_counter() - step_start, run.rollouts.generated_tokens - gen_tokens_before,
-                                     gen_stats, data_stats, eval_acc if evals[-1][0] == step else None)
+                                     gen_stats, data_stats, scores if evals[-1][0] == step else None)
                 last_buffer = buf
                 log.log(step, line)
                 bar.update(1)
@@ -318,9 +339,10 @@ async def main(cfg: GRPOConfig) -> dict:
         await update_generators(run, generator, run.version)
         gen_busy_s = (await generator.stats.route())["busy_s"] - gen_busy_start - eval_busy_s
         if step > start_step:
-            eval_acc = await _evaluate(generator, reward, held_out, cfg)
+            scores = await _evaluate(generator, reward, held_out, cfg)
+            eval_acc = scores["eval/accuracy"]
             evals.append((step, wall, eval_acc))
-            log.log(step, {"eval/accuracy": eval_acc})
+            log.log(step, scores)
         await save_checkpoint(run, trainer, buffer, dataset, run.version, ckpt_dir, cfg.checkpoint_keep_last)
         final_buffer = await buffer.evict.call_one()
         data_stats = await dataset.stats.call_one()
@@ -394,16 +416,25 @@ def _drops(buf: dict, run: Run, data_stats: dict) -> dict[str, int]:
 
 
 def _eval_reward(cfg: GRPOConfig) -> str:
+    if cfg.env.name is not None:
+        return f"solved within {cfg.env.max_turns} turns ({cfg.env.name})"
     return cfg.task.eval_reward or cfg.rewards[0].name
 
 
-async def _evaluate(generator, reward, examples, cfg: GRPOConfig) -> float:
-    """Mean of the eval reward over the held-out examples, greedy (NaN when the task has none)."""
+async def _evaluate(generator, reward, examples, cfg: GRPOConfig) -> dict[str, float]:
+    """`eval/accuracy`: the mean of the eval reward over the held-out examples, greedy (NaN when the task has
+    none); with an environment, the fraction solved within env.max_turns, and `eval/first_turn`."""
     if not examples:
-        return math.nan
-    result = await evaluate_task(generator, reward, examples, _eval_reward(cfg),
-                                 max_tokens=cfg.generator.sampling.get("max_tokens", 8))
-    return result["accuracy"]
+        return {"eval/accuracy": math.nan}
+    max_tokens = cfg.generator.sampling.get("max_tokens", 8)
+    if cfg.env.name is not None:  # solved within env.max_turns, greedy
+        from transformers import AutoTokenizer
+
+        renderer = TurnRenderer(AutoTokenizer.from_pretrained(cfg.trainer.model), **cfg.chat_template_kwargs)
+        result = await evaluate_env(generator, examples, env_factory(cfg.env), renderer, cfg.env, max_tokens)
+        return {"eval/accuracy": result["accuracy"], "eval/first_turn": result["first_turn"]}
+    result = await evaluate_task(generator, reward, examples, _eval_reward(cfg), max_tokens=max_tokens)
+    return {"eval/accuracy": result["accuracy"]}
 
 
 def _max_prompt_tokens(cfg: GRPOConfig, model_dir: str) -> int:
@@ -412,7 +443,8 @@ def _max_prompt_tokens(cfg: GRPOConfig, model_dir: str) -> int:
     if limit is None:
         model_config = json.loads((Path(model_dir) / "config.json").read_text())
         limit = model_config["max_position_embeddings"]
-    room = int(limit) - int(cfg.generator.sampling.get("max_tokens", 16))
+    response = cfg.env.max_total_tokens if cfg.env.name is not None else cfg.generator.sampling.get("max_tokens", 16)
+    room = int(limit) - int(response)
     if room < 1:
         raise ConfigError(f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens')} leaves no room "
                           f"for a prompt in max_model_len={limit} (generator.engine_args.max_model_len)")
@@ -420,13 +452,13 @@ def _max_prompt_tokens(cfg: GRPOConfig, model_dir: str) -> int:
 
 
 def _step_metrics(run, step, metrics, push, updates, buf, last_buf, staleness, sample_wait, step_s, gen_tokens,
-                  gen_stats, data_stats, eval_acc) -> dict[str, float]:
+                  gen_stats, data_stats, eval_scores) -> dict[str, float]:
     rewards, parts = run.rollouts.take_rewards()
     line = {
         "reward/mean": statistics.mean(rewards) if rewards else math.nan,
         "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
         **{f"reward/{k}": statistics.mean(v) for k, v in parts.items() if v},
-        "train/accuracy": statistics.mean(parts["exact_match"]) if parts.get("exact_match") else math.nan,
+        "train/accuracy": statistics.mean(parts.get("exact_match") or parts.get("solved") or [math.nan]),
         "trainer/loss": metrics["loss"], "trainer/grad_norm": metrics["grad_norm"],
         "trainer/clip_fraction": metrics["clip_fraction"], "trainer/approx_kl": metrics["approx_kl"],
         "trainer/kl_ref": metrics["kl_ref"],
@@ -448,8 +480,8 @@ def _step_metrics(run, step, metrics, push, updates, buf, last_buf, staleness, s
     for reason, count in _drops(buf, run, data_stats).items():
         line[f"drops/{reason}"] = count
     line["data/epoch"] = data_stats["epoch"]
-    if eval_acc is not None:
-        line["eval/accuracy"] = eval_acc
+    if eval_scores is not None:
+        line.update(eval_scores)
     return line
 
 
@@ -465,6 +497,8 @@ def _console_line(step: int, m: dict[str, float]) -> str:
     ]
     if "eval/accuracy" in m:
         parts.append(f"EVAL {m['eval/accuracy']:.1%}")
+        if "eval/first_turn" in m:
+            parts.append(f"on the first turn {m['eval/first_turn']:.1%}")
     if drops:
         parts.append(f"drops {drops}")
     return " | ".join(parts)

@@ -187,6 +187,15 @@ def validate_group(group: Group) -> None:
         for name in ("logprobs", "policy_versions"):
             if (n := len(getattr(c, name))) != R:
                 raise ValueError(f"{at}: completion.{name} has {n} entries, expected {R} (one per response token)")
+        env_mask = getattr(c, "env_mask", None)  # multi-turn: the environment's tokens (no loss)
+        if env_mask is not None:
+            if not isinstance(env_mask, torch.Tensor) or env_mask.dtype != torch.bool or env_mask.shape != (R,):
+                got = (f"{env_mask.dtype} {tuple(env_mask.shape)}" if isinstance(env_mask, torch.Tensor)
+                       else type(env_mask).__name__)
+                raise ValueError(f"{at}: completion.env_mask is {got}, expected a bool tensor of shape ({R},)")
+            if env_mask.all():
+                raise ValueError(f"{at}: completion.env_mask marks every response token as the environment's "
+                                 "(no model token to train on)")
         if first is None:
             first = c.prompt_ids
         elif not torch.equal(c.prompt_ids, first):

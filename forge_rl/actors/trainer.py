@@ -309,7 +309,9 @@ class Trainer(ForgeActor):
             lp, ent = selected_logprobs(picked, targets, temperature, entropy=entropy, shard=shard)
         where = (packed.rows.to(d), packed.cols.to(d))
         zeros = torch.zeros(tokens.shape, dtype=lp.dtype, device=d)
-        return zeros.index_put(where, lp), (zeros.index_put(where, ent) if ent is not None else None)
+        keep = response_mask.to(d)  # packed spans hold an environment's tokens too (multi-turn): 0 for them
+        return (zeros.index_put(where, lp).where(keep, 0.0),
+                zeros.index_put(where, ent).where(keep, 0.0) if ent is not None else None)
 
     def _lm_head_weight(self) -> torch.Tensor:
         """The lm_head's whole weight, as the decoder's forward left it (FSDP2: unsharded until backward)."""

@@ -38,16 +38,16 @@ class PromptPacked:
 
 
 def _spans(response_mask: torch.Tensor) -> list[tuple[int, int]]:
-    """(prompt length, response length) of every row; responses are one contiguous span after the prompt."""
+    """(prompt length, response length) of every row: the response runs from its first to its last response
+    token. Tokens inside it that are not response tokens (an environment's turn in a multi-turn response) are
+    packed with it, as context the loss does not see."""
     out = []
     for b, row in enumerate(response_mask):
         idx = torch.nonzero(row).flatten()
         if len(idx) == 0:
             raise ValueError(f"row {b} has no response tokens")
-        start, length = int(idx[0]), len(idx)
-        if int(idx[-1]) != start + length - 1:
-            raise ValueError(f"row {b}: its response tokens are not one contiguous span")
-        out.append((start, length))
+        start = int(idx[0])
+        out.append((start, int(idx[-1]) - start + 1))
     return out
 
 

@@ -1,0 +1,98 @@
+"""Multi-turn environments: the model takes a turn, the environment answers, until it says done.
+
+    class MyEnv(Environment):
+        async def reset(self, example):                 # a TaskExample: prompt, answer, the row's columns
+            self.answer = example.answer
+        async def step(self, reply):                     # the model's turn, as text
+            if reply.strip() == self.answer:
+                return EnvStep(reward=1.0, done=True)
+            return EnvStep(messages=[{"role": "user", "content": "No. Try again."}])
+
+The rollout (forge_rl/multiturn.py) continues one token sequence turn after turn: the messages a step returns
+are rendered with the tokenizer's chat template and appended as tokens the loss never sees (masked), the
+model's own tokens keep their behaviour logprobs and policy versions. A trajectory's reward is the sum of its
+steps' rewards; group advantages compare whole trajectories. An environment instance lives for one
+trajectory, so it may keep state.
+
+Environments are named in config (`env.name`): a key of `ENVIRONMENTS` or "package.module:Class", built with
+`env.args` as keyword arguments.
+"""
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+ENVIRONMENTS = {
+    "retry": "forge_rl.envs.retry:RetryEnv",
+    "tools": "forge_rl.envs.tools:ToolEnv",
+}
+
+
+@dataclass
+class EnvStep:
+    messages: list[dict[str, str]] = field(default_factory=list)  # the environment's next turn (role, content)
+    reward: float = 0.0  # added to the trajectory's reward
+    done: bool = False
+    solved: bool = False  # the task was solved (what held-out evaluation counts)
+
+
+class Environment:
+    """One trajectory of a multi-turn task. Override `reset` and `step`."""
+
+    @classmethod
+    def chat_template_kwargs(cls, **args: Any) -> dict[str, Any]:
+        """What the chat template gets when the task's prompts are rendered (e.g. `tools`, for a tool-using
+        environment), given the environment's `env.args`."""
+        return {}
+
+    async def reset(self, example: Any) -> None:
+        """Start on `example` (a forge_rl.data.task.TaskExample)."""
+
+    async def step(self, reply: str) -> EnvStep:
+        raise NotImplementedError
+
+
+@dataclass
+class EnvConfig:
+    name: str | None = None  # None: single-turn (the reward functions score the one completion)
+    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the environment's class
+    max_turns: int = 2  # model turns per trajectory at most
+    max_total_tokens: int = 64  # response tokens per trajectory at most, the environment's included
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"env.max_turns must be >= 1, got {self.max_turns}")
+        if self.max_total_tokens < 1:
+            raise ValueError(f"env.max_total_tokens must be >= 1, got {self.max_total_tokens}")
+
+
+class _Factory:
+    """Makes a fresh environment per trajectory; `template_kwargs` are the class's."""
+
+    def __init__(self, cls: type, args: dict[str, Any]):
+        self.cls, self.args = cls, args
+        self.template_kwargs = cls.chat_template_kwargs(**args)
+
+    def __call__(self) -> Environment:
+        return self.cls(**self.args)
+
+
+def env_factory(cfg: EnvConfig) -> Callable[[], Environment]:
+    """A function that makes a fresh environment per trajectory. Fails at once (naming the key) on an unknown
+    name or arguments the class does not take."""
+    path = ENVIRONMENTS.get(cfg.name, cfg.name)
+    if not path or ":" not in path:
+        raise ValueError(f"env.name={cfg.name!r}: use one of {sorted(ENVIRONMENTS)} or 'package.module:Class'")
+    module, _, attr = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"env.name={cfg.name!r}: cannot import {path} ({e})") from None
+    if not (inspect.isclass(cls) and issubclass(cls, Environment)):
+        raise ValueError(f"env.name={cfg.name!r}: {path} is not a forge_rl.envs.Environment subclass")
+    try:
+        inspect.signature(cls).bind(**cfg.args)
+    except TypeError as e:
+        raise ValueError(f"env.args {sorted(cfg.args)} do not fit {path}: {e}") from None
+    return _Factory(cls, dict(cfg.args))

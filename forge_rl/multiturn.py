@@ -1,0 +1,160 @@
+"""Multi-turn rollouts: one token sequence per trajectory, continued turn after turn with an environment.
+
+    renderer = TurnRenderer(tokenizer)
+    group = await rollout_env_group(example, prompt_ids, generator, make_env, renderer, env_cfg, group_size=8,
+                                    max_tokens=8, stats=stats)
+
+The first turn samples the group in one engine request (n=G); each trajectory then goes on alone: the
+environment reads the model's reply (`Environment.step`), its messages are rendered by the chat template
+into tokens appended to the sequence with `env_mask` set (no loss, no logprob), and the generator continues
+from the whole sequence so far. Model tokens keep their behaviour logprobs and policy versions across turns;
+the environment's tokens carry the version of the model token before them, so staleness is the model's.
+Limits: `env.max_turns` model turns and `env.max_total_tokens` response tokens (the environment's included).
+"""
+
+import asyncio
+from dataclasses import dataclass
+
+import torch
+
+from forge_rl.envs.base import EnvConfig, Environment
+from forge_rl.losses.advantages import group_advantages
+from forge_rl.types import Completion, Episode, Group
+
+_MARK = "\x00forge-rl-turn\x00"
+
+
+class TurnRenderer:
+    """The tokens the tokenizer's chat template puts after a model turn: the end of that turn, the
+    environment's messages, and the opening of the model's next turn."""
+
+    def __init__(self, tokenizer, **chat_template_kwargs):
+        self.tokenizer, self.kwargs = tokenizer, chat_template_kwargs
+        self.base = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}]
+        self.base_text = tokenizer.apply_chat_template(self.base, tokenize=False, **chat_template_kwargs)
+        self.turn_end = self.base_text.split(_MARK, 1)[1]  # e.g. "<|im_end|>\n"
+        self.eos = tokenizer.eos_token or ""
+
+    def between(self, messages: list[dict[str, str]], model_stopped: bool) -> list[int]:
+        """Token ids after a model turn that ended with its end-of-turn token (`model_stopped`; the engine
+        kept that token) or was cut off (the turn is closed here), up to the start of the next model turn."""
+        full = self.tokenizer.apply_chat_template(self.base + list(messages), tokenize=False,
+                                                  add_generation_prompt=True, **self.kwargs)
+        if not full.startswith(self.base_text):
+            raise ValueError("the chat template renders a finished assistant turn differently once more messages "
+                             "follow, so a conversation cannot be continued token for token")
+        closing = self.turn_end
+        if model_stopped and self.eos and closing.startswith(self.eos):
+            closing = closing[len(self.eos):]
+        return self.tokenizer(closing + full[len(self.base_text):], add_special_tokens=False)["input_ids"]
+
+
+@dataclass
+class Trajectory:
+    completion: Completion
+    reward: float
+    solved: bool
+    turns: int
+
+
+async def play(env: Environment, first: Completion, prompt_ids: list[int], generator, renderer: TurnRenderer,
+               env_cfg: EnvConfig, max_tokens: int, **sampling) -> Trajectory:
+    """Continue one trajectory from its first model turn until the environment is done or a limit is hit."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    from_env: list[bool] = []
+    turn, reward, solved, turns = first, 0.0, False, 0
+    finish = first.finish_reason
+    while True:
+        turns += 1
+        ids += turn.response_ids.tolist()
+        logprobs += turn.logprobs.tolist()
+        versions += turn.policy_versions.tolist()
+        from_env += [False] * len(turn.response_ids)
+        finish = turn.finish_reason
+        step = await env.step(turn.text)
+        reward += float(step.reward)
+        solved = solved or step.solved
+        if step.done or turns >= env_cfg.max_turns or not step.messages:
+            break
+        inserted = renderer.between(step.messages, model_stopped=turn.finish_reason == "stop")
+        room = env_cfg.max_total_tokens - len(ids) - len(inserted)
+        if room < 1:  # no room for the environment's turn and a reply to it
+            finish = "length"
+            break
+        ids += inserted
+        logprobs += [0.0] * len(inserted)
+        versions += [versions[-1] if versions else 0] * len(inserted)
+        from_env += [True] * len(inserted)
+        turn = (await generator.generate.route(prompt_ids + ids, n=1, max_tokens=min(max_tokens, room),
+                                               **sampling))[0]
+    completion = Completion(
+        prompt_ids=first.prompt_ids, response_ids=torch.tensor(ids, dtype=torch.long),
+        logprobs=torch.tensor(logprobs, dtype=torch.float32), policy_versions=torch.tensor(versions, dtype=torch.long),
+        finish_reason=finish, text=renderer.tokenizer.decode(ids, skip_special_tokens=True), prompt=first.prompt,
+        env_mask=torch.tensor(from_env, dtype=torch.bool),
+    )
+    return Trajectory(completion, reward, solved, turns)
+
+
+async def play_group(example, prompt_ids: list[int], generator, make_env, renderer: TurnRenderer, env_cfg: EnvConfig,
+                     n: int, max_tokens: int, **sampling) -> list[Trajectory]:
+    """`n` trajectories of one example: the first turns in one engine request, the rest concurrently."""
+    envs = [make_env() for _ in range(n)]
+    await asyncio.gather(*(env.reset(example) for env in envs))
+    first = await generator.generate.route(prompt_ids, n=n, max_tokens=min(max_tokens, env_cfg.max_total_tokens),
+                                           **sampling)
+    return list(await asyncio.gather(*(play(env, c, prompt_ids, generator, renderer, env_cfg, max_tokens, **sampling)
+                                       for env, c in zip(envs, first))))
+
+
+async def rollout_env_group(example, prompt_ids: list[int], generator, make_env, renderer: TurnRenderer,
+                            env_cfg: EnvConfig, group_size: int, max_tokens: int, stats,
+                            scale_advantages_by_std: bool = True) -> Group:
+    """A group of `group_size` trajectories, rewarded by the environment, with group-relative advantages."""
+    trajectories = await play_group(example, prompt_ids, generator, make_env, renderer, env_cfg, group_size,
+                                    max_tokens)
+    rewards = [t.reward for t in trajectories]
+    stats.generated_tokens += sum(int((~t.completion.env_mask).sum()) for t in trajectories)
+    stats.rewards += rewards
+    for name, values in (("env", rewards), ("solved", [float(t.solved) for t in trajectories]),
+                         ("turns", [float(t.turns) for t in trajectories])):
+        stats.parts.setdefault(name, []).extend(values)
+    advantages = group_advantages(rewards, scale_by_std=scale_advantages_by_std)
+    return Group(example.id, [
+        Episode(t.completion, reward=t.reward, rewards={"env": t.reward, "solved": float(t.solved)}, advantage=a,
+                target=example.answer, metadata={"example": example.id, "turns": t.turns})
+        for t, a in zip(trajectories, advantages)
+    ])
+
+
+async def rollout_env_from_dataset(*, dataset, generator, buffer, make_env, renderer: TurnRenderer,
+                                   env_cfg: EnvConfig, group_size: int, max_tokens: int, stats,
+                                   scale_advantages_by_std: bool = True) -> bool:
+    """One multi-turn group of the dataset actor's next example into the buffer. True if stored."""
+    example = await dataset.next.call_one()
+    prompt_ids = renderer.tokenizer(example.text, add_special_tokens=False)["input_ids"]
+    group = await rollout_env_group(example, prompt_ids, generator, make_env, renderer, env_cfg, group_size,
+                                    max_tokens, stats, scale_advantages_by_std)
+    return await buffer.add.call_one(group)
+
+
+async def evaluate_env(generator, examples, make_env, renderer: TurnRenderer, env_cfg: EnvConfig, max_tokens: int,
+                       concurrency: int = 64) -> dict:
+    """Greedy trajectories of the held-out examples. Returns {"accuracy": fraction solved within
+    env.max_turns, "first_turn": fraction solved on the first turn, "reward": mean reward, "turns", "n"}."""
+    if not examples:
+        raise ValueError("evaluate_env: no held-out examples")
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(example) -> Trajectory:
+        async with slots:
+            prompt_ids = renderer.tokenizer(example.text, add_special_tokens=False)["input_ids"]
+            return (await play_group(example, prompt_ids, generator, make_env, renderer, env_cfg, 1, max_tokens,
+                                     temperature=0.0))[0]
+
+    done = await asyncio.gather(*(one(e) for e in examples))
+    n = len(done)
+    return {"accuracy": sum(t.solved for t in done) / n, "first_turn": sum(t.solved and t.turns == 1 for t in done) / n,
+            "reward": sum(t.reward for t in done) / n, "turns": sum(t.turns for t in done) / n, "n": n}
