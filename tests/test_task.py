@@ -189,3 +189,16 @@ def test_math_answers_match_in_equivalent_forms():
     with pytest.raises(ValueError, match="cannot read the reference answer"):
         math_answer([""], ["1"], answer=["   "])
 
+
+
+def test_columns_are_renamed_for_the_rewards_and_a_missing_one_is_named():
+    cfg = TaskConfig(source="unused", prompt_column="text", answer_column=None, columns={"test_list": "tests"})
+    row = {"text": "Write f", "test_list": ["assert f(1) == 2"], "code": "def f(x): return x + 1"}
+    example = to_example(row, "mbpp.jsonl:1", 0, cfg)
+    assert example.columns == {"tests": ["assert f(1) == 2"], "code": "def f(x): return x + 1"}
+    assert example.answer is None
+    with pytest.raises(DataError, match=r"mbpp.jsonl:2: no column 'test_list' \(task.columns maps it to 'tests'\)"):
+        to_example({"text": "Write g"}, "mbpp.jsonl:2", 1, cfg)
+    with pytest.raises(DataError, match="maps 'test_list' to 'completions'"):
+        to_example(row, "mbpp.jsonl:1", 0, TaskConfig(prompt_column="text", answer_column=None,
+                                                                 columns={"test_list": "completions"}))

@@ -42,6 +42,7 @@ class TaskConfig:
     prompt_column: str = "prompt"  # a string, or a list of {role, content} chat messages
     answer_column: str | None = "answer"  # null: the task has no reference answer
     id_column: str | None = None  # default: the row's position in the source
+    columns: dict[str, str] = field(default_factory=dict)  # renames for the rewards, e.g. {test_list: tests}
     system_prompt: str | None = None  # prepended as a system turn (unless the row's messages have one)
     few_shot: list[dict[str, str]] = field(default_factory=list)  # [{prompt, answer}]: earlier user/assistant turns
     chat_template: bool = True  # false: the prompt text is given to the model as it is (base models)
@@ -101,6 +102,13 @@ def to_example(row: dict, where: str, index: int, cfg: TaskConfig) -> TaskExampl
             raise DataError(f"{where}: column {name!r} would clash with the reward argument of that name; "
                             "rename it")
     columns = {k: v for k, v in row.items() if k != cfg.prompt_column}
+    for column, name in cfg.columns.items():  # the reward's parameter name for a column of the data
+        if column not in row:
+            raise DataError(f"{where}: no column {column!r} (task.columns maps it to {name!r}); the row has "
+                            f"{sorted(row)}")
+        if name in RESERVED_COLUMNS:
+            raise DataError(f"task.columns maps {column!r} to {name!r}, which is a reward argument forge_rl sets")
+        columns[name] = columns.pop(column, row[column])
     if answer is not None:
         columns["answer"] = answer
     if cfg.id_column is not None:
