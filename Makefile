@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 
-.PHONY: setup demo test clean
+.PHONY: setup demo demo-multiturn test clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml scripts/setup_env.sh
 
 demo: setup
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny.yaml $(ARGS)
+
+demo-multiturn: setup  # addition with a retry after feedback: a multi-turn environment (configs/grpo/tiny_retry.yaml)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny_retry.yaml $(ARGS)
 
 test: setup
 	$(PY) -m pytest $(ARGS)

@@ -91,6 +91,7 @@ def soak(steps: int, kill_every: int, out: Path, overrides: list[str] = (), samp
     rss_warm: dict[str, float] | None = None
     rss_end: dict[str, float] = {}
     kills, seen = [], set()
+    series: list[tuple[int, dict[str, float]]] = []  # (step, RSS by role), every tenth of the run
     start = time.monotonic()
     with (out / "soak.log").open("w") as log:
         app = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -107,6 +108,8 @@ def soak(steps: int, kill_every: int, out: Path, overrides: list[str] = (), samp
                 rss_warm = _rss_by_role(root)
             if step < steps:  # the end: the last sample before the run's final evaluation and exit
                 rss_end = _rss_by_role(root) or rss_end
+            if step and (not series or step >= series[-1][0] + max(1, steps // 10)):
+                series.append((step, _rss_by_role(root)))
             if kill_every and next_kill < steps and step >= next_kill:
                 victim = _kill_a_replica(root)
                 if victim is not None:
@@ -128,7 +131,8 @@ def soak(steps: int, kill_every: int, out: Path, overrides: list[str] = (), samp
         accounted=bool(buf) and buf["added"] == buf["trained"] + sum(buf["dropped"].values()),
         drops=summary.get("drops", {}), stale_fraction=summary.get("stale_fraction"),
         steps_per_min=summary.get("steps_per_min"), eval_first=summary.get("eval_first"),
-        eval_last=summary.get("eval_last3_mean"), rss_warm=rss_warm or {}, rss_end=rss_end,
+        eval_last=summary["evals"][-1][2] if summary.get("evals") else None, rss_warm=rss_warm or {}, rss_end=rss_end,
+        rss_series=series,
         processes_seen=len(seen), processes_left=alive, shm_left=sorted(shm_after - shm_before),
     )
 
@@ -141,7 +145,8 @@ def print_report(r: dict) -> None:
           f"({'accounted' if r['accounted'] else 'NOT ACCOUNTED'}); drops {r['drops']}; "
           f"stale {r['stale_fraction']:.2%} of generated" if r["added"] is not None else "no summary written")
     if r["eval_first"] is not None:
-        print(f"held-out accuracy {r['eval_first']:.1%} -> {r['eval_last']:.1%}; {r['steps_per_min']:.1f} steps/min")
+        print(f"held-out accuracy {r['eval_first']:.1%} at the start -> {r['eval_last']:.1%} at the end; "
+              f"{r['steps_per_min']:.1f} steps/min (replica respawns included)")
     print(f"\n| process | RSS after warm-up (MiB) | RSS at the end (MiB) | change |\n|---|---|---|---|")
     for role in sorted(set(r["rss_warm"]) | set(r["rss_end"])):
         warm, end = r["rss_warm"].get(role), r["rss_end"].get(role)
@@ -150,6 +155,9 @@ def print_report(r: dict) -> None:
     total_w, total_e = sum(r["rss_warm"].values()), sum(r["rss_end"].values())
     if total_w:
         print(f"| all | {total_w:.0f} | {total_e:.0f} | {total_e / total_w - 1:+.1%} |")
+    if r["rss_series"]:
+        print("\ncontroller RSS (MiB) by step: " + ", ".join(f"{step}: {rss.get('controller', 0):.0f}"
+                                                            for step, rss in r["rss_series"]))
     print(f"\nafter exit: {len(r['processes_left'])} of {r['processes_seen']} processes left alive "
           f"{r['processes_left'] or ''}; /dev/shm entries left: {r['shm_left'] or 'none'}")
 
