@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from forge_rl.losses.advantages import group_advantages
+from forge_rl.rewards.overlong import OverlongConfig, overlong_penalty
 from forge_rl.types import Episode, Group
 
 
@@ -142,11 +143,14 @@ class RolloutStats:
 
 
 async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size: int, stats: RolloutStats,
-                        scale_advantages_by_std: bool = True, target=None, metadata=None) -> Group | None:
+                        scale_advantages_by_std: bool = True, target=None, metadata=None,
+                        overlong: OverlongConfig | None = None, max_tokens: int = 0) -> Group | None:
     """Generate a group of `group_size` completions of `prompt`, score it and compute group advantages.
 
-    `score(completions) -> (totals, parts)` is awaited once per group. Returns None (counted in
-    `stats.drops`) when scoring fails; any other error propagates and ends the caller's loop.
+    `score(completions) -> (totals, parts)` is awaited once per group. `overlong` (with the sampling's
+    `max_tokens`) adds DAPO's length penalty to the totals and/or zeroes the advantage of truncated
+    completions. Returns None (counted in `stats.drops`) when scoring fails; any other error propagates and
+    ends the caller's loop.
     """
     completions = await generator.generate.route(prompt, n=group_size)
     stats.generated_tokens += sum(len(c.response_ids) for c in completions)
@@ -157,10 +161,16 @@ async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size:
         stats.drops["reward_timeout" if timed_out else "reward_error"] += len(completions)
         print(f"dropped group {prompt_id}: {e}".splitlines()[0][:200], flush=True)
         return None
+    if overlong is not None and overlong.penalty_cache_len:
+        penalties = [overlong_penalty(len(c.response_ids), max_tokens, overlong.penalty_cache_len) for c in completions]
+        totals = [t + p for t, p in zip(totals, penalties)]
+        parts = {**parts, "overlong": penalties}
     stats.rewards += totals
     for name, values in parts.items():
         stats.parts.setdefault(name, []).extend(values)
     advantages = group_advantages(totals, scale_by_std=scale_advantages_by_std)
+    if overlong is not None and overlong.filter:  # truncated: no gradient, whatever their reward
+        advantages = [0.0 if c.finish_reason == "length" else a for c, a in zip(completions, advantages)]
     episodes = [
         Episode(c, reward=t, rewards={k: v[i] for k, v in parts.items()}, advantage=a, target=target,
                 metadata=dict(metadata or {}))
@@ -182,7 +192,8 @@ async def rollout_loop(admission: Admission, stop: asyncio.Event, rollout_once: 
 
 
 async def rollout_from_dataset(*, dataset, generator, reward, buffer, group_size: int, stats: RolloutStats,
-                               scale_advantages_by_std: bool = True) -> bool:
+                               scale_advantages_by_std: bool = True, overlong: OverlongConfig | None = None,
+                               max_tokens: int = 0) -> bool:
     """One group of a task: the dataset actor's next example (`forge_rl.actors.dataset.PromptDataset`), G
     completions, the reward actor's scores with the example's columns, advantages, the buffer. True if stored.
     A prompt the engine refuses as too long is counted (drops["prompt_too_long"]) and skipped."""
@@ -200,7 +211,7 @@ async def rollout_from_dataset(*, dataset, generator, reward, buffer, group_size
         group = await rollout_group(
             prompt_id=example.id, prompt=example.text, generator=generator, score=score, group_size=group_size,
             stats=stats, scale_advantages_by_std=scale_advantages_by_std, target=example.answer,
-            metadata={"example": example.id},
+            metadata={"example": example.id}, overlong=overlong, max_tokens=max_tokens,
         )
     except Exception as e:
         if not isinstance(getattr(e, "exception", e), PromptTooLong):

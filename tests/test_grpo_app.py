@@ -253,3 +253,20 @@ def test_multi_turn_grpo_masks_the_environments_tokens(tmp_path):
         assert e.reward in (0.0, 0.5)  # a retry earns at most the second try's credit
     batch = TrainBatch.collate(episodes, pad_id=0)
     assert batch.num_response_tokens == sum(int((~e.completion.env_mask).sum()) for e in episodes)
+
+
+@pytest.mark.parametrize("config, overrides", [
+    ("tiny.yaml", ["trainer.grpo.policy_loss=gspo", "trainer.grpo.clip_low=3e-4", "trainer.grpo.clip_high=4e-4"]),
+    ("tiny_dapo.yaml", ["trainer.grpo.policy_loss=cispo", "trainer.grpo.clip_low=1.0", "trainer.grpo.clip_high=0.28"]),
+], ids=["gspo", "cispo-with-dapo-recipe"])
+def test_gspo_and_cispo_train_in_a_short_grpo_run(tmp_path, config, overrides):
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo" / config,
+                      SMALL + ["steps=2", "eval_size=8", f"output_dir={tmp_path}", *overrides])
+    summary = asyncio.run(main(cfg))
+    assert summary["trainer_version"] == 2 and summary["generator_version"] == 2
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]
+    assert len(rows) == 2 and all(math.isfinite(r["trainer/loss"]) and r["trainer/grad_norm"] > 0 for r in rows)
+    if config == "tiny_dapo.yaml":  # the overlong penalty was part of every scored group
+        assert all("reward/overlong" in r for r in rows if "reward/mean" in r)
+    accounting = summary["buffer"]
+    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())

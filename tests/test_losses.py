@@ -151,3 +151,41 @@ def test_tis_mode_is_a_truncated_importance_weighted_policy_gradient_without_cli
     loss.sum().backward()
     weight = torch.exp(lp.detach() - behaviour).clamp(max=2.0)
     assert torch.allclose(lp.grad, -weight * A[:, None])
+
+
+def test_gspo_clips_the_sequence_ratio_and_gives_gspos_gradient():
+    # row 0: token log-ratios log 2 and 0 (a third, padded token is outside the mask): s = exp(log2 / 2) = 1.414
+    # row 1: log-ratios 0.1, -0.1, 0: s = 1
+    lp = torch.tensor([[LOG2, 0.0, 5.0], [0.1, -0.1, 0.0]], requires_grad=True)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    cfg = GRPOLossConfig(policy_loss="gspo", clip_low=0.2, clip_high=0.28)
+    loss, diag = per_token_loss(lp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), cfg, mask=mask)
+    # row 0, A=+1: -min(1.414, 1.28) on every token; row 1, A=-1: -min(-1, -1) = 1
+    torch.testing.assert_close(loss[mask], torch.tensor([-1.28, -1.28, 1.0, 1.0, 1.0]))
+    assert diag["clipped"][0, :2].tolist() == [1.0, 1.0] and diag["clipped"][1].tolist() == [0.0, 0.0, 0.0]
+    reduce_loss(loss, mask, "sequence_mean", total_sequences=2, total_tokens=5).backward()
+    # clipped sequence: no gradient; the other: s * (-A) * mean over its 3 tokens, / 2 sequences = 1/6 each
+    torch.testing.assert_close(lp.grad, torch.tensor([[0.0, 0.0, 0.0], [1 / 6, 1 / 6, 1 / 6]]))
+    with pytest.raises(ValueError, match="needs the response mask"):
+        per_token_loss(lp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), cfg)
+
+
+def test_cispo_keeps_a_gradient_on_every_token_with_a_clipped_stop_gradient_weight():
+    lp = torch.tensor([[LOG2, 0.0, -LOG2]], requires_grad=True)  # ratios 2, 1, 0.5
+    cfg = GRPOLossConfig(policy_loss="cispo", clip_low=0.2, clip_high=0.28)
+    loss, diag = per_token_loss(lp, torch.zeros(1, 3), torch.tensor([1.0]), cfg)
+    torch.testing.assert_close(loss, torch.tensor([[-1.28 * LOG2, 0.0, 0.8 * LOG2]]))
+    assert diag["clipped"].tolist() == [[1.0, 0.0, 1.0]]
+    loss.sum().backward()
+    # -sg[clip(r)] * A: PPO's clip would give the first and last tokens no gradient
+    torch.testing.assert_close(lp.grad, torch.tensor([[-1.28, -1.0, -0.8]]))
+
+
+def test_policy_loss_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="loss.policy_loss='ppo2'"):
+        GRPOLossConfig(policy_loss="ppo2")
+    with pytest.raises(ValueError, match="loss.tis_cap=2.0 works with loss.policy_loss='grpo' only"):
+        GRPOLossConfig(policy_loss="cispo", tis_cap=2.0)
+    GRPOLossConfig(policy_loss="cispo", clip_low=1.0)  # no floor on the weight: allowed
+    with pytest.raises(ValueError, match=r"loss.clip_low=1.5 must be in \[0, 1\]"):
+        GRPOLossConfig(clip_low=1.5)

@@ -52,3 +52,35 @@ def test_any_other_rollout_error_ends_the_loop_and_the_run():
             raise_if_failed([task])
 
     asyncio.run(body())
+
+
+def test_overlong_completions_are_penalised_and_filtered_before_advantages():
+    """DAPO's overlong shaping in a group: the generator is scripted (lengths 2, 6, 8 tokens of max 8), the
+    shaping is what is tested."""
+    import torch
+
+    from forge_rl.rewards.overlong import OverlongConfig, overlong_penalty
+    from forge_rl.rollout import RolloutStats, rollout_group
+    from forge_rl.types import Completion
+
+    assert [overlong_penalty(n, 8, 4) for n in (4, 5, 6, 8, 9)] == [0.0, -0.25, -0.5, -1.0, -1.0]
+    assert overlong_penalty(8, 8, 0) == 0.0
+
+    def completion(n, finish):
+        return Completion(torch.tensor([1, 2]), torch.arange(3, 3 + n), torch.full((n,), -0.5),
+                          torch.zeros(n, dtype=torch.long), finish)
+
+    completions = [completion(2, "stop"), completion(6, "stop"), completion(8, "length")]
+    generator = SimpleNamespace(generate=endpoint(lambda prompt, n: completions))
+
+    async def score(cs):
+        return [1.0, 1.0, 1.0], {"exact_match": [1.0, 1.0, 1.0]}
+
+    stats = RolloutStats()
+    group = asyncio.run(rollout_group(prompt_id="p", prompt="1+1=", generator=generator, score=score, group_size=3,
+                                      stats=stats, overlong=OverlongConfig(penalty_cache_len=4, filter=True),
+                                      max_tokens=8))
+    assert stats.parts["overlong"] == [0.0, -0.5, -1.0] and stats.rewards == [1.0, 0.5, 0.0]
+    advantages = [e.advantage for e in group.episodes]
+    assert advantages[0] > 0 and abs(advantages[1]) < 1e-6  # rewards 1, 0.5, 0: the group's mean is 0.5
+    assert advantages[2] == 0.0  # truncated: filtered out of the loss

@@ -42,6 +42,7 @@ from forge_rl.models import resolve_model_path
 from forge_rl.multiturn import TurnRenderer, evaluate_env, rollout_env_from_dataset
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.resources import ResourcesConfig, plan_placement
+from forge_rl.rewards.overlong import OverlongConfig
 from forge_rl.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.sampling import behaviour_temperature
 from forge_rl.train_loop import (
@@ -93,6 +94,7 @@ class GRPOConfig:
     # Multi-turn: an environment answers each model turn (feedback, tool results) until done; it rewards the
     # trajectory, and its tokens are masked out of the loss (forge_rl/envs, forge_rl/multiturn.py)
     env: EnvConfig = field(default_factory=EnvConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)  # DAPO: length penalty, truncation filter
     generator: GeneratorSection = field(default_factory=GeneratorSection)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     buffer: BufferSection = field(default_factory=BufferSection)
@@ -142,6 +144,13 @@ def check_config(cfg: GRPOConfig) -> None:
                           "sampled distribution (after temperature); use 'processed_logprobs'")
     if cfg.buffer.capacity < cfg.batch_groups:
         raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is smaller than batch_groups={cfg.batch_groups}")
+    overlong = cfg.overlong.filter or cfg.overlong.penalty_cache_len
+    if overlong and cfg.env.name is not None:
+        raise ConfigError("overlong.* applies to single-turn rollouts; with env.name set, limit trajectories with "
+                          "env.max_total_tokens")
+    if cfg.overlong.penalty_cache_len >= cfg.generator.sampling.get("max_tokens", 16):
+        raise ConfigError(f"overlong.penalty_cache_len={cfg.overlong.penalty_cache_len} must be smaller than "
+                          f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens', 16)}")
     if cfg.env.name is not None:
         try:
             env_cls = env_factory(cfg.env)  # an unknown name or arguments fail here, naming env.name / env.args
@@ -237,7 +246,8 @@ async def main(cfg: GRPOConfig) -> dict:
                       stats=run.rollouts, scale_advantages_by_std=cfg.scale_advantages_by_std)
         if cfg.env.name is None:
             def rollout_once():
-                return rollout_from_dataset(reward=reward, **actors)
+                return rollout_from_dataset(reward=reward, overlong=cfg.overlong,
+                                            max_tokens=cfg.generator.sampling.get("max_tokens", 16), **actors)
         else:
             turns = dict(make_env=env_factory(cfg.env), renderer=TurnRenderer(tokenizer, **cfg.chat_template_kwargs),
                          env_cfg=cfg.env, max_tokens=cfg.generator.sampling.get("max_tokens", 16))

@@ -366,7 +366,7 @@ class Trainer(ForgeActor):
                 ref = batch.ref_logprobs[rows].to(self.device) if batch.ref_logprobs is not None else None
                 token_loss, diag = per_token_loss(
                     logprobs, batch.behaviour_logprobs[rows].to(self.device), batch.advantages[rows].to(self.device),
-                    loss_cfg, ref_logprobs=ref, entropy=entropy,
+                    loss_cfg, ref_logprobs=ref, entropy=entropy, mask=mask,
                 )
             loss = reduce_loss(token_loss, mask, normalize, total_seqs, total_tokens, max_len)
             loss.backward()

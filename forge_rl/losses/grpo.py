@@ -11,6 +11,14 @@ ranks gives exactly the loss of the whole batch:
 - "token_mean": mean over all response tokens of the batch (DAPO);
 - "token_sum": sum over tokens divided by a constant, num_sequences * max_response_len (Dr. GRPO),
   so long and short responses are not re-weighted by their length.
+
+`policy_loss` picks the objective (docs/algorithms.md):
+- "grpo": PPO's clipped token ratio pi_theta / pi_behaviour;
+- "gspo": GSPO's sequence ratio s = exp(mean over the sequence's tokens of log pi_theta - log pi_behaviour),
+  clipped as a whole (its clip ranges are ~1e-3, not 0.2); written per token as sg[s] * pi / sg[pi] so that
+  with "sequence_mean" the gradient is exactly GSPO's, s * A * mean_t grad log pi;
+- "cispo": CISPO's REINFORCE with a clipped, stop-gradient importance weight, -sg[clip(r)] * A * log pi, so
+  every token keeps a gradient (PPO's clip zeroes those outside the range).
 """
 
 from dataclasses import dataclass
@@ -18,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 NORMALIZATIONS = ("sequence_mean", "token_mean", "token_sum")
+POLICY_LOSSES = ("grpo", "gspo", "cispo")
 
 
 @dataclass
@@ -30,14 +39,20 @@ class GRPOLossConfig:
     kl_estimator: str = "k3"  # "k1" (log ratio) | "k3" (unbiased, non-negative)
     tis_cap: float = 0.0  # > 0: truncated importance weight min(pi_theta / pi_behaviour, cap), decoupled PPO
     entropy_coef: float = 0.0  # bonus for entropy (subtracted from the loss)
+    policy_loss: str = "grpo"  # see POLICY_LOSSES
 
     def __post_init__(self) -> None:
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(f"loss.policy_loss={self.policy_loss!r}; choose one of {POLICY_LOSSES}")
+        if self.policy_loss != "grpo" and self.tis_cap > 0:
+            raise ValueError(f"loss.tis_cap={self.tis_cap} works with loss.policy_loss='grpo' only, not "
+                             f"{self.policy_loss!r}")
         if self.normalize not in NORMALIZATIONS:
             raise ValueError(f"loss.normalize={self.normalize!r}; choose one of {NORMALIZATIONS}")
         if self.kl_estimator not in ("k1", "k3"):
             raise ValueError(f"loss.kl_estimator={self.kl_estimator!r}; choose 'k1' or 'k3'")
-        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
-            raise ValueError(f"loss.clip_low={self.clip_low} must be in [0, 1) and loss.clip_high={self.clip_high} >= 0")
+        if not (0 <= self.clip_low <= 1 and self.clip_high >= 0):  # clip_low 1: no floor (CISPO's usual choice)
+            raise ValueError(f"loss.clip_low={self.clip_low} must be in [0, 1] and loss.clip_high={self.clip_high} >= 0")
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -55,8 +70,10 @@ def per_token_loss(
     cfg: GRPOLossConfig,
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Loss of every token [B, T] and per-token diagnostics (not yet masked).
+    """Loss of every token [B, T] and per-token diagnostics (not yet masked). `mask` (the response mask) is
+    needed by "gspo", whose ratio is a mean over each sequence's tokens.
 
     Plain mode: ratio = pi_theta / pi_behaviour, clipped to [1 - clip_low, 1 + clip_high] as in PPO.
     TIS mode (tis_cap > 0): the PPO ratio is taken against the current weights before the update
@@ -70,7 +87,14 @@ def per_token_loss(
     clipped ratio against the behaviour policy is.
     """
     A = advantages[:, None].to(logprobs.dtype)
-    if cfg.tis_cap > 0:
+    if cfg.policy_loss == "gspo":
+        if mask is None:
+            raise ValueError("loss.policy_loss='gspo' needs the response mask (a sequence-level ratio)")
+        m = mask.to(logprobs.dtype)
+        seq_log_ratio = ((logprobs.detach() - behaviour_logprobs) * m).sum(-1) / m.sum(-1).clamp(min=1)
+        ratio = torch.exp(seq_log_ratio)[:, None] * torch.exp(logprobs - logprobs.detach())  # value s, grad s * dlp
+        weight = torch.ones_like(logprobs)
+    elif cfg.tis_cap > 0:
         proximal = logprobs.detach()
         weight = torch.exp(proximal - behaviour_logprobs).clamp(max=cfg.tis_cap)
         ratio = torch.exp(logprobs - proximal)
@@ -79,9 +103,14 @@ def per_token_loss(
         ratio = torch.exp(logprobs - behaviour_logprobs)
     clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
     unclipped_obj, clipped_obj = ratio * A, clipped * A
-    loss = -weight * torch.minimum(unclipped_obj, clipped_obj)
+    if cfg.policy_loss == "cispo":  # the clipped weight carries no gradient; log pi always does
+        loss = -clipped.detach() * A * logprobs
+        was_clipped = (clipped != ratio).float()
+    else:
+        loss = -weight * torch.minimum(unclipped_obj, clipped_obj)
+        was_clipped = (clipped_obj < unclipped_obj).float()  # the clip bound is what the gradient sees
     diagnostics = {
-        "clipped": (clipped_obj < unclipped_obj).float(),  # the clip bound is what the gradient sees
+        "clipped": was_clipped,
         "approx_kl_behaviour": kl_penalty(logprobs.detach(), behaviour_logprobs, "k3"),
         "ratio": torch.exp(logprobs.detach() - behaviour_logprobs),
     }
