@@ -22,6 +22,9 @@ from forge_rl.rollout import Admission, RolloutStats
 from forge_rl.types import TrainBatch
 
 
+SAMPLE_WAIT_S = 0.1
+
+
 class NoBatchError(RuntimeError):
     """The train loop waited `no_batch_timeout_s` without a batch; the message says why."""
 
@@ -85,13 +88,15 @@ async def wait_for_batch(run: Run, buffer, rollouts: list[asyncio.Task]) -> tupl
     start = time.perf_counter()
     before = await buffer.stats.call_one()
     drops_before = dict(run.drops)
-    while (batches := await buffer.sample.call_one(run.version, run.cfg.batch_groups)) is None:
+    # The buffer waits for the batch itself (each add wakes it); a call returns empty every SAMPLE_WAIT_S so
+    # that failed rollouts, stale drops (which admission must hear of) and the timeout are noticed.
+    sample = buffer.sample.call_one
+    while (batches := await sample(run.version, run.cfg.batch_groups, wait_s=SAMPLE_WAIT_S)) is None:
         raise_if_failed(rollouts)
         stored = run.admission.stored
         await run.admission.buffer_holds((await buffer.stats.call_one())["groups"], stored)
         if time.perf_counter() - start > run.cfg.no_batch_timeout_s:
             raise NoBatchError(why_no_batch(run, before, await buffer.stats.call_one(), drops_before))
-        await asyncio.sleep(0.01)
     return batches, time.perf_counter() - start
 
 

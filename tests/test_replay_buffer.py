@@ -1,6 +1,7 @@
 """Replay buffer: staleness bound, accounting, whole groups (property tests), backpressure on a real actor."""
 
 import asyncio
+import time
 import pickle
 
 import pytest
@@ -270,3 +271,23 @@ def test_the_actor_refuses_a_malformed_group_and_goes_on():
             assert (await buf.sample.call_one(0, 1))[0].num_sequences == 2
 
     run(body())
+
+
+def test_sample_waits_for_the_batch_and_wakes_on_add():
+    """sample(wait_s) returns as soon as an add completes the batch, and None after wait_s without one."""
+    async def body():
+        async with provisioned():
+            buf = await ReplayBuffer.as_actor(ReplayBufferConfig(capacity=4))
+            start = time.perf_counter()
+            assert await buf.sample.call_one(0, 1, wait_s=0.3) is None
+            assert time.perf_counter() - start >= 0.3
+            waiting = asyncio.ensure_future(buf.sample.call_one(0, 1, wait_s=30))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+            added = time.perf_counter()
+            await buf.add.call_one(make_group("a", [0, 0]))
+            batches = await asyncio.wait_for(waiting, 10)
+            assert batches[0].num_sequences == 2 and time.perf_counter() - added < 5  # woken, not timed out
+            assert (await buf.stats.call_one())["trained"] == 2
+
+    asyncio.run(body())

@@ -11,6 +11,7 @@ The bookkeeping lives in `GroupStore` (plain Python, property-tested); the actor
 """
 
 import asyncio
+import contextlib
 import math
 import numbers
 import random
@@ -245,13 +246,25 @@ class ReplayBuffer(ForgeActor):
                 start = time.perf_counter()
                 await room.wait_for(lambda: not self.store.full)
                 self.add_blocked_s += time.perf_counter() - start
-            return self.store.add(group)
+            stored = self.store.add(group)
+            room.notify_all()  # a sample() waiting for groups looks again
+            return stored
 
-    @endpoint
-    async def sample(self, policy_version: int, batch_groups: int) -> list[TrainBatch] | None:
+    @concurrent_endpoint  # it may wait for groups, and add() must run meanwhile
+    async def sample(self, policy_version: int, batch_groups: int, wait_s: float = 0.0) -> list[TrainBatch] | None:
+        """`batch_groups` groups trainable at `policy_version`, one TrainBatch per data-parallel rank; None when
+        the buffer still has too few after waiting up to `wait_s`. Each add wakes the wait, so the trainer
+        gets its batch as soon as it exists without polling (every actor call costs the caller CPU, and
+        memory in Monarch 0.7.0: docs/stack.md)."""
         room = self._condition()
+        deadline = time.perf_counter() + wait_s
         async with room:
-            batches = self.store.sample(policy_version, batch_groups)
+            while (batches := self.store.sample(policy_version, batch_groups)) is None:
+                room.notify_all()  # stale drops free room
+                if (remaining := deadline - time.perf_counter()) <= 0:
+                    break
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(room.wait(), remaining)
             room.notify_all()  # sampling and stale drops free room
         now = time.perf_counter()
         if batches is None:
