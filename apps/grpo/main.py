@@ -168,7 +168,8 @@ def check_task(cfg: GRPOConfig) -> None:
     fails in seconds, naming the file, the row and the column."""
     try:
         rows = TaskRows(cfg.task, cfg.seed)
-        check_reward_columns(cfg.rewards, rows.columns())
+        if cfg.env.name is None:  # an environment scores trajectories itself
+            check_reward_columns(cfg.rewards, rows.columns())
     except ValueError as e:  # DataError included
         raise ConfigError(str(e)) from None
 
