@@ -50,7 +50,7 @@ class Environment:
         """Start on `example` (a forge_rl.data.task.TaskExample)."""
 
     async def step(self, reply: str) -> EnvStep:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must override Environment.step(reply) -> EnvStep")
 
 
 @dataclass
