@@ -98,6 +98,7 @@ def test_environment_tokens_are_not_response_tokens_of_the_batch():
     (dict(name="retry", args={"feedbak": "no"}), r"env.args \['feedbak'\] do not fit"),
     (dict(name="tools", args={"tools": ["shell"]}), r"unknown tools \['shell'\]"),
     (dict(name="forge_rl.rewards.exact_match:exact_match"), "is not a forge_rl.envs.Environment subclass"),
+    (dict(name="forge_rl.envs.base:Environment"), r"does not override step\(reply\)"),
 ])
 def test_bad_environment_config_is_named(cfg, message):
     with pytest.raises(ValueError, match=message):

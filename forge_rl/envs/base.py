@@ -91,6 +91,8 @@ def env_factory(cfg: EnvConfig) -> Callable[[], Environment]:
         raise ValueError(f"env.name={cfg.name!r}: cannot import {path} ({e})") from None
     if not (inspect.isclass(cls) and issubclass(cls, Environment)):
         raise ValueError(f"env.name={cfg.name!r}: {path} is not a forge_rl.envs.Environment subclass")
+    if cls.step is Environment.step:  # caught at start, not in the first rollout
+        raise ValueError(f"env.name={cfg.name!r}: {path} does not override step(reply) -> EnvStep")
     try:
         inspect.signature(cls).bind(**cfg.args)
     except TypeError as e:
