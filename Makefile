@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 
-.PHONY: setup demo demo-multiturn test clean
+.PHONY: setup setup-slurm demo demo-multiturn test clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -18,6 +18,9 @@ demo-multiturn: setup  # addition with a retry after feedback: a multi-turn envi
 
 test: setup
 	$(PY) -m pytest $(ARGS)
+
+setup-slurm:  # Debian's Slurm and munge, for tests/test_slurm.py (a real cluster in network namespaces; root)
+	apt-get install -y -q slurm-wlm munge || (apt-get update -q && apt-get install -y -q slurm-wlm munge)
 
 clean:
 	rm -rf $(VENV)

@@ -79,7 +79,7 @@ async def resume_from_checkpoint(run: Run, trainer, generator, buffer, dataset, 
     """Load the newest checkpoint into the trainer, buffer, dataset and `run`, and give the generators its
     weights. Returns the step it was taken at and its path."""
     path = latest_checkpoint(checkpoint_dir)
-    step = (await trainer.load.call(str(path))).item(procs=0)
+    step = (await trainer.load.call(str(path))).get(0)
     state = torch.load(path / APP_STATE, weights_only=False)
     run.version = state["version"]
     run.drops.update(state["drops"])

@@ -47,12 +47,15 @@ class Placement:
     trainer_cpus: list[list[int]] = field(default_factory=list)  # per trainer rank
     trainer_threads: int = 0
     gpus: list[str] = field(default_factory=list)
+    note: str = ""  # roles on hosts of their own (a launcher's host meshes): where they are
 
     @property
     def colocated(self) -> bool:
         return self.mode == "colocated"
 
     def describe(self) -> str:
+        if self.note:
+            return f"placement {self.mode}: {self.note}"
         if self.device == "cuda":
             share = "time-shared (vLLM sleeps while the trainer steps)" if self.colocated else "one set per role"
             return f"placement {self.mode} on GPUs {','.join(self.gpus)}: {share}"

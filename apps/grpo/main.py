@@ -32,7 +32,8 @@ from forge_rl.actors.reward import RewardActor, RewardSpec, check_reward_columns
 from forge_rl.actors.trainer import Trainer, TrainerConfig
 from forge_rl.checkpoint import complete_checkpoints, resume_from_checkpoint, resume_requested, save_checkpoint
 from forge_rl.config import ConfigError, parse_args, to_yaml
-from forge_rl.controller import provisioned
+from forge_rl.controller import get_provisioner, provisioned
+from forge_rl.controller.launcher import LauncherConfig, launched
 from forge_rl.controller.signals import handle_stop_signals
 from forge_rl.controller.provisioner import visible_gpus
 from forge_rl.data.task import TaskConfig, TaskRows
@@ -41,7 +42,7 @@ from forge_rl.eval import evaluate_task
 from forge_rl.models import resolve_model_path
 from forge_rl.multiturn import TurnRenderer, evaluate_env, rollout_env_from_dataset
 from forge_rl.observability import MetricsLogger, plot_run
-from forge_rl.resources import ResourcesConfig, plan_placement
+from forge_rl.resources import Placement, ResourcesConfig, plan_placement
 from forge_rl.rewards.overlong import OverlongConfig
 from forge_rl.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.sampling import behaviour_temperature
@@ -100,6 +101,7 @@ class GRPOConfig:
     buffer: BufferSection = field(default_factory=BufferSection)
     weight_store: WeightStoreConfig = field(default_factory=WeightStoreConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)  # placement, cores, threads
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)  # local, or a Slurm allocation (docs/slurm.md)
     eval_every: int = 10  # steps; 0 = only before and after
     eval_size: int = 500  # held-out prompts (the first of the task's held-out set), greedy
     checkpoint_every: int = 0  # steps; 0 = only at the end
@@ -194,26 +196,38 @@ async def main(cfg: GRPOConfig) -> dict:
                                     pad_id=tokenizer.pad_token_id or 0, seed=cfg.seed)
     run = Run(cfg)
     log_dir = None if cfg.verbose else out / "logs"
-    async with provisioned(log_dir=log_dir):
+    if cfg.launcher.kind == "slurm":
+        console.print(f"[bold]GRPO[/bold] on Slurm: waiting for {cfg.launcher.slurm.trainer_nodes} trainer + "
+                      f"{cfg.launcher.slurm.generator_nodes} generator nodes")
+    async with launched(cfg.launcher, out) as hosts, provisioned(log_dir=log_dir, hosts=hosts):
         console.print(f"[bold]GRPO[/bold] {cfg.model}: starting actors (vLLM engine start takes ~30 s on CPU)")
         if log_dir:
             console.print(f"the role processes' logs (vLLM, TorchTitan, Monarch) go to {log_dir}/ (--verbose: here)")
-        gpus = visible_gpus()  # one GPU per trainer rank; a generator replica gets one per TP rank
+        if hosts:  # every role on hosts of its own: GPUs per node from the launcher, cores not pinned
+            node_gpus = cfg.launcher.slurm.gpus_per_node or 0
+            gpus = [str(i) for i in range(node_gpus)]
+            placement = host_placement(cfg.launcher, node_gpus)
+        else:
+            gpus = visible_gpus()  # one GPU per trainer rank; a generator replica gets one per TP rank
         generator_gpus = int(cfg.generator.engine_args.get("tensor_parallel_size", 1)) if gpus else 0
-        placement = plan_placement(cfg.resources, cfg.trainer_procs, cfg.generator.replicas, generator_gpus, gpus)
+        if not hosts:
+            placement = plan_placement(cfg.resources, cfg.trainer_procs, cfg.generator.replicas, generator_gpus, gpus)
         console.print(placement.describe())
+        # Generators on other hosts than the trainer copy each version from the trainer's host (Monarch RDMA).
+        weight_source = await weight_server(cfg.weight_store) if hosts else None
         engine_args = dict(cfg.generator.engine_args)
         if placement.colocated and placement.device == "cuda":
             engine_args.setdefault("enable_sleep_mode", True)  # the engine sleeps while the trainer steps
         shared = placement.colocated and placement.device == "cuda"
         trainer, generator, buffer, reward, dataset = await asyncio.gather(
-            Trainer.options(procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=shared,
+            Trainer.options(procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=shared, host_mesh="trainer",
                             cpus=_tuples(placement.trainer_cpus), threads=placement.trainer_threads,
                             ).as_actor(cfg.trainer, cfg.weight_store),
-            Generator.options(replicas=cfg.generator.replicas, gpus=generator_gpus, share_gpus=shared,
+            Generator.options(replicas=cfg.generator.replicas, gpus=generator_gpus, share_gpus=shared, host_mesh="generator",
                               cpus=_tuples(placement.generator_cpus)).as_service(
                 model_dir, engine_args=engine_args, sampling=cfg.generator.sampling, seed=cfg.seed,
-                swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store, log_level=cfg.generator.log_level,
+                swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store, weight_source=weight_source,
+                log_level=cfg.generator.log_level,
             ),
             ReplayBuffer.as_actor(buffer_cfg),
             RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s),
@@ -227,7 +241,7 @@ async def main(cfg: GRPOConfig) -> dict:
         reference = None
         if cfg.trainer.grpo.kl_coef > 0:  # the frozen policy of the KL penalty, on the trainer's cores
             reference = await Reference.options(
-                procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=True,
+                procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=True, host_mesh="trainer",
                 cpus=_tuples(placement.trainer_cpus), threads=placement.trainer_threads,
             ).as_actor(cfg.trainer)
         ckpt_dir = Path(cfg.trainer.checkpoint_dir)
@@ -282,9 +296,9 @@ async def main(cfg: GRPOConfig) -> dict:
                     await generator.hold.call_all()
                 busy_start = time.perf_counter()
                 if reference is not None:
-                    batches = (await reference.fill_ref_logprobs.call(batches)).item(procs=0)
-                metrics = (await trainer.train_step.call(batches)).item(procs=0)
-                push = (await trainer.push_weights.call(run.version + 1)).item(procs=0)
+                    batches = (await reference.fill_ref_logprobs.call(batches)).get(0)
+                metrics = (await trainer.train_step.call(batches)).get(0)
+                push = (await trainer.push_weights.call(run.version + 1)).get(0)
                 run.trainer_busy_s += time.perf_counter() - busy_start
                 if placement.colocated:
                     await generator.release.call_all()
@@ -406,6 +420,22 @@ def _summary_block(summary: dict, cfg: GRPOConfig, out: Path, png: Path, checkpo
     return "[bold green]done[/bold green]\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
+def host_placement(launcher: LauncherConfig, node_gpus: int) -> Placement:
+    """Roles on hosts of their own (a Slurm allocation): nothing to share, nothing to pin."""
+    s = launcher.slurm
+    where = f"{node_gpus} GPUs per node" if node_gpus else "CPU"
+    return Placement("disaggregated", "cuda" if node_gpus else "cpu",
+                     note=f"trainer on {s.trainer_nodes} node(s), generators on {s.generator_nodes} node(s), {where}")
+
+
+async def weight_server(store_cfg: WeightStoreConfig):
+    """The actor on the trainer's (first) host that serves published versions to generators on other hosts."""
+    from forge_rl.weights.rdma import WeightServer
+
+    mesh = await get_provisioner().get_proc_mesh(mesh_name="WeightServer", host_mesh="trainer", host_index=0)
+    return mesh.spawn("weight_server", WeightServer, None, store_cfg)
+
+
 def _tuples(lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(x) for x in lists)
 
@@ -514,6 +544,8 @@ def _console_line(step: int, m: dict[str, float]) -> str:
         parts.append(f"drops {drops}")
     return " | ".join(parts)
 
+
+CONFIG = GRPOConfig  # what `python -m forge_rl.controller.launcher submit` reads
 
 if __name__ == "__main__":
     config = parse_args(GRPOConfig, description=__doc__.splitlines()[0])

@@ -181,7 +181,7 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
         trainer = await Trainer.options(procs=cfg.procs, spmd=True, gpus=use_gpus).as_actor(trainer_cfg)
         start = 0
         if cfg.resume:
-            start = (await trainer.load.call()).item(procs=0)
+            start = (await trainer.load.call()).get(0)
             console.print(f"resumed from {trainer_cfg.checkpoint_dir}/step-{start}")
         summary["start_step"] = start
         log = MetricsLogger(out, resume_step=start if cfg.resume else None)
@@ -190,7 +190,7 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
 
         async def save(step: int) -> str:
             nonlocal saved_at
-            path = (await trainer.save.call()).item(procs=0)
+            path = (await trainer.save.call()).get(0)
             saved_at = step
             return path
 
@@ -225,10 +225,10 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
                 batches = train_batches(source, step, cfg.batch_size, dp, tokenizer.pad_token_id)
                 call = asyncio.ensure_future(trainer.train_step.call(batches))
                 try:
-                    m = (await asyncio.shield(call)).item(procs=0)
+                    m = (await asyncio.shield(call)).get(0)
                 except asyncio.CancelledError:  # Ctrl-C: let the step in flight finish and log it, then stop
                     interrupted = True
-                    m = (await call).item(procs=0)
+                    m = (await call).get(0)
                 step = int(m["step"])
                 losses.append(m["loss"])
                 log.log(step, {"train/loss": m["loss"], "train/grad_norm": m["grad_norm"], "train/lr": m["lr"],
@@ -249,7 +249,7 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
             bar.close()
         train_s = time.perf_counter() - t_train
         if interrupted:
-            step = (await trainer.version.call()).item(procs=0)  # in case a step was in flight
+            step = (await trainer.version.call()).get(0)  # in case a step was in flight
             console.print(f"[yellow]interrupted at step {step}: saving a checkpoint[/yellow]")
         checkpoint = await save(step) if saved_at != step else f"{trainer_cfg.checkpoint_dir}/step-{step}"
         if not interrupted:

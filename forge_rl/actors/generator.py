@@ -281,6 +281,7 @@ class Generator(ForgeActor):
             pause_s_total=sum(u["pause_s"] for u in self.updates),
             drain_wait_s_total=sum(u["drain_wait_s"] for u in self.updates),
             prefetch_s_total=sum(u["prefetch_s"] for u in self.updates),
+            weights_fetched_from_other_host=self.store.remote_fetches,  # over Monarch RDMA (forge_rl/weights/rdma.py)
             policy_version=self.policy_version,
             pid=os.getpid(),
             tokens_per_s=self._generated_tokens / self._busy_s if self._busy_s else 0.0,

@@ -1,7 +1,7 @@
 """Reference: the frozen policy that a KL penalty keeps the trained policy close to.
 
     reference = await Reference.options(procs=2, spmd=True).as_actor(trainer_cfg)
-    batches = (await reference.fill_ref_logprobs.call(batches)).item(procs=0)
+    batches = (await reference.fill_ref_logprobs.call(batches)).get(0)
 
 It builds exactly the trainer's TorchTitan model (same checkpoint, parallelism, compute dtype and
 temperature) on its own proc mesh and only ever runs forward passes, so the reference logprobs are of

@@ -26,7 +26,9 @@ A = TypeVar("A", bound="ForgeActor")
 @dataclass(frozen=True)
 class ActorOptions:
     procs: int = 1  # procs per replica (e.g. tensor-parallel ranks)
-    hosts: int | None = None  # hosts per replica; None = this host (multi-host comes via launchers)
+    # The launcher's host mesh to run on ("trainer", "generator": see controller/launcher.py); None, or a name the
+    # launcher has no mesh for, = the controller's host. A replica of a service takes one host of the mesh.
+    host_mesh: str | None = None
     gpus: int = 0  # GPUs per proc (True = 1; e.g. vLLM's tensor_parallel_size), pinned before CUDA initialises
     replicas: int = 1  # only for as_service
     mesh_name: str | None = None  # defaults to the class name
@@ -53,11 +55,6 @@ class ActorOptions:
         object.__setattr__(self, "gpus", int(self.gpus))  # gpus=True means one per proc
         if self.gpus < 0:
             raise ValueError(f"ForgeActor option gpus must be >= 0 (GPUs per proc), got {self.gpus}")
-        if self.hosts not in (None, 1):
-            raise ValueError(
-                f"ForgeActor option hosts={self.hosts}: the local provisioner runs on one host; "
-                "multi-host meshes come from a Slurm/ProcessJob launcher"
-            )
 
 
 class ForgeActor(Actor):
@@ -93,6 +90,7 @@ class _Launcher:
         mesh = await get_provisioner().get_proc_mesh(
             procs=self.opts.procs, gpus=self.opts.gpus, mesh_name=name, spmd=self.opts.spmd,
             cpus=self.opts.cpus_of(0), threads=self.opts.threads, share_gpus=self.opts.share_gpus,
+            host_mesh=self.opts.host_mesh,
         )
         try:
             actor = mesh.spawn(name, self.cls, *args, **kwargs)

@@ -1,6 +1,7 @@
 """The provisioner: where proc meshes come from, and the one place that stops them all.
 
-Every actor and service in a run gets its proc mesh here. On CUDA hosts the provisioner hands out
+Every actor and service in a run gets its proc mesh here: on this host, or on a host mesh the launcher made
+for its role (`hosts={"trainer": HostMesh, ...}`, from a Slurm allocation). On CUDA hosts the provisioner hands out
 GPUs per proc and pins them with CUDA_VISIBLE_DEVICES in the proc's bootstrap, before anything in
 the proc can initialise CUDA. For meshes that run torch.distributed (the trainer), it sets up the
 torch elastic environment (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK) with monarch.spmd.
@@ -45,8 +46,8 @@ def visible_gpus() -> list[str]:
 shm_prefix = run_prefix
 
 
-def _bootstrap(mesh_name: str, procs: int, gpu_ids: list[str], gpus_per_proc: int, cpus: list[list[int]],
-               threads: int, log_dir: str | None):
+def _bootstrap(mesh_name: str, procs: int, procs_per_host: int, gpu_ids: list[str], gpus_per_proc: int,
+               cpus: list[list[int]], threads: int, log_dir: str | None, run_id: str):
     """Bootstrap for a proc: a name that says its role, its output in a log file of its own (when the run has
     a log_dir), only its own GPUs, its own cores with its own number of threads. Runs in the proc before user
     code touches CUDA or starts a thread pool."""
@@ -55,6 +56,9 @@ def _bootstrap(mesh_name: str, procs: int, gpu_ids: list[str], gpus_per_proc: in
         from monarch.actor import current_rank
 
         rank = current_rank().rank
+        local = rank % procs_per_host  # GPUs and cores are per host
+        # Procs on other hosts are started by that host's worker, not by this controller: they inherit nothing.
+        os.environ[RUN_ID_ENV] = run_id
         if log_dir:
             # Everything this proc and its children (vLLM's engine processes) write to stdout/stderr goes to
             # the file: the controller's console keeps the run's progress, and a dead proc's last words stay.
@@ -67,9 +71,9 @@ def _bootstrap(mesh_name: str, procs: int, gpu_ids: list[str], gpus_per_proc: in
         with contextlib.suppress(OSError):
             Path(f"/proc/self/task/{os.getpid()}/comm").write_text(f"forge:{mesh_name}"[:15])
         if gpus_per_proc:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids[rank * gpus_per_proc : (rank + 1) * gpus_per_proc])
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids[local * gpus_per_proc : (local + 1) * gpus_per_proc])
         if cpus:
-            mine = cpus[rank]
+            mine = cpus[local]
             # Affinity is per thread, and Monarch's runtime threads exist already: pin every one of them
             # (threads started later inherit the mask of the thread that starts them).
             for tid in os.listdir("/proc/self/task"):
@@ -89,9 +93,10 @@ def _bootstrap(mesh_name: str, procs: int, gpu_ids: list[str], gpus_per_proc: in
 
 
 class Provisioner:
-    def __init__(self, run_id: str | None = None, log_dir: str | Path | None = None):
+    def __init__(self, run_id: str | None = None, log_dir: str | Path | None = None, hosts: dict | None = None):
         # log_dir: each proc's stdout/stderr (and its children's) go to log_dir/<mesh>.log; None keeps them on
-        # the controller's console.
+        # the controller's console. hosts: the launcher's host meshes by role (none: everything on this host).
+        self.hosts = dict(hosts or {})
         self.log_dir = Path(log_dir) if log_dir else None
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -120,12 +125,17 @@ class Provisioner:
     async def get_proc_mesh(
         self, procs: int = 1, gpus: int = 0, mesh_name: str = "forge", spmd: bool = False,
         cpus: list[list[int]] | None = None, threads: int = 0, share_gpus: bool = False,
+        host_mesh: str | None = None, host_index: int | None = None,
     ) -> ProcMesh:
         """A new mesh of `procs` procs on this host, each with `gpus` GPUs of its own (True = 1).
 
         `cpus`: each proc's cores (one list per proc), with `threads` torch/OpenMP threads (0 = one per
         core). `share_gpus`: take the first visible GPUs without reserving them, for roles that
-        time-share a device (colocated placement)."""
+        time-share a device (colocated placement). `host_mesh`: the launcher's host mesh of that name instead
+        (procs spread evenly over its hosts), or with `host_index` one host of it (a service's replica)."""
+        if host_mesh in self.hosts:
+            return await self._remote_proc_mesh(self.hosts[host_mesh], host_mesh, procs, int(gpus), mesh_name, spmd,
+                                                host_index)
         if self._stopped:
             raise RuntimeError("provisioner was shut down; create a new one")
         if procs < 1:
@@ -143,13 +153,37 @@ class Provisioner:
                     f"{len(self._free_gpus)} free of the visible {visible_gpus() or 'none'}"
                 )
             gpu_ids, self._free_gpus = self._free_gpus[:wanted], self._free_gpus[wanted:]
-        bootstrap = _bootstrap(mesh_name, procs, gpu_ids, int(gpus), list(cpus or []), threads,
-                               str(self.log_dir) if self.log_dir else None)
+        bootstrap = _bootstrap(mesh_name, procs, procs, gpu_ids, int(gpus), list(cpus or []), threads,
+                               str(self.log_dir) if self.log_dir else None, self.run_id)
         if share_gpus:
             gpu_ids = []  # nothing to give back
         mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=mesh_name)
         await mesh.initialized
         self._gpus_of[id(mesh)] = gpu_ids
+        self._meshes.append(mesh)
+        if spmd:
+            from monarch.spmd import setup_torch_elastic_env_async
+
+            await setup_torch_elastic_env_async(mesh)
+        return mesh
+
+    async def _remote_proc_mesh(self, hosts, role: str, procs: int, gpus: int, mesh_name: str, spmd: bool,
+                                host_index: int | None) -> ProcMesh:
+        """Procs on the launcher's hosts for `role`: each host's GPUs are its own (0..n-1 there); cores are not
+        pinned (the role has those hosts to itself)."""
+        if self._stopped:
+            raise RuntimeError("provisioner was shut down; create a new one")
+        label, n_hosts = next(iter(hosts.sizes.items()))
+        if host_index is not None:  # one host per replica, round-robin
+            hosts, n_hosts = hosts.slice(**{label: slice(host_index % n_hosts, host_index % n_hosts + 1)}), 1
+        if procs % n_hosts:
+            raise ValueError(f"mesh {mesh_name!r}: {procs} procs do not spread evenly over the {n_hosts} {role} hosts")
+        per_host = procs // n_hosts
+        gpu_ids = [str(i) for i in range(per_host * gpus)]
+        bootstrap = _bootstrap(mesh_name, procs, per_host, gpu_ids, gpus, [], 0,
+                               str(self.log_dir) if self.log_dir else None, self.run_id)
+        mesh = hosts.spawn_procs(per_host={"procs": per_host}, bootstrap=bootstrap, name=mesh_name)
+        await mesh.initialized
         self._meshes.append(mesh)
         if spmd:
             from monarch.spmd import setup_torch_elastic_env_async
@@ -212,14 +246,15 @@ async def new_session(log_dir: str | Path | None = None) -> Provisioner:
 
 
 @contextlib.asynccontextmanager
-async def provisioned(run_id: str | None = None, log_dir: str | Path | None = None):
+async def provisioned(run_id: str | None = None, log_dir: str | Path | None = None, hosts: dict | None = None):
     """`async with provisioned() as prov:` -- everything spawned inside is stopped on the way out,
     whether the block returns, raises, or is cancelled by Ctrl-C. With `log_dir`, each proc's output goes to
-    a file there instead of the console."""
+    a file there instead of the console; with `hosts` (the launcher's host meshes by role), roles that name one
+    run there."""
     global _provisioner
     if _provisioner is not None and not _provisioner._stopped:
         raise RuntimeError("a provisioner is already active; nest work inside it instead")
-    _provisioner = Provisioner(run_id, log_dir)
+    _provisioner = Provisioner(run_id, log_dir, hosts)
     try:
         yield _provisioner
     finally:

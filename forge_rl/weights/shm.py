@@ -85,6 +85,7 @@ class ShmWeightStore(WeightStore):
         self.root = Path(self.cfg.root) if self.cfg.root else default_root(self.run_id, self.host_id)
         self.source = source
         self._source_host: str | None = None
+        self.remote_fetches = 0  # versions copied from another host (RDMA)
         register_process(self.run_id)  # before creating anything, so a stale-run sweep never takes it
         self.root.mkdir(parents=True, exist_ok=True)
         self._closed = False
@@ -148,7 +149,9 @@ class ShmWeightStore(WeightStore):
             if self._source_host != self.host_id:
                 from forge_rl.weights.rdma import fetch
 
-                return await fetch(self, version, timeout)
+                path = await fetch(self, version, timeout)
+                self.remote_fetches += 1
+                return path
         return await self.wait_async(version, timeout)
 
     def load(self, version: int, expected: TensorSpec | None = None) -> dict[str, torch.Tensor]:

@@ -1,0 +1,156 @@
+"""Where a run's hosts come from: this machine (`launcher.kind: local`) or a Slurm allocation (`slurm`).
+
+    async with launched(cfg.launcher, out) as hosts, provisioned(hosts=hosts):
+        ...  # hosts: {} locally; {"trainer": HostMesh, "generator": HostMesh} on Slurm
+
+With Slurm the app gets one host mesh per role from Monarch's job API (`SlurmHosts`, forge_rl/controller/slurm.py):
+`trainer_nodes` nodes for the trainer ranks, `generator_nodes` for the generator replicas; the small actors
+(dataset, reward, replay buffer) stay with the controller. Two ways to run, same app and config:
+
+- interactive: the controller runs on a login node; the launcher submits the workers' job (sbatch), waits for
+  it, and attaches. The job's state is cached in `launcher.slurm.state_file`, so a re-run (or a notebook) with
+  the same settings reattaches to a running allocation instead of queueing again. The job is cancelled when
+  the app exits unless `keep_job: true`.
+- batch: `python -m forge_rl.controller.launcher submit --config ... key=value` submits one sbatch job that runs
+  the workers and the app inside the allocation (Monarch's batch mode; see docs/slurm.md).
+"""
+
+import argparse
+import contextlib
+import logging
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("trainer", "generator")
+
+
+@dataclass
+class SlurmConfig:
+    trainer_nodes: int = 1
+    generator_nodes: int = 1
+    gpus_per_node: int | None = None  # None: no GPUs asked for
+    cpus_per_task: int | None = None
+    mem: str | None = None  # e.g. "200G"
+    partition: str | None = None
+    time: str | None = None  # HH:MM:SS; None = the partition's default
+    account: str | None = None
+    qos: str | None = None
+    exclusive: bool = True  # whole nodes
+    # any other sbatch options, e.g. ["--signal=TERM@120", "--requeue", "--constraint=h100"]
+    sbatch_args: list[str] = field(default_factory=list)
+    port: int = 22222  # the Monarch workers' port on each node
+    python: str | None = None  # the nodes' python; default: the controller's interpreter (a shared filesystem)
+    job_name: str = "forge_rl"
+    start_timeout_s: int | None = 900  # waiting in the queue; None = forever
+    keep_job: bool = False  # leave the allocation running when the app exits (the next run reattaches)
+    state_file: str = ".monarch/forge_rl_slurm.pkl"  # the cached job a re-run reattaches to
+    log_dir: str | None = None  # the workers' Slurm output; default <output_dir>/slurm
+
+    def __post_init__(self) -> None:
+        for name in ("trainer_nodes", "generator_nodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"launcher.slurm.{name} must be >= 1, got {getattr(self, name)}")
+        for option in self.sbatch_args:
+            if not option.startswith("-"):
+                raise ValueError(f"launcher.slurm.sbatch_args: {option!r} is not an sbatch option (--name=value)")
+
+
+@dataclass
+class LauncherConfig:
+    kind: str = "local"  # local | slurm
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("local", "slurm"):
+            raise ValueError(f"launcher.kind={self.kind!r}; choose local or slurm")
+
+
+def slurm_job(cfg: SlurmConfig, log_dir: str | Path):
+    from forge_rl.controller.slurm import SlurmHosts
+
+    args = [*cfg.sbatch_args]
+    return SlurmHosts(
+        meshes={"trainer": cfg.trainer_nodes, "generator": cfg.generator_nodes},
+        python_exe=cfg.python or sys.executable, slurm_args=args, monarch_port=cfg.port, job_name=cfg.job_name,
+        time_limit=cfg.time, partition=cfg.partition, log_dir=str(cfg.log_dir or log_dir), exclusive=cfg.exclusive,
+        gpus_per_node=cfg.gpus_per_node, cpus_per_task=cfg.cpus_per_task, mem=cfg.mem,
+        job_start_timeout=cfg.start_timeout_s, account=cfg.account, qos=cfg.qos,
+    )
+
+
+def in_slurm_batch() -> bool:
+    """True inside an allocation that `submit` made (Monarch's batch mode): the job's workers are ours."""
+    from monarch._src.job._batch_env import in_batch_job
+
+    return in_batch_job()
+
+
+@contextlib.asynccontextmanager
+async def launched(cfg: LauncherConfig, output_dir: str | Path):
+    """The run's host meshes by role ({} for local: everything on this host)."""
+    if cfg.kind == "local":
+        yield {}
+        return
+    from monarch.job import job_load
+
+    if in_slurm_batch():  # inside the allocation `submit` made: the job it cached names our workers
+        job = job_load(BATCH_STATE_FILE)
+        state = job.state(cached_path=None)
+        yield {role: getattr(state, role) for role in ROLES}
+        return  # the batch runner stops the workers when the app exits
+    job = slurm_job(cfg.slurm, Path(output_dir) / "slurm")
+    logger.info("waiting for the Slurm allocation (%s)", cfg.slurm.state_file)
+    state = job.state(cached_path=cfg.slurm.state_file)  # reattaches to a cached running job, else sbatch
+    try:
+        yield {role: getattr(state, role) for role in ROLES}
+    finally:
+        if not cfg.slurm.keep_job:
+            job.kill()  # scancel
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(cfg.slurm.state_file)
+
+
+# Monarch's batch mode caches the job here (relative to the directory sbatch ran in), for the app to reattach.
+BATCH_STATE_FILE = ".monarch/job_state.pkl"
+
+
+def submit(app: str, config: str | None, overrides: list[str], launcher: LauncherConfig, output_dir: str) -> str:
+    """Submit one sbatch job that runs the workers and `python -m <app>` inside the allocation; its job id."""
+    job = slurm_job(launcher.slurm, Path(output_dir) / "slurm")
+    python = launcher.slurm.python or sys.executable
+    argv = [python, "-m", app, *(["--config", config] if config else []), *overrides, "launcher.kind=slurm"]
+    job.apply(client_script=shlex.join(argv))
+    return job._slurm_job_id
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m forge_rl.controller.launcher submit [--app apps.grpo.main] --config FILE [key=value ...]"""
+    parser = argparse.ArgumentParser(prog="python -m forge_rl.controller.launcher",
+                                     description="Run an app on Slurm: workers and controller in one sbatch job.")
+    parser.add_argument("command", choices=["submit"])
+    parser.add_argument("--app", default="apps.grpo.main", help="the app module (default apps.grpo.main)")
+    parser.add_argument("--config", help="YAML config file")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. launcher.slurm.partition=gpu")
+    args = parser.parse_intermixed_args(argv)  # options before, between or after the key=value overrides
+    import importlib
+
+    from forge_rl.config import ConfigError, load_config
+
+    schema = importlib.import_module(args.app).CONFIG
+    try:
+        cfg = load_config(schema, args.config, [*args.overrides, "launcher.kind=slurm"])
+    except ConfigError as e:
+        parser.exit(2, f"config error: {e}\n")
+    job_id = submit(args.app, args.config, args.overrides, cfg.launcher, cfg.output_dir)
+    print(f"submitted Slurm job {job_id}: workers on {cfg.launcher.slurm.trainer_nodes} trainer + "
+          f"{cfg.launcher.slurm.generator_nodes} generator nodes; the app's output: "
+          f"{Path(cfg.output_dir) / 'slurm'}/slurm_{job_id}_*.out")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""GRPO on a real Slurm cluster: slurmctld and two slurmd nodes, each a host of its own (tests/slurm_cluster.py).
+
+The trainer runs on one node and the generator on the other, so every weights version crosses hosts through the
+weight store's RDMA path. Three ways in, as a user would run them: the interactive controller on the login host
+(sbatch of the workers, attach, reattach to a kept allocation, cancel at exit), one sbatch job running workers
+and controller inside the allocation, and a requeue in the middle of such a job (what preemption does), after
+which the job resumes from its last checkpoint.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from forge_rl.checkpoint import complete_checkpoints
+from tests.slurm_cluster import SlurmCluster, missing
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = str(REPO / "configs/grpo/tiny.yaml")
+# small and quick: the point is where things run, not what is learnt
+QUICK = ["eval_size=20", "eval_every=0", "batch_groups=4", "rollout_tasks=2", "verbose=false"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = missing()
+    if why:
+        if os.environ.get("FORGE_RL_REQUIRE_SLURM"):  # CI installs Slurm: there, a skip would hide a failure
+            pytest.fail(f"FORGE_RL_REQUIRE_SLURM is set but {why}")
+        pytest.skip(why)
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2).start()
+    yield c
+    c.stop()
+
+
+def _on_login(cluster: SlurmCluster, argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    env = cluster.env(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    return subprocess.run(cluster.on_login(argv), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def _squeue(cluster: SlurmCluster) -> list[str]:
+    out = subprocess.run(["squeue", "--noheader", "--format", "%i %T"], capture_output=True, text=True,
+                         env=cluster.env(), check=True)
+    return out.stdout.split("\n")[:-1]
+
+
+def _wait_gone(cluster: SlurmCluster, job_id: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(line.split()[0] == job_id for line in _squeue(cluster)):
+            return
+        time.sleep(1)
+    raise AssertionError(f"Slurm job {job_id} still queued after {timeout_s} s: {_squeue(cluster)}")
+
+
+def test_squeue_is_read_per_job_whatever_else_is_queued(cluster):
+    from forge_rl.controller.slurm import expand_hostlist, squeue_job
+
+    env = cluster.env()
+    ids = []
+    for nodes in (1, 2):  # two jobs: Slurm 22.05's `squeue --json --job X` lists both, and SlurmJob took the first
+        out = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", "--wrap", "sleep 120"], capture_output=True,
+                             text=True, env=env, check=True)
+        ids.append(out.stdout.strip().split(";")[0])
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        deadline = time.monotonic() + 30
+        while (found := squeue_job(ids[1])) and found[0] != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert found == ("RUNNING", ["n1", "n2"]) or found[0] == "PENDING", found
+        assert squeue_job(ids[0])[0] in ("RUNNING", "PENDING")
+        assert expand_hostlist("n[1-2]") == ["n1", "n2"]
+        subprocess.run(["scancel", *ids], env=env, check=True)
+        for job_id in ids:
+            _wait_gone(cluster, job_id, 60)
+            assert squeue_job(job_id) is None
+    finally:
+        del os.environ["SLURM_CONF"]
+
+
+def test_grpo_interactive_on_two_nodes_reattaches_and_cancels(cluster, tmp_path):
+    """Controller on the login host; trainer on one node, generator on the other. A first run keeps its
+    allocation; a second run with the same settings reattaches to it (no new job), resumes, and cancels it."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "apps.grpo.main", "--config", CONFIG, "launcher.kind=slurm", f"output_dir={out}",
+            *QUICK]
+    first = _on_login(cluster, [*argv, "steps=2", "launcher.slurm.keep_job=true"], tmp_path, 400)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    jobs = _squeue(cluster)
+    assert len(jobs) == 1 and jobs[0].endswith("RUNNING"), jobs  # kept
+    job_id = jobs[0].split()[0]
+    second = _on_login(cluster, [*argv, "steps=4", "resume=true"], tmp_path, 400)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "Submitting SLURM job" not in second.stderr + second.stdout  # reattached to the kept allocation
+    assert "resumed from" in second.stdout
+    _wait_gone(cluster, job_id, 60)  # cancelled at exit
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trainer_version"] == 4 and summary["generator_versions"] == [4]
+    # the generator's host is not the trainer's: both versions of this run came over RDMA
+    assert summary["generator_stats"]["weights_fetched_from_other_host"] >= 2
+    assert "trainer on 1 node(s), generators on 1 node(s)" in summary["placement"]
+
+
+def test_grpo_sbatch_job_is_requeued_and_resumes(cluster, tmp_path):
+    """One sbatch job runs the workers and the app. Requeued mid-run (what preemption does), it starts again and
+    the app resumes from its last checkpoint (resume=auto) and finishes."""
+    out = tmp_path / "run"
+    submit = _on_login(cluster, [sys.executable, "-m", "forge_rl.controller.launcher", "submit", "--config", CONFIG,
+                                 f"output_dir={out}", "steps=20", "checkpoint_every=2", "resume=auto",
+                                 "launcher.slurm.sbatch_args=[--requeue]", *QUICK], tmp_path, 60)
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    job_id = submit.stdout.split("submitted Slurm job ")[1].split(":")[0]
+    deadline = time.monotonic() + 300
+    while not complete_checkpoints(out / "checkpoints") and time.monotonic() < deadline:
+        time.sleep(1)
+    assert complete_checkpoints(out / "checkpoints"), f"no checkpoint within 300 s: {_slurm_out(out, job_id)}"
+    subprocess.run(["scontrol", "requeue", job_id], env=cluster.env(), check=True)
+    _wait_gone(cluster, job_id, 400)
+    text = _slurm_out(out, job_id)
+    assert "resumed from" in text and "done" in text, text[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trainer_version"] == 20 and summary["start_step"] >= 2, summary
+    assert summary["generator_versions"] == [20]
+
+
+def _slurm_out(out: Path, job_id: str) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted((out / "slurm").glob(f"slurm_{job_id}_*")))
