@@ -220,11 +220,13 @@ class _suppress:
         return exc[0] is not None and issubclass(exc[0], (ProcessLookupError, ValueError))
 
 
-if __name__ == "__main__":  # a cluster to try things by hand: python -m tests.slurm_cluster /tmp/slurm
+if __name__ == "__main__":  # a cluster to try things by hand: python -m tests.slurm_cluster /tmp/slurm [NODES]
     import sys
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    cluster = SlurmCluster(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/forge-slurm")).start()
+    root, nodes = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/forge-slurm"), int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    root.mkdir(parents=True, exist_ok=True)
+    cluster = SlurmCluster(root, nodes).start()
     print(f"up: SLURM_CONF={cluster.conf}; login shell: {' '.join(cluster.on_login(['bash']))}; Ctrl-C stops it")
     try:
         signal.pause()

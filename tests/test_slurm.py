@@ -1,7 +1,7 @@
-"""GRPO on a real Slurm cluster: slurmctld and two slurmd nodes, each a host of its own (tests/slurm_cluster.py).
+"""GRPO on a real Slurm cluster: slurmctld and three slurmd nodes, each a host of its own (tests/slurm_cluster.py).
 
-The trainer runs on one node and the generator on the other, so every weights version crosses hosts through the
-weight store's RDMA path. Three ways in, as a user would run them: the interactive controller on the login host
+The trainer runs on its own node(s) (FSDP across two of them in one test) and the generator on another, so every
+weights version crosses hosts through the weight store's RDMA path. Three ways in, as a user would run them: the interactive controller on the login host
 (sbatch of the workers, attach, reattach to a kept allocation, cancel at exit), one sbatch job running workers
 and controller inside the allocation, and a requeue in the middle of such a job (what preemption does), after
 which the job resumes from its last checkpoint.
@@ -32,7 +32,7 @@ def cluster(tmp_path_factory):
         if os.environ.get("FORGE_RL_REQUIRE_SLURM"):  # CI installs Slurm: there, a skip would hide a failure
             pytest.fail(f"FORGE_RL_REQUIRE_SLURM is set but {why}")
         pytest.skip(why)
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2).start()
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=3).start()
     yield c
     c.stop()
 
@@ -64,15 +64,16 @@ def test_squeue_is_read_per_job_whatever_else_is_queued(cluster):
     env = cluster.env()
     ids = []
     for nodes in (1, 2):  # two jobs: Slurm 22.05's `squeue --json --job X` lists both, and SlurmJob took the first
-        out = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", "--wrap", "sleep 120"], capture_output=True,
-                             text=True, env=env, check=True)
+        out = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", "--output=/dev/null", "--wrap", "sleep 120"],
+                             capture_output=True, text=True, env=env, check=True)
         ids.append(out.stdout.strip().split(";")[0])
     os.environ["SLURM_CONF"] = str(cluster.conf)
     try:
         deadline = time.monotonic() + 30
         while (found := squeue_job(ids[1])) and found[0] != "RUNNING" and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert found == ("RUNNING", ["n1", "n2"]) or found[0] == "PENDING", found
+        assert found[0] == "RUNNING", found
+        assert len(found[1]) == 2 and set(found[1]) <= set(cluster.nodes), found  # this job's two nodes, expanded
         assert squeue_job(ids[0])[0] in ("RUNNING", "PENDING")
         assert expand_hostlist("n[1-2]") == ["n1", "n2"]
         subprocess.run(["scancel", *ids], env=env, check=True)
@@ -83,12 +84,13 @@ def test_squeue_is_read_per_job_whatever_else_is_queued(cluster):
         del os.environ["SLURM_CONF"]
 
 
-def test_grpo_interactive_on_two_nodes_reattaches_and_cancels(cluster, tmp_path):
-    """Controller on the login host; trainer on one node, generator on the other. A first run keeps its
-    allocation; a second run with the same settings reattaches to it (no new job), resumes, and cancels it."""
+def test_grpo_interactive_on_three_nodes_reattaches_and_cancels(cluster, tmp_path):
+    """Controller on the login host; two trainer ranks on two nodes (FSDP across hosts), the generator on the
+    third. A first run keeps its allocation; a second run with the same settings reattaches to it (no new job),
+    resumes from the first run's checkpoint, and cancels the job at exit."""
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "apps.grpo.main", "--config", CONFIG, "launcher.kind=slurm", f"output_dir={out}",
-            *QUICK]
+            "launcher.slurm.trainer_nodes=2", "trainer_procs=2", *QUICK]
     first = _on_login(cluster, [*argv, "steps=2", "launcher.slurm.keep_job=true"], tmp_path, 400)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     jobs = _squeue(cluster)
@@ -103,7 +105,7 @@ def test_grpo_interactive_on_two_nodes_reattaches_and_cancels(cluster, tmp_path)
     assert summary["trainer_version"] == 4 and summary["generator_versions"] == [4]
     # the generator's host is not the trainer's: both versions of this run came over RDMA
     assert summary["generator_stats"]["weights_fetched_from_other_host"] >= 2
-    assert "trainer on 1 node(s), generators on 1 node(s)" in summary["placement"]
+    assert "trainer on 2 node(s), generators on 1 node(s)" in summary["placement"]
 
 
 def test_grpo_sbatch_job_is_requeued_and_resumes(cluster, tmp_path):

@@ -14,6 +14,7 @@ plain sum reductions; TorchTitan's "partial_dtensor" SPMD backend is the one tha
 """
 
 import math
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -469,9 +470,18 @@ class Trainer(ForgeActor):
         hf = self.adapter.to_hf(state)
         if self.tied and "lm_head.weight" not in hf:  # vLLM's reload wants it even when tied
             hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
-        with self.store.writer(version, spec_of(hf), rank=self.rank, world_size=self.world) as writer:
-            for name, tensor in hf.items():
-                writer.write(name, tensor if isinstance(tensor, DTensor) else tensor.cpu())
+        if int(os.environ.get("LOCAL_WORLD_SIZE", self.world)) < self.world:
+            # Ranks on several hosts: a rank cannot write another host's shared memory. Gather the full tensors
+            # and let rank 0 publish on its host, where the weight server hands versions to other hosts.
+            hf = {k: (v.full_tensor() if isinstance(v, DTensor) else v).cpu() for k, v in hf.items()}
+            if self.rank == 0:
+                with self.store.writer(version, spec_of(hf)) as writer:
+                    for name, tensor in hf.items():
+                        writer.write(name, tensor)
+        else:
+            with self.store.writer(version, spec_of(hf), rank=self.rank, world_size=self.world) as writer:
+                for name, tensor in hf.items():
+                    writer.write(name, tensor if isinstance(tensor, DTensor) else tensor.cpu())
         nbytes = sum(t.numel() * t.element_size() for t in hf.values())
         elapsed = time.perf_counter() - start
         return dict(version=version, push_s=elapsed, bytes=nbytes, gb_per_s=nbytes / elapsed / 1e9)
