@@ -132,3 +132,22 @@ def test_grpo_sbatch_job_is_requeued_and_resumes(cluster, tmp_path):
 
 def _slurm_out(out: Path, job_id: str) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted((out / "slurm").glob(f"slurm_{job_id}_*")))
+
+
+def test_slurm_config_errors_name_the_key():
+    """Without a cluster: sizes that an allocation cannot hold fail at start, before any job is queued."""
+    from apps.grpo.main import GRPOConfig, check_config
+    from forge_rl.config import ConfigError, load_config
+
+    def check(*overrides):
+        check_config(load_config(GRPOConfig, REPO / "configs/grpo/qwen3_32b.yaml", ["model=/models/q", *overrides]))
+
+    check()  # 32 ranks on 4 nodes of 8 GPUs; 8 replicas x TP 4 on 4 nodes
+    with pytest.raises(ConfigError, match="launcher.slurm.gpus_per_node=8"):
+        check("generator.replicas=12")
+    with pytest.raises(ConfigError, match="trainer_procs=30 must spread evenly over launcher.slurm.trainer_nodes=4"):
+        check("trainer_procs=30", "trainer.parallel.tp=2", "trainer.parallel.dp_shard=15")
+    with pytest.raises(ConfigError, match="launcher.slurm.sbatch_args: 'requeue' is not an sbatch option"):
+        check("launcher.slurm.sbatch_args=[requeue]")
+    with pytest.raises(ConfigError, match="launcher.kind='k8s'"):
+        check("launcher.kind=k8s")

@@ -1,12 +1,13 @@
-"""The soak benchmark's short version: the GRPO app started as a user starts it, a generator replica SIGKILLed
-mid-run, and afterwards nothing left behind (benchmarks/soak.py runs the long one)."""
+"""The soak benchmark's short version: the GRPO app started as a user starts it, one of two generator replicas
+SIGKILLed mid-run (the run goes on on the other while the service respawns it with the current weights), and
+afterwards every episode accounted for and nothing left behind (benchmarks/soak.py runs the long one)."""
 
 from pathlib import Path
 
 from benchmarks.soak import soak
 
 SMALL = ["batch_groups=4", "group_size=4", "rollout_tasks=2", "eval_size=32", "buffer.capacity=8",
-         "generator.sampling.max_tokens=6"]
+         "generator.sampling.max_tokens=6", "generator.replicas=2"]
 
 
 def test_a_short_soak_survives_a_replica_kill_and_leaves_nothing_behind(tmp_path: Path):
@@ -14,7 +15,7 @@ def test_a_short_soak_survives_a_replica_kill_and_leaves_nothing_behind(tmp_path
     assert report["returncode"] == 0, (tmp_path / "soak.log").read_text()[-3000:]
     assert report["steps"] == 8
     assert len(report["kills"]) == 1 and report["respawns"] >= 1
-    assert report["generator_versions"] == [8]  # the respawned replica ended on the final weights
+    assert report["generator_versions"] == [8, 8]  # the respawned replica ended on the final weights too
     assert report["accounted"]  # added == trained + dropped (stale, zero advantage, evicted at the end, ...)
     assert report["rss_warm"] and report["rss_end"]  # every process of the run was sampled
     assert report["processes_seen"] > 5 and report["processes_left"] == []

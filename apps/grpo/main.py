@@ -160,9 +160,30 @@ def check_config(cfg: GRPOConfig) -> None:
             raise ConfigError(str(e)) from None
         # what the environment needs the chat template to show the model (e.g. its tools)
         cfg.chat_template_kwargs = {**env_cls.template_kwargs, **cfg.chat_template_kwargs}
+    if cfg.launcher.kind == "slurm":
+        check_slurm_sizes(cfg)
     names = [r.name for r in cfg.rewards]
     if cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
+
+
+def check_slurm_sizes(cfg: GRPOConfig) -> None:
+    """Ranks and replicas must fit the nodes asked for: an allocation that cannot hold them fails after the queue."""
+    s = cfg.launcher.slurm
+    if cfg.trainer_procs % s.trainer_nodes:
+        raise ConfigError(f"trainer_procs={cfg.trainer_procs} must spread evenly over launcher.slurm.trainer_nodes="
+                          f"{s.trainer_nodes}")
+    if s.gpus_per_node:
+        per_node = cfg.trainer_procs // s.trainer_nodes
+        tp = int(cfg.generator.engine_args.get("tensor_parallel_size", 1))
+        replicas_per_node = math.ceil(cfg.generator.replicas / s.generator_nodes)
+        if per_node > s.gpus_per_node:
+            raise ConfigError(f"trainer_procs={cfg.trainer_procs} over launcher.slurm.trainer_nodes={s.trainer_nodes} "
+                              f"is {per_node} ranks per node; launcher.slurm.gpus_per_node={s.gpus_per_node}")
+        if replicas_per_node * tp > s.gpus_per_node:
+            raise ConfigError(f"generator.replicas={cfg.generator.replicas} x tensor_parallel_size={tp} on "
+                              f"launcher.slurm.generator_nodes={s.generator_nodes} needs {replicas_per_node * tp} GPUs "
+                              f"per node; launcher.slurm.gpus_per_node={s.gpus_per_node}")
 
 
 def check_task(cfg: GRPOConfig) -> None:

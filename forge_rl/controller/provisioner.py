@@ -174,12 +174,16 @@ class Provisioner:
         if self._stopped:
             raise RuntimeError("provisioner was shut down; create a new one")
         label, n_hosts = next(iter(hosts.sizes.items()))
-        if host_index is not None:  # one host per replica, round-robin
-            hosts, n_hosts = hosts.slice(**{label: slice(host_index % n_hosts, host_index % n_hosts + 1)}), 1
+        first_gpu = 0
+        if host_index is not None:
+            # A service's replica: one host, round-robin; the k-th replica on a host takes the k-th set of its GPUs
+            # (the same set again when it is respawned).
+            host, slot = host_index % n_hosts, host_index // n_hosts
+            hosts, n_hosts, first_gpu = hosts.slice(**{label: slice(host, host + 1)}), 1, slot * procs * gpus
         if procs % n_hosts:
             raise ValueError(f"mesh {mesh_name!r}: {procs} procs do not spread evenly over the {n_hosts} {role} hosts")
         per_host = procs // n_hosts
-        gpu_ids = [str(i) for i in range(per_host * gpus)]
+        gpu_ids = [str(first_gpu + i) for i in range(per_host * gpus)]
         bootstrap = _bootstrap(mesh_name, procs, per_host, gpu_ids, gpus, [], 0,
                                str(self.log_dir) if self.log_dir else None, self.run_id)
         mesh = hosts.spawn_procs(per_host={"procs": per_host}, bootstrap=bootstrap, name=mesh_name)
