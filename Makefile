@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 
-.PHONY: setup setup-slurm demo demo-multiturn test clean
+.PHONY: setup setup-slurm demo demo-multiturn demo-distill test clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -15,6 +15,9 @@ demo: setup
 
 demo-multiturn: setup  # addition with a retry after feedback: a multi-turn environment (configs/grpo/tiny_retry.yaml)
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny_retry.yaml $(ARGS)
+
+demo-distill: setup  # on-policy distillation of tiny-warm from tiny-teacher (configs/distill/tiny.yaml)
+	$(PY) -m apps.distill.main --config configs/distill/tiny.yaml $(ARGS)
 
 test: setup
 	$(PY) -m pytest $(ARGS)

@@ -189,3 +189,27 @@ def test_policy_loss_config_errors_name_the_key():
     GRPOLossConfig(policy_loss="cispo", clip_low=1.0)  # no floor on the weight: allowed
     with pytest.raises(ValueError, match=r"loss.clip_low=1.5 must be in \[0, 1\]"):
         GRPOLossConfig(clip_low=1.5)
+
+
+def test_distillation_advantage_is_minus_the_reverse_kl_to_the_teacher_per_token():
+    """A_t = reward_coef * A + distill_coef * (log pi_teacher - log pi_behaviour), per sampled token."""
+    behaviour = torch.tensor([[-0.5, -1.0, -2.0]])
+    teacher = torch.tensor([[-0.5, -0.2, -3.0]])  # agrees, likes the token more, likes it less
+    lp = behaviour.clone().requires_grad_(True)  # on-policy: ratio 1, the clip does not act
+    cfg = GRPOLossConfig(distill_coef=2.0, reward_coef=0.5)
+    loss, diag = per_token_loss(lp, behaviour, torch.tensor([1.0]), cfg, ref_logprobs=teacher)
+    advantage = torch.tensor([[0.5 + 0.0, 0.5 + 2 * 0.8, 0.5 - 2 * 1.0]])
+    torch.testing.assert_close(loss, -advantage)
+    torch.testing.assert_close(diag["reverse_kl_teacher"], behaviour - teacher)
+    loss.sum().backward()
+    torch.testing.assert_close(lp.grad, -advantage)  # d(ratio)/d(lp) = 1 at ratio 1
+    # pure distillation: the reward's advantage is left out
+    loss, _ = per_token_loss(behaviour, behaviour, torch.tensor([5.0]), GRPOLossConfig(distill_coef=1.0,
+                             reward_coef=0.0), ref_logprobs=teacher)
+    torch.testing.assert_close(loss, behaviour - teacher)
+    with pytest.raises(ValueError, match="needs TrainBatch.ref_logprobs"):
+        per_token_loss(behaviour, behaviour, torch.tensor([1.0]), cfg)
+    with pytest.raises(ValueError, match="loss.distill_coef and loss.kl_coef"):
+        GRPOLossConfig(distill_coef=1.0, kl_coef=0.1)
+    with pytest.raises(ValueError, match="loss.distill_coef=-1.0"):
+        GRPOLossConfig(distill_coef=-1.0)

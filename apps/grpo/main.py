@@ -17,7 +17,7 @@ import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,8 @@ from forge_rl.actors.reward import RewardActor, RewardSpec, check_reward_columns
 from forge_rl.actors.trainer import Trainer, TrainerConfig
 from forge_rl.checkpoint import complete_checkpoints, resume_from_checkpoint, resume_requested, save_checkpoint
 from forge_rl.config import ConfigError, parse_args, to_yaml
-from forge_rl.controller import get_provisioner, provisioned
-from forge_rl.controller.launcher import LauncherConfig, launched
+from forge_rl.controller import provisioned
+from forge_rl.controller.launcher import LauncherConfig, launched, weight_server
 from forge_rl.controller.signals import handle_stop_signals
 from forge_rl.controller.provisioner import visible_gpus
 from forge_rl.data.task import TaskConfig, TaskRows
@@ -106,6 +106,7 @@ class GRPOConfig:
     eval_size: int = 500  # held-out prompts (the first of the task's held-out set), greedy
     checkpoint_every: int = 0  # steps; 0 = only at the end
     checkpoint_keep_last: int = 3  # complete checkpoints kept (older ones removed); 0 = all
+    export_dir: str | None = "${output_dir}/hf"  # the final policy as an HF model directory (vLLM, transformers); null = none
     no_batch_timeout_s: float = 300.0  # stop, saying why, when no batch could be sampled for this long
     resume: bool | str = False  # true: continue from the newest checkpoint; auto: if there is one, else start
     output_dir: str = "outputs/grpo"
@@ -197,7 +198,9 @@ def check_task(cfg: GRPOConfig) -> None:
         raise ConfigError(str(e)) from None
 
 
-async def main(cfg: GRPOConfig) -> dict:
+async def main(cfg: GRPOConfig, reference_model: str | None = None) -> dict:
+    """`reference_model`: whose logprobs fill TrainBatch.ref_logprobs every step, a teacher for on-policy
+    distillation (apps/distill); by default the starting policy, when the KL penalty (trainer.grpo.kl_coef) needs it."""
     from transformers import AutoTokenizer
 
     console = Console(soft_wrap=True)  # no hard wraps at 80 columns in a log file
@@ -260,11 +263,11 @@ async def main(cfg: GRPOConfig) -> dict:
             console.print("[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): "
                           "no evaluations[/yellow]")
         reference = None
-        if cfg.trainer.grpo.kl_coef > 0:  # the frozen policy of the KL penalty, on the trainer's cores
+        if cfg.trainer.grpo.kl_coef > 0 or reference_model:  # a frozen policy, on the trainer's cores
             reference = await Reference.options(
                 procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=True, host_mesh="trainer",
                 cpus=_tuples(placement.trainer_cpus), threads=placement.trainer_threads,
-            ).as_actor(cfg.trainer)
+            ).as_actor(replace(cfg.trainer, model=reference_model) if reference_model else cfg.trainer)
         ckpt_dir = Path(cfg.trainer.checkpoint_dir)
         start_step = 0
         resumed = resume_requested(cfg.resume, ckpt_dir)
@@ -390,6 +393,8 @@ async def main(cfg: GRPOConfig) -> dict:
             evals.append((step, wall, eval_acc))
             log.log(step, scores)
         await save_checkpoint(run, trainer, buffer, dataset, run.version, ckpt_dir, cfg.checkpoint_keep_last)
+        if cfg.export_dir:
+            await trainer.export_hf.call(cfg.export_dir)
         final_buffer = await buffer.evict.call_one()
         data_stats = await dataset.stats.call_one()
         gen_version = await generator.version.route()
@@ -434,6 +439,7 @@ def _summary_block(summary: dict, cfg: GRPOConfig, out: Path, png: Path, checkpo
         ("curves", str(png)),
         ("metrics", f"{out / 'metrics.jsonl'}, {out / 'tensorboard'}, {out / 'summary.json'}"),
         ("checkpoint", f"{checkpoint} (resume=true continues from it)"),
+        *([("model", f"{cfg.export_dir} (HF format: vLLM, transformers, model=...)")] if cfg.export_dir else []),
     ]
     if log_dir:
         rows.append(("logs", f"{log_dir}/ (vLLM, TorchTitan, Monarch)"))
@@ -447,14 +453,6 @@ def host_placement(launcher: LauncherConfig, node_gpus: int) -> Placement:
     where = f"{node_gpus} GPUs per node" if node_gpus else "CPU"
     return Placement("disaggregated", "cuda" if node_gpus else "cpu",
                      note=f"trainer on {s.trainer_nodes} node(s), generators on {s.generator_nodes} node(s), {where}")
-
-
-async def weight_server(store_cfg: WeightStoreConfig):
-    """The actor on the trainer's (first) host that serves published versions to generators on other hosts."""
-    from forge_rl.weights.rdma import WeightServer
-
-    mesh = await get_provisioner().get_proc_mesh(mesh_name="WeightServer", host_mesh="trainer", host_index=0)
-    return mesh.spawn("weight_server", WeightServer, None, store_cfg)
 
 
 def _tuples(lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:
@@ -523,7 +521,7 @@ def _step_metrics(run, step, metrics, push, updates, buf, last_buf, staleness, s
         "train/accuracy": statistics.mean(parts.get("exact_match") or parts.get("solved") or [math.nan]),
         "trainer/loss": metrics["loss"], "trainer/grad_norm": metrics["grad_norm"],
         "trainer/clip_fraction": metrics["clip_fraction"], "trainer/approx_kl": metrics["approx_kl"],
-        "trainer/kl_ref": metrics["kl_ref"],
+        "trainer/kl_ref": metrics["kl_ref"], "trainer/reverse_kl_teacher": metrics["reverse_kl_teacher"],
         "trainer/entropy": metrics["entropy"], "trainer/tokens_per_s": metrics["tokens_per_s"],
         "trainer/step_s": metrics["step_s"], "trainer/skipped_steps": metrics["skipped_steps"],
         "batch/staleness": staleness,
@@ -557,6 +555,8 @@ def _console_line(step: int, m: dict[str, float]) -> str:
         f"buffer {int(m['buffer/groups'])}", f"wait sample {m['buffer/sample_wait_s']:.2f}s",
         f"add {m['buffer/add_blocked_s']:.2f}s",
     ]
+    if m.get("trainer/reverse_kl_teacher"):
+        parts.insert(3, f"KL to teacher {m['trainer/reverse_kl_teacher']:.3f}")
     if "eval/accuracy" in m:
         parts.append(f"EVAL {m['eval/accuracy']:.1%}")
         if "eval/first_turn" in m:

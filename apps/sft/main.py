@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig
 from forge_rl.config import ConfigError, parse_args, to_yaml
+from forge_rl.controller.launcher import LauncherConfig
 from forge_rl.controller.signals import handle_stop_signals
 from forge_rl.data.jsonl import SFTExample, load_sft_dataset, tokenize_messages
 from forge_rl.models import resolve_model_path
@@ -56,6 +57,9 @@ class SFTConfig:
     save_every: int = 0  # DCP checkpoint every N steps (and always at the end); 0 = only at the end
     resume: bool = False  # continue from the newest checkpoint in trainer.checkpoint_dir
     output_dir: str = "outputs/sft"
+    # local, or a Slurm allocation: the trainer on launcher.slurm.trainer_nodes, the evaluation generator on a
+    # generator node (docs/slurm.md)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     verbose: bool = False  # true (or --verbose): the procs' output (TorchTitan, vLLM) on the console, not output_dir/logs
     export_dir: str | None = "${output_dir}/hf"  # HF export at the end (empty = none)
 
@@ -147,6 +151,7 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from forge_rl.controller import provisioned
+    from forge_rl.controller.launcher import launched, weight_server
     from forge_rl.controller.provisioner import visible_gpus
 
     console = Console(soft_wrap=True)  # no hard wraps at 80 columns in a log file
@@ -174,11 +179,15 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
     summary: dict[str, Any] = dict(model=cfg.model, dataset=cfg.dataset)
     t_start = time.perf_counter()
     log_dir = None if cfg.verbose else out / "logs"
-    async with provisioned(log_dir=log_dir):
+    async with launched(cfg.launcher, out) as hosts, provisioned(log_dir=log_dir, hosts=hosts):
+        if hosts:  # GPUs per node from the launcher, not what the controller's host has
+            use_gpus = bool(cfg.launcher.slurm.gpus_per_node)
+        weight_source = await weight_server(None) if hosts else None  # the default weight store, as the trainer's
         if log_dir:
             console.print(f"the procs' logs (TorchTitan, vLLM, Monarch) go to {log_dir}/ (--verbose: here)")
         console.print(f"starting the trainer ({cfg.procs} proc(s), dp={dp}) on {model_dir} ...")
-        trainer = await Trainer.options(procs=cfg.procs, spmd=True, gpus=use_gpus).as_actor(trainer_cfg)
+        trainer = await Trainer.options(procs=cfg.procs, spmd=True, gpus=use_gpus, host_mesh="trainer").as_actor(
+            trainer_cfg)
         start = 0
         if cfg.resume:
             start = (await trainer.load.call()).get(0)
@@ -206,8 +215,8 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
                 eval_dir = cfg.export_dir if final and cfg.export_dir else str(out / "eval_model")
                 await trainer.export_hf.call(eval_dir)
                 exported = eval_dir if final else None
-                generator = await Generator.options(replicas=1, gpus=use_gpus).as_service(
-                    eval_dir, engine_args=cfg.engine_args, seed=cfg.seed
+                generator = await Generator.options(replicas=1, gpus=use_gpus, host_mesh="generator").as_service(
+                    eval_dir, engine_args=cfg.engine_args, seed=cfg.seed, weight_source=weight_source,
                 )
             else:
                 await trainer.push_weights.call(step)
@@ -279,6 +288,8 @@ async def main(cfg: SFTConfig) -> dict[str, Any]:
     console.print(f"wrote {out / 'summary.json'}, {out / 'metrics.jsonl'}, {out / 'loss.png'}")
     return summary
 
+
+CONFIG = SFTConfig  # what `python -m forge_rl.controller.launcher submit --app apps.sft.main` reads
 
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

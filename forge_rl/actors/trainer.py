@@ -353,7 +353,8 @@ class Trainer(ForgeActor):
         max_len = loss_cfg.max_response_len or max(int(b.response_mask.sum(1).max()) for b in batches)
         normalize = "token_mean" if cfg.loss == "sft" else loss_cfg.normalize
         mb = cfg.micro_batch_size or batch.num_sequences
-        sums = torch.zeros(7, dtype=torch.float64)  # loss, clipped, approx_kl, entropy, ratio, kl_ref, model tokens
+        # loss, clipped, approx_kl, entropy, ratio, kl_ref, model tokens, reverse KL to a distillation teacher
+        sums = torch.zeros(8, dtype=torch.float64)
         self.model.train()
         for lo in range(0, batch.num_sequences, mb):
             rows = slice(lo, lo + mb)
@@ -377,6 +378,8 @@ class Trainer(ForgeActor):
             for i, key in enumerate(("clipped", "approx_kl_behaviour", "entropy", "ratio", "kl_ref"), start=1):
                 if key in diag:
                     sums[i] += float((diag[key] * m).sum())
+            if "reverse_kl_teacher" in diag:
+                sums[7] += float((diag["reverse_kl_teacher"] * m).sum())
         grad_norm = self._clip_grad_norm()  # global over ranks, so every rank takes the same branch
         lr = self.scheduler.get_last_lr()[0]
         finite = math.isfinite(grad_norm)
@@ -404,7 +407,7 @@ class Trainer(ForgeActor):
             loss=float(sums[0]), grad_norm=grad_norm, lr=lr, step=self.step,
             clip_fraction=float(sums[1]) / total_tokens, approx_kl=float(sums[2]) / total_tokens,
             entropy=float(sums[3]) / total_tokens, ratio_mean=float(sums[4]) / total_tokens,
-            kl_ref=float(sums[5]) / total_tokens, tokens=sum(b.tokens.numel() for b in batches),
+            kl_ref=float(sums[5]) / total_tokens, reverse_kl_teacher=float(sums[7]) / total_tokens, tokens=sum(b.tokens.numel() for b in batches),
             model_tokens=int(sums[6]),  # what the model ran on: fewer than `tokens` when prompts were shared
             loss_parallel=float(self.loss_parallel),  # TP: logprobs from vocabulary shards, logits never gathered
             response_tokens=total_tokens, tokens_per_s=sum(b.tokens.numel() for b in batches) / elapsed,

@@ -73,10 +73,9 @@ class LauncherConfig:
 def slurm_job(cfg: SlurmConfig, log_dir: str | Path):
     from forge_rl.controller.slurm import SlurmHosts
 
-    args = [*cfg.sbatch_args]
     return SlurmHosts(
         meshes={"trainer": cfg.trainer_nodes, "generator": cfg.generator_nodes},
-        python_exe=cfg.python or sys.executable, slurm_args=args, monarch_port=cfg.port, job_name=cfg.job_name,
+        python_exe=cfg.python or sys.executable, slurm_args=list(cfg.sbatch_args), monarch_port=cfg.port, job_name=cfg.job_name,
         time_limit=cfg.time, partition=cfg.partition, log_dir=str(cfg.log_dir or log_dir), exclusive=cfg.exclusive,
         gpus_per_node=cfg.gpus_per_node, cpus_per_task=cfg.cpus_per_task, mem=cfg.mem,
         job_start_timeout=cfg.start_timeout_s, account=cfg.account, qos=cfg.qos,
@@ -113,6 +112,16 @@ async def launched(cfg: LauncherConfig, output_dir: str | Path):
             job.kill()  # scancel
             with contextlib.suppress(FileNotFoundError):
                 os.remove(cfg.slurm.state_file)
+
+
+async def weight_server(store_cfg):
+    """The actor on the trainer's first host that hands published weights versions to generators on other hosts
+    (Monarch RDMA, forge_rl/weights/rdma.py); pass it to the generators as `weight_source`."""
+    from forge_rl.controller.provisioner import get_provisioner
+    from forge_rl.weights.rdma import WeightServer
+
+    mesh = await get_provisioner().get_proc_mesh(mesh_name="WeightServer", host_mesh="trainer", host_index=0)
+    return mesh.spawn("weight_server", WeightServer, None, store_cfg)
 
 
 # Monarch's batch mode caches the job here (relative to the directory sbatch ran in), for the app to reattach.

@@ -19,6 +19,9 @@ ranks gives exactly the loss of the whole batch:
   with "sequence_mean" the gradient is exactly GSPO's, s * A * mean_t grad log pi;
 - "cispo": CISPO's REINFORCE with a clipped, stop-gradient importance weight, -sg[clip(r)] * A * log pi, so
   every token keeps a gradient (PPO's clip zeroes those outside the range).
+
+On-policy distillation uses any of them with a per-token advantage: `distill_coef` * (log pi_teacher -
+log pi_behaviour) of each sampled token, plus `reward_coef` * the sequence's reward advantage.
 """
 
 from dataclasses import dataclass
@@ -40,6 +43,11 @@ class GRPOLossConfig:
     tis_cap: float = 0.0  # > 0: truncated importance weight min(pi_theta / pi_behaviour, cap), decoupled PPO
     entropy_coef: float = 0.0  # bonus for entropy (subtracted from the loss)
     policy_loss: str = "grpo"  # see POLICY_LOSSES
+    # On-policy distillation (apps/distill): every token's advantage gains distill_coef * (log pi_teacher -
+    # log pi_behaviour), the negative reverse KL to the teacher per sampled token (teacher logprobs in
+    # TrainBatch.ref_logprobs); reward_coef scales the task reward's sequence advantage (0: pure distillation).
+    distill_coef: float = 0.0
+    reward_coef: float = 1.0
 
     def __post_init__(self) -> None:
         if self.policy_loss not in POLICY_LOSSES:
@@ -51,6 +59,11 @@ class GRPOLossConfig:
             raise ValueError(f"loss.normalize={self.normalize!r}; choose one of {NORMALIZATIONS}")
         if self.kl_estimator not in ("k1", "k3"):
             raise ValueError(f"loss.kl_estimator={self.kl_estimator!r}; choose 'k1' or 'k3'")
+        if self.distill_coef < 0 or self.reward_coef < 0:
+            raise ValueError(f"loss.distill_coef={self.distill_coef} and loss.reward_coef={self.reward_coef} must be >= 0")
+        if self.distill_coef and self.kl_coef:
+            raise ValueError("loss.distill_coef and loss.kl_coef both read TrainBatch.ref_logprobs (the teacher, or "
+                             "the reference policy): use one")
         if not (0 <= self.clip_low <= 1 and self.clip_high >= 0):  # clip_low 1: no floor (CISPO's usual choice)
             raise ValueError(f"loss.clip_low={self.clip_low} must be in [0, 1] and loss.clip_high={self.clip_high} >= 0")
 
@@ -87,6 +100,14 @@ def per_token_loss(
     clipped ratio against the behaviour policy is.
     """
     A = advantages[:, None].to(logprobs.dtype)
+    reverse_kl = None
+    if cfg.distill_coef:
+        if ref_logprobs is None:
+            raise ValueError("loss.distill_coef > 0 needs TrainBatch.ref_logprobs (the teacher's logprobs)")
+        reverse_kl = behaviour_logprobs - ref_logprobs  # log pi_behaviour - log pi_teacher of each sampled token
+        A = cfg.reward_coef * A - cfg.distill_coef * reverse_kl.to(logprobs.dtype)
+    elif cfg.reward_coef != 1.0:
+        A = cfg.reward_coef * A
     if cfg.policy_loss == "gspo":
         if mask is None:
             raise ValueError("loss.policy_loss='gspo' needs the response mask (a sequence-level ratio)")
@@ -114,6 +135,8 @@ def per_token_loss(
         "approx_kl_behaviour": kl_penalty(logprobs.detach(), behaviour_logprobs, "k3"),
         "ratio": torch.exp(logprobs.detach() - behaviour_logprobs),
     }
+    if reverse_kl is not None:
+        diagnostics["reverse_kl_teacher"] = reverse_kl
     if cfg.kl_coef:
         if ref_logprobs is None:
             raise ValueError("loss.kl_coef > 0 needs TrainBatch.ref_logprobs (run a reference model)")
