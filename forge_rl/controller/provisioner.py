@@ -196,8 +196,9 @@ class Provisioner:
         return mesh
 
     async def stop_proc_mesh(self, mesh: ProcMesh) -> None:
-        if mesh in self._meshes:
-            self._meshes.remove(mesh)
+        if mesh not in self._meshes:
+            return  # stopped already, or being stopped by another task
+        self._meshes.remove(mesh)
         self._free_gpus.extend(self._gpus_of.pop(id(mesh), []))
         with contextlib.suppress(Exception):  # a mesh whose procs died cannot be stopped cleanly
             await asyncio.wait_for(mesh.stop(), timeout=30)
@@ -210,11 +211,12 @@ class Provisioner:
         if self._stopped:
             return
         self._stopped = True
-        for service in reversed(self._services):
-            with contextlib.suppress(Exception):
-                await service.shutdown()
-        for mesh in reversed(list(self._meshes)):
-            await self.stop_proc_mesh(mesh)
+        # Everything stops side by side (a vLLM engine takes seconds to stop; the other meshes need not wait).
+        # A service stops its own replicas' meshes, so it gets to them first: no replica is respawned meanwhile.
+        stopping = [asyncio.ensure_future(service.shutdown()) for service in self._services]
+        await asyncio.sleep(0)  # each service marks itself closed and takes its replicas' meshes
+        stopping += [asyncio.ensure_future(self.stop_proc_mesh(mesh)) for mesh in list(self._meshes)]
+        await asyncio.gather(*stopping, return_exceptions=True)
         remove_run(self.run_id)
         self._reaper.terminate()  # nothing left to watch (a notebook's controller lives on after a run)
         self._reaper.wait()

@@ -104,8 +104,7 @@ class Service:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._health_task
-        for r in self._replicas:
-            await self._stop_replica(r)
+        await asyncio.gather(*(self._stop_replica(r) for r in self._replicas))  # replicas stop side by side
 
     @property
     def num_replicas(self) -> int:
