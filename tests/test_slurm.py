@@ -84,26 +84,32 @@ def test_squeue_is_read_per_job_whatever_else_is_queued(cluster):
         del os.environ["SLURM_CONF"]
 
 
-def test_grpo_interactive_on_three_nodes_reattaches_and_cancels(cluster, tmp_path):
+def test_grpo_interactive_on_three_nodes_stops_before_the_time_limit_then_reattaches(cluster, tmp_path):
     """Controller on the login host; two trainer ranks on two nodes (FSDP across hosts), the generator on the
-    third. A first run keeps its allocation; a second run with the same settings reattaches to it (no new job),
-    resumes from the first run's checkpoint, and cancels the job at exit."""
+    third. The first run, in a 3-minute allocation with stop_before_end_s=120, stops by itself 60 s into the job
+    with a final checkpoint and keeps the allocation; a second run with the same settings reattaches to it (no
+    new job), resumes from that checkpoint, finishes, and cancels the job at exit."""
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "apps.grpo.main", "--config", CONFIG, "launcher.kind=slurm", f"output_dir={out}",
-            "launcher.slurm.trainer_nodes=2", "trainer_procs=2", *QUICK]
-    first = _on_login(cluster, [*argv, "steps=2", "launcher.slurm.keep_job=true"], tmp_path, 400)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+            "launcher.slurm.trainer_nodes=2", "trainer_procs=2", "launcher.slurm.time=00:03:00", *QUICK]
+    first = _on_login(cluster, [*argv, "steps=100000", "launcher.slurm.keep_job=true",
+                                "launcher.slurm.stop_before_end_s=120"], tmp_path, 300)
+    assert first.returncode == 130, first.stdout[-3000:] + first.stderr[-3000:]  # interrupted, by design
+    assert "(its time limit): stopping with a final checkpoint" in first.stdout
+    stopped_at = int(complete_checkpoints(out / "checkpoints")[-1].name.split("-")[1])
+    assert stopped_at >= 1
     jobs = _squeue(cluster)
     assert len(jobs) == 1 and jobs[0].endswith("RUNNING"), jobs  # kept
     job_id = jobs[0].split()[0]
-    second = _on_login(cluster, [*argv, "steps=4", "resume=true"], tmp_path, 400)
+    second = _on_login(cluster, [*argv, f"steps={stopped_at + 2}", "resume=true",
+                                 "launcher.slurm.stop_before_end_s=0"], tmp_path, 300)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "Submitting SLURM job" not in second.stderr + second.stdout  # reattached to the kept allocation
-    assert "resumed from" in second.stdout
+    assert f"resumed from {out / 'checkpoints'}/step-{stopped_at}" in second.stdout
     _wait_gone(cluster, job_id, 60)  # cancelled at exit
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["trainer_version"] == 4 and summary["generator_versions"] == [4]
-    # the generator's host is not the trainer's: both versions of this run came over RDMA
+    assert summary["trainer_version"] == stopped_at + 2 and summary["generator_versions"] == [stopped_at + 2]
+    # the generator's host is not the trainer's: every version of this run came over RDMA
     assert summary["generator_stats"]["weights_fetched_from_other_host"] >= 2
     assert "trainer on 2 node(s), generators on 1 node(s)" in summary["placement"]
 

@@ -16,11 +16,15 @@ With Slurm the app gets one host mesh per role from Monarch's job API (`SlurmHos
 """
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import os
 import shlex
+import signal
+import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +54,10 @@ class SlurmConfig:
     keep_job: bool = False  # leave the allocation running when the app exits (the next run reattaches)
     state_file: str = ".monarch/forge_rl_slurm.pkl"  # the cached job a re-run reattaches to
     log_dir: str | None = None  # the workers' Slurm output; default <output_dir>/slurm
+    # This long before the job's time limit the app stops as on SIGTERM: a final checkpoint, a clean exit (at a
+    # time limit Slurm signals every process of the job at once, workers included, too late to checkpoint).
+    stop_before_end_s: float = 300.0  # 0 = off
+    requeue_at_end: bool = False  # sbatch job: after that checkpoint, requeue the job; it resumes (resume: auto)
 
     def __post_init__(self) -> None:
         for name in ("trainer_nodes", "generator_nodes"):
@@ -100,18 +108,41 @@ async def launched(cfg: LauncherConfig, output_dir: str | Path):
     if in_slurm_batch():  # inside the allocation `submit` made: the job it cached names our workers
         job = job_load(BATCH_STATE_FILE)
         state = job.state(cached_path=None)
-        yield {role: getattr(state, role) for role in ROLES}
-        return  # the batch runner stops the workers when the app exits
-    job = slurm_job(cfg.slurm, Path(output_dir) / "slurm")
-    logger.info("waiting for the Slurm allocation (%s)", cfg.slurm.state_file)
-    state = job.state(cached_path=cfg.slurm.state_file)  # reattaches to a cached running job, else sbatch
+        job_id = os.environ["SLURM_JOB_ID"]
+    else:
+        job = slurm_job(cfg.slurm, Path(output_dir) / "slurm")
+        logger.info("waiting for the Slurm allocation (%s)", cfg.slurm.state_file)
+        state = job.state(cached_path=cfg.slurm.state_file)  # reattaches to a cached running job, else sbatch
+        job_id = job._running._resolved_job_id()  # this job, or the cached one it reattached to
+    watch = asyncio.create_task(stop_before_end(job_id, cfg.slurm.stop_before_end_s))
     try:
         yield {role: getattr(state, role) for role in ROLES}
     finally:
-        if not cfg.slurm.keep_job:
+        watch.cancel()
+        stopped_for_time = watch.done() and not watch.cancelled() and watch.exception() is None and watch.result()
+        if in_slurm_batch():  # the batch runner stops the workers when the app exits
+            if stopped_for_time and cfg.slurm.requeue_at_end:
+                print(f"requeueing Slurm job {job_id}: it resumes from the checkpoint just written", flush=True)
+                subprocess.run(["scontrol", "requeue", job_id], check=False)
+        elif not cfg.slurm.keep_job:
             job.kill()  # scancel
             with contextlib.suppress(FileNotFoundError):
                 os.remove(cfg.slurm.state_file)
+
+
+async def stop_before_end(job_id: str, margin_s: float) -> bool:
+    """Interrupt this process (SIGINT: the app's final-checkpoint path) `margin_s` before the job's time limit.
+    True if it did."""
+    from forge_rl.controller.slurm import job_end_time
+
+    end = job_end_time(job_id) if margin_s > 0 else None
+    if end is None:
+        return False
+    await asyncio.sleep(max(0.0, end - margin_s - time.time()))
+    print(f"Slurm job {job_id} ends in {end - time.time():.0f} s (its time limit): stopping with a final checkpoint "
+          "(launcher.slurm.stop_before_end_s)", flush=True)
+    os.kill(os.getpid(), signal.SIGINT)
+    return True
 
 
 async def weight_server(store_cfg):

@@ -10,6 +10,8 @@ hostnames`; the rest is Monarch's.
 """
 
 import subprocess
+import time
+from datetime import datetime
 from typing import Any
 
 from monarch.job import SlurmJob
@@ -36,6 +38,20 @@ def expand_hostlist(nodelist: str) -> list[str]:
         return []
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
     return out.stdout.split()
+
+
+def job_end_time(job_id: str) -> float | None:
+    """When Slurm will end the job (its time limit), as a Unix time; None without a limit or when not running."""
+    out = subprocess.run(["squeue", "--noheader", "--jobs", job_id, "--format", "%i|%T|%e"], capture_output=True,
+                         text=True)
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        jid, state, end = line.strip().split("|")
+        if jid == job_id and state == "RUNNING":
+            try:  # squeue prints the controller's local time, e.g. 2026-11-24T09:10:00
+                return time.mktime(datetime.strptime(end, "%Y-%m-%dT%H:%M:%S").timetuple())
+            except ValueError:  # "N/A", "Unknown": no limit
+                return None
+    return None
 
 
 class SlurmHosts(SlurmJob):
