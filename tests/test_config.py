@@ -114,10 +114,11 @@ def test_required_marker_in_a_file_overrides_the_default(tmp_path):
 # ---- every shipped config ------------------------------------------------------------------------
 
 def _app_schema(path):
+    from apps.distill.main import DistillConfig
     from apps.grpo.main import GRPOConfig
     from apps.sft.main import SFTConfig
 
-    return {"grpo": GRPOConfig, "sft": SFTConfig}[path.parent.name]
+    return {"grpo": GRPOConfig, "sft": SFTConfig, "distill": DistillConfig}[path.parent.name]
 
 
 SHIPPED = sorted((REPO / "configs").glob("*/*.yaml"))
@@ -132,15 +133,15 @@ def test_every_shipped_config_loads_and_validates(path):
     if "source: ???" in text:  # the task's data is the user's too
         overrides.append("task.source=/data/some-local-dir")
     cfg = load_config(_app_schema(path), path, overrides)
-    if path.parent.name == "grpo":
+    if path.parent.name in ("grpo", "distill"):  # distillation is the GRPO app with a teacher
         from apps.grpo.main import check_config
 
         check_config(cfg)
         assert cfg.trainer.temperature == cfg.generator.sampling.get("temperature", 1.0)
 
 
-def test_shipped_configs_cover_both_apps():
-    assert {p.parent.name for p in SHIPPED} == {"grpo", "sft"}
+def test_shipped_configs_cover_every_app():
+    assert {p.parent.name for p in SHIPPED} == {"grpo", "sft", "distill"}
 
 
 def test_max_policy_age_is_one_key():
