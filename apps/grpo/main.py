@@ -13,6 +13,7 @@ train, sync weights, repeat.
 """
 
 import asyncio
+import contextlib
 import json
 import math
 import statistics
@@ -297,6 +298,7 @@ async def main(cfg: GRPOConfig, reference_model: str | None = None) -> dict:
         tasks = cfg.rollout_tasks if cfg.async_mode else max(cfg.rollout_tasks, cfg.batch_groups)
         rollouts = [asyncio.create_task(rollout_loop(run.admission, run.stop, rollout_once)) for _ in range(tasks)]
         pending_update: asyncio.Task | None = None
+        step_task: asyncio.Future | None = None
         last_buffer = await buffer.stats.call_one()
         started = time.perf_counter()
         gen_busy_start, eval_busy_s = (await generator.stats.route())["busy_s"], 0.0
@@ -319,15 +321,12 @@ async def main(cfg: GRPOConfig, reference_model: str | None = None) -> dict:
                         run.last_updates, pending_update = await pending_update, None
                     await generator.hold.call_all()
                 busy_start = time.perf_counter()
-                if reference is not None:
-                    batches = (await reference.fill_ref_logprobs.call(batches)).get(0)
-                metrics = (await trainer.train_step.call(batches)).get(0)
-                push = (await trainer.push_weights.call(run.version + 1)).get(0)
+                step_task = asyncio.ensure_future(train_and_publish(run, trainer, reference, batches))
+                metrics, push = await asyncio.shield(step_task)  # an interrupt lets the step finish (see below)
                 run.trainer_busy_s += time.perf_counter() - busy_start
                 if placement.colocated:
                     await generator.release.call_all()
                 run.staleness_sum, run.staleness_steps = run.staleness_sum + staleness, run.staleness_steps + 1
-                run.version += 1
                 if pending_update is not None:
                     run.last_updates = await pending_update  # one swap at a time, in version order
                 pending_update = asyncio.create_task(update_generators(run, generator, run.version))
@@ -366,6 +365,9 @@ async def main(cfg: GRPOConfig, reference_model: str | None = None) -> dict:
             raise role_died(e, ckpt_dir, log_dir) from e
         except (KeyboardInterrupt, asyncio.CancelledError):
             console.print(f"[yellow]interrupted at step {step}: saving a final checkpoint[/yellow]")
+            if step_task is not None and not step_task.done():  # the trainer's step and the run's version agree
+                with contextlib.suppress(Exception):
+                    await step_task
             # Rollouts in flight get a moment to land in the buffer, so their prompts are not skipped on resume.
             await run.admission.quiesce(timeout_s=10)
             run.stop.set()
@@ -445,6 +447,18 @@ def _summary_block(summary: dict, cfg: GRPOConfig, out: Path, png: Path, checkpo
         rows.append(("logs", f"{log_dir}/ (vLLM, TorchTitan, Monarch)"))
     width = max(len(k) for k, _ in rows)
     return "[bold green]done[/bold green]\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+async def train_and_publish(run: Run, trainer, reference, batches) -> tuple[dict, dict]:
+    """One optimizer step, its weights published, the run's policy version advanced. It runs to the end even when
+    the app is interrupted (SIGTERM, Ctrl-C, a time limit), so a final checkpoint never holds a trainer one step
+    ahead of the run's version, buffer and data position."""
+    if reference is not None:  # the frozen reference policy, or a distillation teacher
+        batches = (await reference.fill_ref_logprobs.call(batches)).get(0)
+    metrics = (await trainer.train_step.call(batches)).get(0)
+    push = (await trainer.push_weights.call(run.version + 1)).get(0)
+    run.version += 1
+    return metrics, push
 
 
 def host_placement(launcher: LauncherConfig, node_gpus: int) -> Placement:
