@@ -20,17 +20,15 @@ ran 143 steps/min against `make demo`'s 136 (same model, batch and step count), 
 trainer's cores costs no step rate there. A vLLM teacher was not built to compare.
 """
 
-import asyncio
 from dataclasses import dataclass
 
 from rich.console import Console
 
 from apps.grpo.main import GRPOConfig
 from apps.grpo.main import main as grpo_main
-from forge_rl.config import ConfigError, parse_args
-from forge_rl.controller.signals import handle_stop_signals
+from apps.grpo.main import run_from_command_line
+from forge_rl.config import ConfigError
 from forge_rl.models import resolve_model_path
-from forge_rl.train_loop import RoleDied
 
 
 @dataclass
@@ -51,7 +49,10 @@ def check_same_tokenizer(student: str, teacher: str) -> None:
 
 
 async def main(cfg: DistillConfig) -> dict:
-    teacher = resolve_model_path(cfg.teacher)
+    try:
+        teacher = resolve_model_path(cfg.teacher)
+    except FileNotFoundError as e:
+        raise ConfigError(f"teacher: {e}") from None
     check_same_tokenizer(resolve_model_path(cfg.model), teacher)
     if cfg.trainer.grpo.distill_coef <= 0:
         raise ConfigError(f"trainer.grpo.distill_coef={cfg.trainer.grpo.distill_coef}: distillation needs > 0")
@@ -66,11 +67,4 @@ async def main(cfg: DistillConfig) -> dict:
 CONFIG = DistillConfig  # what `python -m forge_rl.controller.launcher submit --app apps.distill.main` reads
 
 if __name__ == "__main__":
-    config = parse_args(DistillConfig, description=__doc__.splitlines()[0])
-    handle_stop_signals()
-    try:
-        asyncio.run(main(config))
-    except (ConfigError, RoleDied) as e:
-        raise SystemExit(f"error: {e}")
-    except KeyboardInterrupt:
-        raise SystemExit(130)
+    run_from_command_line(DistillConfig, main, __doc__.splitlines()[0])

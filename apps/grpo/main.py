@@ -580,14 +580,20 @@ def _console_line(step: int, m: dict[str, float]) -> str:
     return " | ".join(parts)
 
 
-CONFIG = GRPOConfig  # what `python -m forge_rl.controller.launcher submit` reads
-
-if __name__ == "__main__":
-    config = parse_args(GRPOConfig, description=__doc__.splitlines()[0])
+def run_from_command_line(schema, app_main, description: str) -> None:
+    """`python -m apps.<algorithm>.main --config FILE key=value ...`: parse, run, and end with a one-line error
+    for what a user can fix (config, a dead role) or exit code 130 when interrupted."""
+    config = parse_args(schema, description=description)
     handle_stop_signals()
     try:
-        asyncio.run(main(config))
+        asyncio.run(app_main(config))
     except (ConfigError, RoleDied) as e:
         raise SystemExit(f"error: {e}")
     except KeyboardInterrupt:
         raise SystemExit(130)
+
+
+CONFIG = GRPOConfig  # what `python -m forge_rl.controller.launcher submit` reads
+
+if __name__ == "__main__":
+    run_from_command_line(GRPOConfig, main, __doc__.splitlines()[0])
