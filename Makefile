@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 
-.PHONY: setup setup-slurm demo demo-multiturn demo-distill test clean
+.PHONY: setup setup-slurm demo demo-multiturn demo-distill demo-lora test clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -18,6 +18,9 @@ demo-multiturn: setup  # addition with a retry after feedback: a multi-turn envi
 
 demo-distill: setup  # on-policy distillation of tiny-warm from tiny-teacher (configs/distill/tiny.yaml)
 	$(PY) -m apps.distill.main --config configs/distill/tiny.yaml $(ARGS)
+
+demo-lora: setup  # GRPO training LoRA adapters, adapter-only weight sync (configs/grpo/tiny_lora.yaml)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny_lora.yaml $(ARGS)
 
 test: setup
 	$(PY) -m pytest $(ARGS)

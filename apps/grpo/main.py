@@ -252,7 +252,7 @@ async def main(cfg: GRPOConfig, reference_model: str | None = None) -> dict:
                               cpus=_tuples(placement.generator_cpus)).as_service(
                 model_dir, engine_args=engine_args, sampling=cfg.generator.sampling, seed=cfg.seed,
                 swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store, weight_source=weight_source,
-                log_level=cfg.generator.log_level,
+                log_level=cfg.generator.log_level, lora=cfg.trainer.lora,
             ),
             ReplayBuffer.as_actor(buffer_cfg),
             RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s),
@@ -396,7 +396,9 @@ async def main(cfg: GRPOConfig, reference_model: str | None = None) -> dict:
             log.log(step, scores)
         await save_checkpoint(run, trainer, buffer, dataset, run.version, ckpt_dir, cfg.checkpoint_keep_last)
         if cfg.export_dir:
-            await trainer.export_hf.call(cfg.export_dir)
+            await trainer.export_hf.call(cfg.export_dir)  # with LoRA: merged into the base
+            if cfg.trainer.lora.enabled:  # and the adapter alone, as PEFT saves one
+                await trainer.export_adapter.call(str(Path(cfg.export_dir) / "adapter"))
         final_buffer = await buffer.evict.call_one()
         data_stats = await dataset.stats.call_one()
         gen_version = await generator.version.route()
@@ -442,6 +444,8 @@ def _summary_block(summary: dict, cfg: GRPOConfig, out: Path, png: Path, checkpo
         ("metrics", f"{out / 'metrics.jsonl'}, {out / 'tensorboard'}, {out / 'summary.json'}"),
         ("checkpoint", f"{checkpoint} (resume=true continues from it)"),
         *([("model", f"{cfg.export_dir} (HF format: vLLM, transformers, model=...)")] if cfg.export_dir else []),
+        *([("adapter", f"{cfg.export_dir}/adapter (PEFT LoRA: peft, vLLM --lora-modules)")]
+          if cfg.export_dir and cfg.trainer.lora.enabled else []),
     ]
     if log_dir:
         rows.append(("logs", f"{log_dir}/ (vLLM, TorchTitan, Monarch)"))

@@ -11,7 +11,9 @@ own CPU default reserves a fraction of the NUMA node's memory, which fails on sm
 
 import asyncio
 import itertools
+import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -22,8 +24,10 @@ from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_rl.controller import ForgeActor
 from forge_rl.controller.reaper import reap_descendants_on_exit
+from forge_rl.models.lora import LoRAConfig
 from forge_rl.types import Completion
-from forge_rl.weights.shm import ShmWeightStore
+from forge_rl.weights.runs import RUN_ID_ENV, SHM_DIR, run_prefix
+from forge_rl.weights.shm import FILE, ShmWeightStore, version_dir
 from forge_rl.weights.store import WeightStoreConfig
 
 CPU_ENGINE_DEFAULTS: dict[str, Any] = dict(
@@ -36,6 +40,8 @@ ENGINE_CHECK_S = 1.0  # how often an idle generator checks that its vLLM engine 
 
 # How a live weight update treats in-flight requests (see update_weights).
 SWAP_MODES = ("keep_kv", "recompute_kv", "drain")
+# vLLM's accepted max_lora_rank values; an adapter of rank r needs the smallest one >= r.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class PromptTooLong(ValueError):
@@ -53,6 +59,7 @@ class Generator(ForgeActor):
         weight_store: WeightStoreConfig | None = None,
         weight_source=None,
         log_level: str = "WARNING",  # vLLM's console output (forge_rl/observability/vllm_logs.py)
+        lora: LoRAConfig | None = None,  # the trainer trains LoRA adapters: versions are adapters, not weights
     ):
         if swap_mode not in SWAP_MODES:
             raise ValueError(f"generator.swap_mode={swap_mode!r}; choose one of {SWAP_MODES}")
@@ -75,6 +82,9 @@ class Generator(ForgeActor):
         self.updates: list[dict] = []  # one record per weight update
         self._held_since: float | None = None  # paused by hold() (colocated placement)
         self._held_s = 0.0
+        self.lora = lora if lora is not None and lora.enabled else None
+        self._adapters: dict[int, Any] = {}  # version -> its vLLM LoRARequest (LoRA mode)
+        self._adapter_users: dict[int, int] = {}  # version -> requests in flight on it
 
     @endpoint
     async def setup(self) -> None:
@@ -94,6 +104,8 @@ class Generator(ForgeActor):
         args = dict(model=self.model, seed=self.seed, disable_log_stats=True, **ENGINE_DEFAULTS)
         if not torch.cuda.is_available():
             args.update(CPU_ENGINE_DEFAULTS)
+        if self.lora is not None:
+            args.update(lora_engine_args(self.lora.rank))
         args.update(self.engine_args)
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         # The engine's processes must not outlive this proc if it is killed (they would be orphaned).
@@ -138,10 +150,16 @@ class Generator(ForgeActor):
         params.output_kind = RequestOutputKind.DELTA
         children = [_Child() for _ in range(n)]
         request_id = f"{os.getpid()}-{next(self._request_ids)}"
+        # LoRA: a request runs to its end on the adapter it started with (vLLM cannot switch a running
+        # request's adapter), so every token of it is that version's. None = version 0, the base model.
+        version = self.policy_version
+        adapter = self._adapters.get(version)
+        self._adapter_users[version] = self._adapter_users.get(version, 0) + 1
         self._enter()
         self._in_flight[request_id] = (len(prompt_ids), children)
         try:
-            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id):
+            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id,
+                                                  lora_request=adapter):
                 for c in out.outputs:
                     children[c.index].extend(c)
         except EngineDeadError:
@@ -149,8 +167,16 @@ class Generator(ForgeActor):
         finally:
             del self._in_flight[request_id]
             self._leave()
+            self._adapter_users[version] -= 1
+            if not self._adapter_users[version]:
+                del self._adapter_users[version]
+            if self.lora is not None:
+                await self._drop_unused_adapters()
         if any(c.finish_reason is None for c in children):
             raise RuntimeError(f"engine request {request_id} ended with unfinished completions")
+        if self.lora is not None:
+            for child in children:
+                child.versions = [version] * len(child.ids)
         prompt_tensor = torch.tensor(prompt_ids, dtype=torch.long)
         prompt_text = prompt if isinstance(prompt, str) else ""
         completions = []
@@ -197,6 +223,15 @@ class Generator(ForgeActor):
             if version == self.policy_version:  # a replica that caught up when it (re)started
                 return dict(version=version, mode="already_loaded", prefetch_s=prefetched - start, drain_wait_s=0.0,
                             pause_s=0.0, requests_in_flight=0, tokens_in_flight=0)
+            if self.lora is not None:
+                # No pause: requests in flight finish on their adapter, new ones take this one.
+                loading = time.perf_counter()
+                await self._load(version)
+                record = dict(version=version, mode="adapter", prefetch_s=prefetched - start, drain_wait_s=0.0,
+                              pause_s=0.0, adapter_load_s=time.perf_counter() - loading,
+                              requests_in_flight=sum(len(c) for _, c in self._in_flight.values()), tokens_in_flight=0)
+                self.updates.append(record)
+                return record
             pause_mode = {"keep_kv": "keep", "recompute_kv": "keep", "drain": "wait"}[mode]
             await self.engine.pause_generation(mode=pause_mode, clear_cache=mode != "keep_kv")
             paused = time.perf_counter()
@@ -220,11 +255,42 @@ class Generator(ForgeActor):
 
     async def _load(self, version: int) -> None:
         """Reload the engine's weights from the store's `version` (prefetched) and label what follows."""
+        if self.lora is not None:
+            return await self._load_adapter(version)
         with self.store.pinned(version) as path:  # the writers must not recycle it mid-reload
             await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
         # The engine labels every step after this one with the new version (see generate).
         await self.engine.update_weight_version(str(version))
         self.policy_version = version
+
+    async def _load_adapter(self, version: int) -> None:
+        """LoRA: add the store's `version` (the adapter alone, PEFT names) to the running engine as a new
+        adapter. vLLM's loader reads a PEFT directory, so the version's file is copied into one in /dev/shm
+        (the adapter is small; the base weights are never touched)."""
+        from vllm.lora.request import LoRARequest
+
+        directory = self._adapter_root() / version_dir(version)
+        directory.mkdir(parents=True, exist_ok=True)
+        with self.store.pinned(version) as path:
+            shutil.copyfile(path / FILE, directory / "adapter_model.safetensors")
+        (directory / "adapter_config.json").write_text(json.dumps(self.lora.peft_config(self.model)))
+        request = LoRARequest(f"forge_rl-{version_dir(version)}", version + 1, str(directory))  # ids start at 1
+        if not await self.engine.add_lora(request):
+            raise RuntimeError(f"the vLLM engine refused LoRA adapter version {version} ({directory})")
+        self._adapters[version] = request
+        self.policy_version = version
+        await self._drop_unused_adapters()
+
+    async def _drop_unused_adapters(self) -> None:
+        """Remove adapters older than the current version once no request in flight uses them."""
+        for version in [v for v in self._adapters if v < self.policy_version and not self._adapter_users.get(v)]:
+            request = self._adapters.pop(version)
+            await self.engine.remove_lora(request.lora_int_id)
+            shutil.rmtree(request.lora_path, ignore_errors=True)
+
+    def _adapter_root(self):
+        # Under the run's shared-memory prefix: the run's cleanup removes it whatever way this proc ends.
+        return SHM_DIR / f"{run_prefix(os.environ.get(RUN_ID_ENV, 'local'))}lora-{os.getpid()}"
 
     @concurrent_endpoint
     async def hold(self) -> float:
@@ -334,11 +400,22 @@ class Generator(ForgeActor):
     async def __cleanup__(self, exc: Exception | None) -> None:
         if getattr(self, "store", None) is not None:
             self.store.close()
+        if getattr(self, "lora", None) is not None:
+            shutil.rmtree(self._adapter_root(), ignore_errors=True)
         engine, self.engine = getattr(self, "engine", None), None
         if engine is not None:
             # Shut down here, while the interpreter is whole; vLLM's __del__ at exit cannot.
             # Bounded: Monarch gives __cleanup__ only a few seconds.
             await asyncio.to_thread(engine.shutdown, 2.0)
+
+
+def lora_engine_args(rank: int) -> dict[str, Any]:
+    """vLLM engine arguments to serve LoRA adapters of `rank`: up to three adapters in one batch (the
+    current version and requests still finishing on older ones), four cached."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(f"trainer.lora.rank={rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
+    return dict(enable_lora=True, max_lora_rank=fits[0], max_loras=3, max_cpu_loras=4)
 
 
 class _Child:

@@ -24,6 +24,8 @@ import torch
 from monarch.actor import endpoint
 
 from forge_rl.controller import ForgeActor
+from forge_rl.models import lora
+from forge_rl.models.lora import LoRAConfig, is_adapter_key
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
 from forge_rl.data.prompt_packing import plan_packing
 from forge_rl.losses.logprobs import VocabShard, hidden_logprobs, selected_logprobs, token_logprobs
@@ -78,6 +80,9 @@ class TrainerConfig:
     # when the lm_head is whole on each rank (no FSDP, no TP); otherwise logits are made, then blockwise.
     fused_lm_head: bool = True
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    # LoRA (rank > 0): only adapters train; the base stays frozen, is never re-sent to generators, and
+    # checkpoints hold the adapters and their optimizer state (forge_rl/models/lora.py).
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     # Compute dtype. Master weights, gradients' reduction and optimizer state stay float32 whatever this is:
     # FSDP2's mixed-precision policy casts parameters for compute when dp_shard > 1, torch.autocast does
@@ -208,13 +213,16 @@ class Trainer(ForgeActor):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(self.cfg.seed)
         self.model, self.adapter, self.parallel_dims = self._build(qwen3)
-        self.tied = bool(qwen3.read_hf_config(self.model_dir).get("tie_word_embeddings", False))
+        hf_config = qwen3.read_hf_config(self.model_dir)
+        self.tied = bool(hf_config.get("tie_word_embeddings", False))
+        self.head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
+        self.heads_per_kv = hf_config["num_attention_heads"] // hf_config["num_key_value_heads"]
         batch_mesh = self.parallel_dims.get_optional_mesh("batch")
         self.dp_size = batch_mesh.size() if batch_mesh is not None else 1
         self.dp_rank = batch_mesh.get_local_rank() if batch_mesh is not None else 0
         o = self.cfg.optim
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+            [p for p in self.model.parameters() if p.requires_grad], lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
             foreach=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o))
@@ -241,6 +249,8 @@ class Trainer(ForgeActor):
 
         config = qwen3.titan_config(self.model_dir)
         config.update_from_config(config=_WithParallelism(parallelism))  # TP sharding plans on the config
+        if self.cfg.lora.enabled:  # after the TP plans: the adapters take their sharding from the base linears
+            config = lora.convert(config, self.cfg.lora)
         with torch.device("meta"):
             model = config.build()
         model = parallelize_qwen3(
@@ -263,8 +273,13 @@ class Trainer(ForgeActor):
         model.to_empty(device=self.device)
         with torch.no_grad():
             model.init_states(buffer_device=self.device)
+        lora.add_dropout(model, self.cfg.lora.dropout)
         adapter = Qwen3StateDictAdapter(config, str(self.model_dir))
-        _load_full_state_dict(model, adapter.from_hf(qwen3.load_hf_state_dict(self.model_dir)), self.model_dir)
+        full = adapter.from_hf(qwen3.load_hf_state_dict(self.model_dir))
+        if self.cfg.lora.enabled:
+            shapes = {k: tuple(v.shape) for k, v in model.state_dict().items() if is_adapter_key(k)}
+            full.update(lora.initial_adapters(shapes, self.cfg.seed))
+        _load_full_state_dict(model, full, self.model_dir)
         self.max_seq_len = config.layers[0].attention.rope.max_seq_len
         self.vocab_size = config.vocab_size
         # Without FSDP there is no mixed-precision policy: autocast gives the compute dtype instead.
@@ -451,7 +466,10 @@ class Trainer(ForgeActor):
             for k, v in self.model.state_dict().items()
             if not k.endswith("rope.cache")
         }
+        adapters = {k: full.pop(k) for k in list(full) if is_adapter_key(k)}
         hf = self.adapter.to_hf(full)
+        if adapters:  # LoRA: the merged weights W + alpha/r B A
+            hf = lora.merge(hf, self._peft(adapters), self.cfg.lora)
         if self.tied and "lm_head.weight" not in hf:  # vLLM's reload wants it even when tied
             hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
         return hf
@@ -469,6 +487,8 @@ class Trainer(ForgeActor):
         if self.store is None:
             self.store = ShmWeightStore(cfg=self.store_cfg)
         dtype = getattr(torch, self.cfg.publish_dtype or self.cfg.dtype)  # fp32 masters -> the generators' dtype
+        if self.cfg.lora.enabled:
+            return self._push_adapter(version, dtype, start)
         state = {k: v.detach().to(dtype) for k, v in self.model.state_dict().items() if not k.endswith("rope.cache")}
         hf = self.adapter.to_hf(state)
         if self.tied and "lm_head.weight" not in hf:  # vLLM's reload wants it even when tied
@@ -489,9 +509,53 @@ class Trainer(ForgeActor):
         elapsed = time.perf_counter() - start
         return dict(version=version, push_s=elapsed, bytes=nbytes, gb_per_s=nbytes / elapsed / 1e9)
 
+    def _adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """The adapters, whole on every rank, TorchTitan names (a collective: every rank calls it)."""
+        from torch.distributed.tensor import DTensor
+
+        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+                for k, v in self.model.state_dict().items() if is_adapter_key(k)}
+
+    def _peft(self, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return lora.to_peft(adapters, self.head_dim, self.heads_per_kv)
+
+    def _push_adapter(self, version: int, dtype: torch.dtype, start: float) -> dict[str, float]:
+        """LoRA: publish the adapters alone (PEFT names), whole, from rank 0. They are small (rank x the
+        linears' dims), so gathering beats a sharded write; the base never changes and is never sent."""
+        peft = {k: v.to(dtype).contiguous() for k, v in self._peft(self._adapter_tensors()).items()}
+        if self.rank == 0:
+            with self.store.writer(version, spec_of(peft)) as writer:
+                for name, tensor in peft.items():
+                    writer.write(name, tensor)
+        nbytes = sum(t.numel() * t.element_size() for t in peft.values())
+        elapsed = time.perf_counter() - start
+        return dict(version=version, push_s=elapsed, bytes=nbytes, gb_per_s=nbytes / elapsed / 1e9)
+
+    @endpoint
+    async def export_adapter(self, out_dir: str) -> str:
+        """LoRA: write the adapters as a PEFT adapter directory (adapter_model.safetensors +
+        adapter_config.json), which `peft.PeftModel.from_pretrained(base, out_dir)` and vLLM load."""
+        import json
+
+        import torch.distributed as dist
+        from safetensors.torch import save_file
+
+        if not self.cfg.lora.enabled:
+            raise ValueError("export_adapter: the trainer has no LoRA adapters (trainer.lora.rank is 0)")
+        peft = {k: v.contiguous() for k, v in self._peft(self._adapter_tensors()).items()}
+        out = Path(out_dir)
+        if self.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            save_file(peft, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+            config = self.cfg.lora.peft_config(self.model_dir.resolve())
+            (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        dist.barrier()
+        return str(out)
+
     @endpoint
     async def export_hf(self, out_dir: str) -> str:
-        """Write an HF model directory (safetensors + config + tokenizer) that transformers and vLLM load."""
+        """Write an HF model directory (safetensors + config + tokenizer) that transformers and vLLM load.
+        With LoRA, the adapters are merged into it."""
         import torch.distributed as dist
         from safetensors.torch import save_file
 
@@ -515,6 +579,8 @@ class Trainer(ForgeActor):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         model = {k: v for k, v in self.model.state_dict().items() if not k.endswith("rope.cache")}
+        if self.cfg.lora.enabled:  # the frozen base comes from trainer.model on every start
+            model = {k: v for k, v in model.items() if is_adapter_key(k)}
         return {"model": model, "optim": get_optimizer_state_dict(self.model, self.optimizer),
                 "train": {"step": self.step, "scheduler": self.scheduler.state_dict()}}
 

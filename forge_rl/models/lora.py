@@ -1,0 +1,155 @@
+"""LoRA on TorchTitan's Qwen3, and its adapters in PEFT's format.
+
+The trainer converts the model config with TorchTitan's own `LoRAConverter` before building: target
+linears become `LoRALinear` (frozen base, trainable `lora_a` [r, in] and `lora_b` [out, r], output
+`base(x) + alpha/r * lora_b(lora_a(x))`), every other parameter is frozen. The converter derives the
+adapters' tensor-parallel sharding from the base linear's (colwise: `lora_b` sharded like the base's
+rows; rowwise: `lora_a` sharded like its columns), and FSDP2 shards them like any other parameter.
+
+Targets are named as Hugging Face and PEFT name them (`q_proj`, `o_proj`, `gate_proj`, ...), since that is
+what a user reads in a model card and what vLLM and `peft` load. TorchTitan fuses q/k/v into one `wqkv`
+linear, so its adapter has one `lora_a` shared by q, k and v and one `lora_b` over the fused rows: in PEFT
+terms q_proj, k_proj and v_proj each get that same A and their own rows of B, which is the same function.
+q_proj, k_proj and v_proj are therefore targeted together or not at all.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+# HF/PEFT module name -> the last segment of TorchTitan's Qwen3 module FQN (what LoRAConverter matches)
+TITAN_NAME = {"q_proj": "wqkv", "k_proj": "wqkv", "v_proj": "wqkv", "o_proj": "wo",
+              "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+QKV = ("q_proj", "k_proj", "v_proj")
+ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# TorchTitan FQN (after `layers.N.`) -> HF FQN (after `model.layers.N.`), for the unfused modules
+_HF_MODULE = {"attention.wo": "self_attn.o_proj", "feed_forward.w1": "mlp.gate_proj",
+              "feed_forward.w3": "mlp.up_proj", "feed_forward.w2": "mlp.down_proj"}
+
+
+@dataclass
+class LoRAConfig:
+    rank: int = 0  # 0 = train every weight (no LoRA)
+    alpha: float = 16.0  # the adapter's output is scaled by alpha / rank
+    dropout: float = 0.0  # on the adapter's input, training forwards only
+    targets: list[str] = field(default_factory=lambda: list(ALL_TARGETS))  # HF module names
+
+    def __post_init__(self) -> None:
+        self.targets = list(self.targets)  # OmegaConf hands a ListConfig
+        if self.rank < 0:
+            raise ValueError(f"trainer.lora.rank must be >= 0 (0 = no LoRA), got {self.rank}")
+        if not self.rank:
+            return
+        if self.alpha <= 0:
+            raise ValueError(f"trainer.lora.alpha must be > 0, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"trainer.lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.targets:
+            raise ValueError(f"trainer.lora.targets is empty; choose from {ALL_TARGETS}")
+        if unknown := [t for t in self.targets if t not in TITAN_NAME]:
+            raise ValueError(f"trainer.lora.targets: {unknown} are not Qwen3 linears; choose from {ALL_TARGETS}")
+        qkv = [t for t in QKV if t in self.targets]
+        if qkv and len(qkv) != 3:
+            raise ValueError(f"trainer.lora.targets has {qkv} without the rest of q_proj, k_proj, v_proj: the trainer "
+                             "fuses the three into one linear (wqkv), so they take an adapter together or not at all")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    def peft_config(self, base_model: str) -> dict:
+        """adapter_config.json as PEFT writes it (vLLM's LoRA loader and `peft` read it)."""
+        return dict(peft_type="LORA", task_type="CAUSAL_LM", r=self.rank, lora_alpha=self.alpha,
+                    lora_dropout=self.dropout, target_modules=sorted(set(self.targets)), bias="none",
+                    fan_in_fan_out=False, use_rslora=False, base_model_name_or_path=str(base_model))
+
+
+def is_adapter_key(name: str) -> bool:
+    return ".lora_a." in name or ".lora_b." in name
+
+
+def convert(model_config, cfg: LoRAConfig):
+    """The model config with LoRA linears on `cfg.targets` and everything else frozen (TorchTitan's
+    LoRAConverter). Call after the TP plans are on the config: adapters take their sharding from them."""
+    from torchtitan.components.lora import LoRAConverter
+
+    targets = sorted({TITAN_NAME[t] for t in cfg.targets})
+    return LoRAConverter(LoRAConverter.Config(rank=cfg.rank, alpha=cfg.alpha, target_modules=targets)).convert(
+        model_config)
+
+
+def initial_adapters(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
+    """Full initial adapter tensors, the same for any parallelism and any number of ranks (a rank's own
+    random init would depend on its shard): lora_a ~ U(-1/sqrt(in), 1/sqrt(in)) as PEFT's kaiming-uniform
+    default, lora_b = 0, so training starts from exactly the base model."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name in sorted(shapes):
+        shape = tuple(shapes[name])
+        if ".lora_a." in name:
+            bound = shape[1] ** -0.5
+            out[name] = (torch.rand(shape, generator=g) * 2 - 1) * bound
+        else:
+            out[name] = torch.zeros(shape)
+    return out
+
+
+def add_dropout(model: torch.nn.Module, p: float) -> None:
+    """Dropout on every adapter's input (PEFT's lora_dropout), active in training forwards only."""
+    if not p:
+        return
+    for name, module in model.named_modules():
+        if name.endswith(".lora_a"):
+            module.register_forward_pre_hook(lambda m, args: (F.dropout(args[0], p, m.training), *args[1:]))
+
+
+def to_peft(adapters: dict[str, torch.Tensor], head_dim: int, heads_per_kv: int) -> dict[str, torch.Tensor]:
+    """TorchTitan adapter tensors (full, `layers.N.<module>.lora_{a,b}.weight`) -> PEFT's names
+    (`base_model.model.model.layers.N.<hf module>.lora_{A,B}.weight`), the fused wqkv split into q/k/v."""
+    out = {}
+    for name, tensor in adapters.items():
+        layer, rest = _split_layer(name)
+        module, which = rest.rsplit(".lora_", 1)
+        ab = "A" if which.startswith("a") else "B"
+        prefix = f"base_model.model.model.layers.{layer}."
+        if module == "attention.qkv_linear.wqkv":
+            parts = (dict(zip(QKV, split_qkv_rows(tensor, head_dim, heads_per_kv))) if ab == "B"
+                     else {t: tensor.clone() for t in QKV})  # one A each: PEFT files hold no shared storage
+            for proj, part in parts.items():
+                out[f"{prefix}self_attn.{proj}.lora_{ab}.weight"] = part.contiguous()
+        elif module in _HF_MODULE:
+            out[f"{prefix}{_HF_MODULE[module]}.lora_{ab}.weight"] = tensor
+        else:
+            raise KeyError(f"{name}: no PEFT name for this adapter")
+    return out
+
+
+def split_qkv_rows(t: torch.Tensor, head_dim: int, heads_per_kv: int) -> tuple[torch.Tensor, ...]:
+    """Rows of a fused wqkv tensor ([n_kv * (heads_per_kv + 2) * head_dim, ...], grouped per KV head) as
+    (q rows, k rows, v rows), the way TorchTitan's FusedQKVLinear splits its weight on save."""
+    r = heads_per_kv + 2
+    w = t.reshape(-1, r, head_dim, *t.shape[1:])
+    return (w[:, :heads_per_kv].reshape(-1, *t.shape[1:]), w[:, heads_per_kv].reshape(-1, *t.shape[1:]),
+            w[:, heads_per_kv + 1].reshape(-1, *t.shape[1:]))
+
+
+def merge(hf_base: dict[str, torch.Tensor], peft: dict[str, torch.Tensor], cfg: LoRAConfig) -> dict[str, torch.Tensor]:
+    """HF weights with the adapter merged in: W + alpha/r * B @ A for every adapted module."""
+    merged = dict(hf_base)
+    scale = cfg.alpha / cfg.rank
+    for name, a in peft.items():
+        if not name.endswith(".lora_A.weight"):
+            continue
+        module = name[len("base_model.model."):-len(".lora_A.weight")]
+        b = peft[f"base_model.model.{module}.lora_B.weight"]
+        w = merged[f"{module}.weight"]
+        merged[f"{module}.weight"] = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)
+    return merged
+
+
+def _split_layer(name: str) -> tuple[int, str]:
+    if not name.startswith("layers."):
+        raise KeyError(f"{name}: adapters are expected on the decoder layers only")
+    _, layer, rest = name.split(".", 2)
+    return int(layer), rest
