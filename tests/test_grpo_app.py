@@ -52,24 +52,6 @@ def test_grpo_async_run_then_synchronous_resume(tmp_path):
     assert resumed == [1, 2, 3, 4, 5]
 
 
-def test_grpo_colocated_run_with_a_kl_penalty_to_the_reference(tmp_path):
-    """Generator and trainer time-share the cores (the generator is held while the trainer steps), and a
-    frozen reference actor fills ref_logprobs for the KL penalty."""
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
-                      SMALL + ["steps=3", f"output_dir={tmp_path}", "max_policy_age=1", "resources.placement=colocated",
-                               "trainer.grpo.kl_coef=0.05"])
-    summary = asyncio.run(main(cfg))
-    kl = [r["trainer/kl_ref"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/kl_ref" in r]
-    assert len(kl) == 3 and abs(kl[0]) < 1e-6  # step 1: the policy is still the reference
-    assert kl[-1] > 1e-7  # the policy moved away from the frozen reference
-    assert summary["placement"].startswith("placement colocated")
-    assert summary["trainer_version"] == 3 and summary["generator_version"] == 3
-    assert summary["max_staleness"] <= 1
-    assert summary["generator_stats"]["held_s"] > 0  # it stepped aside for each train step
-    accounting = summary["buffer"]
-    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
-
-
 def test_grpo_on_a_users_jsonl_task_with_a_column_reward(tmp_path):
     """A user's task: their JSONL with their own column names, a reward of theirs reading an extra column, a
     held-out file, and a prompt too long for the engine (skipped and counted, the run goes on)."""
@@ -229,5 +211,32 @@ def test_gspo_and_cispo_train_in_a_short_grpo_run(tmp_path, config, overrides):
     assert len(rows) == 2 and all(math.isfinite(r["trainer/loss"]) and r["trainer/grad_norm"] > 0 for r in rows)
     if config == "tiny_dapo.yaml":  # the overlong penalty was part of every scored group
         assert all("reward/overlong" in r for r in rows if "reward/mean" in r)
+    accounting = summary["buffer"]
+    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
+
+
+def test_lora_grpo_on_shared_cores_with_a_kl_penalty_learns_and_syncs_only_the_adapter(tmp_path):
+    """The single-device LoRA user: configs/grpo/tiny_lora.yaml shortened, generator and trainer time-sharing
+    the cores (the generator is held while the trainer steps), a KL penalty to the frozen base (a reference
+    actor fills ref_logprobs). Every version the generator loads is the adapter alone; held-out accuracy rises."""
+    from safetensors.torch import load_file
+
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny_lora.yaml",
+                      ["steps=30", "eval_every=30", "eval_size=300", f"output_dir={tmp_path}",
+                       "resources.placement=colocated", "trainer.grpo.kl_coef=0.01"])
+    summary = asyncio.run(main(cfg))
+    assert summary["trainer_version"] == 30 and summary["generator_version"] == 30
+    assert summary["max_staleness"] <= 1
+    first, last = summary["evals"][0][2], summary["evals"][-1][2]
+    assert last > first + 0.04, summary["evals"]
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]
+    full = (REPO / "forge_rl/models/tiny_warm/model.safetensors").stat().st_size
+    assert all(r["sync/bytes"] < full / 5 for r in rows), rows[-1]  # adapters, never the base
+    adapter = load_file(tmp_path / "hf/adapter/adapter_model.safetensors")
+    assert adapter and all(".lora_A." in k or ".lora_B." in k for k in adapter)
+    kl = [r["trainer/kl_ref"] for r in rows]
+    assert abs(kl[0]) < 1e-6 and kl[-1] > 1e-7  # step 1: the policy is the base; then it moves away from it
+    assert summary["placement"].startswith("placement colocated")
+    assert summary["generator_stats"]["held_s"] > 0  # it stepped aside for each train step
     accounting = summary["buffer"]
     assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())

@@ -545,6 +545,7 @@ def _step_metrics(run, step, metrics, push, updates, buf, last_buf, staleness, s
         "batch/staleness": staleness,
         "batch/staleness_max_run": run.max_staleness,
         "sync/push_s": push["push_s"],
+        "sync/bytes": push["bytes"],  # one version as published: the whole policy, or the LoRA adapter alone
         "generator/tokens_per_s": gen_tokens / step_s if step_s else 0.0,
         "generator/policy_version": gen_stats["policy_version"],
         "buffer/groups": buf["groups"],
