@@ -1,10 +1,12 @@
 """Native memory an endpoint call leaves in the calling process (Monarch), measured.
 
-    .venv/bin/python benchmarks/monarch_call_memory.py [--calls 100000] [--payload 100]
+    .venv/bin/python benchmarks/monarch_call_memory.py [--calls 100000] [--payload 100] [--mode call_one|replies]
 
 Spawns one proc with an echo actor and calls it `--calls` times with a `--payload`-byte argument, printing the
 caller's RSS and Python-heap size (tracemalloc) every tenth of the way, then the growth per call. Monarch 0.7.0:
-about 1.2 KB per call, linear, independent of the payload, outside Python's heap (docs/stack.md).
+about 1.2 KB per `call_one`, linear, independent of the payload, outside Python's heap (docs/stack.md).
+`--mode replies` makes the same calls the way forge_rl's hot calls go (forge_rl/controller/replies.py: a
+one-way broadcast, the reply over one long-lived port).
 """
 
 import argparse
@@ -13,21 +15,28 @@ import time
 import tracemalloc
 
 import psutil
-from monarch.actor import Actor, endpoint, this_host
+from monarch.actor import endpoint, this_host
+
+from forge_rl.controller import ForgeActor
+from forge_rl.controller.replies import replies
 
 
-class Echo(Actor):
+class Echo(ForgeActor):
     @endpoint
     async def echo(self, x):
         return x
 
 
-async def measure(calls: int, payload: int) -> None:
+async def measure(calls: int, payload: int, mode: str) -> None:
     procs = this_host().spawn_procs(per_host={"procs": 1})
     echo = procs.spawn("echo", Echo)
     data = bytes(payload)
+
+    async def call(x):
+        return await (echo.echo.call_one(x) if mode == "call_one" else replies().call(echo, "echo", x))
+
     for _ in range(1000):  # warm-up: connections, first-call allocations
-        await echo.echo.call_one(data)
+        await call(data)
     me = psutil.Process()
     tracemalloc.start()
     rss0, start = me.memory_info().rss, time.perf_counter()
@@ -36,7 +45,7 @@ async def measure(calls: int, payload: int) -> None:
     for done in range(step, calls + 1, step):
         t = time.perf_counter()
         for _ in range(step):
-            await echo.echo.call_one(data)
+            await call(data)
         print(f"| {done} | {me.memory_info().rss / 2**20:.1f} | {tracemalloc.get_traced_memory()[0] / 2**20:.2f} | "
               f"{(time.perf_counter() - t) / step * 1e6:.0f} |", flush=True)
     grown = me.memory_info().rss - rss0
@@ -49,8 +58,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=100_000)
     ap.add_argument("--payload", type=int, default=100, help="bytes sent with each call")
+    ap.add_argument("--mode", choices=("call_one", "replies"), default="call_one")
     args = ap.parse_args()
-    asyncio.run(measure(args.calls, args.payload))
+    print(f"mode {args.mode}")
+    asyncio.run(measure(args.calls, args.payload, args.mode))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from forge_rl.controller.replies import replies
 from forge_rl.losses.advantages import group_advantages
 from forge_rl.rewards.overlong import OverlongConfig, overlong_penalty
 from forge_rl.types import Episode, Group
@@ -199,13 +200,13 @@ async def rollout_from_dataset(*, dataset, generator, reward, buffer, group_size
     A prompt the engine refuses as too long is counted (drops["prompt_too_long"]) and skipped."""
     from forge_rl.actors.generator import PromptTooLong
 
-    example = await dataset.next.call_one()
+    calls = replies()  # not call_one: Monarch keeps ~1.2 KB per call_one in the caller (controller/replies.py)
+    example = await calls.call(dataset, "next")
 
     async def score(completions):
         n = len(completions)
-        return await reward.score.call_one([example.prompt] * n, [c.text for c in completions],
-                                           [c.finish_reason for c in completions],
-                                           {k: [v] * n for k, v in example.columns.items()})
+        return await calls.call(reward, "score", [example.prompt] * n, [c.text for c in completions],
+                                [c.finish_reason for c in completions], {k: [v] * n for k, v in example.columns.items()})
 
     try:
         group = await rollout_group(
@@ -218,4 +219,4 @@ async def rollout_from_dataset(*, dataset, generator, reward, buffer, group_size
             raise
         stats.drops["prompt_too_long"] += 1
         return False
-    return group is not None and await buffer.add.call_one(group)
+    return group is not None and await calls.call(buffer, "add", group)

@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from monarch._src.actor.actor_mesh import ActorMesh
-from monarch.actor import Actor, endpoint
+from monarch.actor import Actor, concurrent_endpoint, endpoint
 
 from forge_rl.controller.provisioner import get_provisioner
+from forge_rl.controller.replies import run_and_reply
 
 A = TypeVar("A", bound="ForgeActor")
 
@@ -61,6 +62,20 @@ class ForgeActor(Actor):
     @endpoint
     async def setup(self) -> None:
         """Runs once after spawn, before the actor is handed out. Override for slow init (engines)."""
+
+    # Calls whose reply comes back over a long-lived port (forge_rl/controller/replies.py): the caller picks
+    # the concurrent relay exactly when the endpoint it names is a concurrent endpoint.
+    @endpoint
+    async def reply_to(self, port, request: int, endpoint: str, args: tuple, kwargs: dict) -> None:
+        await run_and_reply(self, port, request, endpoint, args, kwargs)
+
+    @concurrent_endpoint
+    async def reply_to_concurrently(self, port, request: int, endpoint: str, args: tuple, kwargs: dict) -> None:
+        await run_and_reply(self, port, request, endpoint, args, kwargs)
+
+    @concurrent_endpoint
+    async def alive(self) -> bool:
+        return True
 
     @classmethod
     def options(cls: type[A], **kwargs: Any) -> "_Launcher[A]":

@@ -31,6 +31,7 @@ from monarch._src.actor.endpoint import EndpointProperty
 from monarch.actor import ProcMesh
 
 from forge_rl.controller.actor import ActorOptions
+from forge_rl.controller.replies import replies
 from forge_rl.controller.provisioner import get_provisioner
 
 logger = logging.getLogger(__name__)
@@ -191,8 +192,8 @@ class Service:
         replica.calls += 1
         try:
             ep = getattr(replica.actor, endpoint)
-            if self.opts.procs == 1:
-                return await ep.call_one(*args, **kwargs)
+            if self.opts.procs == 1:  # the reply over a long-lived port (no per-call leak: controller/replies.py)
+                return await replies().call(replica.actor, endpoint, *args, **kwargs)
             return await ep.call(*args, **kwargs)
         finally:
             replica.inflight -= 1
