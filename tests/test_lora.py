@@ -141,25 +141,22 @@ def test_only_adapters_train_and_fsdp_and_tp_match_one_proc(loop, trained, tmp_p
     assert not torch.equal(merged["model.layers.0.mlp.down_proj.weight"], shipped["model.layers.0.mlp.down_proj.weight"])
 
 
-def test_checkpoint_holds_the_adapters_and_resumes_identically(loop, tmp_path):
+def test_checkpoint_holds_the_adapters_and_resumes_identically(loop, trained, tmp_path):
     import os
 
     from forge_rl.controller import stop_actor
 
-    cfg = lora_config(tmp_path)
-    first = run(loop, Trainer.options(spmd=True).as_actor(cfg))
-    train(loop, first, 1, seeds=(0,))
-    path = run(loop, first.save.call_one())
-    expected = train(loop, first, 1, seeds=(1, 2))
-    run(loop, stop_actor(first))
+    single, _ = trained
+    path = run(loop, single.save.call_one(None, str(tmp_path / "ckpt")))
+    expected = train(loop, single, 1, seeds=(3, 4))
     stored = sum(f.stat().st_size for f in os.scandir(path) if f.is_file())
     assert stored < (TINY_MODEL_DIR / "model.safetensors").stat().st_size  # adapters + their Adam state only
-    second = run(loop, Trainer.options(spmd=True).as_actor(cfg))
-    assert run(loop, second.load.call_one()) == 1
-    got = train(loop, second, 1, seeds=(1, 2))
+    second = run(loop, Trainer.options(spmd=True).as_actor(lora_config(tmp_path)))
+    assert run(loop, second.load.call_one(path)) == 2
+    got = train(loop, second, 1, seeds=(3, 4))
     run(loop, stop_actor(second))
     for e, g in zip(expected, got):
-        assert e["loss"] == pytest.approx(g["loss"], abs=1e-7)
+        assert e["loss"] == pytest.approx(g["loss"], abs=1e-7) and e["step"] == g["step"]
 
 
 def test_peft_adapter_and_merged_export_reproduce_the_trainer(loop, trained, tmp_path):
