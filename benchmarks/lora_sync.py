@@ -49,6 +49,11 @@ def make_batch(B: int = 8, T: int = 64) -> TrainBatch:
 
 
 async def measure(model_dir: str, lora: LoRAConfig, rounds: int, tmp: Path) -> dict:
+    async with provisioned():  # a run of its own: its weight store holds only this mode's versions
+        return await _measure(model_dir, lora, rounds, tmp)
+
+
+async def _measure(model_dir: str, lora: LoRAConfig, rounds: int, tmp: Path) -> dict:
     cfg = TrainerConfig(model=model_dir, lora=lora, optim=OptimizerConfig(lr=1e-4), checkpoint_dir=str(tmp / "ckpt"))
     trainer, generator = await asyncio.gather(
         Trainer.options(spmd=True).as_actor(cfg),
@@ -76,22 +81,21 @@ async def main(sizes: list[str], rank: int, rounds: int) -> None:
     for col in ("model", "training", "bytes / version", "publish s", "load into vLLM s", "trainer peak RSS MB",
                 "train step s"):
         table.add_column(col, justify="right")
-    async with provisioned():
-        for size in sizes:
-            with tempfile.TemporaryDirectory() as tmp:
-                model_dir = str(build(Path(tmp) / size, **SIZES[size]))
-                rows = {}
-                for name, lora in (("full", LoRAConfig()), ("LoRA", LoRAConfig(rank=rank, alpha=2.0 * rank))):
-                    console.print(f"{size} {name} ...")
-                    rows[name] = await measure(model_dir, lora, rounds, Path(tmp) / name)
-                for name, r in rows.items():
-                    table.add_row(size, name, f"{r['bytes'] / 1e6:,.2f} MB", f"{r['push_s']:.3f}", f"{r['load_s']:.3f}",
-                                  f"{r['peak_rss_mb']:,.0f}", f"{r['step_s']:.2f}")
-                full, ad = rows["full"], rows["LoRA"]
-                table.add_row(size, "LoRA / full", f"{ad['bytes'] / full['bytes']:.4f}x",
-                              f"{ad['push_s'] / full['push_s']:.2f}x", f"{ad['load_s'] / full['load_s']:.2f}x",
-                              f"{ad['peak_rss_mb'] / full['peak_rss_mb']:.2f}x", f"{ad['step_s'] / full['step_s']:.2f}x",
-                              end_section=True)
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = str(build(Path(tmp) / size, **SIZES[size]))
+            rows = {}
+            for name, lora in (("full", LoRAConfig()), ("LoRA", LoRAConfig(rank=rank, alpha=2.0 * rank))):
+                console.print(f"{size} {name} ...")
+                rows[name] = await measure(model_dir, lora, rounds, Path(tmp) / name)
+            for name, r in rows.items():
+                table.add_row(size, name, f"{r['bytes'] / 1e6:,.2f} MB", f"{r['push_s']:.3f}", f"{r['load_s']:.3f}",
+                              f"{r['peak_rss_mb']:,.0f}", f"{r['step_s']:.2f}")
+            full, ad = rows["full"], rows["LoRA"]
+            table.add_row(size, "LoRA / full", f"{ad['bytes'] / full['bytes']:.4f}x",
+                          f"{ad['push_s'] / full['push_s']:.2f}x", f"{ad['load_s'] / full['load_s']:.2f}x",
+                          f"{ad['peak_rss_mb'] / full['peak_rss_mb']:.2f}x", f"{ad['step_s'] / full['step_s']:.2f}x",
+                          end_section=True)
     console.print(table)
 
 

@@ -272,6 +272,13 @@ class Generator(ForgeActor):
         directory = self._adapter_root() / version_dir(version)
         directory.mkdir(parents=True, exist_ok=True)
         with self.store.pinned(version) as path:
+            from safetensors import safe_open
+
+            with safe_open(str(path / FILE), "pt") as f:
+                if not all(".lora_A." in k or ".lora_B." in k for k in f.keys()):
+                    raise ValueError(f"weights version {version} holds full weights, not a LoRA adapter: this "
+                                     "generator serves adapters (trainer.lora.rank > 0) and the trainer published "
+                                     "whole weights")
             shutil.copyfile(path / FILE, directory / "adapter_model.safetensors")
         (directory / "adapter_config.json").write_text(json.dumps(self.lora.peft_config(self.model)))
         request = LoRARequest(f"forge_rl-{version_dir(version)}", version + 1, str(directory))  # ids start at 1
