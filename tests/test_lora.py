@@ -9,7 +9,7 @@ import torch
 from forge_rl.actors.trainer import OptimizerConfig, ParallelConfig, Trainer, TrainerConfig
 from forge_rl.models import TINY_MODEL_DIR
 from forge_rl.models.lora import LoRAConfig, initial_adapters, split_qkv_rows, to_peft
-from tests.test_trainer import make_batch, split
+from tests.test_trainer import loop, make_batch, split  # noqa: F401  (loop: the module's provisioned event loop)
 
 LORA = LoRAConfig(rank=4, alpha=8.0)
 
@@ -29,6 +29,7 @@ def lora_config(tmp_path, lora: LoRAConfig = LORA, **parallel) -> TrainerConfig:
     (dict(rank=8, targets=["q_proj", "v_proj"]), r"\['q_proj', 'v_proj'\] without the rest of q_proj, k_proj, v_proj"),
     (dict(rank=8, targets=["lm_head"]), r"trainer\.lora\.targets: \['lm_head'\] are not Qwen3 linears"),
     (dict(rank=8, targets=[]), r"trainer\.lora\.targets is empty"),
+    (dict(rank=600), r"trainer\.lora\.rank=600: vLLM serves LoRA ranks up to 512"),
 ])
 def test_bad_lora_config_names_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -66,18 +67,6 @@ def test_fused_qkv_adapter_becomes_three_peft_modules_sharing_a():
 
 
 # ---- the trainer ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def loop():
-    from forge_rl.controller import provisioned
-
-    loop = asyncio.new_event_loop()
-    ctx = provisioned()
-    loop.run_until_complete(ctx.__aenter__())
-    yield loop
-    loop.run_until_complete(ctx.__aexit__(None, None, None))
-    loop.close()
 
 
 def run(loop, coro):

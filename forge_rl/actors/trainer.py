@@ -222,7 +222,8 @@ class Trainer(ForgeActor):
         self.dp_rank = batch_mesh.get_local_rank() if batch_mesh is not None else 0
         o = self.cfg.optim
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+            [p for p in self.model.parameters() if p.requires_grad],  # with LoRA: the adapters only
+            lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
             foreach=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o))

@@ -4,10 +4,9 @@ Monarch 0.7.0 keeps about 1.2 KB of native memory in the caller for every call t
 (`call_one`, `call`, `route`): its reply port is never freed (benchmarks/monarch_call_memory.py). The GRPO
 controller makes four such calls per group (the prompt, the generation, the scores, the buffer add), ~110 per
 step of the demo, and grew ~27% per 1,000 steps from that alone. A one-way `broadcast` whose result is sent
-back over a port opened once keeps ~60 bytes per call (measured with the same benchmark, `--mode port`).
+back over a port opened once keeps ~50 bytes per call (measured with the same benchmark, `--mode replies`).
 
-    replies = Replies()
-    example = await replies.call(dataset, "next")      # as `await dataset.next.call_one()`
+    example = await replies().call(dataset, "next")      # as `await dataset.next.call_one()`
 
 The actor runs the endpoint through `ForgeActor.reply_to` (concurrently exactly when the endpoint itself is a
 concurrent endpoint) and sends `(request id, ok, result or exception)` to the port. A reply that takes longer

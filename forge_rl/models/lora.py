@@ -41,6 +41,8 @@ class LoRAConfig:
             raise ValueError(f"trainer.lora.rank must be >= 0 (0 = no LoRA), got {self.rank}")
         if not self.rank:
             return
+        if self.rank > 512:
+            raise ValueError(f"trainer.lora.rank={self.rank}: vLLM serves LoRA ranks up to 512")
         if self.alpha <= 0:
             raise ValueError(f"trainer.lora.alpha must be > 0, got {self.alpha}")
         if not 0 <= self.dropout < 1:
