@@ -259,6 +259,7 @@ def test_killed_replica_is_respawned_and_its_group_retried(generator, store):
         victim = (await svc.stats.route())["pid"]
         engine_procs = psutil.Process(victim).children(recursive=True)
         engine_shm = _shm_files([p.pid for p in engine_procs])
+        names = [p.name() for p in engine_procs]
         call = asyncio.ensure_future(svc.generate.route(PROMPT, n=8, temperature=1.0, max_tokens=90, ignore_eos=True))
         while (await svc.stats.route())["tokens_generated_in_flight"] < 8:
             assert not call.done(), "the group finished before the kill"
@@ -266,12 +267,13 @@ def test_killed_replica_is_respawned_and_its_group_retried(generator, store):
         os.kill(victim, signal.SIGKILL)  # the replica's proc; its vLLM engine processes follow their parent
         group = await asyncio.wait_for(call, 240)
         _, alive = psutil.wait_procs(engine_procs, timeout=30)
-        return victim, group, await svc.stats.route(), engine_procs, alive, engine_shm
+        return victim, group, await svc.stats.route(), names, alive, engine_shm
 
-    victim, group, stats, engine_procs, alive, engine_shm = loop.run_until_complete(body())
-    assert engine_shm, "expected vLLM's broadcast segment in /dev/shm"
+    victim, group, stats, names, alive, engine_shm = loop.run_until_complete(body())
+    # One CPU rank runs its model in the EngineCore (no Worker process, no broadcast segment to map); the
+    # reaper's removal of a mapped segment is tested on its own in test_shutdown.
     assert not [f for f in engine_shm if os.path.exists(f)], "the killed engine's shared memory was left behind"
-    assert len(engine_procs) >= 2  # EngineCore and the reaper at least
+    assert len(names) >= 2 and any("EngineCor" in n for n in names), names  # it, and the reaper
     assert not alive, f"processes of the killed replica still run: {alive}"
     assert len(group) == 8 and all(len(c.response_ids) == 90 for c in group)  # the whole group, once
     newest = max(store.versions())
