@@ -270,8 +270,8 @@ def test_killed_replica_is_respawned_and_its_group_retried(generator, store):
         return victim, group, await svc.stats.route(), names, alive, engine_shm
 
     victim, group, stats, names, alive, engine_shm = loop.run_until_complete(body())
-    # One CPU rank runs its model in the EngineCore (no Worker process, no broadcast segment to map); the
-    # reaper's removal of a mapped segment is tested on its own in test_shutdown.
+    # A generator pinned to one core has no Worker process and so no broadcast segment (engine_shm may be
+    # empty); the reaper's removal of a mapped segment is tested on its own in test_shutdown.
     assert not [f for f in engine_shm if os.path.exists(f)], "the killed engine's shared memory was left behind"
     assert len(names) >= 2 and any("EngineCor" in n for n in names), names  # it, and the reaper
     assert not alive, f"processes of the killed replica still run: {alive}"

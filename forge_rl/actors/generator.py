@@ -423,11 +423,11 @@ class Generator(ForgeActor):
 
 
 def cpu_engine_env(args: dict[str, Any]) -> dict[str, Any]:
-    """A CPU engine of one rank pinned to one core runs its model in the EngineCore process ("uni" executor). vLLM's CPU
-    platform turns "uni" into "mp" (a Worker process of its own, fed over a shared-memory queue) unless V1
+    """A CPU engine of one rank pinned to one core runs its model in the EngineCore process ("uni"
+    executor). vLLM's CPU platform turns "uni" into "mp" (a Worker process of its own, fed over a shared-memory queue) unless V1
     multiprocessing is off; AsyncLLM keeps its EngineCore process either way, so turning it off here only
-    removes the Worker. Measured on the demo's pinned core (benchmarks/vllm_executor.py): start-up ~10 s
-    shorter, groups/s 1.11x. With more than one core (colocated, or unpinned) the Worker is kept: the
+    removes the Worker. Measured on the demo's pinned core (benchmarks/vllm_executor.py): start-up 0.72x,
+    groups/s 1.11x. With more than one core (colocated, or unpinned) the Worker is kept: the
     scheduler and the model then run on different cores (unpinned: uni 50 against mp 63 groups/s). An
     explicit `distributed_executor_backend` is left alone."""
     if args.get("tensor_parallel_size", 1) * args.get("pipeline_parallel_size", 1) != 1:
