@@ -94,10 +94,7 @@ class Generator(ForgeActor):
 
         quiet_vllm(self.log_level)  # before vLLM is imported here; its engine processes inherit it
         from transformers import AutoTokenizer
-        from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        from vllm import SamplingParams
+        from vllm import AsyncEngineArgs, SamplingParams
 
         try:  # a misspelt sampling option fails here, at start-up, not on the first request
             SamplingParams(**self.sampling)
@@ -111,7 +108,7 @@ class Generator(ForgeActor):
         args.update(self.engine_args)
         if not torch.cuda.is_available():
             args = cpu_engine_env(args)
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        self.engine = start_engine(AsyncEngineArgs(**args), fork=not torch.cuda.is_available())
         # The engine's processes must not outlive this proc if it is killed (they would be orphaned).
         self._reaper = reap_descendants_on_exit()
         self._engine_watch = asyncio.create_task(self._watch_engine())
@@ -438,6 +435,33 @@ def cpu_engine_env(args: dict[str, Any]) -> dict[str, Any]:
         return args
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read by vLLM's CPU platform when the engine is made
     return {**args, "distributed_executor_backend": "uni"}
+
+
+def start_engine(engine_args, fork: bool):
+    """The AsyncLLM of `engine_args`, its EngineCore process forked from this one when `fork` (CPU).
+
+    vLLM's CPU platform always spawns the EngineCore (it sets VLLM_WORKER_MULTIPROC_METHOD=spawn while it
+    builds the config), and a spawned process imports vLLM and torch again: ~10 s of every engine start on
+    this 2-core machine. Forked, the engine starts in ~3 s (benchmarks/vllm_executor.py). On CPU nothing
+    stands against a fork: no CUDA context, and vLLM's CPU worker sets its OpenMP threads up after it
+    starts. GPUs keep vLLM's choice, and so does a VLLM_WORKER_MULTIPROC_METHOD set by the user.
+
+    The shared memory the engine makes (its executor's broadcast queue) is registered with Python's resource
+    tracker, which unlinks it when the engine is killed without cleaning up (as its shutdown ends). Started
+    here first, the tracker is this proc's child and the forked EngineCore reuses it; otherwise the
+    EngineCore would start its own, and vLLM's shutdown kills the EngineCore's children with it."""
+    from multiprocessing import resource_tracker
+
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    fork = fork and "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ
+    config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+    if fork:
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"  # read when the EngineCore process starts
+        resource_tracker.ensure_running()
+    return AsyncLLM.from_vllm_config(config, disable_log_stats=engine_args.disable_log_stats,
+                                     enable_log_requests=engine_args.enable_log_requests)
 
 
 def lora_engine_args(rank: int) -> dict[str, Any]:
