@@ -23,8 +23,8 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from apps.grpo.main import GRPOConfig, main
 from forge_rl.config import load_config
+from forge_rl.recipes.grpo import GRPOConfig, main
 
 VERIFIER_SEED = random.Random(0)
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from apps.grpo.main import GRPOConfig, main
 from forge_rl.config import load_config
 from forge_rl.models.build_tiny import build
+from forge_rl.recipes.grpo import GRPOConfig, main
 
 SHAPE_83M = dict(hidden_size=768, intermediate_size=2304, num_hidden_layers=12, num_attention_heads=12,
                  num_key_value_heads=4, head_dim=64)

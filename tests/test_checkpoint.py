@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from apps.grpo.main import GRPOConfig
+from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.checkpoint import APP_STATE, complete_checkpoints, latest_checkpoint, save_checkpoint
 from forge_rl.train_loop import Run
 

@@ -114,9 +114,9 @@ def test_required_marker_in_a_file_overrides_the_default(tmp_path):
 # ---- every shipped config ------------------------------------------------------------------------
 
 def _app_schema(path):
-    from apps.distill.main import DistillConfig
-    from apps.grpo.main import GRPOConfig
-    from apps.sft.main import SFTConfig
+    from forge_rl.recipes.distill import DistillConfig
+    from forge_rl.recipes.grpo_config import GRPOConfig
+    from forge_rl.recipes.sft import SFTConfig
 
     return {"grpo": GRPOConfig, "sft": SFTConfig, "distill": DistillConfig}[path.parent.name]
 
@@ -134,7 +134,7 @@ def test_every_shipped_config_loads_and_validates(path):
         overrides.append("task.source=/data/some-local-dir")
     cfg = load_config(_app_schema(path), path, overrides)
     if path.parent.name in ("grpo", "distill"):  # distillation is the GRPO app with a teacher
-        from apps.grpo.main import check_config
+        from forge_rl.recipes.grpo_config import check_config
 
         check_config(cfg)
         assert cfg.trainer.temperature == cfg.generator.sampling.get("temperature", 1.0)
@@ -146,14 +146,14 @@ def test_shipped_configs_cover_every_app():
 
 def test_max_policy_age_is_one_key():
     """The buffer's staleness bound is the run's max_policy_age: buffer.max_policy_age is not a second key."""
-    from apps.grpo.main import GRPOConfig
+    from forge_rl.recipes.grpo_config import GRPOConfig
 
     with pytest.raises(ConfigError, match="buffer.max_policy_age"):
         load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", ["buffer.max_policy_age=3"])
 
 
 def test_verbose_flag_is_the_verbose_key_of_apps_that_have_one():
-    from apps.grpo.main import GRPOConfig
+    from forge_rl.recipes.grpo_config import GRPOConfig
 
     assert parse_args(GRPOConfig, ["--config", "configs/grpo/tiny.yaml", "--verbose"]).verbose is True
     assert parse_args(GRPOConfig, ["--config", "configs/grpo/tiny.yaml"]).verbose is False

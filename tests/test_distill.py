@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.distill.main import DistillConfig, check_same_tokenizer, main
+from forge_rl.recipes.distill import DistillConfig, check_same_tokenizer, main
 from forge_rl.config import ConfigError, load_config
 from forge_rl.models import resolve_model_path
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from apps.grpo.main import GRPOConfig, main
+from forge_rl.recipes.grpo import GRPOConfig, main
 from forge_rl.config import ConfigError, load_config
 from forge_rl.observability.metrics import read_jsonl
 from tests.conftest import REPO

@@ -34,8 +34,8 @@ def test_notebook_runs_top_to_bottom_and_leaves_nothing(path: Path, tmp_path):
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code and all(not c.outputs and c.execution_count is None for c in code), "commit notebooks stripped"
-    # run the cell that starts the session twice, as a person re-running it would
-    spawn = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "new_session(" in c.source)
+    # run the cell that starts the run twice, as a person re-running it would
+    spawn = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and ".start()" in c.source)
     nb.cells.insert(spawn + 1, copy.deepcopy(nb.cells[spawn]))
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
@@ -44,9 +44,10 @@ def test_notebook_runs_top_to_bottom_and_leaves_nothing(path: Path, tmp_path):
                       for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "version 3: loss" in outputs and "shared memory left: none" in outputs
     assert (tmp_path / "outputs/notebook/notebook_reward.png").stat().st_size > 1000
-    sessions = set(re.findall(r"session (\w+): actors up", outputs))
-    assert len(sessions) == 2  # the spawn cell ran twice, each time a session of its own
-    # the second run of the cell stopped the first session, the last cell the second: nothing of either is left
+    started = re.findall(r"session (\w+): actors up", outputs)
+    assert len(started) == 2  # the start cell ran twice (one kernel: both runs carry its run id)
+    sessions = set(started)
+    # the second run of the cell stopped the first run, the last cell the second: nothing of either is left
     deadline = time.monotonic() + 20  # the kernel has just been shut down; its procs may be exiting
     while (left := _procs_of(sessions)) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from monarch.actor import ActorError
 
-from apps.grpo.main import GRPOConfig
+from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.actors.generator import PromptTooLong
 from forge_rl.data.task import TaskConfig, to_example
 from forge_rl.rollout import rollout_from_dataset, rollout_loop

@@ -3,7 +3,7 @@ the trainer cannot reproduce are refused at start with an error that names them.
 
 import pytest
 
-from apps.grpo.main import GRPOConfig, check_config
+from forge_rl.recipes.grpo_config import GRPOConfig, check_config
 from forge_rl.config import ConfigError, load_config
 from forge_rl.sampling import NEUTRAL, behaviour_temperature
 from tests.conftest import REPO

@@ -13,7 +13,7 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from apps.sft.main import SFTConfig, main
+from forge_rl.recipes.sft import SFTConfig, main
 from forge_rl.config import load_config
 from forge_rl.data.arithmetic import chat_prompt, held_out_problems, problems, training_problems
 from forge_rl.data.jsonl import DatasetFormatError, load_sft_dataset, tokenize_messages

@@ -1,70 +1,19 @@
 """On-policy distillation: the student generates, a teacher scores every sampled token, the student learns
 the teacher's distribution on its own samples.
 
-    python -m apps.distill.main --config configs/distill/tiny.yaml [key=value ...]
+    python -m apps.distill.main --config configs/distill/tiny.yaml [key=value ...] [--verbose]
 
-It is the GRPO app with two changes (docs/algorithms.md):
-- a frozen teacher (a TorchTitan forward on its own actor, the `Reference` actor built from `teacher`) fills
-  TrainBatch.ref_logprobs with log pi_teacher of every sampled token, every step;
-- the loss's per-token advantage is distill_coef * (log pi_teacher - log pi_behaviour): minus the per-token
-  reverse KL of the sampling student to the teacher, optionally plus reward_coef times the task reward's
-  group advantage.
-Everything else is GRPO's: async rollouts, the replay buffer and its staleness bound, weight sync without
-draining, evaluation, checkpoints, Slurm.
-
-Why a TorchTitan forward and not a vLLM engine with prompt logprobs: the trainer already holds the batch as
-token tensors, the forward is the same code (and parallelism) as the student's, so teacher and student
-logprobs share one numerical path (temperature included); a vLLM teacher would re-send every sequence as a
-prompt and on CPU take cores from the student's generator. Measured on the 2-core machine: `make demo-distill`
-ran 143 steps/min against `make demo`'s 136 (same model, batch and step count), so the teacher's forward on the
-trainer's cores costs no step rate there. A vLLM teacher was not built to compare.
+The run is GRPO's with the teacher as its reference stage (forge_rl/recipes/distill.py, docs/algorithms.md).
 """
 
-from dataclasses import dataclass
-
-from rich.console import Console
-
-from apps.grpo.main import GRPOConfig
-from apps.grpo.main import main as grpo_main
-from apps.grpo.main import run_from_command_line
-from forge_rl.config import ConfigError
-from forge_rl.models import resolve_model_path
-
-
-@dataclass
-class DistillConfig(GRPOConfig):
-    teacher: str = "???"  # "tiny-teacher" or a local HF model directory sharing the student's tokenizer
-
-
-def check_same_tokenizer(student: str, teacher: str) -> None:
-    """Teacher logprobs are of token ids: both models must cut text into the same ids."""
-    from transformers import AutoTokenizer
-
-    s, t = AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher)
-    if s.get_vocab() != t.get_vocab():
-        only_s = len(set(s.get_vocab().items()) - set(t.get_vocab().items()))
-        raise ConfigError(f"teacher={teacher!r} has another tokenizer than model={student!r} ({len(t)} tokens "
-                          f"against {len(s)}; {only_s} of the student's entries differ): on-policy distillation "
-                          "compares logprobs of the same token ids, so both must share one tokenizer")
+from forge_rl.recipes.command_line import run_from_command_line
+from forge_rl.recipes.distill import DistillConfig, DistillRun
+from forge_rl.recipes.grpo import train
 
 
 async def main(cfg: DistillConfig) -> dict:
-    try:
-        teacher = resolve_model_path(cfg.teacher)
-    except FileNotFoundError as e:
-        raise ConfigError(f"teacher: {e}") from None
-    check_same_tokenizer(resolve_model_path(cfg.model), teacher)
-    if cfg.trainer.grpo.distill_coef <= 0:
-        raise ConfigError(f"trainer.grpo.distill_coef={cfg.trainer.grpo.distill_coef}: distillation needs > 0")
-    if cfg.buffer.drop_zero_advantage:
-        # a group whose rewards are all equal still has a teacher signal on every token
-        Console().print("[yellow]buffer.drop_zero_advantage is turned off: every token carries the teacher's "
-                        "signal[/yellow]")
-        cfg.buffer.drop_zero_advantage = False
-    return await grpo_main(cfg, reference_model=teacher)
+    return await train(DistillRun(cfg))
 
-
-CONFIG = DistillConfig  # what `python -m forge_rl.controller.launcher submit --app apps.distill.main` reads
 
 if __name__ == "__main__":
     run_from_command_line(DistillConfig, main, __doc__.splitlines()[0])

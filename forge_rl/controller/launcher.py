@@ -159,34 +159,36 @@ async def weight_server(store_cfg):
 BATCH_STATE_FILE = ".monarch/job_state.pkl"
 
 
-def submit(app: str, config: str | None, overrides: list[str], launcher: LauncherConfig, output_dir: str) -> str:
-    """Submit one sbatch job that runs the workers and `python -m <app>` inside the allocation; its job id."""
+def submit(recipe: str, config: str | None, overrides: list[str], launcher: LauncherConfig, output_dir: str) -> str:
+    """Submit one sbatch job that runs the workers and `python -m forge_rl.recipes <recipe>` inside the allocation;
+    its job id."""
     job = slurm_job(launcher.slurm, Path(output_dir) / "slurm")
     python = launcher.slurm.python or sys.executable
-    argv = [python, "-m", app, *(["--config", config] if config else []), *overrides, "launcher.kind=slurm"]
+    argv = [python, "-m", "forge_rl.recipes", recipe, *(["--config", config] if config else []), *overrides,
+            "launcher.kind=slurm"]
     job.apply(client_script=shlex.join(argv))
     return job._slurm_job_id
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m forge_rl.controller.launcher submit [--app apps.grpo.main] --config FILE [key=value ...]"""
+    """python -m forge_rl.controller.launcher submit [--recipe grpo] --config FILE [key=value ...]"""
+    from forge_rl.recipes import RECIPES, recipe
+
     parser = argparse.ArgumentParser(prog="python -m forge_rl.controller.launcher",
                                      description="Run an app on Slurm: workers and controller in one sbatch job.")
     parser.add_argument("command", choices=["submit"])
-    parser.add_argument("--app", default="apps.grpo.main", help="the app module (default apps.grpo.main)")
+    parser.add_argument("--recipe", default="grpo", choices=RECIPES, help="the run to submit (default grpo)")
     parser.add_argument("--config", help="YAML config file")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. launcher.slurm.partition=gpu")
     args = parser.parse_intermixed_args(argv)  # options before, between or after the key=value overrides
-    import importlib
-
     from forge_rl.config import ConfigError, load_config
 
-    schema = importlib.import_module(args.app).CONFIG
+    schema = recipe(args.recipe).CONFIG
     try:
         cfg = load_config(schema, args.config, [*args.overrides, "launcher.kind=slurm"])
     except ConfigError as e:
         parser.exit(2, f"config error: {e}\n")
-    job_id = submit(args.app, args.config, args.overrides, cfg.launcher, cfg.output_dir)
+    job_id = submit(args.recipe, args.config, args.overrides, cfg.launcher, cfg.output_dir)
     print(f"submitted Slurm job {job_id}: workers on {cfg.launcher.slurm.trainer_nodes} trainer + "
           f"{cfg.launcher.slurm.generator_nodes} generator nodes; the app's output: "
           f"{Path(cfg.output_dir) / 'slurm'}/slurm_{job_id}_*.out")

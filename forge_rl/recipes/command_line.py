@@ -1,0 +1,26 @@
+"""`python -m apps.<algorithm>.main --config FILE key=value ...`: parse, run, and end with a one-line error for
+what a user can fix (a config key, a dead role) or exit code 130 when interrupted. Signal handling is installed
+explicitly, so a run started in the background (nohup, CI, a Slurm batch step) stops as one in a terminal does."""
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+
+from forge_rl.config import ConfigError, parse_args
+from forge_rl.controller.signals import handle_stop_signals
+from forge_rl.train_loop import RoleDied
+
+
+def run_from_command_line(schema: type, main: Callable[[object], Awaitable[dict]], description: str,
+                          argv: list[str] | None = None) -> None:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    config = parse_args(schema, argv, description=description)
+    handle_stop_signals()
+    try:
+        summary = asyncio.run(main(config))
+    except (ConfigError, RoleDied) as e:
+        raise SystemExit(f"error: {e}")
+    except KeyboardInterrupt:
+        raise SystemExit(130)
+    if isinstance(summary, dict) and summary.get("interrupted"):  # a run that saved and stopped on a signal
+        raise SystemExit(130)

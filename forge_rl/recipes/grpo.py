@@ -1,0 +1,485 @@
+"""GRPO, asynchronous: rollouts and training run concurrently, joined by the replay buffer.
+
+    run = GRPORun(cfg)            # cfg: GRPOConfig (forge_rl/recipes/grpo_config.py)
+    await run.start()             # checks, placement, actors, resume
+    await run.evaluate()          # greedy held-out accuracy
+    metrics = await run.train_step()   # sample, train, publish version + 1, swap the generators
+    await run.checkpoint()
+    summary = await run.finish()  # final evaluation, checkpoint, export, summary.json, curves.png
+    await run.stop()              # every actor and its shared memory gone
+
+`train(run)` at the bottom is the loop `make demo` runs over those steps; a notebook calls them one at a time
+(docs/notebooks/interactive_grpo.ipynb), and an algorithm that adds a stage subclasses the run
+(forge_rl/recipes/distill.py). Rollout tasks run in this controller from the first `train_step` on: prompt ->
+generator.generate(n=G) -> reward.score -> group advantages -> buffer.add. `async_mode: false` with
+`max_policy_age: 0` is the strictly synchronous baseline: generate a batch, train, sync weights, repeat.
+
+What we took from others: TorchTitan keeps its `Trainer` in the library and experiments as configs (the run
+lives here, `apps/grpo/main.py` only parses the command line); tinker-cookbook's RL loop is one short function
+over named steps beside a config blueprint (`train` below); nanoGPT keeps one idea per file (the config and
+its checks, the run, and what it reports are three files).
+"""
+
+import asyncio
+import contextlib
+import json
+import statistics
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from rich.console import Console
+from tqdm import tqdm
+
+from forge_rl.actors.dataset import PromptDataset
+from forge_rl.actors.generator import Generator
+from forge_rl.actors.reference import Reference
+from forge_rl.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
+from forge_rl.actors.reward import RewardActor
+from forge_rl.actors.trainer import Trainer
+from forge_rl.checkpoint import complete_checkpoints, resume_from_checkpoint, resume_requested, save_checkpoint
+from forge_rl.config import to_yaml
+from forge_rl.controller import provisioned
+from forge_rl.controller.launcher import LauncherConfig, launched, weight_server
+from forge_rl.controller.provisioner import visible_gpus
+from forge_rl.envs import env_factory
+from forge_rl.eval import evaluate_task
+from forge_rl.models import resolve_model_path
+from forge_rl.multiturn import TurnRenderer, evaluate_env, rollout_env_from_dataset
+from forge_rl.observability import MetricsLogger, plot_run
+from forge_rl.recipes.grpo_config import GRPOConfig, check_config, check_task, dp_size, max_prompt_tokens
+from forge_rl.recipes.grpo_report import StepRecord, console_line, drops, step_metrics, summary_block
+from forge_rl.resources import Placement, plan_placement
+from forge_rl.rollout import rollout_from_dataset, rollout_loop
+from forge_rl.train_loop import (
+    Run, SupervisionError, batch_staleness, raise_if_failed, role_died, update_generators, wait_for_batch,
+)
+
+
+class GRPORun:
+    """One GRPO run: its actors, its shared state (`state`: policy version, admission, drops) and its steps."""
+
+    def __init__(self, cfg: GRPOConfig):
+        self.cfg = cfg
+        self.console = Console(soft_wrap=True)  # no hard wraps at 80 columns in a log file
+        self.out = Path(cfg.output_dir)
+        self.log_dir = None if cfg.verbose else self.out / "logs"
+        self.checkpoint_dir = Path(cfg.trainer.checkpoint_dir)
+        self.evals: list[tuple[int, float, float]] = []  # (step, training seconds so far, held-out accuracy)
+        self.start_step = 0
+        self.state: Run | None = None
+        self.log: MetricsLogger | None = None
+        self.trainer = self.generator = self.buffer = self.reward = self.dataset = self.reference = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._rollouts: list[asyncio.Task] = []
+        self._pending_update: asyncio.Task | None = None  # the generators' swap to the newest version
+        self._step_task: asyncio.Future | None = None
+        self._started: float | None = None  # the training clock: from the first step (evaluations move it on)
+        self._stopped: float | None = None  # ... to the end of the last step
+        self._gen_busy_start = self._eval_busy_s = 0.0
+
+    @property
+    def step(self) -> int:
+        """Training steps taken (= the policy version; a resumed run starts at its checkpoint's)."""
+        return self.state.version if self.state else 0
+
+    def reference_model(self) -> str | None:
+        """Whose logprobs fill TrainBatch.ref_logprobs every step: the starting policy when the KL penalty needs
+        it (trainer.grpo.kl_coef > 0); a distillation run returns its teacher."""
+        return self.cfg.trainer.model if self.cfg.trainer.grpo.kl_coef > 0 else None
+
+    # ---- start ----------------------------------------------------------------------------------------
+
+    async def start(self) -> "GRPORun":
+        """Check the config and the task, place the roles, start every actor, resume when asked to."""
+        self.prepare()
+        self._stack = contextlib.AsyncExitStack()
+        try:
+            cfg = self.cfg
+            if cfg.launcher.kind == "slurm":
+                self.console.print(f"[bold]GRPO[/bold] on Slurm: waiting for {cfg.launcher.slurm.trainer_nodes} "
+                                   f"trainer + {cfg.launcher.slurm.generator_nodes} generator nodes")
+            hosts = await self._stack.enter_async_context(launched(cfg.launcher, self.out))
+            self.provisioner = await self._stack.enter_async_context(provisioned(log_dir=self.log_dir, hosts=hosts))
+            self.console.print(f"[bold]GRPO[/bold] {cfg.model}: starting actors (vLLM engine start takes ~30 s on CPU)")
+            if self.log_dir:
+                self.console.print(f"the role processes' logs (vLLM, TorchTitan, Monarch) go to {self.log_dir}/ "
+                                   "(--verbose: here)")
+            gpus = self._place(hosts)
+            await self._start_actors(hosts, gpus)
+            await self._resume()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    def prepare(self) -> None:
+        """Everything that needs no actor: config checks, the model's path, the output directory, the task's data."""
+        from transformers import AutoTokenizer
+
+        cfg = self.cfg
+        if not cfg.async_mode and cfg.max_policy_age != 0:
+            self.console.print("[yellow]async_mode: false runs a synchronous loop; max_policy_age is set to 0[/yellow]")
+            cfg.max_policy_age = 0
+        check_config(cfg)
+        self.model_dir = resolve_model_path(cfg.model)
+        cfg.trainer.model = self.model_dir
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(to_yaml(cfg))
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        check_task(cfg)
+        self.buffer_cfg = ReplayBufferConfig(**asdict(cfg.buffer), max_policy_age=cfg.max_policy_age,
+                                             dp_size=dp_size(cfg), pad_id=self.tokenizer.pad_token_id or 0,
+                                             seed=cfg.seed)
+        self.state = Run(cfg)
+
+    def _place(self, hosts: dict) -> list[str]:
+        """Where each role runs (self.placement); returns the GPUs the trainer's ranks take."""
+        cfg = self.cfg
+        tp = int(cfg.generator.engine_args.get("tensor_parallel_size", 1))
+        if hosts:  # every role on hosts of its own: GPUs per node from the launcher, cores not pinned
+            node_gpus = cfg.launcher.slurm.gpus_per_node or 0
+            self.placement = host_placement(cfg.launcher, node_gpus)
+            gpus = [str(i) for i in range(node_gpus)]
+        else:
+            gpus = visible_gpus()  # one GPU per trainer rank; a generator replica gets one per TP rank
+            self.placement = plan_placement(cfg.resources, cfg.trainer_procs, cfg.generator.replicas,
+                                            tp if gpus else 0, gpus)
+        self.generator_gpus = tp if gpus else 0
+        self.console.print(self.placement.describe())
+        return gpus
+
+    async def _start_actors(self, hosts: dict, gpus: list[str]) -> None:
+        cfg, placement = self.cfg, self.placement
+        # Generators on other hosts than the trainer copy each version from the trainer's host (Monarch RDMA).
+        weight_source = await weight_server(cfg.weight_store) if hosts else None
+        shared = placement.colocated and placement.device == "cuda"
+        engine_args = dict(cfg.generator.engine_args)
+        if shared:
+            engine_args.setdefault("enable_sleep_mode", True)  # the engine sleeps while the trainer steps
+        trainer_cpus = dict(cpus=_tuples(placement.trainer_cpus), threads=placement.trainer_threads)
+        self.trainer, self.generator, self.buffer, self.reward, self.dataset = await asyncio.gather(
+            Trainer.options(procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=shared,
+                            host_mesh="trainer", **trainer_cpus).as_actor(cfg.trainer, cfg.weight_store),
+            Generator.options(replicas=cfg.generator.replicas, gpus=self.generator_gpus, share_gpus=shared,
+                              host_mesh="generator", cpus=_tuples(placement.generator_cpus)).as_service(
+                self.model_dir, engine_args=engine_args, sampling=cfg.generator.sampling, seed=cfg.seed,
+                swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store, weight_source=weight_source,
+                log_level=cfg.generator.log_level, lora=cfg.trainer.lora,
+            ),
+            ReplayBuffer.as_actor(self.buffer_cfg),
+            RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s),
+            PromptDataset.as_actor(cfg.task, self.model_dir, cfg.seed, max_prompt_tokens(cfg, self.model_dir),
+                                   cfg.chat_template_kwargs),
+        )
+        reference = self.reference_model()
+        if reference is not None:  # a frozen policy (or a teacher), on the trainer's cores
+            self.reference = await Reference.options(
+                procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=True, host_mesh="trainer",
+                **trainer_cpus).as_actor(replace(cfg.trainer, model=reference))
+        self.held_out = await self.dataset.held_out.call_one(cfg.eval_size)
+        if not self.held_out:
+            self.console.print("[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): "
+                               "no evaluations[/yellow]")
+
+    async def _resume(self) -> None:
+        cfg = self.cfg
+        resumed = resume_requested(cfg.resume, self.checkpoint_dir)
+        if resumed:
+            self.start_step, path = await resume_from_checkpoint(self.state, self.trainer, self.generator,
+                                                                 self.buffer, self.dataset, self.checkpoint_dir)
+            self.console.print(f"resumed from {path} at step {self.start_step} (policy version {self.state.version})")
+        self.log = MetricsLogger(self.out, cfg.wandb_project, config=asdict(cfg),
+                                 resume_step=self.start_step if resumed else None)
+
+    # ---- the steps ------------------------------------------------------------------------------------
+
+    async def evaluate(self) -> dict[str, float]:
+        """Greedy held-out evaluation of the generators' newest weights, logged at the current step. Rollouts
+        wait meanwhile, and the time is not counted as training time."""
+        t0, at_s = time.perf_counter(), self.training_s()
+        if self._pending_update is not None:  # the generators first take the newest version
+            self.state.last_updates, self._pending_update = await self._pending_update, None
+        await self.state.admission.pause()
+        try:
+            scores = await self._evaluate_held_out()
+        finally:
+            await self.state.admission.pause(False)
+        self.evals.append((self.step, at_s, scores["eval/accuracy"]))
+        self.log.log(self.step, scores)
+        if self._started is not None and self._stopped is None:  # evaluations are not training time
+            self._eval_busy_s += time.perf_counter() - t0
+            self._started += time.perf_counter() - t0
+        return scores
+
+    async def train_step(self) -> dict[str, float]:
+        """One training step: sample a batch at the current policy version, train on it, publish version + 1 and
+        swap the generators to it (in async mode the swap runs on while the next step samples). Returns the
+        step's metrics line, also logged."""
+        s = self.state
+        if not self._rollouts:
+            await self._start_rollouts()
+        step_start, tokens_before = time.perf_counter(), s.rollouts.generated_tokens
+        buffer_before = await self.buffer.stats.call_one()
+        batches, sample_wait = await wait_for_batch(s, self.buffer, self._rollouts)
+        # the next batch is sampled at version + 1: admit only what that batch can still use
+        stored = s.admission.stored
+        await s.admission.sampled((await self.buffer.stats.call_one())["groups"], s.version + 1, stored)
+        staleness, oldest = batch_staleness(batches, s.version)
+        s.max_staleness = max(s.max_staleness, oldest)
+        metrics, push = await self._train_and_publish(batches)
+        s.staleness_sum, s.staleness_steps = s.staleness_sum + staleness, s.staleness_steps + 1
+        await self._swap_generators()
+        raise_if_failed(self._rollouts)
+        buffer, data = await self.buffer.stats.call_one(), await self.dataset.stats.call_one()
+        rewards, parts = s.rollouts.take_rewards()
+        line = step_metrics(StepRecord(
+            step=self.step, trainer=metrics, push=push, updates=s.last_updates, buffer=buffer,
+            buffer_before=buffer_before, staleness=staleness, max_staleness=s.max_staleness,
+            sample_wait_s=sample_wait, step_s=time.perf_counter() - step_start,
+            generated_tokens=s.rollouts.generated_tokens - tokens_before,
+            generator=await self.generator.stats.route(), data=data, drops=drops(buffer, s.drops, data),
+            rewards=rewards, reward_parts=parts,
+        ))
+        self.log.log(self.step, line)
+        return line
+
+    async def checkpoint(self) -> Path:
+        """The trainer's DCP checkpoint plus the buffer, the data position and the counters, as step-N. Every
+        rollout started lands in the buffer first, so the checkpoint holds it."""
+        if self._rollouts and not await self.state.admission.quiesce(timeout_s=60):
+            self.console.print("[yellow]checkpoint: rollouts still in flight after 60 s; their prompts are "
+                               "skipped on resume[/yellow]")
+        try:
+            return await save_checkpoint(self.state, self.trainer, self.buffer, self.dataset, self.step,
+                                         self.checkpoint_dir, self.cfg.checkpoint_keep_last)
+        finally:
+            await self.state.admission.pause(False)
+
+    async def save_on_interrupt(self) -> Path:
+        """SIGTERM, Ctrl-C, a time limit: the step in flight finishes (its version and the trainer's agree), the
+        rollouts in flight get a moment to land in the buffer, and a final checkpoint is written."""
+        self.console.print(f"[yellow]interrupted at step {self.step}: saving a final checkpoint[/yellow]")
+        if self._step_task is not None and not self._step_task.done():
+            with contextlib.suppress(Exception):
+                await self._step_task
+        await self.state.admission.quiesce(timeout_s=10)
+        await self._stop_rollouts()
+        return await save_checkpoint(self.state, self.trainer, self.buffer, self.dataset, self.step,
+                                     self.checkpoint_dir, self.cfg.checkpoint_keep_last)
+
+    async def finish(self) -> dict:
+        """End of training: the generators take the final weights, a last evaluation, a checkpoint, the HF
+        export; writes summary.json and curves.png and prints where everything is. Returns the summary."""
+        cfg = self.cfg
+        await self._stop_rollouts()
+        if self._pending_update is not None:
+            self.state.last_updates, self._pending_update = await self._pending_update, None
+        self._stopped = time.perf_counter()
+        wall = self.training_s()
+        # A replica respawning now (it died late in the run) joins the final evaluation with the final weights.
+        if not await self.generator.wait_healthy(timeout_s=300):
+            self.console.print("[yellow]a generator replica is still down after 300 s; evaluating without it[/yellow]")
+        await update_generators(self.state, self.generator, self.state.version)
+        gen_busy_s = (await self.generator.stats.route())["busy_s"] - self._gen_busy_start - self._eval_busy_s
+        if self.step > self.start_step:
+            await self.evaluate()
+        await self.checkpoint()
+        if cfg.export_dir:
+            await self.trainer.export_hf.call(cfg.export_dir)  # with LoRA: merged into the base
+            if cfg.trainer.lora.enabled:  # and the adapter alone, as PEFT saves one
+                await self.trainer.export_adapter.call(str(Path(cfg.export_dir) / "adapter"))
+        summary = await self._summary(wall, gen_busy_s)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        png = plot_run(self.out / "metrics.jsonl", self.out / "curves.png", title=f"GRPO {cfg.model}")
+        self.console.print(summary_block(summary, self.eval_reward_name(), self.out, png,
+                                         complete_checkpoints(self.checkpoint_dir)[-1], cfg.export_dir,
+                                         cfg.trainer.lora.enabled, self.log_dir))
+        return summary
+
+    async def stop(self) -> None:
+        """Stop the rollouts, every actor and proc of the run, and remove its shared memory (idempotent)."""
+        await self._stop_rollouts()
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            await asyncio.shield(stack.aclose())
+
+    async def __aenter__(self) -> "GRPORun":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    def role_died(self, error: BaseException):
+        """The error a dead role's SupervisionError becomes: the role, its logs and the checkpoint to resume from."""
+        return role_died(error, self.checkpoint_dir, self.log_dir)
+
+    def training_s(self) -> float:
+        """Seconds of training so far: from the first step on, start-up and evaluations excluded."""
+        if self._started is None:
+            return 0.0
+        return (self._stopped or time.perf_counter()) - self._started
+
+    def eval_reward_name(self) -> str:
+        if self.cfg.env.name is not None:
+            return f"solved within {self.cfg.env.max_turns} turns ({self.cfg.env.name})"
+        return self.cfg.task.eval_reward or self.cfg.rewards[0].name
+
+    # ---- inside the steps -----------------------------------------------------------------------------
+
+    async def _start_rollouts(self) -> None:
+        """Rollout tasks in this controller, as many as admission allows: prompt -> G completions -> rewards ->
+        advantages -> buffer. Synchronous: the whole batch is generated at once."""
+        cfg = self.cfg
+        actors = dict(dataset=self.dataset, generator=self.generator, buffer=self.buffer, group_size=cfg.group_size,
+                      stats=self.state.rollouts, scale_advantages_by_std=cfg.scale_advantages_by_std)
+        max_tokens = cfg.generator.sampling.get("max_tokens", 16)
+        if cfg.env.name is None:
+            def rollout_once():
+                return rollout_from_dataset(reward=self.reward, overlong=cfg.overlong, max_tokens=max_tokens, **actors)
+        else:
+            turns = dict(make_env=env_factory(cfg.env), env_cfg=cfg.env, max_tokens=max_tokens,
+                         renderer=TurnRenderer(self.tokenizer, **cfg.chat_template_kwargs))
+
+            def rollout_once():
+                return rollout_env_from_dataset(**turns, **actors)
+        tasks = cfg.rollout_tasks if cfg.async_mode else max(cfg.rollout_tasks, cfg.batch_groups)
+        self._gen_busy_start = (await self.generator.stats.route())["busy_s"]
+        self._rollouts = [asyncio.create_task(rollout_loop(self.state.admission, self.state.stop, rollout_once))
+                          for _ in range(tasks)]
+        self._started = time.perf_counter()
+
+    async def _train_and_publish(self, batches) -> tuple[dict, dict]:
+        """train_step + push_weights, shielded: an interrupt lets the step finish (see save_on_interrupt)."""
+        s = self.state
+        if self.placement.colocated:  # the trainer gets the device: the generators step aside
+            if self._pending_update is not None:
+                s.last_updates, self._pending_update = await self._pending_update, None
+            await self.generator.hold.call_all()
+        busy_start = time.perf_counter()
+        self._step_task = asyncio.ensure_future(train_and_publish(s, self.trainer, self.reference, batches))
+        metrics, push = await asyncio.shield(self._step_task)
+        s.trainer_busy_s += time.perf_counter() - busy_start
+        if self.placement.colocated:
+            await self.generator.release.call_all()
+        return metrics, push
+
+    async def _swap_generators(self) -> None:
+        """Every replica prefetches the new version and swaps between engine steps; one swap at a time, in
+        version order. Synchronous mode waits for it."""
+        s = self.state
+        if self._pending_update is not None:
+            s.last_updates = await self._pending_update
+        self._pending_update = asyncio.create_task(update_generators(s, self.generator, s.version))
+        if not self.cfg.async_mode:
+            s.last_updates, self._pending_update = await self._pending_update, None
+
+    async def _stop_rollouts(self) -> None:
+        if self.state is not None:
+            self.state.stop.set()
+        for t in self._rollouts:
+            t.cancel()
+        await asyncio.gather(*self._rollouts, return_exceptions=True)
+        self._rollouts = []
+
+    async def _evaluate_held_out(self) -> dict[str, float]:
+        """`eval/accuracy`: the mean of the eval reward over the held-out examples, greedy (NaN when the task has
+        none); with an environment, the fraction solved within env.max_turns, and `eval/first_turn`."""
+        cfg = self.cfg
+        if not self.held_out:
+            return {"eval/accuracy": float("nan")}
+        max_tokens = cfg.generator.sampling.get("max_tokens", 8)
+        if cfg.env.name is not None:  # solved within env.max_turns, greedy
+            renderer = TurnRenderer(self.tokenizer, **cfg.chat_template_kwargs)
+            result = await evaluate_env(self.generator, self.held_out, env_factory(cfg.env), renderer, cfg.env,
+                                        max_tokens)
+            return {"eval/accuracy": result["accuracy"], "eval/first_turn": result["first_turn"]}
+        result = await evaluate_task(self.generator, self.reward, self.held_out, self.eval_reward_name(),
+                                     max_tokens=max_tokens)
+        return {"eval/accuracy": result["accuracy"]}
+
+    async def _summary(self, wall: float, gen_busy_s: float) -> dict:
+        s, cfg = self.state, self.cfg
+        final_buffer = await self.buffer.evict.call_one()
+        data = await self.dataset.stats.call_one()
+        last3 = [acc for *_, acc in self.evals[-3:]]
+        generated = final_buffer["added"] + s.drops["reward_error"] + s.drops["reward_timeout"]
+        done = self.step - self.start_step
+        return dict(
+            steps=self.step, start_step=self.start_step, wall_s=wall, steps_per_min=done / wall * 60 if wall else 0.0,
+            eval_first=self.evals[0][2], eval_last3_mean=statistics.mean(last3), evals=self.evals,
+            time_to_60=next((t for _, t, acc in self.evals if acc >= 0.6), None),
+            generator_version=await self.generator.version.route(),
+            generator_versions=await self.generator.version.call_all(),  # every replica, respawned ones included
+            trainer_version=s.version, generator_respawns=self.generator.service_stats.respawns,
+            max_staleness=s.max_staleness, mean_staleness=s.staleness_sum / max(s.staleness_steps, 1),
+            trainer_idle_fraction=1 - s.trainer_busy_s / wall if wall else 0.0,
+            generator_idle_fraction=1 - gen_busy_s / wall if wall else 0.0,
+            generator_stats=await self.generator.stats.route(), admission_wait_s=s.admission.wait_s,
+            placement=self.placement.describe(), stale_fraction=final_buffer["dropped"]["stale"] / max(generated, 1),
+            buffer=final_buffer, drops=drops(final_buffer, s.drops, data), data=data,
+        )
+
+
+async def train_and_publish(state: Run, trainer, reference, batches) -> tuple[dict, dict]:
+    """One optimizer step, its weights published, the run's policy version advanced. It runs to the end even when
+    the run is interrupted, so a final checkpoint never holds a trainer one step ahead of the run's version,
+    buffer and data position."""
+    if reference is not None:  # the frozen reference policy, or a distillation teacher
+        batches = (await reference.fill_ref_logprobs.call(batches)).get(0)
+    metrics = (await trainer.train_step.call(batches)).get(0)
+    push = (await trainer.push_weights.call(state.version + 1)).get(0)
+    state.version += 1
+    return metrics, push
+
+
+def host_placement(launcher: LauncherConfig, node_gpus: int) -> Placement:
+    """Roles on hosts of their own (a Slurm allocation): nothing to share, nothing to pin."""
+    s = launcher.slurm
+    where = f"{node_gpus} GPUs per node" if node_gpus else "CPU"
+    return Placement("disaggregated", "cuda" if node_gpus else "cpu",
+                     note=f"trainer on {s.trainer_nodes} node(s), generators on {s.generator_nodes} node(s), {where}")
+
+
+def _tuples(lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(x) for x in lists)
+
+
+async def train(run: GRPORun) -> dict:
+    """The loop `make demo` runs: evaluate, then train step by step with evaluations and checkpoints on their
+    schedule, then finish. An interrupt saves a final checkpoint; a dead role becomes an error naming it."""
+    cfg = run.cfg
+    try:
+        async with run:
+            run.console.print(f"held-out greedy accuracy at step {run.step}: "
+                              f"{(await run.evaluate())['eval/accuracy']:.1%} ({len(run.held_out)} prompts, "
+                              f"{run.eval_reward_name()})")
+            # no bar without a terminal (nohup, CI, a batch step): the step lines say it all
+            with tqdm(total=cfg.steps, initial=run.step, desc="GRPO steps", unit="step", dynamic_ncols=True,
+                      disable=None) as bar:
+                try:
+                    while run.step < cfg.steps:
+                        line = await run.train_step()
+                        if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step != cfg.steps:
+                            line.update(await run.evaluate())
+                        if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
+                            await run.checkpoint()
+                        bar.update(1)
+                        bar.set_postfix(reward=f"{line['reward/mean']:.2f}", acc=f"{run.evals[-1][2]:.0%}")
+                        tqdm.write(console_line(run.step, line))
+                except (KeyboardInterrupt, asyncio.CancelledError):
+                    await run.save_on_interrupt()
+                    raise
+            return await run.finish()
+    except SupervisionError as e:  # a role's process died: name it and the checkpoint to resume from
+        raise run.role_died(e) from e
+
+
+CONFIG = GRPOConfig  # what the command line and `forge_rl.launch submit --recipe grpo` read
+
+
+async def main(cfg: GRPOConfig) -> dict:
+    return await train(GRPORun(cfg))

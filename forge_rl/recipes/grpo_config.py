@@ -1,0 +1,187 @@
+"""The GRPO run's config and its start-up checks: what the run reads, and the settings that only make sense
+together (errors name the keys). The run itself is forge_rl/recipes/grpo.py."""
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forge_rl.actors.reward import RewardSpec, check_reward_columns
+from forge_rl.actors.trainer import TrainerConfig
+from forge_rl.config import ConfigError
+from forge_rl.controller.launcher import LauncherConfig
+from forge_rl.data.task import TaskConfig, TaskRows
+from forge_rl.envs import EnvConfig, env_factory
+from forge_rl.resources import ResourcesConfig
+from forge_rl.rewards.overlong import OverlongConfig
+from forge_rl.sampling import behaviour_temperature
+from forge_rl.weights import WeightStoreConfig
+
+
+@dataclass
+class GeneratorSection:
+    replicas: int = 1
+    swap_mode: str = "recompute_kv"  # keep_kv | recompute_kv | drain
+    engine_args: dict[str, Any] = field(default_factory=dict)  # vLLM AsyncEngineArgs
+    log_level: str = "WARNING"  # vLLM's console output; INFO shows its per-update lines
+    # vLLM SamplingParams: the behaviour policy. The trainer reads its temperature from here; options it
+    # cannot reproduce (top_p, top_k, min_p, penalties) are refused at start.
+    sampling: dict[str, Any] = field(default_factory=lambda: dict(temperature=1.0, max_tokens=8))
+
+
+@dataclass
+class BufferSection:
+    """The replay buffer's own settings; max_policy_age, the data-parallel size and padding come from
+    the run (top-level `max_policy_age`, trainer.parallel, the tokenizer)."""
+
+    capacity: int = 64  # groups
+    order: str = "oldest"  # "oldest" | "random"
+    max_resample: int = 1  # times a group may be trained on
+    min_fresh_groups: int = 1
+    drop_zero_advantage: bool = True
+
+
+@dataclass
+class GRPOConfig:
+    model: str = "tiny-warm"
+    steps: int = 100
+    group_size: int = 8  # completions per prompt (G)
+    batch_groups: int = 16  # groups per train step
+    rollout_tasks: int = 4  # concurrent rollouts at most (admission may allow fewer)
+    async_mode: bool = True  # false (+ max_policy_age 0): the synchronous baseline
+    max_policy_age: int = 1  # a token made by version u is trained on at version v only if v - u <= this
+    trainer_procs: int = 1
+    scale_advantages_by_std: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false}
+    task: TaskConfig = field(default_factory=TaskConfig)  # prompts, columns, held-out split (forge_rl/data/task.py)
+    rewards: list[RewardSpec] = field(
+        default_factory=lambda: [RewardSpec("exact_match", 1.0), RewardSpec("format", 0.1)]
+    )
+    reward_timeout_s: float | None = 60.0  # per reward function call; a slower group is dropped and counted
+    # Multi-turn: an environment answers each model turn (feedback, tool results) until done; it rewards the
+    # trajectory, and its tokens are masked out of the loss (forge_rl/envs, forge_rl/multiturn.py)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)  # DAPO: length penalty, truncation filter
+    generator: GeneratorSection = field(default_factory=GeneratorSection)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    buffer: BufferSection = field(default_factory=BufferSection)
+    weight_store: WeightStoreConfig = field(default_factory=WeightStoreConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)  # placement, cores, threads
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)  # local, or a Slurm allocation (docs/slurm.md)
+    eval_every: int = 10  # steps; 0 = only before and after
+    eval_size: int = 500  # held-out prompts (the first of the task's held-out set), greedy
+    checkpoint_every: int = 0  # steps; 0 = only at the end
+    checkpoint_keep_last: int = 3  # complete checkpoints kept (older ones removed); 0 = all
+    export_dir: str | None = "${output_dir}/hf"  # the final policy as an HF model directory (vLLM, transformers); null = none
+    no_batch_timeout_s: float = 300.0  # stop, saying why, when no batch could be sampled for this long
+    resume: bool | str = False  # true: continue from the newest checkpoint; auto: if there is one, else start
+    output_dir: str = "outputs/grpo"
+    # false: the role processes' output (vLLM, TorchTitan, Monarch) goes to output_dir/logs/<role>.log and the
+    # console shows the run's progress; true (or --verbose): everything on the console
+    verbose: bool = False
+    wandb_project: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "group_size", "batch_groups", "rollout_tasks", "trainer_procs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_policy_age < 0:
+            raise ValueError(f"max_policy_age must be >= 0, got {self.max_policy_age}")
+        if self.checkpoint_keep_last < 0:
+            raise ValueError(f"checkpoint_keep_last must be >= 0 (0 keeps all), got {self.checkpoint_keep_last}")
+        if self.resume not in (True, False, "auto"):
+            raise ValueError(f"resume={self.resume!r}: use true, false or auto")
+        if self.no_batch_timeout_s <= 0:
+            raise ValueError(f"no_batch_timeout_s must be > 0, got {self.no_batch_timeout_s}")
+
+
+def check_config(cfg: GRPOConfig) -> None:
+    """Settings that only make sense together; errors name the keys."""
+    temperature = behaviour_temperature(cfg.generator.sampling)
+    if cfg.trainer.temperature is not None and cfg.trainer.temperature != temperature:
+        raise ConfigError(
+            f"trainer.temperature={cfg.trainer.temperature} differs from generator.sampling.temperature="
+            f"{temperature}: the trainer must reproduce the sampling policy; set only generator.sampling.temperature"
+        )
+    cfg.trainer.temperature = temperature
+    if cfg.trainer.publish_dtype is None and cfg.generator.engine_args.get("dtype") in ("float32", "bfloat16"):
+        cfg.trainer.publish_dtype = cfg.generator.engine_args["dtype"]  # push weights as the engine holds them
+    logprobs_mode = cfg.generator.engine_args.get("logprobs_mode", "processed_logprobs")
+    if logprobs_mode != "processed_logprobs":
+        raise ConfigError(f"generator.engine_args.logprobs_mode={logprobs_mode!r}: behaviour logprobs must be of the "
+                          "sampled distribution (after temperature); use 'processed_logprobs'")
+    if cfg.buffer.capacity < cfg.batch_groups:
+        raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is smaller than batch_groups={cfg.batch_groups}")
+    overlong = cfg.overlong.filter or cfg.overlong.penalty_cache_len
+    if overlong and cfg.env.name is not None:
+        raise ConfigError("overlong.* applies to single-turn rollouts; with env.name set, limit trajectories with "
+                          "env.max_total_tokens")
+    if cfg.overlong.penalty_cache_len >= cfg.generator.sampling.get("max_tokens", 16):
+        raise ConfigError(f"overlong.penalty_cache_len={cfg.overlong.penalty_cache_len} must be smaller than "
+                          f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens', 16)}")
+    if cfg.env.name is not None:
+        try:
+            env_cls = env_factory(cfg.env)  # an unknown name or arguments fail here, naming env.name / env.args
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        # what the environment needs the chat template to show the model (e.g. its tools)
+        cfg.chat_template_kwargs = {**env_cls.template_kwargs, **cfg.chat_template_kwargs}
+    if cfg.launcher.kind == "slurm":
+        check_slurm_sizes(cfg)
+    names = [r.name for r in cfg.rewards]
+    if cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
+        raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
+
+
+def check_slurm_sizes(cfg: GRPOConfig) -> None:
+    """Ranks and replicas must fit the nodes asked for: an allocation that cannot hold them fails after the queue."""
+    s = cfg.launcher.slurm
+    if cfg.trainer_procs % s.trainer_nodes:
+        raise ConfigError(f"trainer_procs={cfg.trainer_procs} must spread evenly over launcher.slurm.trainer_nodes="
+                          f"{s.trainer_nodes}")
+    if s.gpus_per_node:
+        per_node = cfg.trainer_procs // s.trainer_nodes
+        tp = int(cfg.generator.engine_args.get("tensor_parallel_size", 1))
+        replicas_per_node = math.ceil(cfg.generator.replicas / s.generator_nodes)
+        if per_node > s.gpus_per_node:
+            raise ConfigError(f"trainer_procs={cfg.trainer_procs} over launcher.slurm.trainer_nodes={s.trainer_nodes} "
+                              f"is {per_node} ranks per node; launcher.slurm.gpus_per_node={s.gpus_per_node}")
+        if replicas_per_node * tp > s.gpus_per_node:
+            raise ConfigError(f"generator.replicas={cfg.generator.replicas} x tensor_parallel_size={tp} on "
+                              f"launcher.slurm.generator_nodes={s.generator_nodes} needs {replicas_per_node * tp} GPUs "
+                              f"per node; launcher.slurm.gpus_per_node={s.gpus_per_node}")
+
+
+def check_task(cfg: GRPOConfig) -> None:
+    """Read the task's data and match it to the rewards before any actor starts: a bad row or a missing column
+    fails in seconds, naming the file, the row and the column."""
+    try:
+        rows = TaskRows(cfg.task, cfg.seed)
+        if cfg.env.name is None:  # an environment scores trajectories itself
+            check_reward_columns(cfg.rewards, rows.columns())
+    except ValueError as e:  # DataError included
+        raise ConfigError(str(e)) from None
+
+
+def dp_size(cfg: GRPOConfig) -> int:
+    p = cfg.trainer.parallel
+    dp = cfg.trainer_procs // p.tp if p.dp_shard == -1 else p.dp_shard
+    if dp < 1 or cfg.batch_groups % dp:
+        raise ValueError(f"batch_groups={cfg.batch_groups} must be a multiple of the data-parallel size {dp}")
+    return dp
+
+
+def max_prompt_tokens(cfg: GRPOConfig, model_dir: str) -> int:
+    """Prompt tokens that leave room for max_tokens in the engine's max_model_len (default: the model's)."""
+    limit = cfg.generator.engine_args.get("max_model_len")
+    if limit is None:
+        model_config = json.loads((Path(model_dir) / "config.json").read_text())
+        limit = model_config["max_position_embeddings"]
+    response = cfg.env.max_total_tokens if cfg.env.name is not None else cfg.generator.sampling.get("max_tokens", 16)
+    room = int(limit) - int(response)
+    if room < 1:
+        raise ConfigError(f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens')} leaves no room "
+                          f"for a prompt in max_model_len={limit} (generator.engine_args.max_model_len)")
+    return room

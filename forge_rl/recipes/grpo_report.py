@@ -1,0 +1,119 @@
+"""What a GRPO run reports: one metrics line per step (`StepRecord` -> `step_metrics`), the console line
+of a step, and the summary block at the end. Pure functions of what the run measured; nothing here calls
+an actor."""
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class StepRecord:
+    """Everything measured about one training step, as the run collected it."""
+
+    step: int
+    trainer: dict  # Trainer.train_step's metrics
+    push: dict  # Trainer.push_weights' timing and bytes
+    updates: list[dict] | None  # the newest finished generator weight update (one dict per replica)
+    buffer: dict  # ReplayBuffer.stats after the step
+    buffer_before: dict  # ... and after the step before (for per-step deltas)
+    staleness: float  # mean (trainer version - generating version) over the batch's response tokens
+    max_staleness: int  # over every batch of the run so far
+    sample_wait_s: float  # how long the train loop waited for the batch
+    step_s: float
+    generated_tokens: int  # by the generators during this step
+    generator: dict  # Generator.stats of one replica
+    data: dict  # PromptDataset.stats
+    drops: dict[str, int]  # every drop reason so far (buffer, rollouts, dataset)
+    rewards: list[float] = field(default_factory=list)  # totals of the groups scored during the step
+    reward_parts: dict[str, list[float]] = field(default_factory=dict)  # per reward function
+    eval_scores: dict | None = None  # when the step ended with an evaluation
+
+
+def drops(buffer: dict, rollout_drops: dict[str, int], data: dict) -> dict[str, int]:
+    """Every drop reason: the buffer's (episodes), the rollouts' (episodes; prompt_too_long in prompts) and the
+    prompts the dataset skipped as too long for the engine."""
+    merged = {**buffer["dropped"], **rollout_drops}
+    merged["prompt_too_long"] = merged.get("prompt_too_long", 0) + data["too_long"]
+    return merged
+
+
+def step_metrics(r: StepRecord) -> dict[str, float]:
+    """The metrics line of one step (metrics.jsonl, TensorBoard, W&B)."""
+    t, parts = r.trainer, r.reward_parts
+    line = {
+        "reward/mean": statistics.mean(r.rewards) if r.rewards else math.nan,
+        "reward/std": statistics.pstdev(r.rewards) if len(r.rewards) > 1 else 0.0,
+        **{f"reward/{k}": statistics.mean(v) for k, v in parts.items() if v},
+        "train/accuracy": statistics.mean(parts.get("exact_match") or parts.get("solved") or [math.nan]),
+        **{f"trainer/{k}": t[k] for k in ("loss", "grad_norm", "clip_fraction", "approx_kl", "kl_ref",
+                                          "reverse_kl_teacher", "entropy", "tokens_per_s", "step_s", "skipped_steps")},
+        "batch/staleness": r.staleness,
+        "batch/staleness_max_run": r.max_staleness,
+        "sync/push_s": r.push["push_s"],
+        "sync/bytes": r.push["bytes"],  # one version as published: the whole policy, or the LoRA adapter alone
+        "generator/tokens_per_s": r.generated_tokens / r.step_s if r.step_s else 0.0,
+        "generator/policy_version": r.generator["policy_version"],
+        "buffer/groups": r.buffer["groups"],
+        "buffer/sample_wait_s": r.sample_wait_s,
+        "buffer/add_blocked_s": r.buffer["add_blocked_s"] - r.buffer_before["add_blocked_s"],
+        "step_s": r.step_s,
+    }
+    if r.updates:
+        line["sync/prefetch_s"] = max(u["prefetch_s"] for u in r.updates)
+        line["sync/pause_s"] = max(u["pause_s"] for u in r.updates)
+    line.update({f"drops/{reason}": count for reason, count in r.drops.items()})
+    line["data/epoch"] = r.data["epoch"]
+    if r.eval_scores is not None:
+        line.update(r.eval_scores)
+    return line
+
+
+def console_line(step: int, m: dict[str, float]) -> str:
+    drops_seen = ",".join(f"{k.split('/')[1]}={int(v)}" for k, v in m.items() if k.startswith("drops/") and v)
+    parts = [
+        f"step {step:4d}", f"reward {m['reward/mean']:.2f}±{m['reward/std']:.2f}",
+        f"acc {m['train/accuracy']:.0%}", f"stale {m['batch/staleness']:.2f}",
+        f"gen {m['generator/tokens_per_s']:.0f} tok/s", f"train {m['trainer/tokens_per_s']:.0f} tok/s",
+        f"push {m['sync/push_s']:.2f}s", f"pause {m.get('sync/pause_s', 0):.2f}s",
+        f"buffer {int(m['buffer/groups'])}", f"wait sample {m['buffer/sample_wait_s']:.2f}s",
+        f"add {m['buffer/add_blocked_s']:.2f}s",
+    ]
+    if m.get("trainer/reverse_kl_teacher"):
+        parts.insert(3, f"KL to teacher {m['trainer/reverse_kl_teacher']:.3f}")
+    if "eval/accuracy" in m:
+        parts.append(f"EVAL {m['eval/accuracy']:.1%}")
+        if "eval/first_turn" in m:
+            parts.append(f"on the first turn {m['eval/first_turn']:.1%}")
+    if drops_seen:
+        parts.append(f"drops {drops_seen}")
+    return " | ".join(parts)
+
+
+def summary_block(summary: dict, eval_reward: str, out: Path, png: Path, checkpoint: Path,
+                  export_dir: str | None, lora: bool, log_dir: Path | None) -> str:
+    """What a person wants to see at the end of a run, and where everything is."""
+    buf, done = summary["buffer"], summary["steps"] - summary["start_step"]
+    drops_seen = ", ".join(f"{reason} {n}" for reason, n in sorted(summary["drops"].items(), key=lambda kv: -kv[1])
+                           if n)
+    last = len(summary["evals"][-3:])
+    rows = [
+        ("steps", f"{done} (to step {summary['trainer_version']}) in {summary['wall_s']:.0f} s of training, "
+                  f"{summary['steps_per_min']:.1f} steps/min (start-up and evaluations excluded)"),
+        ("held-out", f"{summary['eval_first']:.1%} -> {summary['eval_last3_mean']:.1%} "
+                     f"({eval_reward}, mean of the last {last} evaluations)"),
+        ("episodes", f"{buf['added']} reached the buffer, {buf['trained']} trained; "
+                     f"stale {summary['stale_fraction']:.1%} of generated"),
+        ("drops", drops_seen or "none"),
+        ("generators", f"policy versions {summary['generator_versions']}, {summary['generator_respawns']} respawned"),
+        ("curves", str(png)),
+        ("metrics", f"{out / 'metrics.jsonl'}, {out / 'tensorboard'}, {out / 'summary.json'}"),
+        ("checkpoint", f"{checkpoint} (resume=true continues from it)"),
+        *([("model", f"{export_dir} (HF format: vLLM, transformers, model=...)")] if export_dir else []),
+        *([("adapter", f"{export_dir}/adapter (PEFT LoRA: peft, vLLM --lora-modules)")] if export_dir and lora else []),
+    ]
+    if log_dir:
+        rows.append(("logs", f"{log_dir}/ (vLLM, TorchTitan, Monarch)"))
+    width = max(len(k) for k, _ in rows)
+    return "[bold green]done[/bold green]\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

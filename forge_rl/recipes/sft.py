@@ -1,0 +1,303 @@
+"""Supervised fine-tuning: prompts + target responses -> cross-entropy on the response tokens, on the
+TorchTitan trainer actor (FSDP2 / TP over the procs given), with greedy held-out evaluation of a task through
+a vLLM generator service, scored by the task's rewards as GRPO scores it.
+
+    run = SFTRun(cfg)             # cfg: SFTConfig
+    await run.start()             # trainer (and resume)
+    metrics = await run.train_step()
+    await run.evaluate()          # the first one starts a generator on an export; later ones push weights into it
+    await run.checkpoint()
+    summary = await run.finish()
+    await run.stop()
+
+Data: `dataset: arithmetic` generates "a+b=" -> "c" problems in code (held-out questions excluded); or a
+path to a local .jsonl file or HF dataset directory (forge_rl/data/jsonl.py, docs/sft.md). Outputs in
+output_dir: config.yaml, metrics.jsonl, loss.png, summary.json; DCP checkpoints in trainer.checkpoint_dir
+(resume=true continues from the newest); an HF export in export_dir at the end.
+"""
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from forge_rl.actors.reward import RewardActor, RewardSpec
+from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig
+from forge_rl.config import ConfigError, to_yaml
+from forge_rl.controller import provisioned
+from forge_rl.controller.launcher import LauncherConfig, launched, weight_server
+from forge_rl.controller.provisioner import visible_gpus
+from forge_rl.data.sft_sources import make_source, train_batches
+from forge_rl.data.task import TaskConfig, TaskRows, render
+from forge_rl.eval import evaluate_task
+from forge_rl.models import resolve_model_path
+from forge_rl.observability import MetricsLogger, plot_run
+from forge_rl.observability.plots import SFT_PANELS
+
+
+def _default_trainer() -> TrainerConfig:
+    return TrainerConfig(loss="sft", optim=OptimizerConfig(lr=1e-3), checkpoint_dir="${output_dir}/checkpoints")
+
+
+@dataclass
+class SFTConfig:
+    model: str = "tiny"  # "tiny", "tiny-warm" or a local HF model directory
+    dataset: str = "arithmetic"  # "arithmetic" (generated in code) or a local .jsonl file / HF dataset directory
+    seed: int = 0  # data order (arithmetic stream / epoch shuffles)
+    steps: int = 300  # optimizer steps in total (a resumed run continues up to this)
+    batch_size: int = 256  # sequences per step, over all data-parallel ranks
+    procs: int = 1  # trainer procs (dp_shard x tp, see trainer.parallel)
+    trainer: TrainerConfig = field(default_factory=_default_trainer)  # optim, parallel, micro_batch_size, ...
+    # the evaluation: the task's held-out set (forge_rl/data/task.py), greedy, scored by `rewards` like GRPO's
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("exact_match", 1.0)])
+    eval_every: int = 0  # greedy held-out evaluation every N steps; 0 = only at the end
+    eval_size: int = 500  # held-out prompts per evaluation (the first of the task's); 0 = no evaluation
+    eval_max_tokens: int = 8
+    engine_args: dict[str, Any] = field(default_factory=lambda: dict(max_model_len=128))  # vLLM, for evaluation
+    save_every: int = 0  # DCP checkpoint every N steps (and always at the end); 0 = only at the end
+    resume: bool = False  # continue from the newest checkpoint in trainer.checkpoint_dir
+    output_dir: str = "outputs/sft"
+    # local, or a Slurm allocation: the trainer on launcher.slurm.trainer_nodes, the evaluation generator on a
+    # generator node (docs/slurm.md)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    verbose: bool = False  # true (or --verbose): the procs' output (TorchTitan, vLLM) on the console, not output_dir/logs
+    export_dir: str | None = "${output_dir}/hf"  # HF export at the end (empty = none)
+
+
+def dp_size(cfg: SFTConfig) -> int:
+    p = cfg.trainer.parallel
+    if cfg.procs % p.tp:
+        raise ConfigError(f"procs={cfg.procs} is not a multiple of trainer.parallel.tp={p.tp}")
+    dp = cfg.procs // p.tp if p.dp_shard == -1 else p.dp_shard
+    if dp * p.tp != cfg.procs:
+        raise ConfigError(f"trainer.parallel dp_shard={p.dp_shard} x tp={p.tp} does not fit procs={cfg.procs}")
+    if cfg.batch_size % dp:
+        raise ConfigError(f"batch_size={cfg.batch_size} is not divisible by the data-parallel degree {dp}")
+    return dp
+
+
+def check_config(cfg: SFTConfig) -> None:
+    if cfg.trainer.model not in ("tiny", cfg.model):
+        raise ConfigError(f"set the model with `model`, not trainer.model ({cfg.trainer.model!r})")
+    if cfg.steps < 1 or cfg.batch_size < 1:
+        raise ConfigError(f"steps and batch_size must be >= 1, got steps={cfg.steps}, batch_size={cfg.batch_size}")
+    names = [r.name for r in cfg.rewards]
+    if cfg.eval_size and cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
+        raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
+
+
+class SFTRun:
+    """One SFT run: the trainer, the evaluation's generator and reward actor (started on first use), its steps."""
+
+    def __init__(self, cfg: SFTConfig):
+        self.cfg = cfg
+        self.console = Console(soft_wrap=True)
+        self.out = Path(cfg.output_dir)
+        self.log_dir = None if cfg.verbose else self.out / "logs"
+        self.step = self.start_step = 0
+        self.losses: list[float] = []
+        self.summary: dict[str, Any] = dict(model=cfg.model, dataset=cfg.dataset)
+        self.trainer = self.generator = self.reward = None
+        self.exported: str | None = None  # the export the evaluation generator was started from
+        self.saved_at: int | None = None
+        self.train_s = 0.0
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    async def start(self) -> "SFTRun":
+        self.prepare()
+        self._stack = contextlib.AsyncExitStack()
+        try:
+            hosts = await self._stack.enter_async_context(launched(self.cfg.launcher, self.out))
+            self.provisioner = await self._stack.enter_async_context(provisioned(log_dir=self.log_dir, hosts=hosts))
+            await self._start_trainer(hosts)
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    def prepare(self) -> None:
+        """Checks, the model's path, the output directory, the data and the held-out set: no actor yet."""
+        from transformers import AutoTokenizer
+
+        cfg = self.cfg
+        check_config(cfg)
+        self.dp = dp_size(cfg)
+        self.model_dir = resolve_model_path(cfg.model)
+        self.trainer_cfg = replace(cfg.trainer, model=self.model_dir, loss="sft")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        max_len = json.loads((Path(self.model_dir) / "config.json").read_text()).get("max_position_embeddings")
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(to_yaml(cfg))
+        self.source = make_source(cfg.dataset, self.tokenizer, cfg.seed, max_len)
+        self.held_out = self._held_out() if cfg.eval_size else []
+        self.t_start = time.perf_counter()
+
+    def _held_out(self) -> list:
+        """The task's first eval_size held-out examples, rendered with the model's chat template."""
+        try:
+            rows = TaskRows(self.cfg.task, self.cfg.seed)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        examples = [e for _, e in zip(range(self.cfg.eval_size), rows.held_out())]
+        if not examples:
+            raise ConfigError(f"task.source={self.cfg.task.source!r} has no held-out set (task.held_out, "
+                              "task.held_out_fraction); set eval_size=0 for none")
+        return [replace(e, text=render(self.tokenizer, e, rows.cfg)) for e in examples]
+
+    async def _start_trainer(self, hosts: dict) -> None:
+        cfg = self.cfg
+        # On a GPU host every trainer proc gets its own GPU, and the evaluation generator one more.
+        self.use_gpus = bool(cfg.launcher.slurm.gpus_per_node) if hosts else bool(visible_gpus())
+        self.weight_source = await weight_server(None) if hosts else None  # the default store, as the trainer's
+        if self.log_dir:
+            self.console.print(f"the procs' logs (TorchTitan, vLLM, Monarch) go to {self.log_dir}/ (--verbose: here)")
+        self.console.print(f"starting the trainer ({cfg.procs} proc(s), dp={self.dp}) on {self.model_dir} ...")
+        self.trainer = await Trainer.options(procs=cfg.procs, spmd=True, gpus=self.use_gpus,
+                                             host_mesh="trainer").as_actor(self.trainer_cfg)
+        if cfg.resume:
+            self.step = self.start_step = self.saved_at = (await self.trainer.load.call()).get(0)
+            self.console.print(f"resumed from {self.trainer_cfg.checkpoint_dir}/step-{self.step}")
+        self.summary["start_step"] = self.start_step
+        self.log = MetricsLogger(self.out, resume_step=self.start_step if cfg.resume else None)
+        self.t_train = time.perf_counter()
+
+    async def train_step(self) -> dict[str, float]:
+        """One optimizer step on batch `step` (one TrainBatch per data-parallel rank); logged and returned. An
+        interrupt lets the step in flight finish and logs it before the CancelledError goes on."""
+        batches = train_batches(self.source, self.step, self.cfg.batch_size, self.dp, self.tokenizer.pad_token_id)
+        call = asyncio.ensure_future(self.trainer.train_step.call(batches))
+        try:
+            m = (await asyncio.shield(call)).get(0)
+        except asyncio.CancelledError:
+            self._log_step((await call).get(0))
+            raise
+        return self._log_step(m)
+
+    def _log_step(self, m: dict) -> dict[str, float]:
+        self.step = int(m["step"])
+        self.losses.append(m["loss"])
+        line = {"train/loss": m["loss"], "train/grad_norm": m["grad_norm"], "train/lr": m["lr"],
+                "train/tokens_per_s": m["tokens_per_s"], "train/step_s": m["step_s"],
+                "train/elapsed_s": time.perf_counter() - self.t_train}
+        self.log.log(self.step, line)
+        return line
+
+    async def evaluate(self, final: bool = False) -> dict[str, Any]:
+        """Greedy held-out accuracy of the current weights. The first evaluation starts a generator on an HF
+        export of them (export_dir when it is the final one); later ones push the weights into it (the GRPO
+        weight-sync path)."""
+        from forge_rl.actors.generator import Generator
+
+        cfg, t0 = self.cfg, time.perf_counter()
+        if self.generator is None:
+            eval_dir = cfg.export_dir if final and cfg.export_dir else str(self.out / "eval_model")
+            await self.trainer.export_hf.call(eval_dir)
+            self.exported = eval_dir if final else None
+            self.generator, self.reward = await asyncio.gather(
+                Generator.options(replicas=1, gpus=self.use_gpus, host_mesh="generator").as_service(
+                    eval_dir, engine_args=cfg.engine_args, seed=cfg.seed, weight_source=self.weight_source),
+                RewardActor.as_actor(cfg.rewards))
+        else:
+            await self.trainer.push_weights.call(self.step)
+            await self.generator.update_weights.call_all(self.step)
+        eval_reward = cfg.task.eval_reward or cfg.rewards[0].name
+        result = await evaluate_task(self.generator, self.reward, self.held_out, eval_reward,
+                                     max_tokens=cfg.eval_max_tokens)
+        record = dict(**result, eval_s=time.perf_counter() - t0)
+        self.log.log(self.step, {f"eval/{k}": v for k, v in record.items()})
+        return record
+
+    async def checkpoint(self) -> str:
+        path = (await self.trainer.save.call()).get(0)
+        self.saved_at = self.step
+        return path
+
+    async def finish(self, interrupted: bool = False) -> dict[str, Any]:
+        """A checkpoint of the last step; unless interrupted, the final evaluation and the HF export. Writes
+        summary.json and loss.png."""
+        cfg = self.cfg
+        self.train_s = time.perf_counter() - self.t_train
+        if interrupted:
+            self.step = (await self.trainer.version.call()).get(0)  # in case a step was in flight
+            self.console.print(f"[yellow]interrupted at step {self.step}: saving a checkpoint[/yellow]")
+        checkpoint = (await self.checkpoint() if self.saved_at != self.step
+                      else f"{self.trainer_cfg.checkpoint_dir}/step-{self.step}")
+        if not interrupted:
+            if self.held_out:
+                r = await self.evaluate(final=True)
+                self.summary.update(eval_accuracy=r["accuracy"], eval_n=r["n"], eval_finished=r["finished"],
+                                    eval_s=r["eval_s"])
+            if cfg.export_dir and self.exported != cfg.export_dir:
+                await self.trainer.export_hf.call(cfg.export_dir)
+        return self._write_summary(checkpoint, interrupted)
+
+    def _write_summary(self, checkpoint: str, interrupted: bool) -> dict[str, Any]:
+        cfg, done = self.cfg, self.step - self.start_step
+        self.summary.update(
+            steps=self.step, trained_steps=done, interrupted=interrupted,
+            first_loss=self.losses[0] if self.losses else math.nan,
+            final_loss=self.losses[-1] if self.losses else math.nan,
+            train_s=self.train_s, s_per_step=self.train_s / max(done, 1), wall_s=time.perf_counter() - self.t_start,
+            checkpoint=checkpoint, export_dir=(cfg.export_dir or "") if not interrupted else "",
+        )
+        self.log.close()
+        plot_run(self.log.path, self.out / "loss.png", f"SFT {cfg.model} on {Path(cfg.dataset).name}",
+                 panels=SFT_PANELS)
+        (self.out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        table = Table(title="forge_rl SFT")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for k, v in self.summary.items():
+            table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+        self.console.print(table)
+        self.console.print(f"wrote {self.out / 'summary.json'}, {self.out / 'metrics.jsonl'}, {self.out / 'loss.png'}")
+        return self.summary
+
+    async def stop(self) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            await asyncio.shield(stack.aclose())
+
+    async def __aenter__(self) -> "SFTRun":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+
+async def train(run: SFTRun) -> dict[str, Any]:
+    """The SFT loop: steps with checkpoints and evaluations on their schedule, then finish. Ctrl-C (or SIGTERM)
+    finishes the step in flight, saves a checkpoint and returns a summary with interrupted=true."""
+    cfg = run.cfg
+    async with run:
+        interrupted = False
+        with tqdm(total=cfg.steps, initial=run.step, desc="sft", unit="step", dynamic_ncols=True) as bar:
+            try:
+                while run.step < cfg.steps:
+                    line = await run.train_step()
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{line['train/loss']:.4f}")
+                    if cfg.save_every and run.step % cfg.save_every == 0:
+                        await run.checkpoint()
+                    if run.held_out and cfg.eval_every and run.step % cfg.eval_every == 0 and run.step < cfg.steps:
+                        r = await run.evaluate()
+                        bar.write(f"step {run.step}: held-out greedy accuracy {r['accuracy']:.3f} (n={r['n']})")
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                interrupted = True  # Ctrl-C: asyncio cancels this task; save what we have and leave
+        return await run.finish(interrupted)
+
+
+CONFIG = SFTConfig
+
+
+async def main(cfg: SFTConfig) -> dict[str, Any]:
+    return await train(SFTRun(cfg))
