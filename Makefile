@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 
-.PHONY: setup setup-slurm demo demo-multiturn demo-distill demo-lora test clean
+.PHONY: setup setup-slurm demo demo-multiturn demo-distill demo-lora test test-fast clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -24,6 +24,9 @@ demo-lora: setup  # GRPO training LoRA adapters, adapter-only weight sync (confi
 
 test: setup
 	$(PY) -m pytest $(ARGS)
+
+test-fast: setup  # unit tests only (no procs, engines or ranks): what to run while developing (CONTRIBUTING.md)
+	$(PY) -m pytest -m "not integration" $(ARGS)
 
 setup-slurm:  # Debian's Slurm and munge, for tests/test_slurm.py (a real cluster in network namespaces; root)
 	apt-get install -y -q slurm-wlm munge || (apt-get update -q && apt-get install -y -q slurm-wlm munge)

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from forge_rl.actors.generator import CPU_ENGINE_DEFAULTS, ENGINE_DEFAULTS, SWAP_MODES, Generator
-from forge_rl.controller import provisioned, stop_actor
+from forge_rl.runtime import provisioned, stop_actor
 from forge_rl.models import TINY_MODEL_DIR
 
 SIZES = {

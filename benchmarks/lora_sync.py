@@ -26,7 +26,7 @@ from rich.table import Table
 
 from forge_rl.actors.generator import Generator
 from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig
-from forge_rl.controller import provisioned, stop_actor
+from forge_rl.runtime import provisioned, stop_actor
 from forge_rl.models.build_tiny import build
 from forge_rl.models.lora import LoRAConfig
 from forge_rl.types import TrainBatch

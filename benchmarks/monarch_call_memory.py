@@ -5,7 +5,7 @@
 Spawns one proc with an echo actor and calls it `--calls` times with a `--payload`-byte argument, printing the
 caller's RSS and Python-heap size (tracemalloc) every tenth of the way, then the growth per call. Monarch 0.7.0:
 about 1.2 KB per `call_one`, linear, independent of the payload, outside Python's heap (docs/stack.md).
-`--mode replies` makes the same calls the way forge_rl's hot calls go (forge_rl/controller/replies.py: a
+`--mode replies` makes the same calls the way forge_rl's hot calls go (forge_rl/runtime/replies.py: a
 one-way broadcast, the reply over one long-lived port).
 """
 
@@ -17,8 +17,8 @@ import tracemalloc
 import psutil
 from monarch.actor import endpoint, this_host
 
-from forge_rl.controller import ForgeActor
-from forge_rl.controller.replies import replies
+from forge_rl.runtime import ForgeActor
+from forge_rl.runtime.replies import replies
 
 
 class Echo(ForgeActor):

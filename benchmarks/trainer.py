@@ -23,7 +23,7 @@ from rich.table import Table
 from forge_rl.actors.trainer import (
     OptimizerConfig, ParallelConfig, Trainer, TrainerConfig, _peak_rss_mb,
 )
-from forge_rl.controller import provisioned, stop_actor
+from forge_rl.runtime import provisioned, stop_actor
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss
 from forge_rl.losses.logprobs import token_logprobs
 from forge_rl.models import TINY_MODEL_DIR

@@ -149,7 +149,7 @@ async def measure(writer, reader, rounds: int) -> dict:
     return out
 
 async def same_host(size: str, rounds: int, me) -> dict:
-    from forge_rl.controller import provisioned
+    from forge_rl.runtime import provisioned
 
     nbytes = sum(4 * torch.Size(s).numel() for s in model_spec(size).values())
     async with provisioned() as prov:
@@ -166,7 +166,7 @@ async def same_host(size: str, rounds: int, me) -> dict:
 async def cross_host(size: str, rounds: int, me, bucket_mb: int) -> dict:
     from monarch.job import ProcessJob
 
-    from forge_rl.controller import provisioned
+    from forge_rl.runtime import provisioned
     from forge_rl.weights.rdma import WeightServer
 
     nbytes = sum(4 * torch.Size(s).numel() for s in model_spec(size).values())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from monarch.actor import endpoint
 
-from forge_rl.controller import ForgeActor
+from forge_rl.runtime import ForgeActor
 
 
 class Echo(ForgeActor):
@@ -29,7 +29,7 @@ class ShmWriter(ForgeActor):
 
     @endpoint
     async def setup(self) -> None:
-        from forge_rl.controller.provisioner import RUN_ID_ENV, shm_prefix
+        from forge_rl.runtime.provisioner import RUN_ID_ENV, shm_prefix
 
         self.path = Path("/dev/shm") / f"{shm_prefix(os.environ[RUN_ID_ENV])}{os.getpid()}"
         self.path.write_bytes(b"\0" * 4096)

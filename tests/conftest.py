@@ -13,6 +13,21 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 TINY_MODEL = REPO / "forge_rl" / "models" / "tiny"
 
+# Test files that start real processes (Monarch procs, a vLLM engine, TorchTitan ranks, Slurm, a notebook
+# kernel): their tests are marked `integration`, and `make test-fast` leaves them out (CONTRIBUTING.md).
+INTEGRATION_TESTS = {
+    "test_checkpoint.py", "test_distill.py", "test_generator.py", "test_grpo_app.py", "test_logprobs_tp.py",
+    "test_lora.py", "test_notebooks.py", "test_provisioner.py", "test_replay_buffer.py", "test_reward.py",
+    "test_rollout.py", "test_service.py", "test_sft_app.py", "test_shutdown.py", "test_slurm.py", "test_soak.py",
+    "test_tiny_model.py", "test_trainer.py", "test_vllm_logs.py", "test_weight_store.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in INTEGRATION_TESTS:
+            item.add_marker(pytest.mark.integration)
+
 
 def started_in_the_background() -> None:
     """A subprocess preexec_fn: what `cmd &` in a non-interactive shell (nohup, CI, a batch step) gives a

@@ -3,8 +3,8 @@
 import asyncio
 import sys
 
-from forge_rl.controller import provisioned
-from forge_rl.controller.signals import handle_stop_signals
+from forge_rl.runtime import provisioned
+from forge_rl.launch.signals import handle_stop_signals
 from tests.actors import ShmWriter
 
 

@@ -1,4 +1,4 @@
-"""Staleness-aware admission (forge_rl.rollout.Admission) against the real replay-buffer bookkeeping.
+"""Staleness-aware admission (forge_rl.loop.rollout.Admission) against the real replay-buffer bookkeeping.
 
 A simulated run drives Admission and GroupStore through random interleavings of rollouts finishing,
 zero-advantage groups, train steps and slow generator weight swaps. Admission must never let a rollout
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge_rl.actors.replay_buffer import GroupStore, ReplayBufferConfig
-from forge_rl.rollout import Admission
+from forge_rl.loop.rollout import Admission
 from forge_rl.types import Completion, Episode, Group
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from forge_rl.recipes.grpo_config import GRPOConfig
-from forge_rl.checkpoint import APP_STATE, complete_checkpoints, latest_checkpoint, save_checkpoint
-from forge_rl.train_loop import Run
+from forge_rl.loop.checkpoint import APP_STATE, complete_checkpoints, latest_checkpoint, save_checkpoint
+from forge_rl.loop.train_loop import Run
 
 
 class Result:

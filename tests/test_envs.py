@@ -11,7 +11,7 @@ from forge_rl.data.task import TaskExample
 from forge_rl.envs import EnvConfig, env_factory
 from forge_rl.envs.tools import ToolEnv, calculator
 from forge_rl.models import TINY_MODEL_DIR
-from forge_rl.multiturn import TurnRenderer
+from forge_rl.loop.multiturn import TurnRenderer
 from forge_rl.types import Completion, Episode, TrainBatch
 
 

@@ -21,7 +21,7 @@ def hf_model():
 @pytest.fixture(scope="module")
 def generator():
     from forge_rl.actors.generator import Generator
-    from forge_rl.controller import provisioned
+    from forge_rl.runtime import provisioned
 
     loop = asyncio.new_event_loop()
     ctx = provisioned()
@@ -97,8 +97,8 @@ def test_trainer_logprobs_equal_generator_behaviour_logprobs(generator, temperat
     """The trainer reproduces the behaviour policy that the sampling config defines (its temperature is
     read from that config, as the GRPO app does), to 1e-4 in fp32."""
     from forge_rl.actors.trainer import Trainer, TrainerConfig
-    from forge_rl.controller import stop_actor
-    from forge_rl.sampling import behaviour_temperature
+    from forge_rl.runtime import stop_actor
+    from forge_rl.loop.sampling import behaviour_temperature
     from forge_rl.types import Episode, TrainBatch
 
     loop, svc = generator
@@ -245,13 +245,13 @@ def test_misspelt_sampling_option_fails_at_start(generator):
 def test_killed_replica_is_respawned_and_its_group_retried(generator, store):
     """The respawned replica catches up to the newest published weights before it takes the retried call
     (it never serves the shipped weights mid-run). The killed proc's vLLM engine processes do not outlive
-    it, nor does their shared memory (forge_rl.controller.reaper)."""
+    it, nor does their shared memory (forge_rl.runtime.reaper)."""
     import os
     import signal
 
     import psutil
 
-    from forge_rl.controller.reaper import _shm_files
+    from forge_rl.runtime.reaper import _shm_files
 
     loop, svc = generator
 

@@ -102,8 +102,8 @@ def test_trainer_killed_mid_run_then_resumed(tmp_path):
 
     import psutil
 
-    from forge_rl.checkpoint import APP_STATE, complete_checkpoints
-    from forge_rl.train_loop import RoleDied
+    from forge_rl.loop.checkpoint import APP_STATE, complete_checkpoints
+    from forge_rl.loop.train_loop import RoleDied
 
     # a checkpoint every second step: the kill lands after step 5 is logged, so the newest checkpoint is step 4
     # and the step the resumed run trains first (5) has a loss from the run that was killed
@@ -155,7 +155,7 @@ def test_trainer_killed_mid_run_then_resumed(tmp_path):
 
 
 def test_resume_auto_starts_afresh_without_a_checkpoint_and_resume_true_says_why_it_cannot(tmp_path):
-    from forge_rl.checkpoint import resume_requested
+    from forge_rl.loop.checkpoint import resume_requested
 
     assert resume_requested("auto", tmp_path) is False
     assert resume_requested(False, tmp_path) is False

@@ -100,7 +100,7 @@ def test_only_adapters_train_and_fsdp_and_tp_match_one_proc(loop, trained, tmp_p
     the one-proc steps; the published version is the adapter alone, and the base never moves."""
     from safetensors.torch import load_file
 
-    from forge_rl.controller import stop_actor
+    from forge_rl.runtime import stop_actor
     from forge_rl.weights import ShmWeightStore
 
     single, expected = trained
@@ -133,7 +133,7 @@ def test_only_adapters_train_and_fsdp_and_tp_match_one_proc(loop, trained, tmp_p
 def test_checkpoint_holds_the_adapters_and_resumes_identically(loop, trained, tmp_path):
     import os
 
-    from forge_rl.controller import stop_actor
+    from forge_rl.runtime import stop_actor
 
     single, _ = trained
     path = run(loop, single.save.call_one(None, str(tmp_path / "ckpt")))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from forge_rl.controller import provisioned
+from forge_rl.runtime import provisioned
 from tests.actors import DistributedProbe
 from tests.conftest import run
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from monarch.actor import ActorError
 
 from forge_rl.actors.replay_buffer import GroupStore, ReplayBuffer, ReplayBufferConfig
-from forge_rl.controller import provisioned
+from forge_rl.runtime import provisioned
 from forge_rl.types import Completion, Episode, Group
 from tests.conftest import run
 

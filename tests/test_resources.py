@@ -2,7 +2,7 @@
 
 import pytest
 
-from forge_rl.resources import ResourcesConfig, parse_cpus, plan_placement
+from forge_rl.runtime.placement import ResourcesConfig, parse_cpus, plan_placement
 
 
 def plan(cores, trainer_procs=1, replicas=1, **cfg):

@@ -7,7 +7,7 @@ import pytest
 from monarch.actor import ActorError
 
 from forge_rl.actors.reward import RewardActor, RewardSpec, check_reward_columns, resolve_reward
-from forge_rl.controller import provisioned
+from forge_rl.runtime import provisioned
 from tests.conftest import run
 
 

@@ -11,8 +11,8 @@ from monarch.actor import ActorError
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.actors.generator import PromptTooLong
 from forge_rl.data.task import TaskConfig, to_example
-from forge_rl.rollout import rollout_from_dataset, rollout_loop
-from forge_rl.train_loop import Run, raise_if_failed
+from forge_rl.loop.rollout import rollout_from_dataset, rollout_loop
+from forge_rl.loop.train_loop import Run, raise_if_failed
 
 
 def endpoint(fn):
@@ -60,7 +60,7 @@ def test_overlong_completions_are_penalised_and_filtered_before_advantages():
     import torch
 
     from forge_rl.rewards.overlong import OverlongConfig, overlong_penalty
-    from forge_rl.rollout import RolloutStats, rollout_group
+    from forge_rl.loop.rollout import RolloutStats, rollout_group
     from forge_rl.types import Completion
 
     assert [overlong_penalty(n, 8, 4) for n in (4, 5, 6, 8, 9)] == [0.0, -0.25, -0.5, -1.0, -1.0]

@@ -5,7 +5,7 @@ import pytest
 
 from forge_rl.recipes.grpo_config import GRPOConfig, check_config
 from forge_rl.config import ConfigError, load_config
-from forge_rl.sampling import NEUTRAL, behaviour_temperature
+from forge_rl.loop.sampling import NEUTRAL, behaviour_temperature
 from tests.conftest import REPO
 
 NOT_REPRODUCED = {

@@ -7,8 +7,8 @@ import signal
 import pytest
 from monarch.actor import ActorError
 
-from forge_rl.controller import Service, provisioned
-from forge_rl.controller.actor import ActorOptions
+from forge_rl.runtime import Service, provisioned
+from forge_rl.runtime.actor import ActorOptions
 from tests.actors import Echo
 from tests.conftest import run
 

@@ -179,8 +179,8 @@ def test_too_long_example_is_named(tmp_path, tokenizer):
 
 def test_tiny_warm_greedy_accuracy_is_in_the_documented_band(tokenizer):
     from forge_rl.actors.generator import Generator
-    from forge_rl.controller import provisioned
-    from forge_rl.eval import greedy_accuracy
+    from forge_rl.runtime import provisioned
+    from forge_rl.loop.eval import greedy_accuracy
     from forge_rl.models import resolve_model_path
 
     async def body():

@@ -82,7 +82,7 @@ def test_reaper_kills_what_a_killed_proc_started_and_removes_its_shared_memory()
     segment = Path(f"/dev/shm/reaper-test-{os.getpid()}")
     script = (
         "import subprocess, sys, time\n"
-        "from forge_rl.controller.reaper import reap_descendants_on_exit\n"
+        "from forge_rl.runtime.reaper import reap_descendants_on_exit\n"
         f"child = subprocess.Popen([sys.executable, '-c', {child_code!r}, {str(segment)!r}])\n"
         "reap_descendants_on_exit()\n"
         "print(child.pid, flush=True)\n"
@@ -108,7 +108,7 @@ def test_reaper_kills_what_a_killed_proc_started_and_removes_its_shared_memory()
 
 
 def test_reaper_leaves_a_living_proc_alone():
-    from forge_rl.controller.reaper import reap_descendants_on_exit
+    from forge_rl.runtime.reaper import reap_descendants_on_exit
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_rl.checkpoint import complete_checkpoints
+from forge_rl.loop.checkpoint import complete_checkpoints
 from tests.slurm_cluster import SlurmCluster, missing
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def _wait_gone(cluster: SlurmCluster, job_id: str, timeout_s: float) -> None:
 
 
 def test_squeue_is_read_per_job_whatever_else_is_queued(cluster):
-    from forge_rl.controller.slurm import expand_hostlist, squeue_job
+    from forge_rl.launch.slurm import expand_hostlist, squeue_job
 
     env = cluster.env()
     ids = []
@@ -118,7 +118,7 @@ def test_grpo_sbatch_job_is_requeued_and_resumes(cluster, tmp_path):
     """One sbatch job runs the workers and the app. Requeued mid-run (what preemption does), it starts again and
     the app resumes from its last checkpoint (resume=auto) and finishes."""
     out = tmp_path / "run"
-    submit = _on_login(cluster, [sys.executable, "-m", "forge_rl.controller.launcher", "submit", "--config", CONFIG,
+    submit = _on_login(cluster, [sys.executable, "-m", "forge_rl.launch.launcher", "submit", "--config", CONFIG,
                                  f"output_dir={out}", "steps=20", "checkpoint_every=2", "resume=auto",
                                  "launcher.slurm.sbatch_args=[--requeue]", *QUICK], tmp_path, 60)
     assert submit.returncode == 0, submit.stdout + submit.stderr

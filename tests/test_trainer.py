@@ -42,7 +42,7 @@ def config(tmp_path, **parallel) -> TrainerConfig:
 
 @pytest.fixture(scope="module")
 def loop():
-    from forge_rl.controller import provisioned
+    from forge_rl.runtime import provisioned
 
     loop = asyncio.new_event_loop()
     ctx = provisioned()
@@ -70,7 +70,7 @@ def single(loop, tmp_path_factory):
 def test_fsdp_and_tp_match_one_proc(loop, tmp_path):
     """Random rows, then rows of one shared prompt: the one-proc trainer runs every row whole
     (share_prompts off); FSDP2 and TP pack the shared prompt, and must still match it."""
-    from forge_rl.controller import stop_actor
+    from forge_rl.runtime import stop_actor
 
     reference = spawn(loop, unpacked(config(tmp_path / "one")))
     expected = steps(loop, reference, 1) + steps(loop, reference, 1, seeds=(3, 4), shared_prompt=16)
@@ -240,7 +240,7 @@ def test_push_weights_from_one_and_from_sharded_ranks(loop, tmp_path):
     """1 proc and FSDP2 x 2 procs publish the same weights; readers get full HF tensors, bit-exact."""
     from safetensors.torch import load_file
 
-    from forge_rl.controller import stop_actor
+    from forge_rl.runtime import stop_actor
     from forge_rl.weights import ShmWeightStore
 
     shipped = load_file(TINY_MODEL / "model.safetensors")
@@ -265,7 +265,7 @@ def test_push_weights_into_a_full_tmpfs_fails_by_name_and_the_trainer_goes_on(lo
     gone push 2 publishes."""
     from safetensors.torch import load_file
 
-    from forge_rl.controller import stop_actor
+    from forge_rl.runtime import stop_actor
     from forge_rl.weights import ShmWeightStore, WeightStoreConfig
 
     shipped = load_file(TINY_MODEL / "model.safetensors")
@@ -303,7 +303,7 @@ def test_bf16_compute_keeps_fp32_masters_so_tiny_updates_land(loop, tmp_path, pr
     near 0.02 (~1e-4) that a bf16 parameter would round away. Published weights are bf16."""
     from safetensors.torch import load_file
 
-    from forge_rl.controller import stop_actor
+    from forge_rl.runtime import stop_actor
     from forge_rl.weights import ShmWeightStore
 
     lr = 1e-6
@@ -335,7 +335,7 @@ def test_bf16_compute_keeps_fp32_masters_so_tiny_updates_land(loop, tmp_path, pr
 def test_non_finite_steps_are_skipped_counted_and_stop_the_run_in_a_row(loop, tmp_path):
     """Corrupt behaviour logprobs (-1e4) overflow the importance ratio: the step leaves the weights as
     they were and is counted; a good step resets the count; max_nonfinite_steps in a row raise."""
-    from forge_rl.controller import stop_actor
+    from forge_rl.runtime import stop_actor
 
     cfg = config(tmp_path)
     cfg.max_nonfinite_steps = 2

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from forge_rl.controller import provisioned
+from forge_rl.runtime import provisioned
 from forge_rl.weights import (
     ShmWeightStore,
     VersionUnavailable,

@@ -5,7 +5,7 @@ import os
 import torch
 from monarch.actor import Actor, endpoint
 
-from forge_rl.controller import ForgeActor
+from forge_rl.runtime import ForgeActor
 from forge_rl.weights import ShmWeightStore, VersionUnavailable, WeightStoreConfig, spec_of
 
 

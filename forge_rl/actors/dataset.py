@@ -5,7 +5,7 @@ import dataclasses
 
 from monarch.actor import endpoint
 
-from forge_rl.controller import ForgeActor
+from forge_rl.runtime import ForgeActor
 from forge_rl.data.sources import DataError
 from forge_rl.data.task import TaskConfig, TaskExample, TaskRows, render
 

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
-from forge_rl.controller import ForgeActor
-from forge_rl.controller.reaper import reap_descendants_on_exit
+from forge_rl.runtime import ForgeActor
+from forge_rl.runtime.reaper import reap_descendants_on_exit
 from forge_rl.models.lora import LoRAConfig
 from forge_rl.types import Completion
 from forge_rl.weights.runs import RUN_ID_ENV, SHM_DIR, run_prefix

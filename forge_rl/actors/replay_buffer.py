@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
-from forge_rl.controller import ForgeActor
+from forge_rl.runtime import ForgeActor
 from forge_rl.types import Completion, Episode, Group, TrainBatch
 
 DROP_REASONS = ("stale", "zero_advantage", "evicted")

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from monarch.actor import concurrent_endpoint
 
-from forge_rl.controller import ForgeActor
+from forge_rl.runtime import ForgeActor
 
 REWARDS = {
     "exact_match": "forge_rl.rewards.exact_match:exact_match",

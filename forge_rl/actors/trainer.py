@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from monarch.actor import endpoint
 
-from forge_rl.controller import ForgeActor
+from forge_rl.runtime import ForgeActor
 from forge_rl.models import lora
 from forge_rl.models.lora import LoRAConfig, is_adapter_key
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
@@ -66,7 +66,7 @@ class TrainerConfig:
     loss: str = "grpo"  # "grpo" | "sft"
     grpo: GRPOLossConfig = field(default_factory=GRPOLossConfig)
     # The policy being trained is softmax(logits / T). RL apps set T from the generator's sampling config
-    # (forge_rl.sampling); None here means 1.0.
+    # (forge_rl.loop.sampling); None here means 1.0.
     temperature: float | None = None
     micro_batch_size: int = 0  # sequences per forward/backward on a rank; 0 = the rank's whole batch
     # Pack the responses of one group with a single copy of their shared prompt (same logprobs and

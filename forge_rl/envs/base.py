@@ -8,7 +8,7 @@
                 return EnvStep(reward=1.0, done=True)
             return EnvStep(messages=[{"role": "user", "content": "No. Try again."}])
 
-The rollout (forge_rl/multiturn.py) continues one token sequence turn after turn: the messages a step returns
+The rollout (forge_rl/loop/multiturn.py) continues one token sequence turn after turn: the messages a step returns
 are rendered with the tokenizer's chat template and appended as tokens the loss never sees (masked), the
 model's own tokens keep their behaviour logprobs and policy versions. A trajectory's reward is the sum of its
 steps' rewards; group advantages compare whole trajectories. An environment instance lives for one

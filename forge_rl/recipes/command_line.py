@@ -7,8 +7,8 @@ import os
 from collections.abc import Awaitable, Callable
 
 from forge_rl.config import ConfigError, parse_args
-from forge_rl.controller.signals import handle_stop_signals
-from forge_rl.train_loop import RoleDied
+from forge_rl.launch.signals import handle_stop_signals
+from forge_rl.loop.train_loop import RoleDied
 
 
 def run_from_command_line(schema: type, main: Callable[[object], Awaitable[dict]], description: str,

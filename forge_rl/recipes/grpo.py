@@ -37,21 +37,21 @@ from forge_rl.actors.reference import Reference
 from forge_rl.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
 from forge_rl.actors.reward import RewardActor
 from forge_rl.actors.trainer import Trainer
-from forge_rl.checkpoint import complete_checkpoints, resume_from_checkpoint, resume_requested, save_checkpoint
+from forge_rl.loop.checkpoint import complete_checkpoints, resume_from_checkpoint, resume_requested, save_checkpoint
 from forge_rl.config import to_yaml
-from forge_rl.controller import provisioned
-from forge_rl.controller.launcher import LauncherConfig, launched, weight_server
-from forge_rl.controller.provisioner import visible_gpus
+from forge_rl.runtime import provisioned
+from forge_rl.launch.launcher import LauncherConfig, launched, weight_server
+from forge_rl.runtime.provisioner import visible_gpus
 from forge_rl.envs import env_factory
-from forge_rl.eval import evaluate_task
+from forge_rl.loop.eval import evaluate_task
 from forge_rl.models import resolve_model_path
-from forge_rl.multiturn import TurnRenderer, evaluate_env, rollout_env_from_dataset
+from forge_rl.loop.multiturn import TurnRenderer, evaluate_env, rollout_env_from_dataset
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.recipes.grpo_config import GRPOConfig, check_config, check_task, dp_size, max_prompt_tokens
 from forge_rl.recipes.grpo_report import StepRecord, console_line, drops, step_metrics, summary_block
-from forge_rl.resources import Placement, plan_placement
-from forge_rl.rollout import rollout_from_dataset, rollout_loop
-from forge_rl.train_loop import (
+from forge_rl.runtime.placement import Placement, plan_placement
+from forge_rl.loop.rollout import rollout_from_dataset, rollout_loop
+from forge_rl.loop.train_loop import (
     Run, SupervisionError, batch_staleness, raise_if_failed, role_died, update_generators, wait_for_batch,
 )
 

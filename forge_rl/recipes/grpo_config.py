@@ -10,12 +10,12 @@ from typing import Any
 from forge_rl.actors.reward import RewardSpec, check_reward_columns
 from forge_rl.actors.trainer import TrainerConfig
 from forge_rl.config import ConfigError
-from forge_rl.controller.launcher import LauncherConfig
+from forge_rl.launch.launcher import LauncherConfig
 from forge_rl.data.task import TaskConfig, TaskRows
 from forge_rl.envs import EnvConfig, env_factory
-from forge_rl.resources import ResourcesConfig
+from forge_rl.runtime.placement import ResourcesConfig
 from forge_rl.rewards.overlong import OverlongConfig
-from forge_rl.sampling import behaviour_temperature
+from forge_rl.loop.sampling import behaviour_temperature
 from forge_rl.weights import WeightStoreConfig
 
 
@@ -60,7 +60,7 @@ class GRPOConfig:
     )
     reward_timeout_s: float | None = 60.0  # per reward function call; a slower group is dropped and counted
     # Multi-turn: an environment answers each model turn (feedback, tool results) until done; it rewards the
-    # trajectory, and its tokens are masked out of the loss (forge_rl/envs, forge_rl/multiturn.py)
+    # trajectory, and its tokens are masked out of the loss (forge_rl/envs, forge_rl/loop/multiturn.py)
     env: EnvConfig = field(default_factory=EnvConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)  # DAPO: length penalty, truncation filter
     generator: GeneratorSection = field(default_factory=GeneratorSection)

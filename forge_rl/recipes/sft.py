@@ -32,12 +32,12 @@ from tqdm import tqdm
 from forge_rl.actors.reward import RewardActor, RewardSpec
 from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig
 from forge_rl.config import ConfigError, to_yaml
-from forge_rl.controller import provisioned
-from forge_rl.controller.launcher import LauncherConfig, launched, weight_server
-from forge_rl.controller.provisioner import visible_gpus
+from forge_rl.runtime import provisioned
+from forge_rl.launch.launcher import LauncherConfig, launched, weight_server
+from forge_rl.runtime.provisioner import visible_gpus
 from forge_rl.data.sft_sources import make_source, train_batches
 from forge_rl.data.task import TaskConfig, TaskRows, render
-from forge_rl.eval import evaluate_task
+from forge_rl.loop.eval import evaluate_task
 from forge_rl.models import resolve_model_path
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.observability.plots import SFT_PANELS

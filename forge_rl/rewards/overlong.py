@@ -4,7 +4,7 @@
       penalty_cache_len: 4   # the last 4 tokens before max_tokens are penalised linearly, down to -1
       filter: true           # responses cut off at max_tokens take no part in the loss
 
-Applied by the rollout to each group before its advantages are computed (forge_rl/rollout.py).
+Applied by the rollout to each group before its advantages are computed (forge_rl/loop/rollout.py).
 """
 
 from dataclasses import dataclass

@@ -30,9 +30,9 @@ from monarch._src.actor.actor_mesh import ActorMesh
 from monarch._src.actor.endpoint import EndpointProperty
 from monarch.actor import ProcMesh
 
-from forge_rl.controller.actor import ActorOptions
-from forge_rl.controller.replies import replies
-from forge_rl.controller.provisioner import get_provisioner
+from forge_rl.runtime.actor import ActorOptions
+from forge_rl.runtime.replies import replies
+from forge_rl.runtime.provisioner import get_provisioner
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class Service:
         replica.calls += 1
         try:
             ep = getattr(replica.actor, endpoint)
-            if self.opts.procs == 1:  # the reply over a long-lived port (no per-call leak: controller/replies.py)
+            if self.opts.procs == 1:  # the reply over a long-lived port (no per-call leak: runtime/replies.py)
                 return await replies().call(replica.actor, endpoint, *args, **kwargs)
             return await ep.call(*args, **kwargs)
         finally:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 
-from forge_rl.rollout import Admission, RolloutStats
+from forge_rl.loop.rollout import Admission, RolloutStats
 from forge_rl.types import TrainBatch
 
 
@@ -37,7 +37,7 @@ class RoleDied(RuntimeError):
 def role_died(error: BaseException, checkpoint_dir: str | Path, log_dir: str | Path | None = None) -> RoleDied:
     """A RoleDied for Monarch's SupervisionError `error`: which actor died, where its last words are (the
     procs' logs under `log_dir`, when the run keeps them) and where to resume."""
-    from forge_rl.checkpoint import complete_checkpoints
+    from forge_rl.loop.checkpoint import complete_checkpoints
 
     message = str(error)
     # Monarch names the failed actor as "<root>.<package.module.Class Class{...}>"

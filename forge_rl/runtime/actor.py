@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 from monarch._src.actor.actor_mesh import ActorMesh
 from monarch.actor import Actor, concurrent_endpoint, endpoint
 
-from forge_rl.controller.provisioner import get_provisioner
-from forge_rl.controller.replies import run_and_reply
+from forge_rl.runtime.provisioner import get_provisioner
+from forge_rl.runtime.replies import run_and_reply
 
 A = TypeVar("A", bound="ForgeActor")
 
@@ -27,7 +27,7 @@ A = TypeVar("A", bound="ForgeActor")
 @dataclass(frozen=True)
 class ActorOptions:
     procs: int = 1  # procs per replica (e.g. tensor-parallel ranks)
-    # The launcher's host mesh to run on ("trainer", "generator": see controller/launcher.py); None, or a name the
+    # The launcher's host mesh to run on ("trainer", "generator": see launch/launcher.py); None, or a name the
     # launcher has no mesh for, = the controller's host. A replica of a service takes one host of the mesh.
     host_mesh: str | None = None
     gpus: int = 0  # GPUs per proc (True = 1; e.g. vLLM's tensor_parallel_size), pinned before CUDA initialises
@@ -63,7 +63,7 @@ class ForgeActor(Actor):
     async def setup(self) -> None:
         """Runs once after spawn, before the actor is handed out. Override for slow init (engines)."""
 
-    # Calls whose reply comes back over a long-lived port (forge_rl/controller/replies.py): the caller picks
+    # Calls whose reply comes back over a long-lived port (forge_rl/runtime/replies.py): the caller picks
     # the concurrent relay exactly when the endpoint it names is a concurrent endpoint.
     @endpoint
     async def reply_to(self, port, request: int, endpoint: str, args: tuple, kwargs: dict) -> None:
@@ -117,7 +117,7 @@ class _Launcher:
         return actor
 
     async def as_service(self, *args: Any, **kwargs: Any):
-        from forge_rl.controller.service import Service
+        from forge_rl.runtime.service import Service
 
         service = Service(self.cls, args, kwargs, self.opts)
         await service.start()

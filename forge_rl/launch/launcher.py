@@ -3,7 +3,7 @@
     async with launched(cfg.launcher, out) as hosts, provisioned(hosts=hosts):
         ...  # hosts: {} locally; {"trainer": HostMesh, "generator": HostMesh} on Slurm
 
-With Slurm the app gets one host mesh per role from Monarch's job API (`SlurmHosts`, forge_rl/controller/slurm.py):
+With Slurm the app gets one host mesh per role from Monarch's job API (`SlurmHosts`, forge_rl/launch/slurm.py):
 `trainer_nodes` nodes for the trainer ranks, `generator_nodes` for the generator replicas; the small actors
 (dataset, reward, replay buffer) stay with the controller. Two ways to run, same app and config:
 
@@ -11,7 +11,7 @@ With Slurm the app gets one host mesh per role from Monarch's job API (`SlurmHos
   it, and attaches. The job's state is cached in `launcher.slurm.state_file`, so a re-run (or a notebook) with
   the same settings reattaches to a running allocation instead of queueing again. The job is cancelled when
   the app exits unless `keep_job: true`.
-- batch: `python -m forge_rl.controller.launcher submit --config ... key=value` submits one sbatch job that runs
+- batch: `python -m forge_rl.launch.launcher submit --config ... key=value` submits one sbatch job that runs
   the workers and the app inside the allocation (Monarch's batch mode; see docs/slurm.md).
 """
 
@@ -79,7 +79,7 @@ class LauncherConfig:
 
 
 def slurm_job(cfg: SlurmConfig, log_dir: str | Path):
-    from forge_rl.controller.slurm import SlurmHosts
+    from forge_rl.launch.slurm import SlurmHosts
 
     return SlurmHosts(
         meshes={"trainer": cfg.trainer_nodes, "generator": cfg.generator_nodes},
@@ -133,7 +133,7 @@ async def launched(cfg: LauncherConfig, output_dir: str | Path):
 async def stop_before_end(job_id: str, margin_s: float) -> bool:
     """Interrupt this process (SIGINT: the app's final-checkpoint path) `margin_s` before the job's time limit.
     True if it did."""
-    from forge_rl.controller.slurm import job_end_time
+    from forge_rl.launch.slurm import job_end_time
 
     end = job_end_time(job_id) if margin_s > 0 else None
     if end is None:
@@ -148,7 +148,7 @@ async def stop_before_end(job_id: str, margin_s: float) -> bool:
 async def weight_server(store_cfg):
     """The actor on the trainer's first host that hands published weights versions to generators on other hosts
     (Monarch RDMA, forge_rl/weights/rdma.py); pass it to the generators as `weight_source`."""
-    from forge_rl.controller.provisioner import get_provisioner
+    from forge_rl.runtime.provisioner import get_provisioner
     from forge_rl.weights.rdma import WeightServer
 
     mesh = await get_provisioner().get_proc_mesh(mesh_name="WeightServer", host_mesh="trainer", host_index=0)
@@ -171,10 +171,10 @@ def submit(recipe: str, config: str | None, overrides: list[str], launcher: Laun
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m forge_rl.controller.launcher submit [--recipe grpo] --config FILE [key=value ...]"""
+    """python -m forge_rl.launch.launcher submit [--recipe grpo] --config FILE [key=value ...]"""
     from forge_rl.recipes import RECIPES, recipe
 
-    parser = argparse.ArgumentParser(prog="python -m forge_rl.controller.launcher",
+    parser = argparse.ArgumentParser(prog="python -m forge_rl.launch.launcher",
                                      description="Run an app on Slurm: workers and controller in one sbatch job.")
     parser.add_argument("command", choices=["submit"])
     parser.add_argument("--recipe", default="grpo", choices=RECIPES, help="the run to submit (default grpo)")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from forge_rl.rollout import Admission
-from forge_rl.train_loop import Run
+from forge_rl.loop.rollout import Admission
+from forge_rl.loop.train_loop import Run
 
 APP_STATE = "app_state.pt"
 

@@ -7,7 +7,7 @@ the proc can initialise CUDA. For meshes that run torch.distributed (the trainer
 torch elastic environment (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK) with monarch.spmd.
 
 `shutdown()` stops every mesh it made and removes the run's shared-memory files
-(/dev/shm/forge_rl-<run_id>-*). Use `async with provisioned():` (or `forge_rl.controller.run`) so
+(/dev/shm/forge_rl-<run_id>-*). Use `async with provisioned():` (or `forge_rl.runtime.run`) so
 that this also happens when the controller exits through an exception or Ctrl-C.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from monarch.actor import ProcMesh, this_host
 
-from forge_rl.controller.reaper import CONTROLLER_ENV, reap_descendants_on_exit
+from forge_rl.runtime.reaper import CONTROLLER_ENV, reap_descendants_on_exit
 from forge_rl.weights.runs import RUN_ID_ENV, cleanup_stale_runs, register_process, remove_run, run_prefix
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class Provisioner:
         self._stopped = False
         # A dead proc must not take the controller down (Monarch's default): services respawn their
         # replicas, and any other actor's owner gets a SupervisionError on its next call.
-        from forge_rl.controller.service import install_fault_hook
+        from forge_rl.runtime.service import install_fault_hook
 
         install_fault_hook()
 

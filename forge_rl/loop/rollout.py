@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from forge_rl.controller.replies import replies
+from forge_rl.runtime.replies import replies
 from forge_rl.losses.advantages import group_advantages
 from forge_rl.rewards.overlong import OverlongConfig, overlong_penalty
 from forge_rl.types import Episode, Group
@@ -200,7 +200,7 @@ async def rollout_from_dataset(*, dataset, generator, reward, buffer, group_size
     A prompt the engine refuses as too long is counted (drops["prompt_too_long"]) and skipped."""
     from forge_rl.actors.generator import PromptTooLong
 
-    calls = replies()  # not call_one: Monarch keeps ~1.2 KB per call_one in the caller (controller/replies.py)
+    calls = replies()  # not call_one: Monarch keeps ~1.2 KB per call_one in the caller (runtime/replies.py)
     example = await calls.call(dataset, "next")
 
     async def score(completions):
