@@ -44,7 +44,7 @@ async def measure(mode: str) -> dict:
     args = dict(model=model, seed=0, disable_log_stats=True, **ENGINE_DEFAULTS, **CPU_ENGINE_DEFAULTS)
     executor, process = mode.split("-")
     args = cpu_engine_env(args) if executor == "uni" else {**args, "distributed_executor_backend": "mp"}
-    engine = start_engine(AsyncEngineArgs(**args), fork=process == "fork")
+    engine = start_engine(AsyncEngineArgs(**args), "fork" if process == "fork" else None)
     started = time.perf_counter() - start
     ids = AutoTokenizer.from_pretrained(model)(PROMPT, add_special_tokens=False)["input_ids"]
     params = SamplingParams(n=8, max_tokens=8, temperature=1.0, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY)

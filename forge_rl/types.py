@@ -74,7 +74,6 @@ class Episode:
     reward: float = 0.0
     rewards: dict[str, float] = field(default_factory=dict)  # per reward function, before weighting
     advantage: float | None = None
-    target: Any = None  # the answer the reward compared against, if any
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property

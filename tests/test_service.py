@@ -96,20 +96,6 @@ def test_endpoint_exception_is_not_retried_and_replica_stays():
     run(body())
 
 
-def test_replica_count_is_changeable():
-    async def body():
-        async with provisioned():
-            svc = await Service(Echo, ("x",), opts=ActorOptions(replicas=1)).start()
-            await svc.set_replicas(3)
-            assert svc.healthy_replicas == 3 and len({p for _, p in await svc.who.call_all()}) == 3
-            await svc.set_replicas(1)
-            assert svc.num_replicas == 1 and len(await svc.who.call_all()) == 1
-            with pytest.raises(ValueError, match="at least 1 replica"):
-                await svc.set_replicas(0)
-
-    run(body())
-
-
 def test_as_service_and_as_actor_via_options():
     async def body():
         async with provisioned():

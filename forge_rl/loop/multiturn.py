@@ -124,7 +124,7 @@ async def rollout_env_group(example, prompt_ids: list[int], generator, make_env,
     advantages = group_advantages(rewards, scale_by_std=scale_advantages_by_std)
     return Group(example.id, [
         Episode(t.completion, reward=t.reward, rewards={"env": t.reward, "solved": float(t.solved)}, advantage=a,
-                target=example.answer, metadata={"example": example.id, "turns": t.turns})
+                metadata={"example": example.id, "turns": t.turns})
         for t, a in zip(trajectories, advantages)
     ])
 

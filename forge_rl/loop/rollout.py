@@ -144,7 +144,7 @@ class RolloutStats:
 
 
 async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size: int, stats: RolloutStats,
-                        scale_advantages_by_std: bool = True, target=None, metadata=None,
+                        scale_advantages_by_std: bool = True, metadata=None,
                         overlong: OverlongConfig | None = None, max_tokens: int = 0) -> Group | None:
     """Generate a group of `group_size` completions of `prompt`, score it and compute group advantages.
 
@@ -173,7 +173,7 @@ async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size:
     if overlong is not None and overlong.filter:  # truncated: no gradient, whatever their reward
         advantages = [0.0 if c.finish_reason == "length" else a for c, a in zip(completions, advantages)]
     episodes = [
-        Episode(c, reward=t, rewards={k: v[i] for k, v in parts.items()}, advantage=a, target=target,
+        Episode(c, reward=t, rewards={k: v[i] for k, v in parts.items()}, advantage=a,
                 metadata=dict(metadata or {}))
         for i, (c, t, a) in enumerate(zip(completions, totals, advantages))
     ]
@@ -211,7 +211,7 @@ async def rollout_from_dataset(*, dataset, generator, reward, buffer, group_size
     try:
         group = await rollout_group(
             prompt_id=example.id, prompt=example.text, generator=generator, score=score, group_size=group_size,
-            stats=stats, scale_advantages_by_std=scale_advantages_by_std, target=example.answer,
+            stats=stats, scale_advantages_by_std=scale_advantages_by_std,
             metadata={"example": example.id}, overlong=overlong, max_tokens=max_tokens,
         )
     except Exception as e:

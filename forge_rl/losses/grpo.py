@@ -76,6 +76,36 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     return torch.exp(-log_ratio) + log_ratio - 1  # k3 (Schulman): exp(ref - lp) - (ref - lp) - 1
 
 
+def token_advantages(advantages: torch.Tensor, behaviour_logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None,
+                     cfg: GRPOLossConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each token's advantage [B, T] (the sequence's, times reward_coef) and, for on-policy distillation, minus
+    distill_coef x the reverse KL of the sampling policy to the teacher at that token (also returned)."""
+    A = advantages[:, None].to(dtype)
+    if cfg.distill_coef:
+        if ref_logprobs is None:
+            raise ValueError("loss.distill_coef > 0 needs TrainBatch.ref_logprobs (the teacher's logprobs)")
+        reverse_kl = behaviour_logprobs - ref_logprobs  # log pi_behaviour - log pi_teacher of each sampled token
+        return cfg.reward_coef * A - cfg.distill_coef * reverse_kl.to(dtype), reverse_kl
+    return (cfg.reward_coef * A if cfg.reward_coef != 1.0 else A), None
+
+
+def importance_ratio(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cfg: GRPOLossConfig,
+                     mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ratio the clip acts on, weight outside the clip) per token: against the behaviour policy (plain), a
+    sequence-level ratio (gspo), or against the proximal policy with a truncated importance weight (TIS)."""
+    if cfg.policy_loss == "gspo":
+        if mask is None:
+            raise ValueError("loss.policy_loss='gspo' needs the response mask (a sequence-level ratio)")
+        m = mask.to(logprobs.dtype)
+        seq_log_ratio = ((logprobs.detach() - behaviour_logprobs) * m).sum(-1) / m.sum(-1).clamp(min=1)
+        ratio = torch.exp(seq_log_ratio)[:, None] * torch.exp(logprobs - logprobs.detach())  # value s, grad s * dlp
+        return ratio, torch.ones_like(logprobs)
+    if cfg.tis_cap > 0:
+        proximal = logprobs.detach()
+        return torch.exp(logprobs - proximal), torch.exp(proximal - behaviour_logprobs).clamp(max=cfg.tis_cap)
+    return torch.exp(logprobs - behaviour_logprobs), torch.ones_like(logprobs)
+
+
 def per_token_loss(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
@@ -99,29 +129,8 @@ def per_token_loss(
     is bounded by tis_cap (tested in tests/test_losses.py). It is not a trust region; the plain mode's
     clipped ratio against the behaviour policy is.
     """
-    A = advantages[:, None].to(logprobs.dtype)
-    reverse_kl = None
-    if cfg.distill_coef:
-        if ref_logprobs is None:
-            raise ValueError("loss.distill_coef > 0 needs TrainBatch.ref_logprobs (the teacher's logprobs)")
-        reverse_kl = behaviour_logprobs - ref_logprobs  # log pi_behaviour - log pi_teacher of each sampled token
-        A = cfg.reward_coef * A - cfg.distill_coef * reverse_kl.to(logprobs.dtype)
-    elif cfg.reward_coef != 1.0:
-        A = cfg.reward_coef * A
-    if cfg.policy_loss == "gspo":
-        if mask is None:
-            raise ValueError("loss.policy_loss='gspo' needs the response mask (a sequence-level ratio)")
-        m = mask.to(logprobs.dtype)
-        seq_log_ratio = ((logprobs.detach() - behaviour_logprobs) * m).sum(-1) / m.sum(-1).clamp(min=1)
-        ratio = torch.exp(seq_log_ratio)[:, None] * torch.exp(logprobs - logprobs.detach())  # value s, grad s * dlp
-        weight = torch.ones_like(logprobs)
-    elif cfg.tis_cap > 0:
-        proximal = logprobs.detach()
-        weight = torch.exp(proximal - behaviour_logprobs).clamp(max=cfg.tis_cap)
-        ratio = torch.exp(logprobs - proximal)
-    else:
-        weight = torch.ones_like(logprobs)
-        ratio = torch.exp(logprobs - behaviour_logprobs)
+    A, reverse_kl = token_advantages(advantages, behaviour_logprobs, ref_logprobs, cfg, logprobs.dtype)
+    ratio, weight = importance_ratio(logprobs, behaviour_logprobs, cfg, mask)
     clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
     unclipped_obj, clipped_obj = ratio * A, clipped * A
     if cfg.policy_loss == "cispo":  # the clipped weight carries no gradient; log pi always does

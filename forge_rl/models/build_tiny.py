@@ -105,7 +105,7 @@ def build(out: Path, **config_overrides) -> Path:
 
     torch.manual_seed(SEED)
     model = Qwen3ForCausalLM(Qwen3Config(**config)).float()
-    # Save the tied lm_head explicitly: vLLM's weight reload path expects it (STACK.md).
+    # Save the tied lm_head explicitly: vLLM's weight reload path expects it (docs/stack.md).
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})

@@ -402,7 +402,7 @@ class GRPORun:
         return {"eval/accuracy": result["accuracy"]}
 
     async def _summary(self, wall: float, gen_busy_s: float) -> dict:
-        s, cfg = self.state, self.cfg
+        s = self.state
         final_buffer = await self.buffer.evict.call_one()
         data = await self.dataset.stats.call_one()
         last3 = [acc for *_, acc in self.evals[-3:]]

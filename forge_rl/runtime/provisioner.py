@@ -7,7 +7,7 @@ the proc can initialise CUDA. For meshes that run torch.distributed (the trainer
 torch elastic environment (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK) with monarch.spmd.
 
 `shutdown()` stops every mesh it made and removes the run's shared-memory files
-(/dev/shm/forge_rl-<run_id>-*). Use `async with provisioned():` (or `forge_rl.runtime.run`) so
+(/dev/shm/forge_rl-<run_id>-*). Use `async with provisioned():` (a run's `start()`/`stop()` do) so
 that this also happens when the controller exits through an exception or Ctrl-C.
 """
 

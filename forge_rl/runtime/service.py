@@ -133,22 +133,6 @@ class Service:
             for r in self._replicas
         ]
 
-    async def set_replicas(self, n: int, drain_timeout_s: float = 60.0) -> None:
-        """Grow or shrink the service. Removed replicas take no new calls and finish the ones in flight."""
-        if n < 1:
-            raise ValueError(f"a service needs at least 1 replica, asked for {n}")
-        while len(self._replicas) < n:
-            r = Replica(len(self._replicas))
-            self._replicas.append(r)
-            await self._spawn(r)
-        while len(self._replicas) > n:
-            r = self._replicas.pop()
-            r.healthy = False
-            deadline = time.monotonic() + drain_timeout_s
-            while r.inflight and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            await self._stop_replica(r)
-
     # ---- calls -----------------------------------------------------------------------------
 
     def __getattr__(self, name: str) -> "ServiceEndpoint":
