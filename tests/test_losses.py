@@ -139,6 +139,39 @@ def test_fused_lm_head_logprobs_equal_the_full_logits_with_gradients(block_eleme
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
 
 
+def test_fused_lm_head_runs_its_matmuls_in_the_compute_dtype_and_accumulates_in_fp32():
+    """bf16 hidden states (mixed precision): every matmul of the fused head, forward and backward, runs in
+    bf16 (on a GPU, the step's largest matmul at tensor-core speed, not fp32's), while the logprobs, entropy
+    and the weight's gradient come out in fp32 and match the fp32 computation to bf16's precision."""
+    from torch.overrides import TorchFunctionMode
+
+    from forge_rl.losses.logprobs import hidden_logprobs
+
+    class MatmulDtypes(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (torch.matmul, torch.Tensor.__matmul__, torch.Tensor.matmul):
+                self.seen.append(tuple(a.dtype for a in args[:2]))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(0)
+    hidden32, weight32 = torch.randn(3, 7, 32, generator=g), torch.randn(211, 32, generator=g) * 0.2
+    tokens = torch.randint(0, 211, (3, 7), generator=g)
+    want_lp, want_ent = hidden_logprobs(hidden32, weight32, tokens, 0.8, entropy="detached")
+    hidden = hidden32.bfloat16().requires_grad_()
+    weight = weight32.bfloat16().requires_grad_()
+    with MatmulDtypes() as mode:
+        lp, ent = hidden_logprobs(hidden, weight, tokens, 0.8, entropy="detached", block_elements=500)
+        lp.sum().backward()
+    assert mode.seen and all(dtypes == (torch.bfloat16, torch.bfloat16) for dtypes in mode.seen), mode.seen
+    assert lp.dtype == ent.dtype == torch.float32 and weight.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(lp, want_lp, atol=0.1, rtol=0.02)
+    torch.testing.assert_close(ent, want_ent, atol=0.1, rtol=0.02)
+
+
 def test_tis_mode_is_a_truncated_importance_weighted_policy_gradient_without_clipping():
     """One optimizer step per batch: the ratio to the proximal policy is 1, so the clip never acts, whatever
     the staleness; only the truncated weight min(pi/mu, cap) differs from on-policy REINFORCE."""

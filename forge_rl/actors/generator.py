@@ -102,15 +102,16 @@ class Generator(ForgeActor):
             SamplingParams(**self.sampling)
         except TypeError as e:
             raise ValueError(f"generator sampling {self.sampling}: {e} (vLLM SamplingParams names)") from None
+        cuda = cuda_visible()
         args = dict(model=self.model, seed=self.seed, disable_log_stats=True, **ENGINE_DEFAULTS)
-        if not torch.cuda.is_available():
+        if not cuda:
             args.update(CPU_ENGINE_DEFAULTS)
         if self.lora is not None:
             args.update(lora_engine_args(self.lora.rank))
         args.update(self.engine_args)
-        if not torch.cuda.is_available():
+        if not cuda:
             args = cpu_engine_env(args)
-        self.engine = start_engine(AsyncEngineArgs(**args), fork=not torch.cuda.is_available())
+        self.engine = start_engine(AsyncEngineArgs(**args), engine_start_method(cuda))
         # The engine's processes must not outlive this proc if it is killed (they would be orphaned).
         self._reaper = reap_descendants_on_exit()
         self._engine_watch = asyncio.create_task(self._watch_engine())
@@ -128,29 +129,11 @@ class Generator(ForgeActor):
     async def generate(self, prompt: str | list[int], n: int = 1, **sampling: Any) -> list[Completion]:
         """Sample `n` completions of `prompt` (text, or token ids). `sampling` overrides the config's
         vLLM SamplingParams for this call (e.g. temperature=0, max_tokens=16)."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError
 
         prompt_ids = self._prompt_ids(prompt)
-        if n < 1:
-            raise ValueError(f"n must be >= 1 (completions per prompt), got {n}")
-        merged = {**self.sampling, **sampling}
-        # We decode the text ourselves, once per completion; vLLM's incremental detokenizer (and its
-        # decoding of every logprob's token) is needed only for stop strings.
-        merged.setdefault("detokenize", bool(merged.get("stop")))
-        params = SamplingParams(**{**merged, "n": n, "logprobs": 0})
-        max_tokens = params.max_tokens or 0
-        if len(prompt_ids) + max_tokens > self.max_model_len:
-            raise PromptTooLong(
-                f"prompt of {len(prompt_ids)} tokens + max_tokens={max_tokens} exceeds the engine's "
-                f"max_model_len={self.max_model_len}"
-            )
-        # Stream deltas (progress counters, many requests in flight). Policy versions come from the engine:
-        # each engine step is labelled with the weights version it ran with, and the final delta carries
-        # each sequence's spans of versions, so tags are exact however late an output reaches this actor.
-        params.output_kind = RequestOutputKind.DELTA
+        params = self._sampling_params(len(prompt_ids), n, sampling)
         children = [_Child() for _ in range(n)]
         request_id = f"{os.getpid()}-{next(self._request_ids)}"
         # LoRA: a request runs to its end on the adapter it started with (vLLM cannot switch a running
@@ -180,23 +163,44 @@ class Generator(ForgeActor):
         if self.lora is not None:
             for child in children:
                 child.versions = [version] * len(child.ids)
-        prompt_tensor = torch.tensor(prompt_ids, dtype=torch.long)
-        prompt_text = prompt if isinstance(prompt, str) else ""
-        completions = []
-        for child in children:
-            self._generated_tokens += len(child.ids)
-            completions.append(
-                Completion(
-                    prompt_ids=prompt_tensor,
-                    response_ids=torch.tensor(child.ids, dtype=torch.long),
-                    logprobs=torch.tensor(child.logprobs, dtype=torch.float32),
-                    policy_versions=torch.tensor(child.versions, dtype=torch.long),
-                    finish_reason=child.finish_reason,
-                    text=self.tokenizer.decode(child.ids, skip_special_tokens=True),
-                    prompt=prompt_text,
-                )
+        return [self._completion(prompt, prompt_ids, child) for child in children]
+
+    def _sampling_params(self, prompt_len: int, n: int, sampling: dict[str, Any]):
+        """vLLM SamplingParams of one call: the config's, with this call's overrides. Refuses a prompt that leaves
+        no room for max_tokens in the engine."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if n < 1:
+            raise ValueError(f"n must be >= 1 (completions per prompt), got {n}")
+        merged = {**self.sampling, **sampling}
+        # We decode the text ourselves, once per completion; vLLM's incremental detokenizer (and its
+        # decoding of every logprob's token) is needed only for stop strings.
+        merged.setdefault("detokenize", bool(merged.get("stop")))
+        params = SamplingParams(**{**merged, "n": n, "logprobs": 0})
+        max_tokens = params.max_tokens or 0
+        if prompt_len + max_tokens > self.max_model_len:
+            raise PromptTooLong(
+                f"prompt of {prompt_len} tokens + max_tokens={max_tokens} exceeds the engine's "
+                f"max_model_len={self.max_model_len}"
             )
-        return completions
+        # Stream deltas (progress counters, many requests in flight). Policy versions come from the engine:
+        # each engine step is labelled with the weights version it ran with, and the final delta carries
+        # each sequence's spans of versions, so tags are exact however late an output reaches this actor.
+        params.output_kind = RequestOutputKind.DELTA
+        return params
+
+    def _completion(self, prompt: str | list[int], prompt_ids: list[int], child: "_Child") -> Completion:
+        self._generated_tokens += len(child.ids)
+        return Completion(
+            prompt_ids=torch.tensor(prompt_ids, dtype=torch.long),
+            response_ids=torch.tensor(child.ids, dtype=torch.long),
+            logprobs=torch.tensor(child.logprobs, dtype=torch.float32),
+            policy_versions=torch.tensor(child.versions, dtype=torch.long),
+            finish_reason=child.finish_reason,
+            text=self.tokenizer.decode(child.ids, skip_special_tokens=True),
+            prompt=prompt if isinstance(prompt, str) else "",
+        )
 
     @concurrent_endpoint  # runs while generate calls keep streaming
     async def update_weights(self, version: int, mode: str | None = None) -> dict[str, float]:
@@ -439,8 +443,27 @@ def cpu_engine_env(args: dict[str, Any]) -> dict[str, Any]:
     return {**args, "distributed_executor_backend": "uni"}
 
 
-def start_engine(engine_args, fork: bool):
-    """The AsyncLLM of `engine_args`, its EngineCore process forked from this one when `fork` (CPU).
+def cuda_visible() -> bool:
+    """Whether this proc has a GPU, asked without initialising CUDA: NVML answers, so a process forked from
+    this one later (vLLM's EngineCore) can still use CUDA."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # read by torch.cuda.is_available() at each call
+    return torch.cuda.is_available()
+
+
+def engine_start_method(cuda: bool, environ: dict | None = None) -> str | None:
+    """How vLLM's EngineCore process starts: None keeps a VLLM_WORKER_MULTIPROC_METHOD the user (or an earlier
+    engine of this process) set; "spawn" on CUDA, where a forked child of a process that has touched CUDA
+    fails ("Cannot re-initialize CUDA in forked subprocess") and vLLM's own check only sees torch's lazy
+    init; "fork" on CPU, where there is no CUDA context to break and a spawn costs ~10 s of imports."""
+    environ = os.environ if environ is None else environ
+    if "VLLM_WORKER_MULTIPROC_METHOD" in environ:
+        return None
+    return "spawn" if cuda else "fork"
+
+
+def start_engine(engine_args, start_method: str | None):
+    """The AsyncLLM of `engine_args`, its EngineCore process started by `start_method`
+    (engine_start_method: fork on CPU, spawn on CUDA, None = vLLM's choice).
 
     vLLM's CPU platform always spawns the EngineCore (it sets VLLM_WORKER_MULTIPROC_METHOD=spawn while it
     builds the config), and a spawned process imports vLLM and torch again: ~10 s of every engine start on
@@ -459,10 +482,10 @@ def start_engine(engine_args, fork: bool):
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    fork = fork and "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ
     config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
-    if fork:
-        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"  # read when the EngineCore process starts
+    if start_method is not None:  # after the config: vLLM's CPU platform sets "spawn" while it builds it
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = start_method  # read when the EngineCore process starts
+    if start_method == "fork":
         resource_tracker.ensure_running()
     return AsyncLLM.from_vllm_config(config, disable_log_stats=engine_args.disable_log_stats,
                                      enable_log_requests=engine_args.enable_log_requests)

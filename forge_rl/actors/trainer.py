@@ -7,7 +7,7 @@ Every rank runs the same endpoint (`.call()` on the mesh); each rank picks its d
 and the ranks of one tensor-parallel group share it. The model is built on the meta device from the HF
 config, parallelised with TorchTitan's `parallelize_qwen3`, materialised, and loaded from HF safetensors
 through TorchTitan's state-dict adapter. TorchTitan's own Trainer/ForgeEngine is not used: 0.3.0's
-ForgeEngine is broken (STACK.md), and an RL step is not its data-loader loop.
+ForgeEngine is broken (docs/stack.md), and an RL step is not its data-loader loop.
 
 CPU specifics (gloo): FSDP's PREMUL_SUM reduction does not exist on gloo, so FSDP modules are set to
 plain sum reductions; TorchTitan's "partial_dtensor" SPMD backend is the one that works with FSDP here.
@@ -58,6 +58,13 @@ class OptimizerConfig:
     warmup_steps: int = 0  # linear warm-up from 0
     decay_steps: int = 0  # cosine decay to min_lr_ratio * lr over these steps after warm-up; 0 = constant
     min_lr_ratio: float = 0.0
+
+
+def process_group_backend(device_type: str) -> str:
+    """The trainer's torch.distributed backend: gloo on CPU; on CUDA, NCCL for CUDA tensors and gloo for CPU
+    ones. An NCCL-only group fails on any collective over a CPU tensor (metric sums, a checkpoint's
+    objects), so the group carries a CPU backend too."""
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
 
 
 @dataclass
@@ -209,7 +216,7 @@ class Trainer(ForgeActor):
         self.model_dir = Path(resolve_model_path(self.cfg.model))
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         if not dist.is_initialized():  # env (RANK, WORLD_SIZE, MASTER_*) comes from the spmd mesh option
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+            dist.init_process_group(process_group_backend(self.device.type))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(self.cfg.seed)
         self.model, self.adapter, self.parallel_dims = self._build(qwen3)
@@ -228,14 +235,11 @@ class Trainer(ForgeActor):
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o))
 
-    def _build(self, qwen3):
-        from torch.distributed.fsdp import FSDPModule
-        from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    def _parallel_dims(self):
+        """TorchTitan's parallelism config and device mesh for trainer.parallel over this actor's procs."""
+        from torchtitan.config import ParallelismConfig
         from torchtitan.distributed import ParallelDims
         from torchtitan.distributed import utils as dist_utils
-        from torchtitan.distributed.activation_checkpoint import FullAC
-        from torchtitan.models.qwen3 import Qwen3StateDictAdapter
-        from torchtitan.models.qwen3.parallelize import parallelize_qwen3
 
         p = self.cfg.parallel
         parallelism = ParallelismConfig(
@@ -247,7 +251,27 @@ class Trainer(ForgeActor):
             raise ValueError(f"trainer.parallel (dp_shard={p.dp_shard}, tp={p.tp}) does not fit {self.world} procs: {e}")
         dist_utils.set_spmd_backend("partial_dtensor")
         dims.build_mesh()
+        return parallelism, dims
 
+    def _sum_gradients_over_ranks(self, model) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                # Each rank's loss is already its share of the whole batch's loss (global counts), so
+                # gradients must be summed over ranks, not averaged.
+                module.set_gradient_divide_factor(1.0)
+                if self.device.type == "cpu":
+                    module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+
+    def _build(self, qwen3):
+        from torchtitan.config import CompileConfig, TrainingConfig
+        from torchtitan.distributed.activation_checkpoint import FullAC
+        from torchtitan.models.qwen3 import Qwen3StateDictAdapter
+        from torchtitan.models.qwen3.parallelize import parallelize_qwen3
+
+        p = self.cfg.parallel
+        parallelism, dims = self._parallel_dims()
         config = qwen3.titan_config(self.model_dir)
         config.update_from_config(config=_WithParallelism(parallelism))  # TP sharding plans on the config
         if self.cfg.lora.enabled:  # after the TP plans: the adapters take their sharding from the base linears
@@ -264,13 +288,7 @@ class Trainer(ForgeActor):
             dump_folder=self.cfg.checkpoint_dir,
             skip_dp=dims.dp_shard == 1,
         )
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                # Each rank's loss is already its share of the whole batch's loss (global counts), so
-                # gradients must be summed over ranks, not averaged.
-                module.set_gradient_divide_factor(1.0)
-                if self.device.type == "cpu":
-                    module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+        self._sum_gradients_over_ranks(model)
         model.to_empty(device=self.device)
         with torch.no_grad():
             model.init_states(buffer_device=self.device)
@@ -358,10 +376,30 @@ class Trainer(ForgeActor):
     @endpoint
     async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
         """One optimizer step on `batches` (one TrainBatch per dp rank). Returns metrics reduced over ranks."""
-        import torch.distributed as dist
-
         validate_batches(batches, self.dp_size, self.vocab_size, self.max_seq_len)
         start = time.perf_counter()
+        total_tokens = sum(b.num_response_tokens for b in batches)
+        sums = self._accumulate_gradients(batches)
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm, finite = self._optimizer_step(float(sums[0]))
+        sums = self._reduce_over_data_parallel(sums)
+        elapsed = time.perf_counter() - start
+        tokens = sum(b.tokens.numel() for b in batches)
+        per_token = {k: float(sums[i]) / total_tokens for i, k in enumerate(
+            ("clip_fraction", "approx_kl", "entropy", "ratio_mean", "kl_ref"), start=1)}
+        return dict(
+            loss=float(sums[0]), grad_norm=grad_norm, lr=lr, step=self.step, **per_token,
+            reverse_kl_teacher=float(sums[7]) / total_tokens, tokens=tokens,
+            model_tokens=int(sums[6]),  # what the model ran on: fewer than `tokens` when prompts were shared
+            loss_parallel=float(self.loss_parallel),  # TP: logprobs from vocabulary shards, logits never gathered
+            response_tokens=total_tokens, tokens_per_s=tokens / elapsed,
+            step_s=elapsed, peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
+            skipped=float(not finite), skipped_steps=self.skipped_steps,
+        )
+
+    def _accumulate_gradients(self, batches: list[TrainBatch]) -> torch.Tensor:
+        """Forward and backward over this rank's batch in micro-batches. Returns this rank's sums of: loss,
+        clipped, approx_kl, entropy, ratio, kl_ref (over response tokens), model tokens, reverse KL to a teacher."""
         cfg, loss_cfg = self.cfg, self.cfg.grpo
         batch = batches[self.dp_rank]
         total_seqs = sum(b.num_sequences for b in batches)
@@ -369,7 +407,6 @@ class Trainer(ForgeActor):
         max_len = loss_cfg.max_response_len or max(int(b.response_mask.sum(1).max()) for b in batches)
         normalize = "token_mean" if cfg.loss == "sft" else loss_cfg.normalize
         mb = cfg.micro_batch_size or batch.num_sequences
-        # loss, clipped, approx_kl, entropy, ratio, kl_ref, model tokens, reverse KL to a distillation teacher
         sums = torch.zeros(8, dtype=torch.float64)
         self.model.train()
         for lo in range(0, batch.num_sequences, mb):
@@ -396,40 +433,38 @@ class Trainer(ForgeActor):
                     sums[i] += float((diag[key] * m).sum())
             if "reverse_kl_teacher" in diag:
                 sums[7] += float((diag["reverse_kl_teacher"] * m).sum())
+        return sums
+
+    def _optimizer_step(self, loss: float) -> tuple[float, bool]:
+        """Clip, then step unless the gradient norm is not finite (the weights, optimizer state and schedule
+        then stay as they were); too many such steps in a row stop the run. Returns (grad norm, finite)."""
         grad_norm = self._clip_grad_norm()  # global over ranks, so every rank takes the same branch
-        lr = self.scheduler.get_last_lr()[0]
         finite = math.isfinite(grad_norm)
         if finite:
             self.optimizer.step()
             self.scheduler.step()
             self.nonfinite_in_a_row = 0
-        else:  # skip: the weights, optimizer state and schedule stay as they were
+        else:
             self.skipped_steps += 1
             self.nonfinite_in_a_row += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1  # the policy version advances either way, so versions stay in step with the app
-        if self.nonfinite_in_a_row >= cfg.max_nonfinite_steps:
+        if self.nonfinite_in_a_row >= self.cfg.max_nonfinite_steps:
             raise FloatingPointError(
-                f"{self.nonfinite_in_a_row} train steps in a row had a non-finite gradient norm (loss {float(sums[0])}); "
-                f"stopping (trainer.max_nonfinite_steps={cfg.max_nonfinite_steps}). Check rewards, behaviour "
+                f"{self.nonfinite_in_a_row} train steps in a row had a non-finite gradient norm (loss {loss}); "
+                f"stopping (trainer.max_nonfinite_steps={self.cfg.max_nonfinite_steps}). Check rewards, behaviour "
                 "logprobs and the learning rate"
             )
-        # Ranks of one TP group hold the same rows: sum over the dp dimension only.
-        sums[1:] = sums[1:] / (self.world // self.dp_size)
-        sums[0] = sums[0] / (self.world // self.dp_size)
+        return grad_norm, finite
+
+    def _reduce_over_data_parallel(self, sums: torch.Tensor) -> torch.Tensor:
+        """Sum the per-rank sums over ranks. Ranks of one TP group hold the same rows, so each counts 1/tp. The
+        collective runs on the process group's device (NCCL has no CPU tensors)."""
+        import torch.distributed as dist
+
+        sums = (sums / (self.world // self.dp_size)).to(self.device)
         dist.all_reduce(sums)
-        elapsed = time.perf_counter() - start
-        return dict(
-            loss=float(sums[0]), grad_norm=grad_norm, lr=lr, step=self.step,
-            clip_fraction=float(sums[1]) / total_tokens, approx_kl=float(sums[2]) / total_tokens,
-            entropy=float(sums[3]) / total_tokens, ratio_mean=float(sums[4]) / total_tokens,
-            kl_ref=float(sums[5]) / total_tokens, reverse_kl_teacher=float(sums[7]) / total_tokens, tokens=sum(b.tokens.numel() for b in batches),
-            model_tokens=int(sums[6]),  # what the model ran on: fewer than `tokens` when prompts were shared
-            loss_parallel=float(self.loss_parallel),  # TP: logprobs from vocabulary shards, logits never gathered
-            response_tokens=total_tokens, tokens_per_s=sum(b.tokens.numel() for b in batches) / elapsed,
-            step_s=elapsed, peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
-            skipped=float(not finite), skipped_steps=self.skipped_steps,
-        )
+        return sums.cpu()
 
     def _clip_grad_norm(self) -> float:
         from torch.distributed.tensor import DTensor

@@ -205,7 +205,9 @@ def hidden_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_logprobs` (shift 1) or `selected_logprobs` (shift 0) of logits = hidden [B, T, D] @ weight.T
     [V, D], with the lm_head fused in: each block's logits are made, used and dropped, in forward and again
-    in backward, so neither the logits nor their gradient ever exist whole (fp32 matmul)."""
+    in backward, so neither the logits nor their gradient ever exist whole. The matmuls run in the compute
+    dtype (`hidden`'s: bf16 under mixed precision, the step's largest matmul at a 151,936-wide vocabulary);
+    the log-softmax, the logprobs, the entropy and the weight's gradient accumulate in fp32."""
     if entropy not in ENTROPY:
         raise ValueError(f"entropy={entropy!r}; choose one of {ENTROPY}")
     logprobs, ent = _HiddenLogprobs.apply(hidden, weight, tokens, float(temperature), entropy != "none",
@@ -220,11 +222,11 @@ class _HiddenLogprobs(torch.autograd.Function):
     def forward(ctx, hidden, weight, tokens, temperature, with_entropy, block_elements, shift):
         B, T, _ = hidden.shape
         V, s = weight.shape[0], shift
-        w = weight.float()
+        w = weight.to(hidden.dtype)  # the compute dtype
         logprobs = torch.zeros(B, T, dtype=torch.float32, device=hidden.device)
         ent = torch.zeros(B, T, dtype=torch.float32, device=hidden.device)
         for b, lo, hi in _blocks(B, T, V, block_elements, shift):
-            logp = torch.log_softmax(hidden[b, lo:hi].float() @ w.T / temperature, -1)
+            logp = torch.log_softmax((hidden[b, lo:hi] @ w.T).float() / temperature, -1)
             logprobs[b, lo + s : hi + s] = logp.gather(-1, tokens[b, lo + s : hi + s, None])[..., 0]
             if with_entropy:
                 ent[b, lo + s : hi + s] = -(logp.exp() * logp).sum(-1)
@@ -237,15 +239,15 @@ class _HiddenLogprobs(torch.autograd.Function):
         hidden, weight, tokens, ent = ctx.saved_tensors
         B, T, _ = hidden.shape
         V, s = weight.shape[0], ctx.shift
-        w = weight.float()
+        w = weight.to(hidden.dtype)  # the compute dtype
         grad_hidden = torch.zeros_like(hidden)
-        grad_weight = torch.zeros_like(w)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         use_ent = grad_ent is not None and bool(grad_ent.any())
         for b, lo, hi in _blocks(B, T, V, ctx.block_elements, s):
             out = (b, slice(lo + s, hi + s))
-            h = hidden[b, lo:hi].float()
-            g = _logits_grad(h @ w.T, ctx.temperature, tokens[out], grad_logprobs[out],
-                             ent[out] if use_ent else None, grad_ent[out] if use_ent else None)
+            h = hidden[b, lo:hi]
+            g = _logits_grad((h @ w.T).float(), ctx.temperature, tokens[out], grad_logprobs[out],
+                             ent[out] if use_ent else None, grad_ent[out] if use_ent else None).to(w.dtype)
             grad_hidden[b, lo:hi] = (g @ w).to(grad_hidden.dtype)
-            grad_weight += g.flatten(0, -2).T @ h.flatten(0, -2)
+            grad_weight += (g.flatten(0, -2).T @ h.flatten(0, -2)).float()
         return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None
