@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 
-.PHONY: setup setup-slurm demo demo-multiturn demo-distill demo-lora test test-fast clean
+.PHONY: setup setup-slurm demo demo-multiturn demo-distill demo-lora test test-fast gpu-check clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -27,6 +27,9 @@ test: setup
 
 test-fast: setup  # unit tests only (no procs, engines or ranks): what to run while developing (CONTRIBUTING.md)
 	$(PY) -m pytest -m "not integration" $(ARGS)
+
+gpu-check: setup  # the GPU path in one command (<= 10 min on one H100); on CPU: its CPU checks, and says the GPU part did not run
+	$(PY) -m benchmarks.gpu_check $(ARGS)
 
 setup-slurm:  # Debian's Slurm and munge, for tests/test_slurm.py (a real cluster in network namespaces; root)
 	apt-get install -y -q slurm-wlm munge || (apt-get update -q && apt-get install -y -q slurm-wlm munge)

@@ -24,9 +24,15 @@ INTEGRATION_TESTS = {
 
 
 def pytest_collection_modifyitems(config, items):
+    import torch
+
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU, and none is visible here: `make gpu-check` runs the gpu "
+                                     "tier on a GPU machine (the CPU side of its logic: tests/test_gpu_logic.py)")
     for item in items:
         if item.path.name in INTEGRATION_TESTS:
             item.add_marker(pytest.mark.integration)
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_gpu)
 
 
 def started_in_the_background() -> None:
