@@ -48,7 +48,7 @@ def _resolve(dotted: str):
 
 @pytest.mark.parametrize("doc,name", _named(r"(?<![\w/])forge_rl(?:\.[A-Za-z_]\w*)+(?::\w+)?(?![\w/])"))
 def test_module_paths_and_functions_exist(doc, name):
-    """`forge_rl.recipes.grpo`, `forge_rl.runtime.new_session()`, `forge_rl.data.arithmetic:training_rows`."""
+    """`forge_rl.recipes.grpo`, `forge_rl.runtime.provisioned()`, `forge_rl.data.arithmetic:training_rows`."""
     try:
         _resolve(name.replace(":", "."))
     except (ModuleNotFoundError, AttributeError) as e:

@@ -239,5 +239,6 @@ def test_lora_grpo_on_shared_cores_with_a_kl_penalty_learns_and_syncs_only_the_a
     assert abs(kl[0]) < 1e-6 and kl[-1] > 1e-7  # step 1: the policy is the base; then it moves away from it
     assert summary["placement"].startswith("placement colocated")
     assert summary["generator_stats"]["held_s"] > 0  # it stepped aside for each train step
+    assert all(r["sync/hold_s"] >= 0 and r["sync/release_s"] >= 0 for r in rows)  # timed every step
     accounting = summary["buffer"]
     assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())

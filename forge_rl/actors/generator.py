@@ -332,11 +332,22 @@ class Generator(ForgeActor):
                 return 0.0
             if torch.cuda.is_available():
                 await self.engine.wake_up()
+                await self._reload_adapters()
             await self.engine.resume_generation()
             self._tick()
             self._held_s += time.perf_counter() - self._held_since
             self._held_since = None
         return time.perf_counter() - start
+
+    async def _reload_adapters(self) -> None:
+        """After a wake-up, load the LoRA adapters in use again. Sleep (level 1) keeps the base weights in host
+        memory but not what the LoRA manager holds on the device, while the manager still lists the adapters
+        as loaded: a vLLM issue reports adapters silently not applied after wake. Removing and adding each one
+        loads it from its directory again (an adapter is small); `make gpu-check` checks LoRA after a wake."""
+        for request in self._adapters.values():
+            await self.engine.remove_lora(request.lora_int_id)
+            if not await self.engine.add_lora(request):
+                raise RuntimeError(f"the vLLM engine refused LoRA adapter {request.lora_path} after wake_up")
 
     def _lock(self) -> asyncio.Lock:
         if self._swap_lock is None:  # created on the actor's event loop, at first use

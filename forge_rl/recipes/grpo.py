@@ -355,16 +355,16 @@ class GRPORun:
     async def _train_and_publish(self, batches) -> tuple[dict, dict]:
         """train_step + push_weights, shielded: an interrupt lets the step finish (see save_on_interrupt)."""
         s = self.state
-        if self.placement.colocated:  # the trainer gets the device: the generators step aside
+        if self.placement.colocated:  # the trainer gets the device: the generators step aside (GPU: sleep)
             if self._pending_update is not None:
                 s.last_updates, self._pending_update = await self._pending_update, None
-            await self.generator.hold.call_all()
+            hold_s = max(await self.generator.hold.call_all(), default=0.0)
         busy_start = time.perf_counter()
         self._step_task = asyncio.ensure_future(train_and_publish(s, self.trainer, self.reference, batches))
         metrics, push = await asyncio.shield(self._step_task)
         s.trainer_busy_s += time.perf_counter() - busy_start
-        if self.placement.colocated:
-            await self.generator.release.call_all()
+        if self.placement.colocated:  # ... and take it back (GPU: wake up)
+            push = dict(push, hold_s=hold_s, release_s=max(await self.generator.release.call_all(), default=0.0))
         return metrics, push
 
     async def _swap_generators(self) -> None:

@@ -60,6 +60,8 @@ def step_metrics(r: StepRecord) -> dict[str, float]:
         "buffer/add_blocked_s": r.buffer["add_blocked_s"] - r.buffer_before["add_blocked_s"],
         "step_s": r.step_s,
     }
+    if "hold_s" in r.push:  # colocated: the generators stepped aside for the step (on GPU: sleep and wake)
+        line["sync/hold_s"], line["sync/release_s"] = r.push["hold_s"], r.push["release_s"]
     if r.updates:
         line["sync/prefetch_s"] = max(u["prefetch_s"] for u in r.updates)
         line["sync/pause_s"] = max(u["pause_s"] for u in r.updates)

@@ -3,7 +3,7 @@ health), the provisioner (procs, devices, logs), placement (the cores and GPUs e
 and the reaper."""
 
 from forge_rl.runtime.actor import ActorOptions, ForgeActor, stop_actor
-from forge_rl.runtime.provisioner import Provisioner, get_provisioner, new_session, provisioned, shutdown
+from forge_rl.runtime.provisioner import Provisioner, get_provisioner, provisioned, shutdown
 from forge_rl.runtime.service import Service
 
 __all__ = [
@@ -12,7 +12,6 @@ __all__ = [
     "Provisioner",
     "Service",
     "get_provisioner",
-    "new_session",
     "provisioned",
     "shutdown",
     "stop_actor",

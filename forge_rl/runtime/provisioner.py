@@ -241,16 +241,6 @@ async def shutdown() -> None:
         _provisioner = None
 
 
-async def new_session(log_dir: str | Path | None = None) -> Provisioner:
-    """A fresh provisioner for an interactive session (a notebook): stops everything the previous one started,
-    so re-running the cell that calls it starts clean, and makes the new one current. `await shutdown()` ends it."""
-    global _provisioner
-    await shutdown()
-    # a run id of its own (not the previous session's, which this process's environment still holds)
-    _provisioner = Provisioner(run_id=uuid.uuid4().hex[:8], log_dir=log_dir)
-    return _provisioner
-
-
 @contextlib.asynccontextmanager
 async def provisioned(run_id: str | None = None, log_dir: str | Path | None = None, hosts: dict | None = None):
     """`async with provisioned() as prov:` -- everything spawned inside is stopped on the way out,
