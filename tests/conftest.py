@@ -66,6 +66,19 @@ def small_tmpfs(path: Path, size: int):
             subprocess.run(["umount", "-l", str(path)], check=True)
 
 
+@pytest.fixture(scope="module")
+def loop():
+    """An event loop with a provisioner for the whole test module: its actors live across its tests."""
+    from forge_rl.runtime import provisioned
+
+    loop = asyncio.new_event_loop()
+    ctx = provisioned()
+    loop.run_until_complete(ctx.__aenter__())
+    yield loop
+    loop.run_until_complete(ctx.__aexit__(None, None, None))
+    loop.close()
+
+
 @pytest.fixture
 def tiny_model_dir() -> Path:
     return TINY_MODEL

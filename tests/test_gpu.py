@@ -29,18 +29,6 @@ def model_0_6b(tmp_path_factory):
     return build(tmp_path_factory.mktemp("qwen3-0.6b-shape"), **QWEN3_0_6B_SHAPE)
 
 
-@pytest.fixture(scope="module")
-def loop():
-    from forge_rl.runtime import provisioned
-
-    loop = asyncio.new_event_loop()
-    ctx = provisioned()
-    loop.run_until_complete(ctx.__aenter__())
-    yield loop
-    loop.run_until_complete(ctx.__aexit__(None, None, None))
-    loop.close()
-
-
 def _trainer_config(model_dir, tmp_path) -> TrainerConfig:
     return TrainerConfig(model=str(model_dir), dtype="bfloat16", optim=OptimizerConfig(lr=1e-5),
                          checkpoint_dir=str(tmp_path / "ckpt"))

@@ -1,7 +1,6 @@
 """LoRA: adapters on TorchTitan's Qwen3 (frozen base, same under FSDP2 and TP), adapter-only weight sync into
 a running vLLM engine with trainer parity, adapter-only checkpoints, and PEFT/merged export round trips."""
 
-import asyncio
 
 import pytest
 import torch
@@ -9,7 +8,7 @@ import torch
 from forge_rl.actors.trainer import OptimizerConfig, ParallelConfig, Trainer, TrainerConfig
 from forge_rl.models import TINY_MODEL_DIR
 from forge_rl.models.lora import LoRAConfig, initial_adapters, split_qkv_rows, to_peft
-from tests.test_trainer import loop, make_batch, split  # noqa: F401  (loop: the module's provisioned event loop)
+from tests.test_trainer import make_batch, split
 
 LORA = LoRAConfig(rank=4, alpha=8.0)
 

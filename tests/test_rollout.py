@@ -32,7 +32,7 @@ def rollout_once(run, generate):
 
 def test_a_prompt_too_long_is_skipped_and_counted():
     def too_long(prompt, n):
-        raise ActorError(PromptTooLong(f"prompt of 999 tokens + max_tokens=8 exceeds the engine's max_model_len"))
+        raise ActorError(PromptTooLong("prompt of 999 tokens + max_tokens=8 exceeds the engine's max_model_len"))
 
     run = Run(GRPOConfig(group_size=4))
     assert asyncio.run(rollout_once(run, too_long)) is False

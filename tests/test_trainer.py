@@ -1,6 +1,5 @@
 """Trainer actor on the tiny model: FSDP2/TP parity with one proc, checkpoints, export, bad input."""
 
-import asyncio
 import math
 import os
 import signal
@@ -38,18 +37,6 @@ def split(batch: TrainBatch, n: int) -> list[TrainBatch]:
 def config(tmp_path, **parallel) -> TrainerConfig:
     return TrainerConfig(model="tiny", parallel=ParallelConfig(**parallel), optim=OptimizerConfig(lr=1e-3),
                          checkpoint_dir=str(tmp_path / "ckpt"))
-
-
-@pytest.fixture(scope="module")
-def loop():
-    from forge_rl.runtime import provisioned
-
-    loop = asyncio.new_event_loop()
-    ctx = provisioned()
-    loop.run_until_complete(ctx.__aenter__())
-    yield loop
-    loop.run_until_complete(ctx.__aexit__(None, None, None))
-    loop.close()
 
 
 def spawn(loop, cfg: TrainerConfig, procs: int = 1):

@@ -130,6 +130,16 @@ async def launched(cfg: LauncherConfig, output_dir: str | Path):
                 os.remove(cfg.slurm.state_file)
 
 
+@contextlib.asynccontextmanager
+async def run_hosts(cfg: LauncherConfig, output_dir: str | Path, log_dir: str | Path | None):
+    """A run's hosts by role (`launched`) and its provisioner on them: `async with run_hosts(...) as (hosts,
+    provisioner)`; every proc, mesh and shared-memory file of the run is gone on the way out."""
+    from forge_rl.runtime import provisioned
+
+    async with launched(cfg, output_dir) as hosts, provisioned(log_dir=log_dir, hosts=hosts) as provisioner:
+        yield hosts, provisioner
+
+
 async def stop_before_end(job_id: str, margin_s: float) -> bool:
     """Interrupt this process (SIGINT: the app's final-checkpoint path) `margin_s` before the job's time limit.
     True if it did."""

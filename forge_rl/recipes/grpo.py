@@ -39,8 +39,7 @@ from forge_rl.actors.reward import RewardActor
 from forge_rl.actors.trainer import Trainer
 from forge_rl.loop.checkpoint import complete_checkpoints, resume_from_checkpoint, resume_requested, save_checkpoint
 from forge_rl.config import to_yaml
-from forge_rl.runtime import provisioned
-from forge_rl.launch.launcher import LauncherConfig, launched, weight_server
+from forge_rl.launch.launcher import LauncherConfig, run_hosts, weight_server
 from forge_rl.runtime.provisioner import visible_gpus
 from forge_rl.envs import env_factory
 from forge_rl.loop.eval import evaluate_task
@@ -99,8 +98,8 @@ class GRPORun:
             if cfg.launcher.kind == "slurm":
                 self.console.print(f"[bold]GRPO[/bold] on Slurm: waiting for {cfg.launcher.slurm.trainer_nodes} "
                                    f"trainer + {cfg.launcher.slurm.generator_nodes} generator nodes")
-            hosts = await self._stack.enter_async_context(launched(cfg.launcher, self.out))
-            self.provisioner = await self._stack.enter_async_context(provisioned(log_dir=self.log_dir, hosts=hosts))
+            hosts, self.provisioner = await self._stack.enter_async_context(
+                run_hosts(cfg.launcher, self.out, self.log_dir))
             self.console.print(f"[bold]GRPO[/bold] {cfg.model}: starting actors (vLLM engine start takes ~30 s on CPU)")
             if self.log_dir:
                 self.console.print(f"the role processes' logs (vLLM, TorchTitan, Monarch) go to {self.log_dir}/ "

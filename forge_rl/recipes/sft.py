@@ -32,8 +32,7 @@ from tqdm import tqdm
 from forge_rl.actors.reward import RewardActor, RewardSpec
 from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig
 from forge_rl.config import ConfigError, to_yaml
-from forge_rl.runtime import provisioned
-from forge_rl.launch.launcher import LauncherConfig, launched, weight_server
+from forge_rl.launch.launcher import LauncherConfig, run_hosts, weight_server
 from forge_rl.runtime.provisioner import visible_gpus
 from forge_rl.data.sft_sources import make_source, train_batches
 from forge_rl.data.task import TaskConfig, TaskRows, render
@@ -116,8 +115,8 @@ class SFTRun:
         self.prepare()
         self._stack = contextlib.AsyncExitStack()
         try:
-            hosts = await self._stack.enter_async_context(launched(self.cfg.launcher, self.out))
-            self.provisioner = await self._stack.enter_async_context(provisioned(log_dir=self.log_dir, hosts=hosts))
+            hosts, self.provisioner = await self._stack.enter_async_context(
+                run_hosts(self.cfg.launcher, self.out, self.log_dir))
             await self._start_trainer(hosts)
         except BaseException:
             await self.stop()
