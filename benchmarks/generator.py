@@ -57,10 +57,11 @@ async def raw_engine_tok_s(model: str, groups: int, n: int, tokens: int) -> floa
     from vllm import AsyncEngineArgs, SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
-    from vllm.v1.engine.async_llm import AsyncLLM
     from transformers import AutoTokenizer
 
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, seed=0, disable_log_stats=True, **engine_args()))
+    from forge_rl.deps.vllm import async_llm
+
+    engine = async_llm().from_engine_args(AsyncEngineArgs(model=model, seed=0, disable_log_stats=True, **engine_args()))
     ids = AutoTokenizer.from_pretrained(model)(PROMPT, add_special_tokens=False)["input_ids"]
     params = SamplingParams(n=n, max_tokens=tokens, ignore_eos=True, logprobs=0, output_kind=RequestOutputKind.DELTA)
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-CPU_LOGIC_TESTS = ["tests/test_gpu_logic.py", "tests/test_resources.py"]
+CPU_LOGIC_TESTS = ["tests/test_gpu_logic.py", "tests/test_resources.py", "tests/test_gpu_placement.py",
+                   "tests/test_memory_plan.py"]
 QWEN3_0_6B_SHAPE = dict(hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, vocab_size=151936,
                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
                         max_position_embeddings=4096, torch_dtype="bfloat16")

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
+from forge_rl.deps.vllm import async_llm, engine_context, engine_dead_error
 from forge_rl.runtime import ForgeActor
 from forge_rl.runtime.reaper import reap_descendants_on_exit
 from forge_rl.models.lora import LoRAConfig
@@ -130,7 +131,6 @@ class Generator(ForgeActor):
         """Sample `n` completions of `prompt` (text, or token ids). `sampling` overrides the config's
         vLLM SamplingParams for this call (e.g. temperature=0, max_tokens=16)."""
         from vllm.inputs import TokensPrompt
-        from vllm.v1.engine.exceptions import EngineDeadError
 
         prompt_ids = self._prompt_ids(prompt)
         params = self._sampling_params(len(prompt_ids), n, sampling)
@@ -148,7 +148,7 @@ class Generator(ForgeActor):
                                                   lora_request=adapter):
                 for c in out.outputs:
                     children[c.index].extend(c)
-        except EngineDeadError:
+        except engine_dead_error():
             self._engine_died()
         finally:
             del self._in_flight[request_id]
@@ -490,15 +490,12 @@ def start_engine(engine_args, start_method: str | None):
     EngineCore would start its own, and vLLM's shutdown kills the EngineCore's children with it."""
     from multiprocessing import resource_tracker
 
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+    config = engine_args.create_engine_config(engine_context())
     if start_method is not None:  # after the config: vLLM's CPU platform sets "spawn" while it builds it
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = start_method  # read when the EngineCore process starts
     if start_method == "fork":
         resource_tracker.ensure_running()
-    return AsyncLLM.from_vllm_config(config, disable_log_stats=engine_args.disable_log_stats,
+    return async_llm().from_vllm_config(config, disable_log_stats=engine_args.disable_log_stats,
                                      enable_log_requests=engine_args.enable_log_requests)
 
 

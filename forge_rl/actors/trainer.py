@@ -96,6 +96,9 @@ class TrainerConfig:
     # otherwise. (A bf16 master copy would round updates of ~lr 1e-6 on weights near 0.02 to nothing.)
     dtype: str = "float32"
     publish_dtype: str | None = None  # dtype of the weights pushed to generators; None = `dtype`
+    # Give the step's cached GPU memory back after each publish: set by the run when the trainer time-shares its
+    # GPU with a vLLM engine (colocated), whose wake-up needs that memory.
+    release_memory_after_step: bool = False
     checkpoint_dir: str = "outputs/checkpoints"
     # A step whose gradient norm is NaN/inf leaves the weights untouched and is counted; this many in a
     # row end the run (something is broken: data, rewards, the learning rate).
@@ -515,8 +518,15 @@ class Trainer(ForgeActor):
         """Publish the current weights as `version` (HF names) in the weight store.
 
         Every rank writes its own shards straight into the version's shared-memory file at their global
-        offsets (no gather, no per-parameter RPC); the last rank to finish makes the version visible.
-        """
+        offsets (no gather, no per-parameter RPC); the last rank to finish makes the version visible. Then, when
+        the trainer shares its GPU (trainer.release_memory_after_step), the step's cached blocks go back to the
+        device before the engine wakes up: the caching allocator would otherwise keep the step's peak."""
+        result = self._publish(version)
+        if self.cfg.release_memory_after_step and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return result
+
+    def _publish(self, version: int) -> dict[str, float]:
         from torch.distributed.tensor import DTensor
 
         start = time.perf_counter()

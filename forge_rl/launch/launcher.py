@@ -92,7 +92,7 @@ def slurm_job(cfg: SlurmConfig, log_dir: str | Path):
 
 def in_slurm_batch() -> bool:
     """True inside an allocation that `submit` made (Monarch's batch mode): the job's workers are ours."""
-    from monarch._src.job._batch_env import in_batch_job
+    from forge_rl.deps.monarch import in_batch_job
 
     return in_batch_job()
 
@@ -105,6 +105,8 @@ async def launched(cfg: LauncherConfig, output_dir: str | Path):
         return
     from monarch.job import job_load
 
+    from forge_rl.deps.monarch import slurm_job_id
+
     if in_slurm_batch():  # inside the allocation `submit` made: the job it cached names our workers
         job = job_load(BATCH_STATE_FILE)
         state = job.state(cached_path=None)
@@ -113,7 +115,7 @@ async def launched(cfg: LauncherConfig, output_dir: str | Path):
         job = slurm_job(cfg.slurm, Path(output_dir) / "slurm")
         logger.info("waiting for the Slurm allocation (%s)", cfg.slurm.state_file)
         state = job.state(cached_path=cfg.slurm.state_file)  # reattaches to a cached running job, else sbatch
-        job_id = job._running._resolved_job_id()  # this job, or the cached one it reattached to
+        job_id = slurm_job_id(job)  # this job, or the cached one it reattached to
     watch = asyncio.create_task(stop_before_end(job_id, cfg.slurm.stop_before_end_s))
     try:
         yield {role: getattr(state, role) for role in ROLES}
@@ -172,12 +174,14 @@ BATCH_STATE_FILE = ".monarch/job_state.pkl"
 def submit(recipe: str, config: str | None, overrides: list[str], launcher: LauncherConfig, output_dir: str) -> str:
     """Submit one sbatch job that runs the workers and `python -m forge_rl.recipes <recipe>` inside the allocation;
     its job id."""
+    from forge_rl.deps.monarch import slurm_job_id
+
     job = slurm_job(launcher.slurm, Path(output_dir) / "slurm")
     python = launcher.slurm.python or sys.executable
     argv = [python, "-m", "forge_rl.recipes", recipe, *(["--config", config] if config else []), *overrides,
             "launcher.kind=slurm"]
     job.apply(client_script=shlex.join(argv))
-    return job._slurm_job_id
+    return slurm_job_id(job)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 
+from forge_rl.deps.monarch import SupervisionError
 from forge_rl.loop.rollout import Admission, RolloutStats
 from forge_rl.types import TrainBatch
 

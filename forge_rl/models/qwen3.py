@@ -13,15 +13,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from forge_rl.models import titan_cpu  # noqa: F401  (must run before torchtitan's model modules import)
+# first: it makes TorchTitan's device type "cpu" without an accelerator, before its model modules import
+from forge_rl.deps.torchtitan import EMBEDDING_INIT, LINEAR_INIT, build_qwen3_layers, qwen3_norm
 
 from torchtitan.models.common import CosSinRoPE, Embedding, Linear  # noqa: E402
 from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: E402
 from torchtitan.models.qwen3 import Qwen3Model, Qwen3StateDictAdapter  # noqa: E402
-from torchtitan.models.qwen3 import _build_qwen3_layers, _qwen3_norm  # noqa: E402
-
-# TorchTitan's own initialisers; weights are normally overwritten by an HF checkpoint.
-from torchtitan.models.qwen3 import _EMBEDDING_INIT, _LINEAR_INIT  # noqa: E402
 
 
 class MaskedSDPA(ScaledDotProductAttention):
@@ -65,7 +62,7 @@ def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
     head_dim = hf.get("head_dim") or dim // hf["num_attention_heads"]
     rope = hf.get("rope_parameters") or {}
     theta = rope.get("rope_theta", hf.get("rope_theta", 1_000_000.0))
-    layers = _build_qwen3_layers(
+    layers = build_qwen3_layers(
         n_layers=hf["num_hidden_layers"],
         dim=dim,
         n_heads=hf["num_attention_heads"],
@@ -81,10 +78,10 @@ def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
     return Qwen3Model.Config(
         vocab_size=vocab,
         dim=dim,
-        norm=_qwen3_norm(dim),
+        norm=qwen3_norm(dim),
         enable_weight_tying=bool(hf.get("tie_word_embeddings", False)),
-        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=_EMBEDDING_INIT),
-        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_LINEAR_INIT),
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=EMBEDDING_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=LINEAR_INIT),
         layers=layers,
     )
 

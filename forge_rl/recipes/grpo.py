@@ -39,6 +39,7 @@ from forge_rl.actors.reward import RewardActor
 from forge_rl.actors.trainer import Trainer
 from forge_rl.loop.checkpoint import complete_checkpoints, resume_from_checkpoint, resume_requested, save_checkpoint
 from forge_rl.config import to_yaml
+from forge_rl.deps.monarch import SupervisionError
 from forge_rl.launch.launcher import LauncherConfig, run_hosts, weight_server
 from forge_rl.runtime.provisioner import visible_gpus
 from forge_rl.envs import env_factory
@@ -48,10 +49,11 @@ from forge_rl.loop.multiturn import TurnRenderer, evaluate_env, rollout_env_from
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.recipes.grpo_config import GRPOConfig, check_config, check_task, dp_size, max_prompt_tokens
 from forge_rl.recipes.grpo_report import StepRecord, console_line, drops, step_metrics, summary_block
+from forge_rl.runtime.memory_plan import ModelShape, gpu_total_bytes, plan_memory
 from forge_rl.runtime.placement import Placement, plan_placement
 from forge_rl.loop.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.loop.train_loop import (
-    Run, SupervisionError, batch_staleness, raise_if_failed, role_died, update_generators, wait_for_batch,
+    Run, batch_staleness, raise_if_failed, role_died, update_generators, wait_for_batch,
 )
 
 
@@ -153,15 +155,17 @@ class GRPORun:
         # Generators on other hosts than the trainer copy each version from the trainer's host (Monarch RDMA).
         weight_source = await weight_server(cfg.weight_store) if hosts else None
         shared = placement.colocated and placement.device == "cuda"
-        engine_args = dict(cfg.generator.engine_args)
-        if shared:
-            engine_args.setdefault("enable_sleep_mode", True)  # the engine sleeps while the trainer steps
-        trainer_cpus = dict(cpus=_tuples(placement.trainer_cpus), threads=placement.trainer_threads)
+        engine_args = self._engine_args(shared)
+        cfg.trainer.release_memory_after_step = shared  # the engine wakes into what the trainer's step gives back
+        # The placement plan's GPUs, pinned as planned: the trainer's ranks one each, each replica its own set.
+        trainer_cpus = dict(cpus=_tuples(placement.trainer_cpus), threads=placement.trainer_threads,
+                            gpu_ids=_tuples([placement.trainer_gpus] if placement.trainer_gpus else []))
         self.trainer, self.generator, self.buffer, self.reward, self.dataset = await asyncio.gather(
             Trainer.options(procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=shared,
                             host_mesh="trainer", **trainer_cpus).as_actor(cfg.trainer, cfg.weight_store),
             Generator.options(replicas=cfg.generator.replicas, gpus=self.generator_gpus, share_gpus=shared,
-                              host_mesh="generator", cpus=_tuples(placement.generator_cpus)).as_service(
+                              host_mesh="generator", cpus=_tuples(placement.generator_cpus),
+                              gpu_ids=_tuples(placement.generator_gpus)).as_service(
                 self.model_dir, engine_args=engine_args, sampling=cfg.generator.sampling, seed=cfg.seed,
                 swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store, weight_source=weight_source,
                 log_level=cfg.generator.log_level, lora=cfg.trainer.lora,
@@ -180,6 +184,40 @@ class GRPORun:
         if not self.held_out:
             self.console.print("[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): "
                                "no evaluations[/yellow]")
+
+    def _engine_args(self, shared: bool) -> dict:
+        """The generators' vLLM engine args. Colocated on GPUs: sleep mode (the engine sleeps while the trainer
+        steps), and gpu_memory_utilization from the memory plan unless the user set it (then checked against it)."""
+        engine_args = dict(self.cfg.generator.engine_args)
+        if not shared:
+            return engine_args
+        engine_args.setdefault("enable_sleep_mode", True)
+        if (plan := self._memory_plan(engine_args)) is not None:
+            self.console.print(plan.describe())
+            plan.check(engine_args.get("gpu_memory_utilization"))  # a ConfigError with the numbers
+            engine_args.setdefault("gpu_memory_utilization", plan.gpu_memory_utilization)
+        return engine_args
+
+    def _memory_plan(self, engine_args: dict):
+        """The plan of one colocated GPU (forge_rl/runtime/memory_plan.py); None when the model's config.json
+        has no dense decoder's shape."""
+        cfg = self.cfg
+        try:
+            shape = ModelShape.from_config(self.model_dir, name=Path(cfg.model).name)
+            ref = self.reference_model()
+            ref_params = ModelShape.from_config(resolve_model_path(ref)).parameters() if ref else 0
+        except (OSError, ValueError) as e:
+            self.console.print(f"[yellow]no memory plan for the colocated GPUs: {e}[/yellow]")
+            return None
+        seq_len = engine_args.get("max_model_len") or shape.max_position_embeddings or 2048
+        return plan_memory(
+            shape, gpu_total_bytes(self.placement.gpus[0]), trainer_ranks=cfg.trainer_procs,
+            micro_batch=cfg.trainer.micro_batch_size or -(-cfg.batch_groups * cfg.group_size // dp_size(cfg)),
+            seq_len=seq_len, activation_checkpointing=cfg.trainer.parallel.activation_checkpointing,
+            fused_lm_head=cfg.trainer.fused_lm_head,
+            lora=cfg.trainer.lora.enabled, reference_params=ref_params,
+            engine_dtype=engine_args.get("dtype", "bfloat16"), tensor_parallel_size=self.generator_gpus,
+            max_model_len=engine_args.get("max_model_len"), max_num_seqs=engine_args.get("max_num_seqs"))
 
     async def _resume(self) -> None:
         cfg = self.cfg

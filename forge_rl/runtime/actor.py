@@ -15,9 +15,9 @@ wrap it in `asyncio.to_thread` when the actor must stay responsive meanwhile.
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from monarch._src.actor.actor_mesh import ActorMesh
 from monarch.actor import Actor, concurrent_endpoint, endpoint
 
+from forge_rl.deps.monarch import ActorMesh
 from forge_rl.runtime.provisioner import get_provisioner
 from forge_rl.runtime.replies import run_and_reply
 
@@ -37,7 +37,10 @@ class ActorOptions:
     # Cores of each proc (for a service: replica 0's procs, then replica 1's, ...); empty = not pinned.
     cpus: tuple[tuple[int, ...], ...] = ()
     threads: int = 0  # torch/OpenMP threads per proc; 0 = one per core of the proc
-    share_gpus: bool = False  # time-share the first visible GPUs with other roles (colocated placement)
+    share_gpus: bool = False  # time-share GPUs with other roles, not reserving them (colocated placement)
+    # GPU ids of each replica (the placement plan's): replica r's procs take gpu_ids[r], `gpus` ids per proc in proc
+    # order; empty = the provisioner picks (the next free GPUs, or with share_gpus the first visible ones).
+    gpu_ids: tuple[tuple[str, ...], ...] = ()
 
     def cpus_of(self, replica: int = 0) -> list[list[int]] | None:
         """The core lists of one replica's procs."""
@@ -49,7 +52,20 @@ class ActorOptions:
                              f"{self.procs} procs needs entries {replica * self.procs}..{(replica + 1) * self.procs - 1}")
         return lists
 
+    def gpu_ids_of(self, replica: int = 0) -> list[str] | None:
+        """The GPU ids of one replica's procs (None: the provisioner picks)."""
+        if not self.gpu_ids:
+            return None
+        if replica >= len(self.gpu_ids):
+            raise ValueError(f"ForgeActor option gpu_ids lists {len(self.gpu_ids)} replicas' GPUs; replica {replica} has none")
+        return list(self.gpu_ids[replica])
+
     def __post_init__(self) -> None:
+        object.__setattr__(self, "gpu_ids", tuple(tuple(str(g) for g in ids) for ids in self.gpu_ids))
+        for ids in self.gpu_ids:
+            if len(ids) != self.procs * int(self.gpus) or len(set(ids)) != len(ids):
+                raise ValueError(f"ForgeActor option gpu_ids: replica GPUs {list(ids)} must be {self.procs} procs x "
+                                 f"{int(self.gpus)} gpus distinct ids")
         for name in ("procs", "replicas"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ForgeActor option {name} must be >= 1, got {getattr(self, name)}")
@@ -105,7 +121,7 @@ class _Launcher:
         mesh = await get_provisioner().get_proc_mesh(
             procs=self.opts.procs, gpus=self.opts.gpus, mesh_name=name, spmd=self.opts.spmd,
             cpus=self.opts.cpus_of(0), threads=self.opts.threads, share_gpus=self.opts.share_gpus,
-            host_mesh=self.opts.host_mesh,
+            host_mesh=self.opts.host_mesh, gpu_ids=self.opts.gpu_ids_of(0),
         )
         try:
             actor = mesh.spawn(name, self.cls, *args, **kwargs)

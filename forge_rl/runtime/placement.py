@@ -14,6 +14,12 @@ On CPU each proc is pinned (sched_setaffinity) to its cores with as many torch/O
 and a vLLM CPU engine binds its OpenMP threads to its replica's cores (VLLM_CPU_OMP_THREADS_BIND). Cores
 can be given explicitly (`generator_cpus: "0-3|4-7"` for two replicas, `trainer_cpus: "8-15"`); anything
 not given is derived from the cores this process may use.
+
+On GPUs the plan names the devices: one GPU per trainer rank (the first ones) and `tensor_parallel_size` GPUs per
+generator replica, no two replicas on the same GPU, spread evenly over the visible GPUs (colocated: over all of
+them, time-shared with the trainer's ranks) or over those the trainer does not take (disaggregated). The
+provisioner pins exactly those ids (ActorOptions.gpu_ids). Colocated on a GPU, forge_rl/runtime/memory_plan.py
+sizes the engine's share of each device.
 """
 
 import os
@@ -46,7 +52,9 @@ class Placement:
     generator_cpus: list[list[int]] = field(default_factory=list)  # per replica (per proc of a replica)
     trainer_cpus: list[list[int]] = field(default_factory=list)  # per trainer rank
     trainer_threads: int = 0
-    gpus: list[str] = field(default_factory=list)
+    gpus: list[str] = field(default_factory=list)  # the visible GPUs
+    trainer_gpus: list[str] = field(default_factory=list)  # one per trainer rank
+    generator_gpus: list[list[str]] = field(default_factory=list)  # per replica: its tensor_parallel_size GPUs
     note: str = ""  # roles on hosts of their own (a launcher's host meshes): where they are
 
     @property
@@ -57,8 +65,10 @@ class Placement:
         if self.note:
             return f"placement {self.mode}: {self.note}"
         if self.device == "cuda":
-            share = "time-shared (vLLM sleeps while the trainer steps)" if self.colocated else "one set per role"
-            return f"placement {self.mode} on GPUs {','.join(self.gpus)}: {share}"
+            share = "time-shared: vLLM sleeps while the trainer steps" if self.colocated else "one set per role"
+            gen = " | ".join(_fmt(g) for g in self.generator_gpus)
+            return (f"placement {self.mode} on GPUs {_fmt(self.gpus)} ({share}): generator replicas [{gen}], "
+                    f"trainer ranks on GPUs [{_fmt(self.trainer_gpus)}]")
         gen = " | ".join(_fmt(c) for c in self.generator_cpus)
         train = " | ".join(_fmt(c) for c in self.trainer_cpus)
         how = "time-shared: the generator pauses while the trainer steps" if self.colocated else "side by side"
@@ -112,19 +122,31 @@ def plan_placement(cfg: ResourcesConfig, trainer_procs: int, generator_replicas:
 
 
 def _plan_gpus(cfg: ResourcesConfig, trainer_procs: int, replicas: int, per_replica: int, gpus: list[str]) -> Placement:
+    """The GPU ids of every trainer rank and generator replica, checked as they are chosen (the provisioner pins
+    exactly these): trainer rank i on the i-th GPU; replica r on `per_replica` GPUs of its own, spread evenly over
+    all the GPUs (colocated) or over those after the trainer's (disaggregated)."""
     if cfg.generator_cpus or cfg.trainer_cpus:
         raise ValueError("resources.generator_cpus / resources.trainer_cpus pin CPU roles; on GPUs roles get devices")
+    if per_replica < 1:
+        raise ValueError(f"generator.engine_args.tensor_parallel_size={per_replica}: a replica on GPUs needs >= 1")
     wanted = trainer_procs + replicas * per_replica
     mode = cfg.placement
     if mode == "auto":
         mode = "disaggregated" if len(gpus) >= wanted else "colocated"
     if mode == "disaggregated" and len(gpus) < wanted:
         raise ValueError(f"resources.placement=disaggregated needs {wanted} GPUs (trainer_procs={trainer_procs} + "
-                         f"generator.replicas={replicas} x tensor_parallel_size={per_replica}); {len(gpus)} visible")
+                         f"generator.replicas={replicas} x generator.engine_args.tensor_parallel_size={per_replica}); "
+                         f"{len(gpus)} visible ({_fmt(gpus)}): use resources.placement=colocated (or auto), or fewer")
     if mode == "colocated" and (trainer_procs > len(gpus) or replicas * per_replica > len(gpus)):
-        raise ValueError(f"resources.placement=colocated time-shares the visible GPUs {gpus}: trainer_procs={trainer_procs} "
-                         f"and generator.replicas x tensor_parallel_size={replicas * per_replica} must each fit in them")
-    return Placement(mode, "cuda", gpus=list(gpus))
+        raise ValueError(f"resources.placement=colocated time-shares the {len(gpus)} visible GPUs ({_fmt(gpus)}) with one "
+                         f"trainer rank per GPU and distinct GPUs per replica: trainer_procs={trainer_procs} and "
+                         f"generator.replicas={replicas} x generator.engine_args.tensor_parallel_size={per_replica} "
+                         f"must each be at most {len(gpus)}")
+    trainer = list(gpus[:trainer_procs])
+    pool = list(gpus) if mode == "colocated" else list(gpus[trainer_procs:])
+    stride = len(pool) // replicas  # >= per_replica, by the checks above
+    generator = [pool[r * stride : r * stride + per_replica] for r in range(replicas)]
+    return Placement(mode, "cuda", gpus=list(gpus), trainer_gpus=trainer, generator_gpus=generator)
 
 
 def parse_cpus(text: str, key: str) -> list[int]:
@@ -146,5 +168,5 @@ def _split(cores: list[int], n: int) -> list[list[int]]:
     return [cores[i * per : (i + 1) * per] for i in range(n)]
 
 
-def _fmt(cores: list[int]) -> str:
-    return ",".join(map(str, cores))
+def _fmt(ids: list) -> str:
+    return ",".join(map(str, ids))

@@ -2,8 +2,8 @@
 
 Every actor and service in a run gets its proc mesh here: on this host, or on a host mesh the launcher made
 for its role (`hosts={"trainer": HostMesh, ...}`, from a Slurm allocation). On CUDA hosts the provisioner hands out
-GPUs per proc and pins them with CUDA_VISIBLE_DEVICES in the proc's bootstrap, before anything in
-the proc can initialise CUDA. For meshes that run torch.distributed (the trainer), it sets up the
+GPUs per proc -- exactly the ids the placement plan chose (`gpu_ids`), or else the next free ones -- and pins them
+with CUDA_VISIBLE_DEVICES in the proc's bootstrap, before anything in the proc can initialise CUDA. For meshes that run torch.distributed (the trainer), it sets up the
 torch elastic environment (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK) with monarch.spmd.
 
 `shutdown()` stops every mesh it made and removes the run's shared-memory files
@@ -113,7 +113,8 @@ class Provisioner:
         self._reaper = reap_descendants_on_exit(run_id=self.run_id)
         self._meshes: list[ProcMesh] = []
         self._services: list = []
-        self._free_gpus = visible_gpus()
+        self._visible_gpus = visible_gpus()
+        self._free_gpus = list(self._visible_gpus)
         self._gpus_of: dict[int, list[str]] = {}
         self._stopped = False
         # A dead proc must not take the controller down (Monarch's default): services respawn their
@@ -125,14 +126,16 @@ class Provisioner:
     async def get_proc_mesh(
         self, procs: int = 1, gpus: int = 0, mesh_name: str = "forge", spmd: bool = False,
         cpus: list[list[int]] | None = None, threads: int = 0, share_gpus: bool = False,
-        host_mesh: str | None = None, host_index: int | None = None,
+        host_mesh: str | None = None, host_index: int | None = None, gpu_ids: list[str] | None = None,
     ) -> ProcMesh:
         """A new mesh of `procs` procs on this host, each with `gpus` GPUs of its own (True = 1).
 
         `cpus`: each proc's cores (one list per proc), with `threads` torch/OpenMP threads (0 = one per
-        core). `share_gpus`: take the first visible GPUs without reserving them, for roles that
-        time-share a device (colocated placement). `host_mesh`: the launcher's host mesh of that name instead
-        (procs spread evenly over its hosts), or with `host_index` one host of it (a service's replica)."""
+        core). `gpu_ids`: exactly these GPUs (the placement plan's: `gpus` per proc, in proc order); without
+        them the next free ones. `share_gpus`: do not reserve them (without `gpu_ids`: the first visible), for
+        roles that time-share a device (colocated placement). `host_mesh`: the launcher's host mesh of that name
+        instead (procs spread evenly over its hosts; GPUs numbered per host, `gpu_ids` unused), or with
+        `host_index` one host of it (a service's replica)."""
         if host_mesh in self.hosts:
             return await self._remote_proc_mesh(self.hosts[host_mesh], host_mesh, procs, int(gpus), mesh_name, spmd,
                                                 host_index)
@@ -140,32 +143,50 @@ class Provisioner:
             raise RuntimeError("provisioner was shut down; create a new one")
         if procs < 1:
             raise ValueError(f"procs must be >= 1, got {procs}")
-        gpu_ids: list[str] = []
         if cpus and len(cpus) != procs:
             raise ValueError(f"mesh {mesh_name!r}: {len(cpus)} core lists for {procs} procs")
-        if gpus and share_gpus:
-            gpu_ids = visible_gpus()[: procs * int(gpus)]
-        elif gpus:
-            wanted = procs * int(gpus)
-            if len(self._free_gpus) < wanted:
-                raise RuntimeError(
-                    f"mesh {mesh_name!r} asks for {wanted} GPUs ({procs} procs x {int(gpus)}); "
-                    f"{len(self._free_gpus)} free of the visible {visible_gpus() or 'none'}"
-                )
-            gpu_ids, self._free_gpus = self._free_gpus[:wanted], self._free_gpus[wanted:]
+        gpu_ids, reserved = self._take_gpus(mesh_name, procs, int(gpus), gpu_ids, share_gpus)
         bootstrap = _bootstrap(mesh_name, procs, procs, gpu_ids, int(gpus), list(cpus or []), threads,
                                str(self.log_dir) if self.log_dir else None, self.run_id)
-        if share_gpus:
-            gpu_ids = []  # nothing to give back
-        mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=mesh_name)
-        await mesh.initialized
-        self._gpus_of[id(mesh)] = gpu_ids
+        try:
+            mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=mesh_name)
+            await mesh.initialized
+        except BaseException:
+            self._free_gpus.extend(reserved)
+            raise
+        self._gpus_of[id(mesh)] = reserved
         self._meshes.append(mesh)
         if spmd:
             from monarch.spmd import setup_torch_elastic_env_async
 
             await setup_torch_elastic_env_async(mesh)
         return mesh
+
+    def _take_gpus(self, mesh_name: str, procs: int, gpus: int, gpu_ids: list[str] | None,
+                   share: bool) -> tuple[list[str], list[str]]:
+        """The GPU ids of a new mesh's procs (`gpus` each, in proc order), and those it reserves until it stops."""
+        wanted = procs * gpus
+        if not gpus:
+            return [], []
+        if gpu_ids:
+            if len(gpu_ids) != wanted or len(set(gpu_ids)) != wanted:
+                raise ValueError(f"mesh {mesh_name!r}: GPU ids {gpu_ids} for {procs} procs x {gpus} GPUs ({wanted} distinct)")
+            if unknown := [g for g in gpu_ids if g not in self._visible_gpus]:
+                raise RuntimeError(f"mesh {mesh_name!r} asks for GPUs {unknown}, not among the visible "
+                                   f"{self._visible_gpus or 'none'}")
+            if share:
+                return list(gpu_ids), []
+            if taken := [g for g in gpu_ids if g not in self._free_gpus]:
+                raise RuntimeError(f"mesh {mesh_name!r} asks for GPUs {gpu_ids}; {taken} are another mesh's")
+            self._free_gpus = [g for g in self._free_gpus if g not in gpu_ids]
+            return list(gpu_ids), list(gpu_ids)
+        if share:
+            return self._visible_gpus[:wanted], []
+        if len(self._free_gpus) < wanted:
+            raise RuntimeError(f"mesh {mesh_name!r} asks for {wanted} GPUs ({procs} procs x {gpus}); "
+                               f"{len(self._free_gpus)} free of the visible {self._visible_gpus or 'none'}")
+        ids, self._free_gpus = self._free_gpus[:wanted], self._free_gpus[wanted:]
+        return ids, ids
 
     async def _remote_proc_mesh(self, hosts, role: str, procs: int, gpus: int, mesh_name: str, spmd: bool,
                                 host_index: int | None) -> ProcMesh:

@@ -20,9 +20,9 @@ import pickle
 import weakref
 from typing import Any
 
-from monarch._src.actor.concurrent import _ConcurrentEndpointProperty
 from monarch.actor import ActorError, Channel
 
+from forge_rl.deps.monarch import ConcurrentEndpointProperty, endpoint_function
 
 _per_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Replies]" = weakref.WeakKeyDictionary()
 
@@ -85,15 +85,14 @@ class Replies:
 
 
 def is_concurrent(actor_cls: type, endpoint: str) -> bool:
-    return isinstance(getattr(actor_cls, endpoint, None), _ConcurrentEndpointProperty)
+    return isinstance(getattr(actor_cls, endpoint, None), ConcurrentEndpointProperty)
 
 
 async def run_and_reply(actor, port, request: int, endpoint: str, args: tuple, kwargs: dict) -> None:
     """The actor side: run `endpoint` and send its result, or the exception it raised (in an ActorError), to
     `port`."""
-    prop = getattr(type(actor), endpoint)
-    # a concurrent endpoint's _method is Monarch's wrapper that replies on its own port; run what it wraps
-    method = prop._method.__wrapped__ if isinstance(prop, _ConcurrentEndpointProperty) else prop._method
+    # a concurrent endpoint's method is Monarch's wrapper that replies on its own port; run what it wraps
+    method = endpoint_function(getattr(type(actor), endpoint))
     try:
         message = (request, True, await method(actor, *args, **kwargs))
     except Exception as e:  # the caller raises it: an ActorError with the remote traceback, as a direct call's

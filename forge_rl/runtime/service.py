@@ -25,11 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import monarch.actor
-from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
-from monarch._src.actor.actor_mesh import ActorMesh
-from monarch._src.actor.endpoint import EndpointProperty
 from monarch.actor import ProcMesh
 
+from forge_rl.deps.monarch import ActorMesh, EndpointProperty, SupervisionError
 from forge_rl.runtime.actor import ActorOptions
 from forge_rl.runtime.replies import replies
 from forge_rl.runtime.provisioner import get_provisioner
@@ -245,7 +243,7 @@ class Service:
         replica.mesh = await get_provisioner().get_proc_mesh(
             procs=self.opts.procs, gpus=self.opts.gpus, mesh_name=replica.actor_name, spmd=self.opts.spmd,
             cpus=self.opts.cpus_of(replica.index), threads=self.opts.threads, share_gpus=self.opts.share_gpus,
-            host_mesh=self.opts.host_mesh, host_index=replica.index,
+            host_mesh=self.opts.host_mesh, host_index=replica.index, gpu_ids=self.opts.gpu_ids_of(replica.index),
         )
         _actor_owner[replica.actor_name.lower()] = self
         replica.actor = replica.mesh.spawn(replica.actor_name, self.actor_cls, *self.args, **self.kwargs)

@@ -18,11 +18,9 @@ def local_piece(tensor: torch.Tensor, offset: tuple[int, ...] | None) -> tuple[t
             raise ValueError("a DTensor carries its own offset; do not pass one")
         if not _is_box_sharded(tensor):
             return tensor.full_tensor(), (0,) * tensor.dim()
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        from forge_rl.deps.pytorch import local_shape_and_global_offset
 
-        shape, global_offset = compute_local_shape_and_global_offset(
-            tensor.shape, tensor.device_mesh, tensor.placements
-        )
+        shape, global_offset = local_shape_and_global_offset(tensor)
         local = tensor.to_local()
         if tuple(local.shape) != tuple(shape):
             raise ValueError(f"DTensor local shard has shape {list(local.shape)}, expected {list(shape)}")

@@ -1,0 +1,27 @@
+"""TorchTitan 0.3.0 names forge_rl builds on that TorchTitan keeps private, and a fix of its device choice.
+
+- `use_cpu_without_accelerator()`: `torchtitan.tools.utils.device_type` falls back to "cuda" when torch
+  reports no accelerator, and several TorchTitan modules copy it at import time; on a CPU-only machine it must
+  be "cpu" before any `torchtitan.models` / `torchtitan.distributed` import. Importing this module does it.
+- `build_qwen3_layers`, `qwen3_norm`, `EMBEDDING_INIT`, `LINEAR_INIT`: how TorchTitan's own Qwen3 configs are
+  built (per-layer block configs, the RMSNorm config, its initialisers). forge_rl builds a Qwen3 config from
+  any HF config.json with them instead of copying their code; TorchTitan exports only fixed model flavours.
+"""
+
+import torch
+import torchtitan.tools.utils as _utils
+
+
+def use_cpu_without_accelerator() -> None:
+    if _utils.device_type == "cuda" and not torch.cuda.is_available():
+        _utils.device_type, _utils.device_module = "cpu", torch.cpu
+
+
+use_cpu_without_accelerator()  # before the model imports below, which copy the device type
+
+from torchtitan.models.qwen3 import _EMBEDDING_INIT as EMBEDDING_INIT  # noqa: E402
+from torchtitan.models.qwen3 import _LINEAR_INIT as LINEAR_INIT  # noqa: E402
+from torchtitan.models.qwen3 import _build_qwen3_layers as build_qwen3_layers  # noqa: E402
+from torchtitan.models.qwen3 import _qwen3_norm as qwen3_norm  # noqa: E402
+
+__all__ = ["EMBEDDING_INIT", "LINEAR_INIT", "build_qwen3_layers", "qwen3_norm", "use_cpu_without_accelerator"]

@@ -1,0 +1,110 @@
+"""What forge_rl uses of its dependencies beyond their public APIs (forge_rl/deps, docs/stack.md) is still there
+and still what forge_rl relies on. A new release of Monarch, TorchTitan or vLLM that moves one of these fails
+here, by name, instead of deep inside a run."""
+
+import inspect
+import subprocess
+import sys
+from importlib.metadata import version
+
+import pytest
+import torch
+
+PINNED = {"torchmonarch": "0.7.0", "torchtitan": "0.3.0", "torch": "2.13.0"}
+RECHECK = "a new release: re-check every name in forge_rl/deps and the inventory in docs/stack.md, then pin it"
+
+
+@pytest.mark.parametrize("package", sorted(PINNED))
+def test_the_pinned_versions_are_installed(package):
+    assert version(package).split("+")[0] == PINNED[package], f"{package} {version(package)} is installed: {RECHECK}"
+
+
+def test_the_pinned_vllm_is_installed():
+    import vllm
+
+    assert vllm.__version__.split("+")[0] == "0.32.0", f"vllm {vllm.__version__} is installed: {RECHECK}"
+
+
+def test_monarch_names():
+    from monarch.actor import Actor, concurrent_endpoint, endpoint
+
+    from forge_rl.deps import monarch
+
+    assert issubclass(monarch.SupervisionError, Exception)
+
+    class Probe(Actor):
+        @endpoint
+        async def plain(self, x: int) -> int:
+            return x
+
+        @concurrent_endpoint
+        async def concurrent(self, x: int) -> int:
+            return x
+
+    assert isinstance(Probe.plain, monarch.EndpointProperty)
+    assert isinstance(Probe.concurrent, monarch.ConcurrentEndpointProperty)
+    assert isinstance(Probe.concurrent, monarch.EndpointProperty)
+    # the reply ports run the method itself: for both kinds, the function the class defined
+    assert monarch.endpoint_function(Probe.plain).__qualname__.endswith("Probe.plain")
+    assert monarch.endpoint_function(Probe.concurrent).__qualname__.endswith("Probe.concurrent")
+    assert inspect.isclass(monarch.ActorMesh)
+    assert monarch.in_batch_job() is False  # not inside Monarch's sbatch job
+
+
+def test_monarch_slurm_job_internals():
+    from monarch.job import SlurmJob
+
+    from forge_rl.deps import monarch
+    from forge_rl.launch.slurm import SlurmHosts
+
+    reader = getattr(SlurmJob, monarch.SLURM_JOB_READER)
+    assert list(inspect.signature(reader).parameters) == ["self", "job_id"]
+    assert SlurmHosts.__dict__.get(monarch.SLURM_JOB_READER) is not None  # forge_rl's override is the one used
+    # A SlurmJob sets Monarch's transport for the whole process when made: in a process of its own.
+    probe = ("from monarch.job import SlurmJob; from forge_rl.deps.monarch import slurm_job_id; "
+             "job = SlurmJob(meshes={'trainer': 1}, job_name='probe'); job._slurm_job_id = '4242'; "
+             "print(slurm_job_id(job))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split()[-1] == "4242", out.stdout + out.stderr
+
+
+def test_torchtitan_names():
+    from forge_rl.deps import torchtitan
+
+    import torchtitan.tools.utils as utils
+
+    assert utils.device_type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert callable(torchtitan.build_qwen3_layers) and callable(torchtitan.qwen3_norm)
+    # the keyword arguments forge_rl/models/qwen3.py passes
+    params = set(inspect.signature(torchtitan.build_qwen3_layers).parameters)
+    assert {"n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "attn_backend", "rope"} <= params
+    assert list(inspect.signature(torchtitan.qwen3_norm).parameters) == ["dim"]
+    assert torchtitan.EMBEDDING_INIT is not None and torchtitan.LINEAR_INIT is not None
+
+
+def test_vllm_names():
+    from forge_rl.deps import vllm
+
+    llm = vllm.async_llm()
+    for method in ("from_vllm_config", "generate", "pause_generation", "resume_generation", "collective_rpc",
+                   "add_lora", "remove_lora", "sleep", "wake_up"):
+        assert hasattr(llm, method), f"AsyncLLM.{method}: {RECHECK}"
+    assert issubclass(vllm.engine_dead_error(), Exception)
+    assert vllm.engine_context().name == "ENGINE_CONTEXT"
+
+
+def test_pytorch_names(tmp_path):
+    """A DTensor sharded over a one-rank mesh: its shard is the whole tensor, at offset 0."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from forge_rl.deps.pytorch import local_shape_and_global_offset
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        d = distribute_tensor(torch.arange(12.0).view(3, 4), mesh, [Shard(0)])
+        assert local_shape_and_global_offset(d) == ((3, 4), (0, 0))
+    finally:
+        dist.destroy_process_group()
