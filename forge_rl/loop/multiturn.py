@@ -21,32 +21,65 @@ from forge_rl.envs.base import EnvConfig, Environment
 from forge_rl.losses.advantages import group_advantages
 from forge_rl.types import Completion, Episode, Group
 
-_MARK = "\x00forge-rl-turn\x00"
+_MARK = "\x00forge-rl-turn-{}\x00"
 
 
 class TurnRenderer:
     """The tokens the tokenizer's chat template puts after a model turn: the end of that turn, the
-    environment's messages, and the opening of the model's next turn."""
+    environment's messages, and the opening of the model's next turn.
+
+    The conversation is rendered whole, each model turn standing in as a placeholder, and the text after the
+    latest one is the continuation. Templates that re-render earlier turns differently once more messages
+    follow (Qwen3 drops the empty think block its generation prompt opened the turn with) are fine: the
+    trajectory keeps the tokens as generated and only takes the new suffix. A template that changes what the
+    model itself wrote (e.g. strips its reasoning) is refused: no continuation is then token for token."""
 
     def __init__(self, tokenizer, **chat_template_kwargs):
         self.tokenizer, self.kwargs = tokenizer, chat_template_kwargs
-        self.base = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}]
-        self.base_text = tokenizer.apply_chat_template(self.base, tokenize=False, **chat_template_kwargs)
-        self.turn_end = self.base_text.split(_MARK, 1)[1]  # e.g. "<|im_end|>\n"
         self.eos = tokenizer.eos_token or ""
 
-    def between(self, messages: list[dict[str, str]], model_stopped: bool) -> list[int]:
-        """Token ids after a model turn that ended with its end-of-turn token (`model_stopped`; the engine
-        kept that token) or was cut off (the turn is closed here), up to the start of the next model turn."""
-        full = self.tokenizer.apply_chat_template(self.base + list(messages), tokenize=False,
+    def _render(self, conversation: list[dict[str, str]]) -> str:
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": "?"}, *conversation], tokenize=False,
                                                   add_generation_prompt=True, **self.kwargs)
-        if not full.startswith(self.base_text):
-            raise ValueError("the chat template renders a finished assistant turn differently once more messages "
-                             "follow, so a conversation cannot be continued token for token")
-        closing = self.turn_end
+
+    def between(self, messages: list[dict[str, str]], model_stopped: bool, reply: str | None = None,
+                earlier: list[dict[str, str]] = ()) -> list[int]:
+        """Token ids after a model turn that ended with its end-of-turn token (`model_stopped`; the engine
+        kept that token) or was cut off (the turn is closed here), up to the start of the next model turn.
+        `reply` is the model turn's text and `earlier` the trajectory's turns before it (the model's as
+        role assistant, the environment's messages): the template must render every model turn as written."""
+        turns = [*earlier, {"role": "assistant", "content": _MARK}]
+        marks = [_MARK.format(i) for i in range(len(turns))]
+        placeholders = [{**m, "content": marks[i]} if m["role"] == "assistant" else m for i, m in enumerate(turns)]
+        mark = marks[-1]
+        full = self._render(placeholders + list(messages))
+        if any(full.count(m) != 1 for i, m in enumerate(marks) if turns[i]["role"] == "assistant"):
+            raise ValueError("the chat template drops or repeats the content of earlier assistant turns once more "
+                             "messages follow, so a conversation cannot be continued token for token")
+        if reply is not None:
+            self._check_model_turns_kept(full, marks, [*earlier, {"role": "assistant", "content": reply}], messages)
+        closing = full.split(mark, 1)[1]
         if model_stopped and self.eos and closing.startswith(self.eos):
             closing = closing[len(self.eos):]
-        return self.tokenizer(closing + full[len(self.base_text):], add_special_tokens=False)["input_ids"]
+        return self.tokenizer(closing, add_special_tokens=False)["input_ids"]
+
+    def _check_model_turns_kept(self, full: str, marks: list[str], turns: list[dict[str, str]],
+                                messages: list[dict[str, str]]) -> None:
+        """Raise if the template renders a model turn other than as written once more messages follow."""
+        expected = full
+        for i, m in enumerate(turns):
+            if m["role"] == "assistant":
+                expected = expected.replace(marks[i], m["content"])
+        real = self._render(turns + list(messages))
+        if real == expected:
+            return
+        at = next((i for i, (a, b) in enumerate(zip(real, expected)) if a != b), min(len(real), len(expected)))
+        lo = max(0, at - 40)
+        raise ValueError(
+            "the chat template rewrites earlier assistant turns: once more messages follow, the model's own "
+            f"tokens render differently (as generated: {expected[lo:at + 60]!r}; re-rendered: {real[lo:at + 60]!r}), "
+            "so a conversation cannot be continued token for token (e.g. Qwen3 strips the reasoning of earlier "
+            "turns: set chat_template_kwargs enable_thinking: false, or use a template that keeps it)")
 
 
 @dataclass
@@ -64,6 +97,7 @@ async def play(env: Environment, first: Completion, prompt_ids: list[int], gener
     logprobs: list[float] = []
     versions: list[int] = []
     from_env: list[bool] = []
+    history: list[dict[str, str]] = []  # the model's turns and the environment's messages, after the prompt
     turn, reward, solved, turns = first, 0.0, False, 0
     finish = first.finish_reason
     while True:
@@ -78,7 +112,9 @@ async def play(env: Environment, first: Completion, prompt_ids: list[int], gener
         solved = solved or step.solved
         if step.done or turns >= env_cfg.max_turns or not step.messages:
             break
-        inserted = renderer.between(step.messages, model_stopped=turn.finish_reason == "stop")
+        inserted = renderer.between(step.messages, model_stopped=turn.finish_reason == "stop", reply=turn.text,
+                                    earlier=history)
+        history += [{"role": "assistant", "content": turn.text}, *step.messages]
         room = env_cfg.max_total_tokens - len(ids) - len(inserted)
         if room < 1:  # no room for the environment's turn and a reply to it
             finish = "length"

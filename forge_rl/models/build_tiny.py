@@ -76,9 +76,6 @@ def build_tokenizer():
 def build(out: Path, **config_overrides) -> Path:
     """Write the tiny model to `out`. `config_overrides` (HF Qwen3 config keys, e.g. hidden_size=768)
     make a larger char-level model with random weights for benchmarks."""
-    from safetensors.torch import save_file
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer().save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
@@ -97,13 +94,20 @@ def build(out: Path, **config_overrides) -> Path:
         )
         + "\n"
     )
-    config = {**MODEL_CONFIG, **config_overrides}
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out / "generation_config.json").write_text(
-        json.dumps(dict(eos_token_id=2, pad_token_id=0), indent=2) + "\n"
-    )
+    return save_random_model(out, {**MODEL_CONFIG, **config_overrides}, dict(eos_token_id=2, pad_token_id=0))
 
-    torch.manual_seed(SEED)
+
+def save_random_model(out: Path, config: dict, generation_config: dict, seed: int = SEED) -> Path:
+    """Write config.json, generation_config.json and model.safetensors of a Qwen3 with random weights from
+    `seed` (HF Qwen3 config keys) to `out`; the tokenizer files are the caller's (e.g. tests/qwen3_fixture.py:
+    Qwen3's real vocabulary on a small random model)."""
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
+    torch.manual_seed(seed)
     model = Qwen3ForCausalLM(Qwen3Config(**config)).float()
     # Save the tied lm_head explicitly: vLLM's weight reload path expects it (docs/stack.md).
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
