@@ -157,3 +157,19 @@ def test_the_grpo_run_sets_and_checks_gpu_memory_utilization_when_colocated_on_g
         run._engine_args(shared=True)
     cfg.generator.engine_args["gpu_memory_utilization"] = 0.85  # the shipped config's value fits
     assert run._engine_args(shared=True)["gpu_memory_utilization"] == 0.85
+
+
+def test_a_trainer_sharing_its_gpu_gives_its_cached_memory_back_after_each_step(monkeypatch):
+    """The run's placement decides it: colocated on GPUs (a simulated 4-GPU node) the trainer empties CUDA's
+    cache after each publish, for the engine's wake-up; disaggregated, or on CPU, it keeps its cache."""
+    import forge_rl.recipes.grpo as grpo
+    from forge_rl.recipes.grpo_config import GRPOConfig
+
+    for gpus, placement, expected in ((["0", "1", "2", "3"], "colocated", True),
+                                      (["0", "1", "2", "3"], "disaggregated", False), ([], "auto", False)):
+        monkeypatch.setattr(grpo, "visible_gpus", lambda gpus=gpus: gpus)
+        cfg = GRPOConfig(trainer_procs=2)
+        cfg.resources.placement = placement
+        run = grpo.GRPORun(cfg)
+        run._place({})
+        assert cfg.trainer.release_memory_after_step is expected, (gpus, placement)

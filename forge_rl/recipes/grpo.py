@@ -147,6 +147,8 @@ class GRPORun:
             self.placement = plan_placement(cfg.resources, cfg.trainer_procs, cfg.generator.replicas,
                                             tp if gpus else 0, gpus)
         self.generator_gpus = tp if gpus else 0
+        # a trainer that time-shares its GPU with an engine gives the step's cached memory back for its wake-up
+        cfg.trainer.release_memory_after_step = self.placement.colocated and self.placement.device == "cuda"
         self.console.print(self.placement.describe())
         return gpus
 
@@ -156,7 +158,6 @@ class GRPORun:
         weight_source = await weight_server(cfg.weight_store) if hosts else None
         shared = placement.colocated and placement.device == "cuda"
         engine_args = self._engine_args(shared)
-        cfg.trainer.release_memory_after_step = shared  # the engine wakes into what the trainer's step gives back
         # The placement plan's GPUs, pinned as planned: the trainer's ranks one each, each replica its own set.
         trainer_cpus = dict(cpus=_tuples(placement.trainer_cpus), threads=placement.trainer_threads,
                             gpu_ids=_tuples([placement.trainer_gpus] if placement.trainer_gpus else []))
