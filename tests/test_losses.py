@@ -76,6 +76,39 @@ def test_normalisations():
         assert whole.item() == pytest.approx(parts.item())
 
 
+def test_token_sum_divides_by_a_constant_never_the_batch():
+    """Dr. GRPO's normaliser is the generation budget: the same tokens give the same loss whatever else is in
+    the batch, and without the constant it is refused (it used to fall back to the batch's longest response)."""
+    token_loss = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    short = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    longer = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)  # the second row grew, the first did not
+    first_row = [reduce_loss(token_loss[:1], m[:1], "token_sum", 2, 4, max_response_len=8) for m in (short, longer)]
+    assert first_row[0].item() == first_row[1].item() == pytest.approx(2 / 16)
+    with pytest.raises(ValueError, match="max_response_len"):
+        reduce_loss(token_loss, short, "token_sum", 2, 3)
+
+
+def test_grpo_run_sets_token_sum_constant_to_the_generation_budget():
+    from forge_rl.recipes.grpo_config import GRPOConfig, check_config
+
+    cfg = GRPOConfig()
+    cfg.trainer.grpo.normalize = "token_sum"
+    cfg.generator.sampling["max_tokens"] = 24
+    check_config(cfg)
+    assert cfg.trainer.grpo.max_response_len == 24
+    cfg = GRPOConfig()
+    cfg.trainer.grpo.normalize, cfg.trainer.grpo.max_response_len = "token_sum", 100  # the user's own is kept
+    check_config(cfg)
+    assert cfg.trainer.grpo.max_response_len == 100
+
+
+def test_trainer_refuses_token_sum_without_its_constant():
+    from forge_rl.actors.trainer import Trainer, TrainerConfig
+
+    with pytest.raises(ValueError, match="trainer.grpo.max_response_len"):
+        Trainer(TrainerConfig(grpo=GRPOLossConfig(normalize="token_sum")))
+
+
 def test_sft_loss_and_config_errors():
     assert torch.equal(sft_token_loss(torch.tensor([[-0.5, -2.0]])), torch.tensor([[0.5, 2.0]]))
     with pytest.raises(ValueError, match="loss.normalize='mean'"):

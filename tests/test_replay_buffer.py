@@ -16,7 +16,8 @@ from tests.conftest import run
 
 
 def make_group(pid: str, versions: list[int], advantages: list[float] | None = None) -> Group:
-    advantages = advantages or [float(i % 2) - 0.5 for i in range(len(versions))]
+    # zero-mean, as group_advantages makes them (an odd group's middle episode gets 0)
+    advantages = advantages or [i - (len(versions) - 1) / 2 for i in range(len(versions))]
     eps = []
     for v, a in zip(versions, advantages):
         c = Completion(torch.tensor([100 + int(pid[1:]) if pid[1:].isdigit() else 1, 2]), torch.tensor([3, 4]),
@@ -42,11 +43,13 @@ def test_bound_accounting_and_whole_groups(ops, max_age, dp, order, resample, mi
     store = GroupStore(ReplayBufferConfig(capacity=8, max_policy_age=max_age, dp_size=dp, order=order,
                                           max_resample=resample, min_fresh_groups=min_fresh))
     uses: dict[str, int] = {}
+    sizes: dict[str, int] = {}
     version, n = 0, 0
     for op in ops:
         if op[0] == "add" and not store.full:
             offsets, zero = op[1], op[2]
             group = make_group(f"p{n}", [max(0, version - o) for o in offsets], [0.0] * len(offsets) if zero else None)
+            sizes[group.prompt_id] = len(group)
             n += 1
             store.add(group)
         elif op[0] == "sample":
@@ -59,6 +62,10 @@ def test_bound_accounting_and_whole_groups(ops, max_age, dp, order, resample, mi
                     assert (version - oldest <= max_age).all()
                     for prompt in {ep_prompt(b, i) for i in range(b.num_sequences)}:
                         uses[prompt] = uses.get(prompt, 0) + 1
+                        rows = [i for i in range(b.num_sequences) if ep_prompt(b, i) == prompt]
+                        # trained whole, so its advantages keep the zero mean they were computed with
+                        assert len(rows) == sizes[prompt]
+                        assert abs(float(b.advantages[rows].sum())) < 1e-6
                 assert max(uses.values()) <= resample  # never trained more often than configured
         assert store.added == store.trained + sum(store.dropped.values()) + store.present
         for entry in store.entries:  # stored groups stay whole: one prompt, no foreign episodes
@@ -82,9 +89,12 @@ def test_sampled_batches_keep_groups_together_and_split_evenly():
 def test_stale_and_zero_advantage_drops_are_counted():
     store = GroupStore(ReplayBufferConfig(capacity=8, max_policy_age=1))
     store.add(make_group("old", [0, 3]))
+    store.add(make_group("new", [2, 3]))
     assert store.add(make_group("flat", [3, 3], [0.0, 0.0])) is False
-    assert store.sample(3, 1)[0].num_sequences == 1  # episode from version 0 dropped, version 3 kept
-    assert store.dropped["stale"] == 1 and store.dropped["zero_advantage"] == 2
+    # the episode from version 0 is too old at 3, so its whole group goes (its advantages need both episodes)
+    (batch,) = store.sample(3, 1)
+    assert batch.num_sequences == 2 and batch.policy_versions[batch.response_mask].min() == 2  # "new", whole
+    assert store.dropped["stale"] == 2 and store.dropped["zero_advantage"] == 2 and store.present == 0
 
 
 def test_bad_input_names_the_field():
@@ -164,7 +174,7 @@ def test_state_dict_round_trip_continues_identically():
     cfg = ReplayBufferConfig(capacity=8, order="random", max_resample=2, min_fresh_groups=0)
     a = GroupStore(cfg)
     for i in range(6):
-        a.add(make_group(f"p{i}", [0, 1]))
+        a.add(make_group(f"p{i}", [1, 1]))
     a.sample(1, 2)
     b = GroupStore(cfg)
     b.load_state_dict(pickle.loads(pickle.dumps(a.state_dict())))

@@ -1,10 +1,14 @@
 """Replay buffer: whole groups between rollouts and training, bounded, with counted staleness drops.
 
 `add(group)` waits while the buffer holds `capacity` groups (backpressure: capacity is what bounds how
-far generation runs ahead). `sample(policy_version, batch_groups)` first drops every episode whose
-oldest token came from a policy version u with policy_version - u > max_policy_age, then returns
-`batch_groups` whole groups as one TrainBatch per data-parallel rank, or None when there are not
-enough yet. Every episode that enters leaves as trained or as dropped with a reason, and
+far generation runs ahead). `sample(policy_version, batch_groups)` first drops every group holding an
+episode whose oldest token came from a policy version u with policy_version - u > max_policy_age (every
+episode of it counted as "stale"), then returns `batch_groups` whole groups as one TrainBatch per
+data-parallel rank, or None when there are not enough yet.
+
+Groups are kept or dropped whole because their advantages were computed over the whole group: trained
+without some of its episodes, a group's advantages would no longer sum to zero, and the missing episodes'
+baseline share would push every survivor's probability the same way (docs/replay_buffer.md). Every episode that enters leaves as trained or as dropped with a reason, and
 added == trained + dropped + present holds after every call.
 
 The bookkeeping lives in `GroupStore` (plain Python, property-tested); the actor adds the waiting.
@@ -88,13 +92,14 @@ class GroupStore:
         return True
 
     def drop_stale(self, policy_version: int) -> None:
+        """Drop every group with an episode older than max_policy_age, whole (see the module doc)."""
         keep = []
         for entry in self.entries:
-            fresh = [e for e in entry.group.episodes if policy_version - e.oldest_version <= self.cfg.max_policy_age]
-            self.dropped["stale"] += len(entry.group) - len(fresh)
-            if fresh:
-                entry.group = Group(entry.group.prompt_id, fresh)
+            oldest = min(e.oldest_version for e in entry.group.episodes)
+            if policy_version - oldest <= self.cfg.max_policy_age:
                 keep.append(entry)
+            else:
+                self.dropped["stale"] += len(entry.group)
         self.entries = keep
 
     def sample(self, policy_version: int, batch_groups: int) -> list[TrainBatch] | None:

@@ -203,6 +203,9 @@ def _check_tensor(field: str, value, dtype: torch.dtype, shape: tuple[int, ...] 
 class Trainer(ForgeActor):
     def __init__(self, cfg: TrainerConfig | None = None, weight_store: WeightStoreConfig | None = None):
         self.cfg = cfg or TrainerConfig()
+        if self.cfg.loss == "grpo" and self.cfg.grpo.normalize == "token_sum" and self.cfg.grpo.max_response_len < 1:
+            raise ValueError("trainer.grpo.normalize='token_sum' divides by a constant: set trainer.grpo."
+                             "max_response_len (the GRPO run sets it to the generation budget)")
         self.store_cfg = weight_store
         self.store: ShmWeightStore | None = None  # opened at the first push_weights
         self.step = 0
@@ -407,7 +410,7 @@ class Trainer(ForgeActor):
         batch = batches[self.dp_rank]
         total_seqs = sum(b.num_sequences for b in batches)
         total_tokens = sum(b.num_response_tokens for b in batches)
-        max_len = loss_cfg.max_response_len or max(int(b.response_mask.sum(1).max()) for b in batches)
+        max_len = loss_cfg.max_response_len
         normalize = "token_mean" if cfg.loss == "sft" else loss_cfg.normalize
         mb = cfg.micro_batch_size or batch.num_sequences
         sums = torch.zeros(8, dtype=torch.float64)

@@ -37,7 +37,9 @@ class GRPOLossConfig:
     clip_low: float = 0.2  # ratio floor 1 - clip_low
     clip_high: float = 0.28  # ratio ceiling 1 + clip_high; > clip_low is DAPO's clip-higher
     normalize: str = "sequence_mean"  # see NORMALIZATIONS
-    max_response_len: int = 0  # the "token_sum" constant; 0 = the batch's padded length
+    # the "token_sum" constant (Dr. GRPO): required with it; the GRPO run sets it to the generation budget
+    # (generator.sampling.max_tokens, or env.max_total_tokens for multi-turn) when left at 0
+    max_response_len: int = 0
     kl_coef: float = 0.0  # KL penalty to the reference policy (needs TrainBatch.ref_logprobs)
     kl_estimator: str = "k3"  # "k1" (log ratio) | "k3" (unbiased, non-negative)
     tis_cap: float = 0.0  # > 0: truncated importance weight min(pi_theta / pi_behaviour, cap), decoupled PPO
@@ -174,9 +176,11 @@ def reduce_loss(
         return per_seq.sum() / total_sequences
     if normalize == "token_mean":
         return (token_loss * mask).sum() / total_tokens
-    if normalize == "token_sum":
-        length = max_response_len or token_loss.shape[-1]
-        return (token_loss * mask).sum() / (total_sequences * length)
+    if normalize == "token_sum":  # a constant: the batch's longest response would rescale the loss per batch
+        if max_response_len < 1:
+            raise ValueError("normalize='token_sum' divides by a constant: set trainer.grpo.max_response_len "
+                             "(the generation budget)")
+        return (token_loss * mask).sum() / (total_sequences * max_response_len)
     raise ValueError(f"normalize={normalize!r}; choose one of {NORMALIZATIONS}")
 
 

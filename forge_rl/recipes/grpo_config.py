@@ -112,6 +112,8 @@ def check_config(cfg: GRPOConfig) -> None:
     if logprobs_mode != "processed_logprobs":
         raise ConfigError(f"generator.engine_args.logprobs_mode={logprobs_mode!r}: behaviour logprobs must be of the "
                           "sampled distribution (after temperature); use 'processed_logprobs'")
+    if cfg.trainer.grpo.normalize == "token_sum" and not cfg.trainer.grpo.max_response_len:
+        cfg.trainer.grpo.max_response_len = response_budget(cfg)  # Dr. GRPO's constant: the generation budget
     if cfg.buffer.capacity < cfg.batch_groups:
         raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is smaller than batch_groups={cfg.batch_groups}")
     overlong = cfg.overlong.filter or cfg.overlong.penalty_cache_len
@@ -173,14 +175,18 @@ def dp_size(cfg: GRPOConfig) -> int:
     return dp
 
 
+def response_budget(cfg: GRPOConfig) -> int:
+    """Response tokens a trajectory may hold: the sampling's max_tokens, or env.max_total_tokens (multi-turn)."""
+    return int(cfg.env.max_total_tokens if cfg.env.name is not None else cfg.generator.sampling.get("max_tokens", 16))
+
+
 def max_prompt_tokens(cfg: GRPOConfig, model_dir: str) -> int:
     """Prompt tokens that leave room for max_tokens in the engine's max_model_len (default: the model's)."""
     limit = cfg.generator.engine_args.get("max_model_len")
     if limit is None:
         model_config = json.loads((Path(model_dir) / "config.json").read_text())
         limit = model_config["max_position_embeddings"]
-    response = cfg.env.max_total_tokens if cfg.env.name is not None else cfg.generator.sampling.get("max_tokens", 16)
-    room = int(limit) - int(response)
+    room = int(limit) - response_budget(cfg)
     if room < 1:
         raise ConfigError(f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens')} leaves no room "
                           f"for a prompt in max_model_len={limit} (generator.engine_args.max_model_len)")
