@@ -100,8 +100,11 @@ def grpo_rows(name: str, model: Path, out: Path, overrides: list[str]) -> list[t
         (f"{name}: peak GPU memory", memory or "nvidia-smi showed no process"),
         (f"{name}: per step", f"sleep {mean('sync/hold_s')}, wake {mean('sync/release_s')}, publish "
                               f"{mean('sync/push_s')}, load into the engine {mean('sync/pause_s')}"),
-        (f"{name}: loss / approx KL", f"final loss {steps[-1]['trainer/loss']:.4f}, approx KL to the behaviour "
-                                      f"policy {steps[-1]['trainer/approx_kl']:.2e} (bf16 noise when weights agree)"),
+        (f"{name}: loss / mismatch", f"final loss {steps[-1]['trainer/loss']:.4f}; train/inference mismatch "
+                                     f"|log pi - log mu| mean {steps[-1]['trainer/mismatch_abs_mean']:.2e}, max "
+                                     f"{steps[-1]['trainer/mismatch_abs_max']:.2e}, KL(mu||pi) k3 "
+                                     f"{steps[-1]['trainer/mismatch_k3']:.2e} (bf16 kernels differ between the engine "
+                                     "and the trainer; staleness adds to it)"),
     ]
 
 

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from forge_rl.losses.grpo import GRPOLossConfig, kl_penalty, per_token_loss, reduce_loss, sft_token_loss
+from forge_rl.losses.grpo import (GRPOLossConfig, kl_penalty, mismatch, mismatch_weight, per_token_loss, reduce_loss,
+                                  sft_token_loss)
 
 LOG2 = math.log(2.0)
 
@@ -36,10 +37,60 @@ def test_never_the_trivial_ratio():
 def test_truncated_importance_weight():
     lp = torch.tensor([[0.0, 0.0]], requires_grad=True)
     behaviour = torch.tensor([[-math.log(4.0), -math.log(1.5)]])  # pi/mu = 4 and 1.5
-    loss, _ = per_token_loss(lp, behaviour, torch.tensor([1.0]), GRPOLossConfig(tis_cap=2.0))
+    loss, _ = per_token_loss(lp, behaviour, torch.tensor([1.0]), GRPOLossConfig(is_correction="tis", is_high=2.0))
     assert torch.allclose(loss, torch.tensor([[-2.0, -1.5]]))  # weight min(4, 2)=2 and 1.5, ratio to proximal 1
     loss.sum().backward()
     assert torch.allclose(lp.grad, torch.tensor([[-2.0, -1.5]]))
+
+
+# w = pi_old / mu per token: 4, 1.5, 0.25 (row 0) and 1, 3, 0.8 (row 1); row 1's last token is padding
+IS_LP = torch.zeros(2, 3)
+IS_BEHAVIOUR = -torch.log(torch.tensor([[4.0, 1.5, 0.25], [1.0, 3.0, 0.8]]))
+IS_MASK = torch.tensor([[True, True, True], [True, True, False]])
+
+
+@pytest.mark.parametrize("correction, level, weights, acted", [
+    ("tis", "token", [[2.0, 1.5, 0.25], [1.0, 2.0, 0.8]], [[1, 0, 0], [0, 1, 0]]),  # min(w, 2)
+    ("mis", "token", [[0.0, 1.5, 0.25], [1.0, 0.0, 0.8]], [[1, 0, 0], [0, 1, 0]]),  # w if w <= 2, else 0
+    ("icepop", "token", [[0.0, 1.5, 0.0], [1.0, 0.0, 0.8]], [[1, 0, 1], [0, 1, 0]]),  # w if 0.5 <= w <= 2
+    # sequences: row 0's product 4 * 1.5 * 0.25 = 1.5, row 1's (over its 2 response tokens) 1 * 3 = 3
+    ("tis", "sequence", [[1.5] * 3, [2.0] * 3], [[0] * 3, [1] * 3]),
+    ("mis", "sequence", [[1.5] * 3, [0.0] * 3], [[0] * 3, [1] * 3]),
+    ("icepop", "sequence", [[1.5] * 3, [0.0] * 3], [[0] * 3, [1] * 3]),
+])
+def test_mismatch_corrections_by_hand(correction, level, weights, acted):
+    cfg = GRPOLossConfig(is_correction=correction, is_level=level, is_low=0.5, is_high=2.0)
+    weight, where = mismatch_weight(IS_LP, IS_BEHAVIOUR, cfg, IS_MASK)
+    torch.testing.assert_close(weight, torch.tensor(weights))
+    assert where.int().tolist() == acted
+    # the gradient is -w * A * grad log pi per token: no clip acts (the ratio to pi_old is 1)
+    lp = IS_LP.clone().requires_grad_()
+    A = torch.tensor([1.0, -2.0])
+    loss, diag = per_token_loss(lp, IS_BEHAVIOUR, A, cfg, mask=IS_MASK)
+    loss.sum().backward()
+    torch.testing.assert_close(lp.grad, -torch.tensor(weights) * A[:, None])
+    assert diag["is_corrected"].tolist() == [[float(a) for a in row] for row in acted]
+
+
+def test_sequence_weight_of_a_long_sequence_does_not_overflow():
+    behaviour = torch.full((1, 4000), -0.5)  # w = e^0.5 per token: the product is e^2000
+    for correction in ("tis", "mis"):
+        weight, _ = mismatch_weight(torch.zeros(1, 4000), behaviour, GRPOLossConfig(
+            is_correction=correction, is_level="sequence"), torch.ones(1, 4000, dtype=torch.bool))
+        assert torch.isfinite(weight).all() and weight[0, 0].item() == (2.0 if correction == "tis" else 0.0)
+
+
+def test_mismatch_is_zero_on_policy_and_measures_the_gap_off_it():
+    lp = torch.log(torch.tensor([[0.5, 0.2]]))
+    same = mismatch(lp, lp.clone())
+    assert same["mismatch_abs"].abs().max() == 0 and same["mismatch_k3"].abs().max() == 0
+    gap = mismatch(lp, torch.log(torch.tensor([[0.25, 0.4]])))  # r = pi/mu = 2 and 0.5
+    torch.testing.assert_close(gap["mismatch_abs"], torch.tensor([[LOG2, LOG2]]))
+    torch.testing.assert_close(gap["mismatch_k3"], torch.tensor([[1 - LOG2, -0.5 + LOG2]]))  # r - 1 - log r
+    # k3 is an unbiased estimate of KL(mu || pi) from mu's samples: check on a small distribution
+    mu, pi = torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.5, 0.3, 0.2])
+    k3 = mismatch(torch.log(pi), torch.log(mu))["mismatch_k3"]
+    torch.testing.assert_close((mu * k3).sum(), (mu * (mu / pi).log()).sum())
 
 
 def test_kl_estimators_and_penalty():
@@ -212,7 +263,8 @@ def test_tis_mode_is_a_truncated_importance_weighted_policy_gradient_without_cli
     lp = (-torch.rand(4, 6, generator=g) * 3).requires_grad_()
     behaviour = lp.detach() + torch.randn(4, 6, generator=g)  # stale: pi/mu far from 1 both ways
     A = torch.randn(4, generator=g)
-    loss, diag = per_token_loss(lp, behaviour, A, GRPOLossConfig(tis_cap=2.0, clip_low=0.2, clip_high=0.2))
+    loss, diag = per_token_loss(lp, behaviour, A, GRPOLossConfig(is_correction="tis", is_high=2.0, clip_low=0.2,
+                                                             clip_high=0.2))
     assert diag["clipped"].sum() == 0
     loss.sum().backward()
     weight = torch.exp(lp.detach() - behaviour).clamp(max=2.0)
@@ -250,8 +302,12 @@ def test_cispo_keeps_a_gradient_on_every_token_with_a_clipped_stop_gradient_weig
 def test_policy_loss_config_errors_name_the_key():
     with pytest.raises(ValueError, match="loss.policy_loss='ppo2'"):
         GRPOLossConfig(policy_loss="ppo2")
-    with pytest.raises(ValueError, match="loss.tis_cap=2.0 works with loss.policy_loss='grpo' only"):
-        GRPOLossConfig(policy_loss="cispo", tis_cap=2.0)
+    with pytest.raises(ValueError, match="loss.is_correction='tis' works with loss.policy_loss='grpo' only"):
+        GRPOLossConfig(policy_loss="cispo", is_correction="tis")
+    with pytest.raises(ValueError, match="loss.is_correction='seq-tis'"):
+        GRPOLossConfig(is_correction="seq-tis")
+    with pytest.raises(ValueError, match="0 <= is_low < 1 < is_high"):
+        GRPOLossConfig(is_correction="icepop", is_high=0.9)
     GRPOLossConfig(policy_loss="cispo", clip_low=1.0)  # no floor on the weight: allowed
     with pytest.raises(ValueError, match=r"loss.clip_low=1.5 must be in \[0, 1\]"):
         GRPOLossConfig(clip_low=1.5)

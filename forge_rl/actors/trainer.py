@@ -200,6 +200,14 @@ def _check_tensor(field: str, value, dtype: torch.dtype, shape: tuple[int, ...] 
         raise ValueError(f"{field} has shape {tuple(value.shape)}, expected {shape}{why}")
 
 
+# train_step's per-token means: the metric's name and the per_token_loss diagnostic it averages
+TOKEN_SUMS = ("clip_fraction", "approx_kl", "entropy", "ratio_mean", "kl_ref", "reverse_kl_teacher",
+              "mismatch_abs_mean", "mismatch_k3", "is_weight_mean", "is_corrected_fraction")
+DIAGNOSTIC = {"clip_fraction": "clipped", "approx_kl": "approx_kl_behaviour", "ratio_mean": "ratio",
+              "mismatch_abs_mean": "mismatch_abs",
+              "is_weight_mean": "is_weight", "is_corrected_fraction": "is_corrected"}
+
+
 class Trainer(ForgeActor):
     def __init__(self, cfg: TrainerConfig | None = None, weight_store: WeightStoreConfig | None = None):
         self.cfg = cfg or TrainerConfig()
@@ -385,35 +393,33 @@ class Trainer(ForgeActor):
         validate_batches(batches, self.dp_size, self.vocab_size, self.max_seq_len)
         start = time.perf_counter()
         total_tokens = sum(b.num_response_tokens for b in batches)
-        sums = self._accumulate_gradients(batches)
+        sums, mismatch_max = self._accumulate_gradients(batches)
         lr = self.scheduler.get_last_lr()[0]
         grad_norm, finite = self._optimizer_step(float(sums[0]))
-        sums = self._reduce_over_data_parallel(sums)
+        sums, mismatch_max = self._reduce_over_data_parallel(sums, mismatch_max)
         elapsed = time.perf_counter() - start
         tokens = sum(b.tokens.numel() for b in batches)
-        per_token = {k: float(sums[i]) / total_tokens for i, k in enumerate(
-            ("clip_fraction", "approx_kl", "entropy", "ratio_mean", "kl_ref"), start=1)}
+        per_token = {name: float(sums[i]) / total_tokens for i, name in enumerate(TOKEN_SUMS, start=2)}
         return dict(
             loss=float(sums[0]), grad_norm=grad_norm, lr=lr, step=self.step, **per_token,
-            reverse_kl_teacher=float(sums[7]) / total_tokens, tokens=tokens,
-            model_tokens=int(sums[6]),  # what the model ran on: fewer than `tokens` when prompts were shared
+            mismatch_abs_max=mismatch_max, tokens=tokens,
+            model_tokens=int(sums[1]),  # what the model ran on: fewer than `tokens` when prompts were shared
             loss_parallel=float(self.loss_parallel),  # TP: logprobs from vocabulary shards, logits never gathered
             response_tokens=total_tokens, tokens_per_s=tokens / elapsed,
             step_s=elapsed, peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
             skipped=float(not finite), skipped_steps=self.skipped_steps,
         )
 
-    def _accumulate_gradients(self, batches: list[TrainBatch]) -> torch.Tensor:
-        """Forward and backward over this rank's batch in micro-batches. Returns this rank's sums of: loss,
-        clipped, approx_kl, entropy, ratio, kl_ref (over response tokens), model tokens, reverse KL to a teacher."""
+    def _accumulate_gradients(self, batches: list[TrainBatch]) -> tuple[torch.Tensor, float]:
+        """Forward and backward over this rank's batch in micro-batches. Returns this rank's sums of the loss,
+        the model tokens and each of TOKEN_SUMS over response tokens, and the largest |log pi - log mu|."""
         cfg, loss_cfg = self.cfg, self.cfg.grpo
         batch = batches[self.dp_rank]
         total_seqs = sum(b.num_sequences for b in batches)
         total_tokens = sum(b.num_response_tokens for b in batches)
-        max_len = loss_cfg.max_response_len
         normalize = "token_mean" if cfg.loss == "sft" else loss_cfg.normalize
         mb = cfg.micro_batch_size or batch.num_sequences
-        sums = torch.zeros(8, dtype=torch.float64)
+        sums, mismatch_max = torch.zeros(2 + len(TOKEN_SUMS), dtype=torch.float64), 0.0
         self.model.train()
         for lo in range(0, batch.num_sequences, mb):
             rows = slice(lo, lo + mb)
@@ -429,17 +435,16 @@ class Trainer(ForgeActor):
                     logprobs, batch.behaviour_logprobs[rows].to(self.device), batch.advantages[rows].to(self.device),
                     loss_cfg, ref_logprobs=ref, entropy=entropy, mask=mask,
                 )
-            loss = reduce_loss(token_loss, mask, normalize, total_seqs, total_tokens, max_len)
+            loss = reduce_loss(token_loss, mask, normalize, total_seqs, total_tokens, loss_cfg.max_response_len)
             loss.backward()
             sums[0] += loss.item()
-            sums[6] += self.last_forward_tokens
-            m = mask.float()
-            for i, key in enumerate(("clipped", "approx_kl_behaviour", "entropy", "ratio", "kl_ref"), start=1):
-                if key in diag:
-                    sums[i] += float((diag[key] * m).sum())
-            if "reverse_kl_teacher" in diag:
-                sums[7] += float((diag["reverse_kl_teacher"] * m).sum())
-        return sums
+            sums[1] += self.last_forward_tokens
+            for i, name in enumerate(TOKEN_SUMS, start=2):
+                if (key := DIAGNOSTIC.get(name, name)) in diag:
+                    sums[i] += float((diag[key] * mask).sum())
+            if "mismatch_abs" in diag and mask.any():
+                mismatch_max = max(mismatch_max, float(diag["mismatch_abs"][mask].max()))
+        return sums, mismatch_max
 
     def _optimizer_step(self, loss: float) -> tuple[float, bool]:
         """Clip, then step unless the gradient norm is not finite (the weights, optimizer state and schedule
@@ -463,14 +468,17 @@ class Trainer(ForgeActor):
             )
         return grad_norm, finite
 
-    def _reduce_over_data_parallel(self, sums: torch.Tensor) -> torch.Tensor:
-        """Sum the per-rank sums over ranks. Ranks of one TP group hold the same rows, so each counts 1/tp. The
-        collective runs on the process group's device (NCCL has no CPU tensors)."""
+    def _reduce_over_data_parallel(self, sums: torch.Tensor, largest: float) -> tuple[torch.Tensor, float]:
+        """Sum the per-rank sums over ranks (ranks of one TP group hold the same rows, so each counts 1/tp) and
+        take the largest of `largest`. The collectives run on the process group's device (NCCL has no CPU
+        tensors)."""
         import torch.distributed as dist
 
         sums = (sums / (self.world // self.dp_size)).to(self.device)
         dist.all_reduce(sums)
-        return sums.cpu()
+        peak = torch.tensor([largest], dtype=torch.float64, device=self.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return sums.cpu(), float(peak)
 
     def _clip_grad_norm(self) -> float:
         from torch.distributed.tensor import DTensor

@@ -20,16 +20,28 @@ ranks gives exactly the loss of the whole batch:
 - "cispo": CISPO's REINFORCE with a clipped, stop-gradient importance weight, -sg[clip(r)] * A * log pi, so
   every token keeps a gradient (PPO's clip zeroes those outside the range).
 
+`is_correction` corrects the train/inference mismatch (docs/algorithms.md): the behaviour policy mu is the
+generator's (its numerics, its possibly older version), the trainer's own logprob before the update is pi_old,
+and w = pi_old / mu per token (`is_level: token`) or its product over the sequence (`sequence`):
+- "tis": truncated IS, weight min(w, is_high);
+- "mis": masked IS, weight w where w <= is_high, else 0 (the token or sequence takes no part);
+- "icepop": weight w where is_low <= w <= is_high, else 0 (both sides masked).
+The PPO ratio is then taken against pi_old (decoupled PPO). `mismatch` measures |log pi_old - log mu| and the
+k3 estimate of KL(mu || pi_old) whatever the correction, so drift is visible before it ruins a run.
+
 On-policy distillation uses any of them with a per-token advantage: `distill_coef` * (log pi_teacher -
 log pi_behaviour) of each sampled token, plus `reward_coef` * the sequence's reward advantage.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 NORMALIZATIONS = ("sequence_mean", "token_mean", "token_sum")
 POLICY_LOSSES = ("grpo", "gspo", "cispo")
+IS_CORRECTIONS = ("none", "tis", "mis", "icepop")
+IS_LEVELS = ("token", "sequence")
 
 
 @dataclass
@@ -42,7 +54,11 @@ class GRPOLossConfig:
     max_response_len: int = 0
     kl_coef: float = 0.0  # KL penalty to the reference policy (needs TrainBatch.ref_logprobs)
     kl_estimator: str = "k3"  # "k1" (log ratio) | "k3" (unbiased, non-negative)
-    tis_cap: float = 0.0  # > 0: truncated importance weight min(pi_theta / pi_behaviour, cap), decoupled PPO
+    # train/inference mismatch correction with w = pi_old / pi_behaviour (see the module doc)
+    is_correction: str = "none"  # see IS_CORRECTIONS
+    is_level: str = "token"  # "token": w per token; "sequence": the product of the sequence's token weights
+    is_low: float = 0.5  # icepop: weights below are masked
+    is_high: float = 2.0  # tis: the truncation cap; mis, icepop: weights above are masked
     entropy_coef: float = 0.0  # bonus for entropy (subtracted from the loss)
     policy_loss: str = "grpo"  # see POLICY_LOSSES
     # On-policy distillation (apps/distill): every token's advantage gains distill_coef * (log pi_teacher -
@@ -54,9 +70,15 @@ class GRPOLossConfig:
     def __post_init__(self) -> None:
         if self.policy_loss not in POLICY_LOSSES:
             raise ValueError(f"loss.policy_loss={self.policy_loss!r}; choose one of {POLICY_LOSSES}")
-        if self.policy_loss != "grpo" and self.tis_cap > 0:
-            raise ValueError(f"loss.tis_cap={self.tis_cap} works with loss.policy_loss='grpo' only, not "
-                             f"{self.policy_loss!r}")
+        if self.is_correction not in IS_CORRECTIONS or self.is_level not in IS_LEVELS:
+            raise ValueError(f"loss.is_correction={self.is_correction!r}, loss.is_level={self.is_level!r}; choose "
+                             f"one of {IS_CORRECTIONS} and one of {IS_LEVELS}")
+        if self.policy_loss != "grpo" and self.is_correction != "none":
+            raise ValueError(f"loss.is_correction={self.is_correction!r} works with loss.policy_loss='grpo' only, "
+                             f"not {self.policy_loss!r} (gspo and cispo carry their own importance ratio)")
+        if not 0 <= self.is_low < 1 < self.is_high:
+            raise ValueError(f"loss.is_low={self.is_low} and loss.is_high={self.is_high} must satisfy "
+                             "0 <= is_low < 1 < is_high")
         if self.normalize not in NORMALIZATIONS:
             raise ValueError(f"loss.normalize={self.normalize!r}; choose one of {NORMALIZATIONS}")
         if self.kl_estimator not in ("k1", "k3"):
@@ -102,10 +124,37 @@ def importance_ratio(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, c
         seq_log_ratio = ((logprobs.detach() - behaviour_logprobs) * m).sum(-1) / m.sum(-1).clamp(min=1)
         ratio = torch.exp(seq_log_ratio)[:, None] * torch.exp(logprobs - logprobs.detach())  # value s, grad s * dlp
         return ratio, torch.ones_like(logprobs)
-    if cfg.tis_cap > 0:
-        proximal = logprobs.detach()
-        return torch.exp(logprobs - proximal), torch.exp(proximal - behaviour_logprobs).clamp(max=cfg.tis_cap)
+    if cfg.is_correction != "none":  # decoupled: the clip against pi_old, the mismatch in the weight
+        return torch.exp(logprobs - logprobs.detach()), mismatch_weight(logprobs, behaviour_logprobs, cfg, mask)[0]
     return torch.exp(logprobs - behaviour_logprobs), torch.ones_like(logprobs)
+
+
+def mismatch_weight(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cfg: GRPOLossConfig,
+                    mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The importance weight [B, T] of `cfg.is_correction` (no gradient), and where it acted (bool [B, T]):
+    w = pi_old / mu per token, or for is_level "sequence" the product over the sequence's response tokens,
+    truncated (tis) or masked (mis, icepop). Computed in log space, so a long sequence's product cannot
+    overflow."""
+    log_w = (logprobs.detach() - behaviour_logprobs).to(torch.float32)
+    if cfg.is_level == "sequence":
+        if mask is None:
+            raise ValueError("loss.is_level='sequence' needs the response mask")
+        log_w = (log_w * mask).sum(-1, keepdim=True).expand_as(log_w)
+    high, low = math.log(cfg.is_high), (math.log(cfg.is_low) if cfg.is_low > 0 else -math.inf)
+    acted = log_w > high
+    if cfg.is_correction == "icepop":
+        acted = acted | (log_w < low)
+    weight = torch.exp(log_w.clamp(max=high))
+    if cfg.is_correction in ("mis", "icepop"):
+        weight = weight * ~acted
+    return weight.to(logprobs.dtype), acted
+
+
+def mismatch(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token train/inference mismatch of the sampled tokens: |log pi_old - log mu| and the k3 estimate of
+    KL(mu || pi_old) from mu's samples, r - 1 - log r with r = pi_old / mu (non-negative, unbiased)."""
+    log_r = logprobs.detach() - behaviour_logprobs
+    return {"mismatch_abs": log_r.abs(), "mismatch_k3": torch.expm1(log_r) - log_r}
 
 
 def per_token_loss(
@@ -121,15 +170,15 @@ def per_token_loss(
     needed by "gspo", whose ratio is a mean over each sequence's tokens.
 
     Plain mode: ratio = pi_theta / pi_behaviour, clipped to [1 - clip_low, 1 + clip_high] as in PPO.
-    TIS mode (tis_cap > 0): the PPO ratio is taken against the current weights before the update
-    (the proximal policy) and the behaviour -> proximal gap is carried by a truncated importance
-    weight, which bounds the variance that very stale tokens would bring.
+    Corrected mode (is_correction != "none"): the PPO ratio is taken against the current weights before the
+    update (the proximal policy pi_old) and the behaviour -> proximal gap is carried by the weight of
+    `mismatch_weight`, which bounds (tis) or removes (mis, icepop) what very mismatched tokens would bring.
 
-    What TIS mode guarantees, exactly: the trainer takes one optimizer step per batch, so the proximal
+    What corrected mode guarantees, exactly: the trainer takes one optimizer step per batch, so the proximal
     policy is the policy being differentiated, the ratio is 1 and the clip never acts. The gradient is
-    -min(pi/mu, tis_cap) * A * grad log pi per token: an off-policy policy gradient whose importance weight
-    is bounded by tis_cap (tested in tests/test_losses.py). It is not a trust region; the plain mode's
-    clipped ratio against the behaviour policy is.
+    -w * A * grad log pi per token: an off-policy policy gradient whose importance weight is truncated or
+    masked (tested in tests/test_losses.py). It is not a trust region; the plain mode's clipped ratio
+    against the behaviour policy is.
     """
     A, reverse_kl = token_advantages(advantages, behaviour_logprobs, ref_logprobs, cfg, logprobs.dtype)
     ratio, weight = importance_ratio(logprobs, behaviour_logprobs, cfg, mask)
@@ -145,7 +194,11 @@ def per_token_loss(
         "clipped": was_clipped,
         "approx_kl_behaviour": kl_penalty(logprobs.detach(), behaviour_logprobs, "k3"),
         "ratio": torch.exp(logprobs.detach() - behaviour_logprobs),
+        **mismatch(logprobs, behaviour_logprobs),
     }
+    if cfg.is_correction != "none":  # the weight, and the tokens it truncated (tis) or masked (mis, icepop)
+        diagnostics["is_weight"] = weight
+        diagnostics["is_corrected"] = mismatch_weight(logprobs, behaviour_logprobs, cfg, mask)[1].float()
     if reverse_kl is not None:
         diagnostics["reverse_kl_teacher"] = reverse_kl
     if cfg.kl_coef:

@@ -48,7 +48,10 @@ def step_metrics(r: StepRecord) -> dict[str, float]:
         **{f"reward/{k}": statistics.mean(v) for k, v in parts.items() if v},
         "train/accuracy": statistics.mean(parts.get("exact_match") or parts.get("solved") or [math.nan]),
         **{f"trainer/{k}": t[k] for k in ("loss", "grad_norm", "clip_fraction", "approx_kl", "kl_ref",
-                                          "reverse_kl_teacher", "entropy", "tokens_per_s", "step_s", "skipped_steps")},
+                                          "reverse_kl_teacher", "entropy", "tokens_per_s", "step_s", "skipped_steps",
+                                          "mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3")},
+        # the is_correction's weight and the share of tokens it truncated or masked (absent when off)
+        **{f"trainer/{k}": t[k] for k in ("is_weight_mean", "is_corrected_fraction") if t.get("is_weight_mean")},
         "batch/staleness": r.staleness,
         "batch/staleness_max_run": r.max_staleness,
         "sync/push_s": r.push["push_s"],

@@ -1,0 +1,36 @@
+"""The train/inference mismatch is measured every step of a GRPO run: near zero when the trainer reproduces the
+generator's numerics (fp32 both, synchronous, so no token is stale), clearly above it when the trainer computes in
+bf16 against the engine's fp32. And each is_correction trains in a run."""
+
+import asyncio
+
+from forge_rl.observability.metrics import read_jsonl
+from forge_rl.recipes.grpo import GRPOConfig, main
+from forge_rl.config import load_config
+from tests.conftest import REPO
+
+SYNC_SMALL = ["batch_groups=2", "group_size=4", "rollout_tasks=2", "eval_size=8", "eval_every=0",
+              "buffer.capacity=4", "generator.sampling.max_tokens=6", "async_mode=false", "max_policy_age=0",
+              "steps=2", "checkpoint_every=0", "export_dir=null"]
+
+
+def _steps(tmp_path, name: str, overrides: list[str]) -> list[dict]:
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", SYNC_SMALL + [f"output_dir={tmp_path / name}",
+                                                                                 *overrides])
+    asyncio.run(main(cfg))
+    return [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "trainer/loss" in r]
+
+
+def test_mismatch_is_near_zero_when_numerics_agree_and_not_when_the_trainer_runs_bf16(tmp_path):
+    same = _steps(tmp_path, "fp32", [])
+    bf16 = _steps(tmp_path, "bf16", ["trainer.dtype=bfloat16", "trainer.grpo.is_correction=icepop"])
+    for r in same:  # synchronous and fp32 on both sides: only kernel-order rounding remains
+        assert r["trainer/mismatch_abs_mean"] < 1e-4 and r["trainer/mismatch_abs_max"] < 1e-3
+        assert abs(r["trainer/mismatch_k3"]) < 1e-6
+        assert "trainer/is_weight_mean" not in r
+    for r in bf16:
+        assert r["trainer/mismatch_abs_mean"] > 1e-3 and r["trainer/mismatch_abs_max"] >= r["trainer/mismatch_abs_mean"]
+        assert r["trainer/mismatch_k3"] > 0
+        assert 0 < r["trainer/is_weight_mean"] <= 2.0 and 0 <= r["trainer/is_corrected_fraction"] < 1
+    means = [r["trainer/mismatch_abs_mean"] for r in bf16]
+    assert min(means) > 30 * max(r["trainer/mismatch_abs_mean"] for r in same)
