@@ -49,6 +49,9 @@ class Completion(_NumpyOnTheWire):
     text: str = ""
     prompt: str = ""
     env_mask: torch.Tensor | None = None  # bool [R], True for tokens an environment inserted; None: none
+    # the vLLM SamplingParams options it was drawn with (the generator's config and the call's overrides);
+    # the replay buffer refuses what the trainer cannot reproduce. None: not made by a generator
+    sampling: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

@@ -69,6 +69,34 @@ def test_generator_rejects_bad_input_and_keeps_serving(generator):
     assert svc.service_stats.retries == 0 and svc.healthy_replicas == 1
 
 
+def test_every_completion_records_its_sampling_and_the_buffer_refuses_an_override_the_trainer_cannot_reproduce(
+        generator):
+    """A notebook or a custom loop calling the generator with top_p gets episodes the buffer will not train on
+    (their behaviour logprobs are of a truncated distribution); greedy evaluation calls stay free."""
+    from forge_rl.actors.replay_buffer import GroupStore, ReplayBufferConfig
+    from forge_rl.types import Episode, Group
+
+    loop, svc = generator
+    store = GroupStore(ReplayBufferConfig(temperature=1.0))
+
+    def add(completions) -> bool:
+        return store.add(Group("p", [Episode(c, advantage=a) for c, a in zip(completions, (0.5, -0.5))]))
+
+    plain = loop.run_until_complete(svc.generate.route(PROMPT, n=2, max_tokens=4))
+    assert plain[0].sampling == {"max_tokens": 4, "temperature": 1.0}
+    assert add(plain)
+    truncated = loop.run_until_complete(svc.generate.route(PROMPT, n=2, max_tokens=4, top_p=0.8))
+    assert truncated[0].sampling["top_p"] == 0.8
+    with pytest.raises(ValueError, match="episode 0 cannot be trained on: top_p=0.8 changes the sampling"):
+        add(truncated)
+    greedy = [loop.run_until_complete(svc.generate.route(PROMPT, n=1, max_tokens=4, temperature=0.0))[0]
+              for _ in range(2)]
+    assert greedy[0].sampling["temperature"] == 0.0  # evaluation: any sampling
+    with pytest.raises(ValueError, match="temperature=0.0 differs from the trainer's 1.0"):
+        add(greedy)
+    assert store.present == 2
+
+
 def test_stop_strings_still_work_without_vllm_detokenizing_by_default(generator):
     # The generator turns vLLM's detokenizer off unless stop strings need it.
     loop, svc = generator

@@ -1,22 +1,35 @@
-"""One behaviour policy: the trainer's temperature comes from the sampling config, and sampling options
-the trainer cannot reproduce are refused at start with an error that names them."""
+"""One behaviour policy: every vLLM sampling option is classified (reproduced by the trainer, set by the
+generator, or allowed only at its neutral value); the run refuses the others at start naming them, and the
+replay buffer refuses episodes drawn with them, whoever called the generator."""
 
 import pytest
+import torch
 
-from forge_rl.recipes.grpo_config import GRPOConfig, check_config
+from forge_rl.actors.replay_buffer import GroupStore, ReplayBufferConfig
 from forge_rl.config import ConfigError, load_config
-from forge_rl.loop.sampling import NEUTRAL, behaviour_temperature
+from forge_rl.loop.sampling import NEUTRAL, REPRODUCED, SET_BY_GENERATOR, behaviour_temperature, untrainable
+from forge_rl.recipes.grpo_config import GRPOConfig, check_config
+from forge_rl.types import Completion, Episode, Group
 from tests.conftest import REPO
 
+# a value of each option that changes the distribution: written here by hand, not read from NEUTRAL
 NOT_REPRODUCED = {
     "top_p": 0.8, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "presence_penalty": 0.5,
     "frequency_penalty": 0.5, "logit_bias": {5: 2.0}, "allowed_token_ids": [5, 6], "bad_words": ["7"],
-    "min_tokens": 3,
+    "min_tokens": 3, "structured_outputs": {"regex": "[0-9]+"}, "watermarking": {"key": 1},
+    "extra_args": {"logits_processors": ["x"]}, "thinking_token_budget": 64, "repetition_detection": {"window": 4},
 }
 
 
-def test_every_refused_option_is_listed():
-    assert set(NOT_REPRODUCED) == set(NEUTRAL)
+def test_every_vllm_sampling_field_is_classified_once():
+    """A field a vLLM release adds fails here until someone decides whether the trainer reproduces it."""
+    from vllm import SamplingParams
+
+    fields = {f for f in SamplingParams.__struct_fields__ if not f.startswith("_")}
+    classes = [REPRODUCED, SET_BY_GENERATOR, set(NEUTRAL)]
+    assert set().union(*classes) == fields, "unclassified: " + str(sorted(fields - set().union(*classes)))
+    assert sum(len(c) for c in classes) == len(fields)  # disjoint
+    assert set(NOT_REPRODUCED) == set(NEUTRAL)  # every distribution-changing option has a refusal test below
 
 
 @pytest.mark.parametrize("option", sorted(NOT_REPRODUCED))
@@ -27,9 +40,16 @@ def test_options_the_trainer_cannot_reproduce_are_refused_by_name(option):
 
 @pytest.mark.parametrize("option", sorted(NEUTRAL))
 def test_neutral_values_are_accepted(option):
-    neutral = NEUTRAL[option]
-    value = neutral[0] if isinstance(neutral, tuple) else neutral
-    assert behaviour_temperature({"temperature": 0.7, option: value}) == 0.7
+    assert behaviour_temperature({"temperature": 0.7, option: NEUTRAL[option][0]}) == 0.7
+
+
+def test_reproduced_options_pass_and_generator_owned_or_unknown_ones_are_refused():
+    ok = {"temperature": 0.7, "max_tokens": 12, "stop": ["\n"], "stop_token_ids": [2], "seed": 3, "ignore_eos": True}
+    assert behaviour_temperature(ok) == 0.7
+    with pytest.raises(ValueError, match=r"generator\.sampling\.logprobs is set by the generator"):
+        behaviour_temperature({"logprobs": 5})
+    with pytest.raises(ValueError, match=r"generator\.sampling\.top_pp is not a vLLM SamplingParams option"):
+        behaviour_temperature({"top_pp": 0.9})
 
 
 def test_greedy_sampling_cannot_be_trained_on():
@@ -59,7 +79,34 @@ def test_raw_logprobs_mode_is_refused():
         check_config(cfg)
 
 
-def test_top_p_in_the_grpo_config_fails_before_any_actor_starts():
-    cfg = grpo("generator.sampling.top_p=0.8")
-    with pytest.raises(ValueError, match="top_p"):
+@pytest.mark.parametrize("option", ["top_p", "structured_outputs", "extra_args"])
+def test_an_option_in_the_grpo_config_fails_before_any_actor_starts(option):
+    cfg = grpo()
+    cfg.generator.sampling[option] = NOT_REPRODUCED[option]
+    with pytest.raises(ValueError, match=rf"generator\.sampling\.{option}="):
         check_config(cfg)
+
+
+def group_sampled_with(sampling: dict | None) -> Group:
+    def episode(advantage: float) -> Episode:
+        c = Completion(torch.tensor([1, 2]), torch.tensor([3, 4]), torch.tensor([-1.0, -1.0]), torch.tensor([0, 0]),
+                       "stop", sampling=sampling)
+        return Episode(c, advantage=advantage)
+    return Group("p0", [episode(0.5), episode(-0.5)])
+
+
+def test_the_buffer_refuses_episodes_drawn_with_what_the_trainer_does_not_reproduce():
+    store = GroupStore(ReplayBufferConfig(temperature=1.0))
+    assert store.add(group_sampled_with({"temperature": 1.0, "max_tokens": 8, "stop": ["\n"]}))
+    assert store.add(group_sampled_with(None))  # made by hand, not by a generator: nothing to check
+    for sampling, named in [({"temperature": 1.0, "top_p": 0.8}, "top_p=0.8"),
+                            ({"temperature": 0.5}, "temperature=0.5 differs from the trainer's 1.0"),
+                            ({"temperature": 1.0, "extra_args": {"logits_processors": ["x"]}}, "extra_args=")]:
+        with pytest.raises(ValueError, match=rf"group 'p0' episode 0 cannot be trained on: {named}"):
+            store.add(group_sampled_with(sampling))
+    assert store.added == 4 and store.present == 4  # refused groups left nothing behind
+
+
+def test_untrainable_without_a_trainer_temperature_checks_only_the_options():
+    assert untrainable({"temperature": 0.5}, None) is None
+    assert "min_p" in untrainable({"temperature": 0.5, "min_p": 0.1}, None)

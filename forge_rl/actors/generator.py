@@ -134,6 +134,7 @@ class Generator(ForgeActor):
 
         prompt_ids = self._prompt_ids(prompt)
         params = self._sampling_params(len(prompt_ids), n, sampling)
+        drawn_with = {**self.sampling, **sampling, "temperature": params.temperature}  # recorded on each completion
         children = [_Child() for _ in range(n)]
         request_id = f"{os.getpid()}-{next(self._request_ids)}"
         # LoRA: a request runs to its end on the adapter it started with (vLLM cannot switch a running
@@ -163,7 +164,7 @@ class Generator(ForgeActor):
         if self.lora is not None:
             for child in children:
                 child.versions = [version] * len(child.ids)
-        return [self._completion(prompt, prompt_ids, child) for child in children]
+        return [self._completion(prompt, prompt_ids, child, drawn_with) for child in children]
 
     def _sampling_params(self, prompt_len: int, n: int, sampling: dict[str, Any]):
         """vLLM SamplingParams of one call: the config's, with this call's overrides. Refuses a prompt that leaves
@@ -190,7 +191,8 @@ class Generator(ForgeActor):
         params.output_kind = RequestOutputKind.DELTA
         return params
 
-    def _completion(self, prompt: str | list[int], prompt_ids: list[int], child: "_Child") -> Completion:
+    def _completion(self, prompt: str | list[int], prompt_ids: list[int], child: "_Child",
+                    sampling: dict[str, Any]) -> Completion:
         self._generated_tokens += len(child.ids)
         return Completion(
             prompt_ids=torch.tensor(prompt_ids, dtype=torch.long),
@@ -199,7 +201,7 @@ class Generator(ForgeActor):
             policy_versions=torch.tensor(child.versions, dtype=torch.long),
             finish_reason=child.finish_reason,
             text=self.tokenizer.decode(child.ids, skip_special_tokens=True),
-            prompt=prompt if isinstance(prompt, str) else "",
+            prompt=prompt if isinstance(prompt, str) else "", sampling=sampling,
         )
 
     @concurrent_endpoint  # runs while generate calls keep streaming

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
+from forge_rl.loop.sampling import untrainable
 from forge_rl.runtime import ForgeActor
 from forge_rl.types import Completion, Episode, Group, TrainBatch
 
@@ -43,6 +44,9 @@ class ReplayBufferConfig:
     drop_zero_advantage: bool = True  # groups whose advantages are all zero carry no signal
     pad_id: int = 0
     seed: int = 0
+    # the trainer's temperature: an episode sampled at another one, or with an option the trainer does not
+    # reproduce (forge_rl/loop/sampling.py), is refused at add. None: any temperature
+    temperature: float | None = None
 
     def __post_init__(self) -> None:
         if self.order not in ("oldest", "random"):
@@ -84,6 +88,11 @@ class GroupStore:
     def add(self, group: Group) -> bool:
         """Store `group` (the caller waits while full). Returns False when it was dropped on arrival."""
         validate_group(group)
+        for i, ep in enumerate(group.episodes):  # whoever called the generator, with whatever overrides
+            if why := untrainable(ep.completion.sampling, self.cfg.temperature):
+                raise ValueError(f"group {group.prompt_id!r} episode {i} cannot be trained on: {why}. Only episodes of "
+                                 "the behaviour policy the trainer reproduces can be trained on (evaluate with any "
+                                 "sampling, but do not add those episodes to the buffer)")
         self.added += len(group)
         if self.cfg.drop_zero_advantage and all(abs(e.advantage) < 1e-8 for e in group.episodes):
             self.dropped["zero_advantage"] += len(group)

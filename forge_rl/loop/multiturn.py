@@ -129,7 +129,7 @@ async def play(env: Environment, first: Completion, prompt_ids: list[int], gener
         prompt_ids=first.prompt_ids, response_ids=torch.tensor(ids, dtype=torch.long),
         logprobs=torch.tensor(logprobs, dtype=torch.float32), policy_versions=torch.tensor(versions, dtype=torch.long),
         finish_reason=finish, text=renderer.tokenizer.decode(ids, skip_special_tokens=True), prompt=first.prompt,
-        env_mask=torch.tensor(from_env, dtype=torch.bool),
+        env_mask=torch.tensor(from_env, dtype=torch.bool), sampling=first.sampling,
     )
     return Trajectory(completion, reward, solved, turns)
 

@@ -131,7 +131,7 @@ class GRPORun:
         check_task(cfg)
         self.buffer_cfg = ReplayBufferConfig(**asdict(cfg.buffer), max_policy_age=cfg.max_policy_age,
                                              dp_size=dp_size(cfg), pad_id=self.tokenizer.pad_token_id or 0,
-                                             seed=cfg.seed)
+                                             seed=cfg.seed, temperature=cfg.trainer.temperature)
         self.state = Run(cfg)
 
     def _place(self, hosts: dict) -> list[str]:

@@ -26,7 +26,7 @@ class GeneratorSection:
     engine_args: dict[str, Any] = field(default_factory=dict)  # vLLM AsyncEngineArgs
     log_level: str = "WARNING"  # vLLM's console output; INFO shows its per-update lines
     # vLLM SamplingParams: the behaviour policy. The trainer reads its temperature from here; options it
-    # cannot reproduce (top_p, top_k, min_p, penalties) are refused at start.
+    # cannot reproduce (top_p, top_k, min_p, penalties, ...: forge_rl/loop/sampling.py) are refused at start.
     sampling: dict[str, Any] = field(default_factory=lambda: dict(temperature=1.0, max_tokens=8))
 
 
