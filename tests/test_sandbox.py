@@ -11,9 +11,16 @@ import pytest
 
 from forge_rl.rewards.sandbox import SandboxLimits, code_tests, extract_code, run_sandboxed
 
-if shutil.which("bwrap") is None:
-    pytest.skip("bubblewrap (bwrap) is not installed: apt-get install bubblewrap (.ci/run installs it)",
-                allow_module_level=True)
+WHY_NOT = ("bubblewrap (bwrap) is not installed: apt-get install bubblewrap (.ci/run installs it)"
+           if shutil.which("bwrap") is None else None)
+
+
+@pytest.fixture(autouse=True)
+def bwrap():
+    if WHY_NOT:
+        if os.environ.get("FORGE_RL_REQUIRE_SANDBOX"):  # CI installs bubblewrap: there, a skip would hide a failure
+            pytest.fail(f"FORGE_RL_REQUIRE_SANDBOX is set but {WHY_NOT}")
+        pytest.skip(WHY_NOT)
 
 LIMITS = SandboxLimits(wall_s=3, cpu_s=1, memory_mb=256, file_mb=4, output_bytes=1 << 16)
 
