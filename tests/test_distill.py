@@ -33,12 +33,20 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_it(tmp_path):
 
 
 def test_distillation_run_scores_every_sampled_token_with_the_teacher(tmp_path):
-    cfg = load_config(DistillConfig, REPO / "configs/distill/tiny.yaml", SMALL + ["steps=4", f"output_dir={tmp_path}"])
+    """Every group gets the same reward (no reward signal at all) and the run asks for GRPO's filter that drops
+    such groups: distillation turns the filter off, so the run keeps and trains them on the teacher's signal. A
+    GRPO run with this filter would drop every group and never get a batch (no_batch_timeout_s says so)."""
+    cfg = load_config(DistillConfig, REPO / "configs/distill/tiny.yaml", SMALL + [
+        "steps=4", f"output_dir={tmp_path}", "buffer.drop_zero_advantage=true", "no_batch_timeout_s=60",
+        "rewards=[{name: 'tests.actors:constant_reward', weight: 1.0}]"])
     summary = asyncio.run(main(cfg))
     assert summary["trainer_version"] == 4 and summary["generator_versions"] == [4]
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    scored = [m for m in lines if "reward/mean" in m and math.isfinite(m["reward/mean"])]
+    assert scored and all(m["reward/mean"] == 1.0 and m["reward/std"] == 0.0 for m in scored)  # all equal
     kls = [m["trainer/reverse_kl_teacher"] for m in lines if "trainer/reverse_kl_teacher" in m]
     # the teacher is another model: its logprobs differ from the student's on the student's samples
     assert len(kls) == 4 and all(math.isfinite(k) and k > 1e-3 for k in kls), kls
-    assert summary["drops"].get("zero_advantage", 0) == 0  # every group carries the teacher's signal
+    # 4 steps of 4 groups whose advantages are all zero, every one kept and trained
+    assert summary["drops"].get("zero_advantage", 0) == 0 and summary["buffer"]["trained"] >= 4 * 4 * 4
     assert (tmp_path / "hf" / "model.safetensors").is_file()  # the distilled student, exported
