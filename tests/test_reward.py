@@ -37,6 +37,12 @@ def test_weighted_rewards_columns_failures_and_timeouts():
             with pytest.raises(ActorError, match="RewardTimeout.*took longer than reward_timeout_s=0.5"):
                 await slow.score.call_one(["q"], ["a"], ["stop"], {})
             assert time.perf_counter() - start < 4
+            # a verifier that kills its process: the actor lives on, the caller reads the reason to count
+            crashing = await RewardActor.as_actor([RewardSpec("tests.hostile_rewards:segfaults")], 5.0, 1)
+            with pytest.raises(ActorError, match="RewardCrash.*segfaults' crashed its worker") as failed:
+                await crashing.score.call_one(["q"], ["a"], ["stop"], {"answer": ["a"]})
+            assert failed.value.exception.reason == "reward_crash"
+            assert (await crashing.stats.call_one())["replaced"] == 1
 
     run(body())
 

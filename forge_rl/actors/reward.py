@@ -6,22 +6,27 @@ keyword arguments, one value per completion. They are named in config
 either by a short name from `REWARDS` or as "package.module:function", so a user's reward plugs in
 without touching forge_rl.
 
-Reward functions run in threads, so slow ones (a sandbox, a judge) overlap across groups. A function
-that raises, returns the wrong number of values, or returns NaN/inf makes `score` raise
-`RewardError` naming the function, and one slower than `timeout_s` raises `RewardTimeout`; the caller drops
-that group with a counted reason and the run goes on.
+Each call of a reward function runs in a worker process of a small pool (`reward_workers`, default 2 to 4;
+forge_rl/rewards/workers.py), so slow ones (a sandbox, a judge) overlap across groups and none can take the
+run down. The worker imports the function by its path and binds its `args`. `score` raises a `RewardError`
+naming the function, and the caller drops the group, counted under the error's `reason`, and goes on:
+
+    the function raises, returns the wrong number of values, or NaN/inf   RewardError        reward_error
+    it runs past reward_timeout_s: its worker is SIGKILLed and replaced    RewardTimeout      reward_timeout
+    its worker dies (a segfault, the OOM killer): the worker is replaced   RewardCrash        reward_crash
+    it allocates past reward_memory_mb (the worker's RLIMIT_AS)            RewardOutOfMemory  reward_memory
 """
 
-import asyncio
+import functools
 import importlib
 import inspect
-import math
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from monarch.actor import concurrent_endpoint
+from monarch.actor import concurrent_endpoint, endpoint
 
+from forge_rl.rewards.workers import (DEFAULT_MEMORY_MB, RewardCrash, RewardError,  # noqa: F401 (re-exported)
+                                      RewardOutOfMemory, RewardPool, RewardTimeout, default_reward_workers)
 from forge_rl.runtime import ForgeActor
 
 REWARDS = {
@@ -40,10 +45,6 @@ class RewardSpec:
     args: dict[str, Any] = field(default_factory=dict)  # fixed keyword arguments (e.g. a sandbox's limits)
 
 
-class RewardError(RuntimeError):
-    """A reward function failed on a group; the group is dropped (reason "reward_error")."""
-
-
 def resolve_reward(name: str, args: dict[str, Any] | None = None) -> Callable:
     """The reward function `name` names, with `args` bound as keyword arguments."""
     fn = _import_reward(name)
@@ -57,8 +58,13 @@ def resolve_reward(name: str, args: dict[str, Any] | None = None) -> Callable:
     return functools.partial(fn, **args)
 
 
+def reward_target(name: str) -> str:
+    """The import path ("package.module:function") a reward's configured name stands for."""
+    return REWARDS.get(name, name)
+
+
 def _import_reward(name: str) -> Callable:
-    target = REWARDS.get(name, name)
+    target = reward_target(name)
     module, _, attr = target.partition(":")
     if not attr:
         raise ValueError(f"reward {name!r}: not one of {sorted(REWARDS)} and not 'package.module:function'")
@@ -66,10 +72,6 @@ def _import_reward(name: str) -> Callable:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"reward {name!r}: cannot import {target} ({e})") from None
-
-
-class RewardTimeout(RewardError):
-    """A reward function took longer than `reward_timeout_s`; the group is dropped (reason "reward_timeout")."""
 
 
 def check_reward_columns(specs: list[RewardSpec], columns: list[str]) -> None:
@@ -85,14 +87,22 @@ def check_reward_columns(specs: list[RewardSpec], columns: list[str]) -> None:
 
 
 class RewardActor(ForgeActor):
-    def __init__(self, specs: list[RewardSpec], timeout_s: float | None = None):
+    def __init__(self, specs: list[RewardSpec], timeout_s: float | None = None, workers: int | None = None,
+                 memory_mb: int | None = DEFAULT_MEMORY_MB):
         if not specs:
             raise ValueError("rewards: at least one reward function is needed")
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"reward_timeout_s must be > 0 (or null for none), got {timeout_s}")
         self.specs = list(specs)
-        self.functions = [resolve_reward(s.name, s.args) for s in self.specs]  # fail at spawn, not mid-run
+        for s in self.specs:
+            resolve_reward(s.name, s.args)  # a bad name or argument fails at spawn, not mid-run
+        self.targets = [reward_target(s.name) for s in self.specs]
         self.timeout_s = timeout_s
+        self.pool = RewardPool(workers or default_reward_workers(), memory_mb, preload=sorted(set(self.targets)))
+
+    @endpoint
+    async def setup(self) -> None:
+        await self.pool.ready()  # the workers' imports (sympy for math) before the first group, not during it
 
     @concurrent_endpoint  # groups are scored concurrently: one slow verifier does not hold up the others
     async def score(
@@ -100,27 +110,19 @@ class RewardActor(ForgeActor):
     ) -> tuple[list[float], dict[str, list[float]]]:
         """Total (weighted) reward per completion, and each function's unweighted values. Every argument holds
         one value per completion; `columns` are the task's columns (`answer` among them), passed to each
-        reward function as keyword arguments."""
+        reward function as keyword arguments. Raises a RewardError (see the module) when a function fails."""
         n = len(completions)
         columns = dict(columns or {})
         for name, values in [("prompts", prompts), ("finish_reasons", finish_reasons), *columns.items()]:
             if len(values) != n:
                 raise ValueError(f"score: {name} has {len(values)} values for {n} completions")
         parts: dict[str, list[float]] = {}
-        for spec, fn in zip(self.specs, self.functions):
-            call = asyncio.to_thread(fn, list(prompts), list(completions), finish_reason=list(finish_reasons), **columns)
-            try:
-                # A timed-out function's thread runs on (Python cannot stop a thread); its group is dropped.
-                values = await asyncio.wait_for(call, self.timeout_s)
-            except TimeoutError:
-                raise RewardTimeout(f"reward {spec.name!r} took longer than reward_timeout_s={self.timeout_s}") from None
-            except Exception as e:
-                raise RewardError(f"reward {spec.name!r} raised {type(e).__name__}: {e}") from None
-            values = [float(v) for v in values]
-            if len(values) != n:
-                raise RewardError(f"reward {spec.name!r} returned {len(values)} values for {n} completions")
-            if not all(math.isfinite(v) for v in values):
-                raise RewardError(f"reward {spec.name!r} returned NaN/inf")
-            parts[spec.name] = values
+        for spec, target in zip(self.specs, self.targets):
+            parts[spec.name] = await self.pool.score(spec.name, target, spec.args, list(prompts), list(completions),
+                                                     self.timeout_s, finish_reason=list(finish_reasons), **columns)
         totals = [sum(s.weight * parts[s.name][i] for s in self.specs) for i in range(n)]
         return totals, parts
+
+    @endpoint
+    async def stats(self) -> dict:
+        return {"workers": self.pool.workers, "replaced": self.pool.replaced}

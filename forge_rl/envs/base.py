@@ -78,9 +78,14 @@ class _Factory:
         return self.cls(**self.args)
 
 
-def env_factory(cfg: EnvConfig) -> Callable[[], Environment]:
+# The run's settings an environment's class may take (ToolEnv scores its final answer as the reward actor does).
+RUN_SETTINGS = ("reward_timeout_s", "reward_workers", "reward_memory_mb")
+
+
+def env_factory(cfg: EnvConfig, run: Any = None) -> Callable[[], Environment]:
     """A function that makes a fresh environment per trajectory. Fails at once (naming the key) on an unknown
-    name or arguments the class does not take."""
+    name or arguments the class does not take. `run` (the run's config) gives the class those of its
+    RUN_SETTINGS that its __init__ takes and env.args does not set."""
     path = ENVIRONMENTS.get(cfg.name, cfg.name)
     if not path or ":" not in path:
         raise ValueError(f"env.name={cfg.name!r}: use one of {sorted(ENVIRONMENTS)} or 'package.module:Class'")
@@ -97,4 +102,6 @@ def env_factory(cfg: EnvConfig) -> Callable[[], Environment]:
         inspect.signature(cls).bind(**cfg.args)
     except TypeError as e:
         raise ValueError(f"env.args {sorted(cfg.args)} do not fit {path}: {e}") from None
-    return _Factory(cls, dict(cfg.args))
+    params = inspect.signature(cls).parameters
+    settings = {k: getattr(run, k) for k in RUN_SETTINGS if k in params and hasattr(run, k)}
+    return _Factory(cls, {**settings, **cfg.args})

@@ -17,6 +17,7 @@ import operator
 import re
 
 from forge_rl.envs.base import Environment, EnvStep
+from forge_rl.rewards.workers import DEFAULT_MEMORY_MB, default_reward_workers, shared_pool
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
@@ -25,29 +26,47 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
         ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
+MAX_BITS = 1024  # of an integer the calculator computes: far past any task's arithmetic, and quick to print
+MAX_OUTPUT = 2000  # characters of a tool's output the model gets back
+
+
+def _power(base, exponent):
+    """base ** exponent, refused before it is computed when the integer result would exceed MAX_BITS."""
+    if isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 0 \
+            and exponent * (abs(base).bit_length() - 1) > MAX_BITS:
+        raise ValueError("result too large")
+    return operator.pow(base, exponent)
+
+
+def _evaluate(node):
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        value = node.value
+    elif isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+        value = _OPS[type(node.op)](_evaluate(node.operand))
+    elif isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > 64:
+            raise ValueError("exponent too large")
+        value = (_power if isinstance(node.op, ast.Pow) else _OPS[type(node.op)])(left, right)
+    else:
+        raise ValueError(f"unsupported: {ast.dump(node)[:40]}")
+    # Every intermediate is bounded, so nested powers ((9**64)**64)**64 stop here instead of eating the CPU.
+    if isinstance(value, int) and value.bit_length() > MAX_BITS:
+        raise ValueError("result too large")
+    return value
+
+
 def calculator(expression: str) -> str:
     """Arithmetic on numbers: + - * / // % ** and parentheses. Anything else (names, calls, huge powers) is an
-    error message for the model, never evaluated."""
-
-    def ev(node):
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
-        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.operand))
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            left, right = ev(node.left), ev(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > 64:
-                raise ValueError("exponent too large")
-            return _OPS[type(node.op)](left, right)
-        raise ValueError(f"unsupported: {ast.dump(node)[:40]}")
-
+    error message for the model, never evaluated; so is every failure (a tool never raises)."""
     try:
-        value = ev(ast.parse(str(expression)[:200], mode="eval"))
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, TypeError) as e:
-        return f"error: {e}"
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+        value = _evaluate(ast.parse(str(expression)[:200], mode="eval"))
+        text = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+    except Exception as e:  # noqa: BLE001 - SyntaxError, ZeroDivisionError, OverflowError, RecursionError, ...
+        return f"error: {e}"[:MAX_OUTPUT]
+    return text[:MAX_OUTPUT]
 
 
 def python(code: str) -> str:
@@ -80,13 +99,24 @@ def tool_schemas(names: list[str]) -> list[dict]:
 
 
 class ToolEnv(Environment):
-    """Each reply either calls a tool (its result is the next turn) or answers (scored by `reward`, done)."""
+    """Each reply either calls a tool (its result is the next turn) or answers (scored by `reward`, done).
 
-    def __init__(self, tools: tuple[str, ...] = ("calculator",), reward: str = "exact_match"):
-        from forge_rl.actors.reward import resolve_reward
+    The final answer is scored like the reward actor scores a group: in a worker process, within
+    `reward_timeout_s`, under `reward_memory_mb` (forge_rl/rewards/workers.py; the run's settings of the same
+    names unless env.args sets them). A reward that fails raises its RewardError from `step`, and the rollout
+    drops the group under its reason (reward_timeout, reward_crash, ...)."""
+
+    def __init__(self, tools: tuple[str, ...] = ("calculator",), reward: str = "exact_match",
+                 reward_timeout_s: float | None = 60.0, reward_workers: int | None = None,
+                 reward_memory_mb: int | None = DEFAULT_MEMORY_MB):
+        from forge_rl.actors.reward import resolve_reward, reward_target
 
         tool_schemas(list(tools))  # unknown names fail when the env is built, not mid-run
-        self.tools, self.reward_name, self.reward = tuple(tools), reward, resolve_reward(reward)
+        resolve_reward(reward)
+        self.tools, self.reward_name, self.target = tuple(tools), reward, reward_target(reward)
+        self.timeout_s = reward_timeout_s
+        # one pool for every trajectory of the run (an environment lives for one)
+        self.pool = shared_pool(reward_workers or default_reward_workers(), reward_memory_mb, [self.target])
         self.calls = 0
 
     @classmethod
@@ -100,22 +130,24 @@ class ToolEnv(Environment):
         call = TOOL_CALL.search(reply)
         if call is None:  # the final answer
             e = self.example
-            kwargs = {**e.columns, "finish_reason": "stop"}
-            value = float(self.reward([e.prompt], [reply], **{k: [v] for k, v in kwargs.items()})[0])
+            columns = {k: [v] for k, v in e.columns.items()}
+            value = (await self.pool.score(self.reward_name, self.target, {}, [e.prompt], [reply], self.timeout_s,
+                                           finish_reason=["stop"], **columns))[0]
             return EnvStep(reward=value, done=True, solved=value > 0)
         self.calls += 1
         return EnvStep(messages=[{"role": "tool", "content": await asyncio.to_thread(self.run_call, call.group(1))}])
 
     def run_call(self, payload: str) -> str:
-        """The tool's output, or an error message the model can read (bad JSON, unknown tool, bad arguments)."""
+        """The tool's output, or an error message the model can read (bad JSON, unknown tool, bad arguments, a
+        tool that failed): a tool's failure is the model's to handle, never the run's."""
         try:
             call = json.loads(payload)
             name, arguments = call["name"], call.get("arguments", {})
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            return f"error: a tool call is {{\"name\": ..., \"arguments\": {{...}}}} ({e})"
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            return f"error: a tool call is {{\"name\": ..., \"arguments\": {{...}}}} ({e})"[:MAX_OUTPUT]
         if name not in self.tools:
-            return f"error: no tool {name!r}; tools: {list(self.tools)}"
+            return f"error: no tool {name!r}; tools: {list(self.tools)}"[:MAX_OUTPUT]
         try:
-            return TOOLS[name](**arguments)
-        except TypeError as e:
-            return f"error: {name}: {e}"
+            return str(TOOLS[name](**arguments))[:MAX_OUTPUT]
+        except Exception as e:  # noqa: BLE001 - bad arguments, or a tool that broke (a sandbox missing)
+            return f"error: {name}: {type(e).__name__}: {e}"[:MAX_OUTPUT]

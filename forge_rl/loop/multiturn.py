@@ -10,6 +10,12 @@ into tokens appended to the sequence with `env_mask` set (no loss, no logprob), 
 from the whole sequence so far. Model tokens keep their behaviour logprobs and policy versions across turns;
 the environment's tokens carry the version of the model token before them, so staleness is the model's.
 Limits: `env.max_turns` model turns and `env.max_total_tokens` response tokens (the environment's included).
+
+A failure costs its group, never the run: an environment that raises (building it, `reset`, `step`, rendering
+its messages) drops the group as `env_error`, a generation that fails as `generation_error` (a sequence grown
+too long for the engine as `prompt_too_long`), a reward that fails in its worker (ToolEnv's final answer) under
+its own reason (`reward_timeout`, ...). Each is counted in `RolloutStats.drops` (logged as drops/<reason>) and
+printed as one line. In evaluation the example counts as not solved. A generator proc that died is the run's.
 """
 
 import asyncio
@@ -17,8 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
+from forge_rl.deps.monarch import SupervisionError
 from forge_rl.envs.base import EnvConfig, Environment
 from forge_rl.losses.advantages import group_advantages
+from forge_rl.rewards.workers import RewardError
+from forge_rl.runtime.replies import replies
 from forge_rl.types import Completion, Episode, Group
 
 _MARK = "\x00forge-rl-turn-{}\x00"
@@ -82,9 +91,35 @@ class TurnRenderer:
             "turns: set chat_template_kwargs enable_thinking: false, or use a template that keeps it)")
 
 
+class GenerationError(RuntimeError):
+    """The generator failed on a turn (its error is the __cause__); the rollout drops the group."""
+
+
+async def generate(generator, prompt_ids: list[int], **kwargs) -> list[Completion]:
+    """generator.generate, its failures told apart from the environment's (a dead generator proc is the run's)."""
+    try:
+        return await generator.generate.route(prompt_ids, **kwargs)
+    except SupervisionError:
+        raise
+    except Exception as e:
+        raise GenerationError(f"{type(getattr(e, 'exception', e)).__name__}: {e}") from e
+
+
+def drop_reason(error: Exception) -> str:
+    """The counted reason a multi-turn group is dropped for (RolloutStats.drops, drops/<reason>)."""
+    from forge_rl.actors.generator import PromptTooLong
+
+    if isinstance(error, GenerationError):
+        cause = getattr(error.__cause__, "exception", error.__cause__)
+        return "prompt_too_long" if isinstance(cause, PromptTooLong) else "generation_error"
+    if isinstance(error, RewardError):  # the environment's reward function, in its worker (ToolEnv)
+        return error.reason
+    return "env_error"  # reset, step, or rendering the environment's messages
+
+
 @dataclass
 class Trajectory:
-    completion: Completion
+    completion: Completion | None  # None: an evaluation's example that failed
     reward: float
     solved: bool
     turns: int
@@ -123,8 +158,7 @@ async def play(env: Environment, first: Completion, prompt_ids: list[int], gener
         logprobs += [0.0] * len(inserted)
         versions += [versions[-1] if versions else 0] * len(inserted)
         from_env += [True] * len(inserted)
-        turn = (await generator.generate.route(prompt_ids + ids, n=1, max_tokens=min(max_tokens, room),
-                                               **sampling))[0]
+        turn = (await generate(generator, prompt_ids + ids, n=1, max_tokens=min(max_tokens, room), **sampling))[0]
     completion = Completion(
         prompt_ids=first.prompt_ids, response_ids=torch.tensor(ids, dtype=torch.long),
         logprobs=torch.tensor(logprobs, dtype=torch.float32), policy_versions=torch.tensor(versions, dtype=torch.long),
@@ -139,18 +173,27 @@ async def play_group(example, prompt_ids: list[int], generator, make_env, render
     """`n` trajectories of one example: the first turns in one engine request, the rest concurrently."""
     envs = [make_env() for _ in range(n)]
     await asyncio.gather(*(env.reset(example) for env in envs))
-    first = await generator.generate.route(prompt_ids, n=n, max_tokens=min(max_tokens, env_cfg.max_total_tokens),
-                                           **sampling)
+    first = await generate(generator, prompt_ids, n=n, max_tokens=min(max_tokens, env_cfg.max_total_tokens), **sampling)
     return list(await asyncio.gather(*(play(env, c, prompt_ids, generator, renderer, env_cfg, max_tokens, **sampling)
                                        for env, c in zip(envs, first))))
 
 
 async def rollout_env_group(example, prompt_ids: list[int], generator, make_env, renderer: TurnRenderer,
                             env_cfg: EnvConfig, group_size: int, max_tokens: int, stats,
-                            scale_advantages_by_std: bool = True) -> Group:
-    """A group of `group_size` trajectories, rewarded by the environment, with group-relative advantages."""
-    trajectories = await play_group(example, prompt_ids, generator, make_env, renderer, env_cfg, group_size,
-                                    max_tokens)
+                            scale_advantages_by_std: bool = True) -> Group | None:
+    """A group of `group_size` trajectories, rewarded by the environment, with group-relative advantages.
+    None when an environment or a generation failed: the group is dropped, counted and printed (one line)."""
+    try:
+        trajectories = await play_group(example, prompt_ids, generator, make_env, renderer, env_cfg, group_size,
+                                        max_tokens)
+    except SupervisionError:
+        raise  # a role died: the run's to handle (RoleDied), not one group's
+    except Exception as e:
+        reason = drop_reason(e)
+        # prompt_too_long counts prompts, as in single-turn rollouts; every other reason counts episodes
+        stats.drops[reason] = stats.drops.get(reason, 0) + (1 if reason == "prompt_too_long" else group_size)
+        print(f"dropped group {example.id} ({reason}): {type(e).__name__}: {e}".splitlines()[0][:200], flush=True)
+        return None
     rewards = [t.reward for t in trajectories]
     stats.generated_tokens += sum(int((~t.completion.env_mask).sum()) for t in trajectories)
     stats.rewards += rewards
@@ -168,12 +211,14 @@ async def rollout_env_group(example, prompt_ids: list[int], generator, make_env,
 async def rollout_env_from_dataset(*, dataset, generator, buffer, make_env, renderer: TurnRenderer,
                                    env_cfg: EnvConfig, group_size: int, max_tokens: int, stats,
                                    scale_advantages_by_std: bool = True) -> bool:
-    """One multi-turn group of the dataset actor's next example into the buffer. True if stored."""
-    example = await dataset.next.call_one()
+    """One multi-turn group of the dataset actor's next example into the buffer. True if stored; False when the
+    group was dropped (see rollout_env_group)."""
+    calls = replies()  # not call_one: Monarch keeps ~1.2 KB per call_one in the caller (runtime/replies.py)
+    example = await calls.call(dataset, "next")
     prompt_ids = renderer.tokenizer(example.text, add_special_tokens=False)["input_ids"]
     group = await rollout_env_group(example, prompt_ids, generator, make_env, renderer, env_cfg, group_size,
                                     max_tokens, stats, scale_advantages_by_std)
-    return await buffer.add.call_one(group)
+    return group is not None and await calls.call(buffer, "add", group)
 
 
 async def evaluate_env(generator, examples, make_env, renderer: TurnRenderer, env_cfg: EnvConfig, max_tokens: int,
@@ -187,8 +232,15 @@ async def evaluate_env(generator, examples, make_env, renderer: TurnRenderer, en
     async def one(example) -> Trajectory:
         async with slots:
             prompt_ids = renderer.tokenizer(example.text, add_special_tokens=False)["input_ids"]
-            return (await play_group(example, prompt_ids, generator, make_env, renderer, env_cfg, 1, max_tokens,
-                                     temperature=0.0))[0]
+            try:
+                return (await play_group(example, prompt_ids, generator, make_env, renderer, env_cfg, 1, max_tokens,
+                                         temperature=0.0))[0]
+            except SupervisionError:
+                raise
+            except Exception as e:  # an evaluation goes on: this example counts as not solved
+                print(f"evaluation: example {example.id} failed ({drop_reason(e)}): {e}".splitlines()[0][:200],
+                      flush=True)
+                return Trajectory(None, 0.0, False, 0)
 
     done = await asyncio.gather(*(one(e) for e in examples))
     n = len(done)

@@ -172,7 +172,7 @@ class GRPORun:
                 log_level=cfg.generator.log_level, lora=cfg.trainer.lora,
             ),
             ReplayBuffer.as_actor(self.buffer_cfg),
-            RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s),
+            RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_memory_mb),
             PromptDataset.as_actor(cfg.task, self.model_dir, cfg.seed, max_prompt_tokens(cfg, self.model_dir),
                                    cfg.chat_template_kwargs),
         )
@@ -379,7 +379,7 @@ class GRPORun:
             def rollout_once():
                 return rollout_from_dataset(reward=self.reward, overlong=cfg.overlong, max_tokens=max_tokens, **actors)
         else:
-            turns = dict(make_env=env_factory(cfg.env), env_cfg=cfg.env, max_tokens=max_tokens,
+            turns = dict(make_env=env_factory(cfg.env, cfg), env_cfg=cfg.env, max_tokens=max_tokens,
                          renderer=TurnRenderer(self.tokenizer, **cfg.chat_template_kwargs))
 
             def rollout_once():
@@ -432,7 +432,7 @@ class GRPORun:
         max_tokens = cfg.generator.sampling.get("max_tokens", 8)
         if cfg.env.name is not None:  # solved within env.max_turns, greedy
             renderer = TurnRenderer(self.tokenizer, **cfg.chat_template_kwargs)
-            result = await evaluate_env(self.generator, self.held_out, env_factory(cfg.env), renderer, cfg.env,
+            result = await evaluate_env(self.generator, self.held_out, env_factory(cfg.env, cfg), renderer, cfg.env,
                                         max_tokens)
             return {"eval/accuracy": result["accuracy"], "eval/first_turn": result["first_turn"]}
         result = await evaluate_task(self.generator, self.reward, self.held_out, self.eval_reward_name(),
@@ -444,7 +444,7 @@ class GRPORun:
         final_buffer = await self.buffer.evict.call_one()
         data = await self.dataset.stats.call_one()
         last3 = [acc for *_, acc in self.evals[-3:]]
-        generated = final_buffer["added"] + s.drops["reward_error"] + s.drops["reward_timeout"]
+        generated = final_buffer["added"] + sum(n for k, n in s.drops.items() if k.startswith("reward_"))
         done = self.step - self.start_step
         return dict(
             steps=self.step, start_step=self.start_step, wall_s=wall, steps_per_min=done / wall * 60 if wall else 0.0,

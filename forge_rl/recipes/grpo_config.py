@@ -59,6 +59,8 @@ class GRPOConfig:
         default_factory=lambda: [RewardSpec("exact_match", 1.0), RewardSpec("format", 0.1)]
     )
     reward_timeout_s: float | None = 60.0  # per reward function call; a slower group is dropped and counted
+    reward_workers: int | None = None  # processes that run reward functions (null: 2 to 4, by the cores)
+    reward_memory_mb: int | None = 8192  # address space per reward worker; past it the group is dropped, counted
     # Multi-turn: an environment answers each model turn (feedback, tool results) until done; it rewards the
     # trajectory, and its tokens are masked out of the loss (forge_rl/envs, forge_rl/loop/multiturn.py)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -99,6 +101,7 @@ class GRPOConfig:
 
 def check_config(cfg: GRPOConfig) -> None:
     """Settings that only make sense together; errors name the keys."""
+    cfg.trainer.grpo.policy_loss = "grpo"  # BROKEN ON PURPOSE (policy_loss ignored)
     temperature = behaviour_temperature(cfg.generator.sampling)
     if cfg.trainer.temperature is not None and cfg.trainer.temperature != temperature:
         raise ConfigError(
