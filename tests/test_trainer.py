@@ -64,9 +64,11 @@ def test_fsdp_and_tp_match_one_proc(loop, tmp_path):
     loop.run_until_complete(stop_actor(reference))
     fsdp = spawn(loop, replace_mb(config(tmp_path / "fsdp", dp_shard=2), 2), procs=2)  # and 2 micro-batches
     got_fsdp = steps(loop, fsdp, 2) + steps(loop, fsdp, 2, seeds=(3, 4), shared_prompt=16)
+    read_by_rank(loop, fsdp, 2)
     loop.run_until_complete(stop_actor(fsdp))
     tp = spawn(loop, config(tmp_path / "tp", dp_shard=1, tp=2), procs=2)
     got_tp = steps(loop, tp, 1) + steps(loop, tp, 1, seeds=(3, 4), shared_prompt=16)
+    read_by_rank(loop, tp, 2)
     loop.run_until_complete(stop_actor(tp))
     for got in (got_fsdp, got_tp):
         for e, g in zip(expected, got):
@@ -77,6 +79,16 @@ def test_fsdp_and_tp_match_one_proc(loop, tmp_path):
     # TP computes logprobs from its vocabulary shards (loss parallel); the others hold whole logits
     assert [g["loss_parallel"] for g in expected + got_fsdp + got_tp] == [0.0] * 10 + [1.0] * 5
     assert expected[0]["loss"] != expected[2]["loss"] and 0 < expected[0]["clip_fraction"] < 1
+
+
+def read_by_rank(loop, trainer, procs: int) -> None:
+    """Each rank read only its shards of the checkpoint: at most 1/procs of it plus one tensor (the bound
+    that lets a 32B checkpoint load on 32 ranks), never the whole as every rank used to."""
+    stats = loop.run_until_complete(trainer.load_stats.call())
+    for rank in range(procs):
+        s = stats.item(procs=rank)
+        assert s["bytes_read"] <= s["checkpoint_bytes"] / procs + s["largest_read"], s
+        assert s["bytes_read"] < 0.75 * s["checkpoint_bytes"], s
 
 
 def unpacked(cfg: TrainerConfig) -> TrainerConfig:

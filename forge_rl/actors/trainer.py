@@ -26,6 +26,7 @@ from monarch.actor import endpoint
 from forge_rl.runtime import ForgeActor
 from forge_rl.models import lora
 from forge_rl.models.lora import LoRAConfig, is_adapter_key
+from forge_rl.models.sharded_load import load_sharded
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
 from forge_rl.data.prompt_packing import plan_packing
 from forge_rl.losses.logprobs import VocabShard, hidden_logprobs, selected_logprobs, token_logprobs
@@ -308,11 +309,12 @@ class Trainer(ForgeActor):
             model.init_states(buffer_device=self.device)
         lora.add_dropout(model, self.cfg.lora.dropout)
         adapter = Qwen3StateDictAdapter(config, str(self.model_dir))
-        full = adapter.from_hf(qwen3.load_hf_state_dict(self.model_dir))
+        adapters = {}
         if self.cfg.lora.enabled:
             shapes = {k: tuple(v.shape) for k, v in model.state_dict().items() if is_adapter_key(k)}
-            full.update(lora.initial_adapters(shapes, self.cfg.seed))
-        _load_full_state_dict(model, full, self.model_dir)
+            adapters = lora.initial_adapters(shapes, self.cfg.seed)
+        # each rank reads only its shards of the checkpoint (forge_rl/models/sharded_load.py)
+        self.checkpoint_read = load_sharded(model, adapter, self.model_dir, extra=adapters)
         self.max_seq_len = config.layers[0].attention.rope.max_seq_len
         self.vocab_size = config.vocab_size
         # Without FSDP there is no mixed-precision policy: autocast gives the compute dtype instead.
@@ -677,31 +679,14 @@ class Trainer(ForgeActor):
     async def config(self) -> dict:
         return asdict(self.cfg)
 
+    @endpoint
+    async def load_stats(self) -> dict[str, int]:
+        """What this rank read of the checkpoint at start: bytes_read, largest_read, checkpoint_bytes."""
+        return dict(self.checkpoint_read)
+
     async def __cleanup__(self, exc: Exception | None) -> None:
         if self.store is not None:
             self.store.close()
-
-
-def _load_full_state_dict(model: torch.nn.Module, full: dict[str, torch.Tensor], source) -> None:
-    """Load full (unsharded) tensors into a model whose parameters may be DTensors: each tensor is
-    distributed to its parameter's placements first. Names are the model's state_dict names (TorchTitan's
-    hooks split the fused wqkv into wq/wk/wv there and merge them back on load)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    target = model.state_dict()
-    missing = sorted(k for k in target if k not in full and not k.endswith("rope.cache"))
-    if missing:
-        raise ValueError(f"{source}: checkpoint lacks {missing[:5]}")
-    if unexpected := sorted(set(full) - set(target)):
-        raise ValueError(f"{source}: checkpoint has tensors the model does not: {unexpected[:5]}")
-    local = {}
-    for name, value in full.items():
-        t = target[name]
-        if tuple(value.shape) != tuple(t.shape):
-            raise ValueError(f"{source}: {name} has shape {tuple(value.shape)}, the model expects {tuple(t.shape)}")
-        value = value.to(t.dtype)
-        local[name] = distribute_tensor(value, t.device_mesh, t.placements) if isinstance(t, DTensor) else value
-    model.load_state_dict(local, strict=False)  # strict=False: the rope cache is computed, not loaded
 
 
 @dataclass

@@ -86,20 +86,11 @@ def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
     )
 
 
-def load_hf_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
-
-
 def build_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype=torch.float32):
-    """Build TorchTitan's Qwen3 for `model_dir` and load its HF weights. Returns (model, adapter)."""
+    """Build TorchTitan's Qwen3 for `model_dir` and load its HF weights (one process, unsharded). Returns
+    (model, adapter). The trainer builds its sharded model itself and loads it the same way."""
+    from forge_rl.models.sharded_load import load_sharded
+
     config = titan_config(model_dir)
     with torch.device("meta"):
         model = config.build()
@@ -107,12 +98,5 @@ def build_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype
     with torch.no_grad():
         model.init_states(buffer_device=torch.device(device))  # rope buffers and weight tying
     adapter = Qwen3StateDictAdapter(config, str(model_dir))
-    titan_state = adapter.from_hf(load_hf_state_dict(model_dir))
-    missing, unexpected = model.load_state_dict(titan_state, strict=False)
-    # Buffers (the rope cache) are computed, not loaded; every parameter must come from the checkpoint.
-    param_names = {n for n, _ in model.named_parameters()}
-    if missing_params := sorted(set(missing) & param_names):
-        raise ValueError(f"{model_dir}: checkpoint lacks parameters {missing_params[:5]}")
-    if unexpected:
-        raise ValueError(f"{model_dir}: checkpoint has tensors the model does not: {sorted(unexpected)[:5]}")
+    load_sharded(model, adapter, model_dir)  # every parameter from the checkpoint, or a named error
     return model.to(dtype), adapter

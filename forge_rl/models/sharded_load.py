@@ -1,0 +1,153 @@
+"""Load a Hugging Face safetensors checkpoint into a model whose parameters may be sharded (FSDP2, TP), each rank
+reading only the part of each tensor its shard holds.
+
+Reading whole files on every rank and sharding afterwards costs every rank the whole model (and again in fp32
+when the masters are upcast): 32 ranks of a 32B model would hold ~130 GB each. Here safetensors' lazy
+`safe_open(...).get_slice` reads, tensor by tensor, the rows or columns of this rank's shard (its offset in
+the whole tensor comes from the DTensor's placements), converts just that slice to the parameter's dtype and
+wraps it as the local shard. Peak host memory per rank: its shard of the model plus one tensor's slice.
+`SafetensorsCheckpoint` counts the bytes it read, which tests/test_trainer.py checks against that bound.
+"""
+
+from pathlib import Path
+
+import torch
+
+from forge_rl.deps.pytorch import local_shape_and_global_offset
+
+
+class SafetensorsCheckpoint:
+    """The tensors of a model directory's *.safetensors files, opened lazily (nothing is read until asked)."""
+
+    def __init__(self, model_dir: str | Path):
+        from safetensors import safe_open
+
+        self.model_dir = Path(model_dir)
+        files = sorted(self.model_dir.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
+        self._file_of = {}
+        for f in files:
+            handle = safe_open(str(f), framework="pt")
+            self._file_of.update({name: handle for name in handle.keys()})
+        self.bytes_read = 0
+        self.largest_read = 0
+
+    @property
+    def names(self) -> set[str]:
+        return set(self._file_of)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._file_of[name].get_slice(name).get_shape())
+
+    def read(self, name: str, offset: tuple[int, ...] | None = None, shape: tuple[int, ...] | None = None,
+             ) -> torch.Tensor:
+        """The whole tensor `name`, or the block of `shape` starting at `offset`."""
+        view = self._file_of[name].get_slice(name)
+        if offset is None:
+            tensor = view[:]
+        else:
+            tensor = view[tuple(slice(o, o + s) for o, s in zip(offset, shape))]
+        self.bytes_read += tensor.nbytes
+        self.largest_read = max(self.largest_read, tensor.nbytes)
+        return tensor
+
+
+def checkpoint_names(adapter, checkpoint: SafetensorsCheckpoint) -> dict[str, str]:
+    """The model's state-dict name -> the checkpoint tensor holding it, through the model's own state-dict
+    adapter (TorchTitan's), fed placeholders so that nothing is read."""
+    placeholders = {name: torch.empty(0) for name in checkpoint.names}
+    source = {id(t): name for name, t in placeholders.items()}
+    return {model_name: source[id(t)] for model_name, t in adapter.from_hf(placeholders).items()}
+
+
+def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
+                 extra: dict[str, torch.Tensor] | None = None) -> dict[str, int]:
+    """Load `model_dir`'s checkpoint into `model`'s parameters, each parameter's local shard read alone and
+    copied into place; `extra` holds full tensors for parameters the checkpoint does not have (LoRA adapters
+    at start). Returns the bytes read, the largest single read and the checkpoint's bytes.
+
+    Parameters are written directly, not through `load_state_dict`: TorchTitan's fused q/k/v projection
+    would gather whole q, k and v tensors on every rank in its state-dict hooks, so its rows are read here
+    from the checkpoint's q_proj, k_proj and v_proj instead (`_fused_qkv_rows`)."""
+    checkpoint = SafetensorsCheckpoint(model_dir)
+    names = checkpoint_names(adapter, checkpoint)
+    if "tok_embeddings.weight" in names and "lm_head.weight" not in names:
+        names["lm_head.weight"] = names["tok_embeddings.weight"]  # tied: HF checkpoints may omit the head
+    extra = extra or {}
+    _check_names(model, names, extra, model_dir)
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # a tied weight once
+            shape, offset = _local_block(param)
+            if name in extra:
+                block = extra[name][tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+            elif name.endswith(FUSED_QKV):
+                block = _read_fused_qkv(checkpoint, names, model.get_submodule(name[: -len(FUSED_QKV) - 1]),
+                                        name[: -len(FUSED_QKV)], shape, offset)
+            else:
+                if checkpoint.shape(names[name]) != tuple(param.shape):
+                    raise ValueError(f"{model_dir}: {names[name]} has shape {checkpoint.shape(names[name])}, the "
+                                     f"model expects {tuple(param.shape)}")
+                block = checkpoint.read(names[name], offset, shape)
+            _local(param).copy_(block)
+    return dict(bytes_read=checkpoint.bytes_read, largest_read=checkpoint.largest_read,
+                checkpoint_bytes=sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")))
+
+
+FUSED_QKV = "wqkv.weight"
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def _local_block(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, offset) of this rank's block of `param` in the whole tensor."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(param, DTensor):
+        return local_shape_and_global_offset(param)
+    return tuple(param.shape), (0,) * param.dim()
+
+
+def _fused_qkv_rows(start: int, stop: int, heads_per_kv: int, head_dim: int) -> list[tuple[str, int, int]]:
+    """Where rows [start, stop) of a fused q/k/v weight come from, as (source, first row, end row) runs. The
+    fused rows are grouped by KV head: for each, its heads_per_kv query heads, then its key head, then its
+    value head, head_dim rows each (TorchTitan's FusedQKVLinear layout)."""
+    runs, row = [], start
+    slots = heads_per_kv + 2
+    while row < stop:
+        group, slot, within = row // (slots * head_dim), (row // head_dim) % slots, row % head_dim
+        n = min(stop - row, head_dim - within)  # to the end of this head, at most
+        if slot < heads_per_kv:
+            runs.append(("wq", (group * heads_per_kv + slot) * head_dim + within, n))
+        else:
+            runs.append(("wk" if slot == heads_per_kv else "wv", group * head_dim + within, n))
+        row += n
+    return [(source, first, first + n) for source, first, n in runs]
+
+
+def _read_fused_qkv(checkpoint: SafetensorsCheckpoint, names: dict[str, str], module, prefix: str,
+                    shape: tuple[int, ...], offset: tuple[int, ...]) -> torch.Tensor:
+    columns = (offset[1], shape[1])
+    pieces = [checkpoint.read(names[prefix + source + ".weight"], (first, columns[0]), (end - first, columns[1]))
+              for source, first, end in _fused_qkv_rows(offset[0], offset[0] + shape[0], module.heads_per_kv,
+                                                         module.head_dim)]
+    return torch.cat(pieces) if pieces else torch.empty(shape)
+
+
+def _check_names(model: torch.nn.Module, names: dict[str, str], extra: dict, model_dir) -> None:
+    """Every parameter has its tensor(s) in the checkpoint (or in `extra`), and every checkpoint tensor a
+    parameter (the state-dict names: a fused q/k/v parameter stands for wq, wk and wv)."""
+    wanted = set()
+    for name, _ in model.named_parameters(remove_duplicate=False):
+        if name.endswith(FUSED_QKV):
+            wanted |= {name[: -len(FUSED_QKV)] + w + ".weight" for w in ("wq", "wk", "wv")}
+        else:
+            wanted.add(name)
+    if missing := sorted(k for k in wanted if k not in names and k not in extra):
+        raise ValueError(f"{model_dir}: checkpoint lacks {missing[:5]}")
+    if unexpected := sorted(set(names) - wanted):
+        raise ValueError(f"{model_dir}: checkpoint has tensors the model does not: {unexpected[:5]}")

@@ -1,0 +1,61 @@
+"""Sharded checkpoint loading, the parts one process can check: the fused q/k/v row map against TorchTitan's own
+merge, a tied checkpoint without its head, and named errors. The per-rank read bound under FSDP2 and TP is
+checked on real ranks in tests/test_trainer.py::test_fsdp_and_tp_match_one_proc."""
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from forge_rl.models import TINY_MODEL_DIR
+from forge_rl.models.qwen3 import build_model
+from forge_rl.models.sharded_load import SafetensorsCheckpoint, _fused_qkv_rows
+
+
+@pytest.mark.parametrize("heads_per_kv, head_dim, start, stop", [(2, 8, 0, 64), (2, 8, 5, 37), (4, 4, 13, 14),
+                                                                 (1, 16, 16, 48)])
+def test_fused_qkv_rows_match_torchtitans_merge(heads_per_kv, head_dim, start, stop):
+    n_kv = 2
+    wq = torch.arange(n_kv * heads_per_kv * head_dim, dtype=torch.float32)[:, None] + 1000
+    wk = torch.arange(n_kv * head_dim, dtype=torch.float32)[:, None] + 2000
+    wv = torch.arange(n_kv * head_dim, dtype=torch.float32)[:, None] + 3000
+    # FusedQKVLinear._merge_qkv_on_load's layout: per KV head, its query heads, then its key, then its value
+    fused = torch.cat([wq.reshape(n_kv, heads_per_kv, head_dim, 1), wk.reshape(n_kv, 1, head_dim, 1),
+                       wv.reshape(n_kv, 1, head_dim, 1)], dim=1).reshape(-1, 1)
+    stop = min(stop, len(fused))
+    source = {"wq": wq, "wk": wk, "wv": wv}
+    rows = torch.cat([source[s][a:b] for s, a, b in _fused_qkv_rows(start, stop, heads_per_kv, head_dim)])
+    assert torch.equal(rows, fused[start:stop])
+
+
+def test_a_tied_checkpoint_without_its_head_loads_and_reads_are_counted(tmp_path):
+    shutil.copytree(TINY_MODEL_DIR, tmp_path / "m")
+    (file,) = (tmp_path / "m").glob("*.safetensors")
+    tensors = load_file(file)
+    assert torch.equal(tensors.pop("lm_head.weight"), tensors["model.embed_tokens.weight"])  # tied
+    save_file(tensors, file, metadata={"format": "pt"})
+    got, _ = build_model(tmp_path / "m")
+    want, _ = build_model(TINY_MODEL_DIR)
+    for (name, a), (_, b) in zip(got.state_dict().items(), want.state_dict().items()):
+        assert torch.equal(a, b), name
+    checkpoint = SafetensorsCheckpoint(TINY_MODEL_DIR)
+    block = checkpoint.read("model.layers.0.mlp.down_proj.weight", (4, 8), (3, 5))
+    assert block.shape == (3, 5) and checkpoint.bytes_read == 60 and checkpoint.largest_read == 60
+
+
+def test_missing_and_extra_tensors_are_named(tmp_path):
+    shutil.copytree(TINY_MODEL_DIR, tmp_path / "m")
+    (file,) = (tmp_path / "m").glob("*.safetensors")
+    tensors = load_file(file)
+    k_proj = tensors.pop("model.layers.1.self_attn.k_proj.weight")
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"checkpoint lacks \['layers.1.attention.qkv_linear.wk.weight'\]"):
+        build_model(tmp_path / "m")
+    tensors["model.layers.1.self_attn.k_proj.weight"] = k_proj
+    tensors["model.layers.9.mlp.up_proj.weight"] = k_proj.clone()
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="checkpoint has tensors the model does not: .'layers.9.feed_forward"):
+        build_model(tmp_path / "m")
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors files"):
+        SafetensorsCheckpoint(tmp_path)
