@@ -198,21 +198,51 @@ def test_multi_turn_grpo_masks_the_environments_tokens(tmp_path):
     assert batch.num_response_tokens == sum(int((~e.completion.env_mask).sum()) for e in episodes)
 
 
-@pytest.mark.parametrize("config, overrides", [
-    ("tiny.yaml", ["trainer.grpo.policy_loss=gspo", "trainer.grpo.clip_low=3e-4", "trainer.grpo.clip_high=4e-4"]),
-    ("tiny_dapo.yaml", ["trainer.grpo.policy_loss=cispo", "trainer.grpo.clip_low=1.0", "trainer.grpo.clip_high=0.28"]),
+async def probe_step(run, shifts: list[float]) -> dict[str, float]:
+    """One trainer step on a hand-made batch: 4 rows of 8 prompt and 8 response tokens, advantage +1 each, whose
+    behaviour logprobs are the trainer's own logprobs minus `shifts` (repeated along the response), so that the
+    token log-ratios log pi - log mu are exactly `shifts`. Returns the trainer's metrics of that step."""
+    from forge_rl.types import TrainBatch
+
+    B, P, R = 4, 8, 8
+    tokens = torch.randint(3, 100, (B, P + R), generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros(B, P + R, dtype=torch.bool)
+    mask[:, P:] = True
+    batch = TrainBatch(tokens, mask, torch.zeros(B, P + R), torch.where(mask, 0, -1), torch.ones(B))
+    logprobs = (await run.trainer.logprobs.call(batch)).get(0)
+    log_ratio = torch.tensor(shifts * (R // len(shifts)))
+    batch.behaviour_logprobs[:, P:] = (logprobs[:, P:] - log_ratio).float()
+    return (await run.trainer.train_step.call([batch])).get(0)
+
+
+# What only the chosen loss does, on a batch whose ratios are known (probe_step), with advantages +1:
+# - gspo: log-ratios +1, -1, ... average to 0 over each sequence, so the sequence ratio is 1 and nothing is
+#   clipped; plain grpo clips every token with ratio e (half of them: clip fraction 0.5);
+# - cispo: every log-ratio +1 (ratio e, above 1 + clip_high): plain grpo's clipped objective is then a constant
+#   and its gradient exactly 0; cispo's stop-gradient weight keeps log pi's gradient (norm > 0).
+@pytest.mark.parametrize("config, overrides, shifts", [
+    ("tiny.yaml", ["trainer.grpo.policy_loss=gspo", "trainer.grpo.clip_low=3e-4", "trainer.grpo.clip_high=4e-4"],
+     [1.0, -1.0]),
+    ("tiny_dapo.yaml", ["trainer.grpo.policy_loss=cispo", "trainer.grpo.clip_low=1.0", "trainer.grpo.clip_high=0.28"],
+     [1.0]),
 ], ids=["gspo", "cispo-with-dapo-recipe"])
-def test_gspo_and_cispo_train_in_a_short_grpo_run(tmp_path, config, overrides):
+def test_gspo_and_cispo_train_in_a_short_grpo_run(tmp_path, config, overrides, shifts):
+    from forge_rl.recipes.grpo import GRPORun
+
     cfg = load_config(GRPOConfig, REPO / "configs/grpo" / config,
                       SMALL + ["steps=2", "eval_size=8", f"output_dir={tmp_path}", *overrides])
-    summary = asyncio.run(main(cfg))
-    assert summary["trainer_version"] == 2 and summary["generator_version"] == 2
-    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]
-    assert len(rows) == 2 and all(math.isfinite(r["trainer/loss"]) and r["trainer/grad_norm"] > 0 for r in rows)
+
+    async def body():
+        async with GRPORun(cfg) as run:
+            lines = [await run.train_step() for _ in range(2)]
+            return lines, await probe_step(run, shifts)
+
+    rows, probe = asyncio.run(body())
+    assert all(math.isfinite(r["trainer/loss"]) and r["trainer/grad_norm"] > 0 for r in rows)
     if config == "tiny_dapo.yaml":  # the overlong penalty was part of every scored group
         assert all("reward/overlong" in r for r in rows if "reward/mean" in r)
-    accounting = summary["buffer"]
-    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
+    assert probe["clip_fraction"] == pytest.approx(1.0 if "cispo" in overrides[0] else 0.0, abs=0.01), probe
+    assert probe["grad_norm"] > 1e-4, probe  # grpo: 0 (cispo's probe), or the gspo probe's unclipped half
 
 
 def test_lora_grpo_on_shared_cores_with_a_kl_penalty_learns_and_syncs_only_the_adapter(tmp_path):
