@@ -16,6 +16,7 @@ from typing import Any
 
 from forge_rl.data.arithmetic import Problem, chat_prompt
 from forge_rl.rewards.exact_match import exact_match
+from forge_rl.rewards.workers import RewardError
 
 
 async def greedy_completions(
@@ -76,12 +77,41 @@ async def evaluate_task(generator, reward, examples, eval_reward: str, max_token
     missing = [(e.where, k) for e in examples for k in names if k not in e.columns]
     if missing:
         raise ValueError(f"evaluate_task: held-out row {missing[0][0]} has no column {missing[0][1]!r}")
-    totals, parts = await reward.score.call_one(
-        [e.prompt for e in examples], [c.text for c in completions], [c.finish_reason for c in completions],
-        {k: [e.columns[k] for e in examples] for k in names},
-    )
+    try:
+        totals, parts = await _score(reward, examples, completions, names)
+    except Exception as e:  # a reward failed on the held-out set: score each example alone, a failed one as 0
+        if not isinstance(getattr(e, "exception", e), RewardError):
+            raise
+        totals, parts = await _score_each(reward, examples, completions, names, eval_reward)
     if eval_reward not in parts:
         raise ValueError(f"task.eval_reward={eval_reward!r} is not one of the run's rewards {sorted(parts)}")
     n = len(examples)
     return {"accuracy": sum(parts[eval_reward]) / n, "reward": sum(totals) / n, "n": n,
             "finished": sum(c.finish_reason == "stop" for c in completions) / n}
+
+
+async def _score(reward, examples, completions, names: list[str]) -> tuple[list[float], dict[str, list[float]]]:
+    return await reward.score.call_one(
+        [e.prompt for e in examples], [c.text for c in completions], [c.finish_reason for c in completions],
+        {k: [e.columns[k] for e in examples] for k in names},
+    )
+
+
+async def _score_each(reward, examples, completions, names: list[str],
+                      eval_reward: str) -> tuple[list[float], dict[str, list[float]]]:
+    """Every example scored on its own; one whose reward fails (a RewardError) scores 0 in every part."""
+    async def one(e, c):
+        try:
+            return await _score(reward, [e], [c], names)
+        except Exception as error:
+            if not isinstance(getattr(error, "exception", error), RewardError):
+                raise
+            return None
+
+    scored = await asyncio.gather(*(one(e, c) for e, c in zip(examples, completions)))
+    part_names = next((list(s[1]) for s in scored if s is not None), [eval_reward])
+    failed = sum(s is None for s in scored)
+    print(f"evaluation: the rewards failed on {failed} of {len(examples)} held-out examples (scored 0)", flush=True)
+    totals = [s[0][0] if s is not None else 0.0 for s in scored]
+    parts = {k: [s[1][k][0] if s is not None else 0.0 for s in scored] for k in part_names}
+    return totals, parts
