@@ -18,7 +18,7 @@ TINY_MODEL = REPO / "forge_rl" / "models" / "tiny"
 INTEGRATION_TESTS = {
     "test_checkpoint.py", "test_distill.py", "test_generator.py", "test_grpo_app.py", "test_logprobs_tp.py",
     "test_gpu_placement.py", "test_lora.py", "test_mismatch.py", "test_notebooks.py", "test_provisioner.py",
-    "test_qwen3_template.py", "test_replay_buffer.py", "test_reward.py", "test_reward_workers.py",
+    "test_qwen3_template.py", "test_timeouts.py", "test_replay_buffer.py", "test_reward.py", "test_reward_workers.py",
     "test_hostile_verifiers.py", "test_rollout.py", "test_service.py", "test_sft_app.py",
     "test_shutdown.py", "test_slurm.py", "test_soak.py", "test_tiny_model.py", "test_trainer.py", "test_vllm_logs.py",
     "test_weight_store.py",

@@ -13,6 +13,7 @@ CPU specifics (gloo): FSDP's PREMUL_SUM reduction does not exist on gloo, so FSD
 plain sum reductions; TorchTitan's "partial_dtensor" SPMD backend is the one that works with FSDP here.
 """
 
+import datetime
 import math
 import os
 import shutil
@@ -24,6 +25,7 @@ import torch
 from monarch.actor import endpoint
 
 from forge_rl.runtime import ForgeActor
+from forge_rl.runtime.timeouts import hang_if_asked
 from forge_rl.models import lora
 from forge_rl.models.lora import LoRAConfig, is_adapter_key
 from forge_rl.models.sharded_load import load_sharded
@@ -104,6 +106,9 @@ class TrainerConfig:
     # A step whose gradient norm is NaN/inf leaves the weights untouched and is counted; this many in a
     # row end the run (something is broken: data, rewards, the learning rate).
     max_nonfinite_steps: int = 3
+    # any one collective of the process group (a hung rank raises instead of blocking forever); the GRPO run
+    # sets it from timeouts.collective_s
+    collective_timeout_s: float = 1800.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -231,7 +236,8 @@ class Trainer(ForgeActor):
         self.model_dir = Path(resolve_model_path(self.cfg.model))
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         if not dist.is_initialized():  # env (RANK, WORLD_SIZE, MASTER_*) comes from the spmd mesh option
-            dist.init_process_group(process_group_backend(self.device.type))
+            dist.init_process_group(process_group_backend(self.device.type),
+                                    timeout=datetime.timedelta(seconds=self.cfg.collective_timeout_s))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(self.cfg.seed)
         self.model, self.adapter, self.parallel_dims = self._build(qwen3)
@@ -393,6 +399,7 @@ class Trainer(ForgeActor):
     async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
         """One optimizer step on `batches` (one TrainBatch per dp rank). Returns metrics reduced over ranks."""
         validate_batches(batches, self.dp_size, self.vocab_size, self.max_seq_len)
+        await hang_if_asked("train_step", self.rank, self.step + 1)  # a test's fault (runtime/timeouts.py); no-op
         start = time.perf_counter()
         total_tokens = sum(b.num_response_tokens for b in batches)
         sums, mismatch_max = self._accumulate_gradients(batches)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from forge_rl.runtime.replies import replies
 from forge_rl.losses.advantages import group_advantages
 from forge_rl.rewards.overlong import OverlongConfig, overlong_penalty
+from forge_rl.rewards.workers import RewardError
 from forge_rl.types import Episode, Group
 
 
@@ -133,9 +134,10 @@ class RolloutStats:
     rewards: list[float] = field(default_factory=list)
     parts: dict[str, list[float]] = field(default_factory=dict)
     generated_tokens: int = 0
-    # reward_error and reward_timeout count episodes; prompt_too_long counts prompts the engine refused
-    drops: dict[str, int] = field(default_factory=lambda: {"reward_error": 0, "reward_timeout": 0,
-                                                            "prompt_too_long": 0})
+    # reward_* (forge_rl/rewards/workers.py) count episodes; prompt_too_long counts prompts the engine refused;
+    # a multi-turn run adds env_error and generation_error, in episodes (forge_rl/loop/multiturn.py)
+    drops: dict[str, int] = field(default_factory=lambda: {"reward_error": 0, "reward_timeout": 0, "reward_crash": 0,
+                                                            "reward_memory": 0, "prompt_too_long": 0})
 
     def take_rewards(self) -> tuple[list[float], dict[str, list[float]]]:
         rewards, parts = self.rewards, self.parts
@@ -158,9 +160,10 @@ async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size:
     try:
         totals, parts = await score(completions)
     except Exception as e:  # a reward function failed on this group: drop it, count it, go on
-        timed_out = type(getattr(e, "exception", e)).__name__ == "RewardTimeout"
-        stats.drops["reward_timeout" if timed_out else "reward_error"] += len(completions)
-        print(f"dropped group {prompt_id}: {e}".splitlines()[0][:200], flush=True)
+        failure = getattr(e, "exception", e)  # what the reward actor raised
+        reason = failure.reason if isinstance(failure, RewardError) else "reward_error"
+        stats.drops[reason] = stats.drops.get(reason, 0) + len(completions)
+        print(f"dropped group {prompt_id} ({reason}): {failure}".splitlines()[0][:200], flush=True)
         return None
     if overlong is not None and overlong.penalty_cache_len:
         penalties = [overlong_penalty(len(c.response_ids), max_tokens, overlong.penalty_cache_len) for c in completions]

@@ -19,6 +19,7 @@ import torch
 
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.loop.rollout import Admission, RolloutStats
+from forge_rl.runtime.timeouts import within
 from forge_rl.types import TrainBatch
 
 
@@ -37,23 +38,26 @@ class RoleDied(RuntimeError):
 def role_died(error: BaseException, checkpoint_dir: str | Path, log_dir: str | Path | None = None) -> RoleDied:
     """A RoleDied for Monarch's SupervisionError `error`: which actor died, where its last words are (the
     procs' logs under `log_dir`, when the run keeps them) and where to resume."""
-    from forge_rl.loop.checkpoint import complete_checkpoints
-
     message = str(error)
     # Monarch names the failed actor as "<root>.<package.module.Class Class{...}>"
     actor = re.search(r"<[\w.]*?\.(\w+) \1\{", message)
     role = actor.group(1) if actor else "an actor"
     # ... and ends with why its process failed: "...running on failed: Killed(sig=9)"
     reason = message.strip().splitlines()[-1].rsplit("failed:", 1)[-1].strip() if message.strip() else "no reason"
+    logs = f"; its output is in {log_dir}/" if log_dir else ""
+    return RoleDied(f"the {role} process died ({reason}){logs}; {resume_hint(checkpoint_dir)}")
+
+
+def resume_hint(checkpoint_dir: str | Path) -> str:
+    """Where a rerun of a stopped run continues from."""
+    from forge_rl.loop.checkpoint import complete_checkpoints
+
     checkpoints = complete_checkpoints(Path(checkpoint_dir))
     if checkpoints:
-        where = (f"the last complete checkpoint is {checkpoints[-1]}: continue from it with resume=true "
-                 "(or resume=auto)")
-    else:
-        where = (f"no complete checkpoint under {checkpoint_dir} yet (checkpoint_every saves every N steps): a "
-                 "rerun starts from the beginning")
-    logs = f"; its output is in {log_dir}/" if log_dir else ""
-    return RoleDied(f"the {role} process died ({reason}){logs}; {where}")
+        return (f"the last complete checkpoint is {checkpoints[-1]}: continue from it with resume=true "
+                "(or resume=auto)")
+    return (f"no complete checkpoint under {checkpoint_dir} yet (checkpoint_every saves every N steps): a "
+            "rerun starts from the beginning")
 
 
 class Run:
@@ -130,7 +134,10 @@ def why_no_batch(run: Run, before: dict, now: dict, drops_before: dict) -> str:
     return "; ".join(lines)
 
 
-async def update_generators(run: Run, generator, version: int) -> list[dict]:
-    updates = await generator.update_weights.call_all(version)
+async def update_generators(run: Run, generator, version: int, timeout_s: float | None = None,
+                            where: str = "") -> list[dict]:
+    """Every replica loads `version`; StepTimeout after `timeout_s` (timeouts.weight_load_s)."""
+    updates = await within(generator.update_weights.call_all(version), timeout_s, "weight_load_s",
+                           f"the Generators' update_weights to version {version}", where)
     await run.admission.generators_at(version)
     return updates

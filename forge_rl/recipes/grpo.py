@@ -23,6 +23,7 @@ its checks, the run, and what it reports are three files).
 import asyncio
 import contextlib
 import json
+import socket
 import statistics
 import time
 from dataclasses import asdict, replace
@@ -51,9 +52,10 @@ from forge_rl.recipes.grpo_config import GRPOConfig, check_config, check_task, d
 from forge_rl.recipes.grpo_report import StepRecord, console_line, drops, step_metrics, summary_block
 from forge_rl.runtime.memory_plan import ModelShape, gpu_total_bytes, plan_memory
 from forge_rl.runtime.placement import Placement, plan_placement
+from forge_rl.runtime.timeouts import TimeoutsConfig, within
 from forge_rl.loop.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.loop.train_loop import (
-    Run, batch_staleness, raise_if_failed, role_died, update_generators, wait_for_batch,
+    Run, batch_staleness, raise_if_failed, resume_hint, role_died, update_generators, wait_for_batch,
 )
 
 
@@ -318,7 +320,8 @@ class GRPORun:
         # A replica respawning now (it died late in the run) joins the final evaluation with the final weights.
         if not await self.generator.wait_healthy(timeout_s=300):
             self.console.print("[yellow]a generator replica is still down after 300 s; evaluating without it[/yellow]")
-        await update_generators(self.state, self.generator, self.state.version)
+        await update_generators(self.state, self.generator, self.state.version, cfg.timeouts.weight_load_s,
+                                self._where())
         gen_busy_s = (await self.generator.stats.route())["busy_s"] - self._gen_busy_start - self._eval_busy_s
         if self.step > self.start_step:
             await self.evaluate()
@@ -350,6 +353,15 @@ class GRPORun:
 
     async def __aexit__(self, *exc) -> None:
         await self.stop()
+
+    def _where(self) -> str:
+        """For a timeout's message: where the roles run, their logs, and where to resume."""
+        cfg = self.cfg
+        hosts = (f"the roles run on Slurm job nodes (trainer: {cfg.launcher.slurm.trainer_nodes}, generators: "
+                 f"{cfg.launcher.slurm.generator_nodes})" if cfg.launcher.kind == "slurm"
+                 else f"the roles run on host {socket.gethostname()}")
+        logs = f", their output in {self.log_dir}/" if self.log_dir else ""
+        return f"{hosts}{logs}; {resume_hint(self.checkpoint_dir)}"
 
     def role_died(self, error: BaseException):
         """The error a dead role's SupervisionError becomes: the role, its logs and the checkpoint to resume from."""
@@ -398,7 +410,8 @@ class GRPORun:
                 s.last_updates, self._pending_update = await self._pending_update, None
             hold_s = max(await self.generator.hold.call_all(), default=0.0)
         busy_start = time.perf_counter()
-        self._step_task = asyncio.ensure_future(train_and_publish(s, self.trainer, self.reference, batches))
+        self._step_task = asyncio.ensure_future(train_and_publish(s, self.trainer, self.reference, batches,
+                                                                  self.cfg.timeouts, self._where()))
         metrics, push = await asyncio.shield(self._step_task)
         s.trainer_busy_s += time.perf_counter() - busy_start
         if self.placement.colocated:  # ... and take it back (GPU: wake up)
@@ -411,7 +424,8 @@ class GRPORun:
         s = self.state
         if self._pending_update is not None:
             s.last_updates = await self._pending_update
-        self._pending_update = asyncio.create_task(update_generators(s, self.generator, s.version))
+        self._pending_update = asyncio.create_task(update_generators(s, self.generator, s.version,
+                                                                     self.cfg.timeouts.weight_load_s, self._where()))
         if not self.cfg.async_mode:
             s.last_updates, self._pending_update = await self._pending_update, None
 
@@ -462,15 +476,20 @@ class GRPORun:
         )
 
 
-async def train_and_publish(state: Run, trainer, reference, batches) -> tuple[dict, dict]:
+async def train_and_publish(state: Run, trainer, reference, batches, timeouts: TimeoutsConfig | None = None,
+                            where: str = "") -> tuple[dict, dict]:
     """One optimizer step, its weights published, the run's policy version advanced. It runs to the end even when
     the run is interrupted, so a final checkpoint never holds a trainer one step ahead of the run's version,
-    buffer and data position."""
+    buffer and data position. Each call has its timeout (timeouts.*): a hung rank stops the run, named."""
+    t, version = timeouts or TimeoutsConfig(), state.version + 1
     if reference is not None:  # the frozen reference policy, or a distillation teacher
-        batches = (await reference.fill_ref_logprobs.call(batches)).get(0)
-    metrics = (await trainer.train_step.call(batches)).get(0)
-    push = (await trainer.push_weights.call(state.version + 1)).get(0)
-    state.version += 1
+        batches = (await within(reference.fill_ref_logprobs.call(batches), t.reference_s, "reference_s",
+                                f"the Reference's fill_ref_logprobs for version {version}", where)).get(0)
+    metrics = (await within(trainer.train_step.call(batches), t.train_step_s, "train_step_s",
+                            f"the Trainer's train_step to version {version}", where)).get(0)
+    push = (await within(trainer.push_weights.call(version), t.publish_s, "publish_s",
+                         f"the Trainer's push_weights of version {version}", where)).get(0)
+    state.version = version
     return metrics, push
 
 

@@ -14,6 +14,7 @@ from forge_rl.launch.launcher import LauncherConfig
 from forge_rl.data.task import TaskConfig, TaskRows
 from forge_rl.envs import EnvConfig, env_factory
 from forge_rl.runtime.placement import ResourcesConfig
+from forge_rl.runtime.timeouts import TimeoutsConfig
 from forge_rl.rewards.overlong import OverlongConfig
 from forge_rl.loop.sampling import behaviour_temperature
 from forge_rl.weights import WeightStoreConfig
@@ -71,6 +72,7 @@ class GRPOConfig:
     weight_store: WeightStoreConfig = field(default_factory=WeightStoreConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)  # placement, cores, threads
     launcher: LauncherConfig = field(default_factory=LauncherConfig)  # local, or a Slurm allocation (docs/slurm.md)
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)  # hung ranks and loads stop the run, named
     eval_every: int = 10  # steps; 0 = only before and after
     eval_size: int = 500  # held-out prompts (the first of the task's held-out set), greedy
     checkpoint_every: int = 0  # steps; 0 = only at the end
@@ -101,7 +103,6 @@ class GRPOConfig:
 
 def check_config(cfg: GRPOConfig) -> None:
     """Settings that only make sense together; errors name the keys."""
-    cfg.trainer.grpo.policy_loss = "grpo"  # BROKEN ON PURPOSE (policy_loss ignored)
     temperature = behaviour_temperature(cfg.generator.sampling)
     if cfg.trainer.temperature is not None and cfg.trainer.temperature != temperature:
         raise ConfigError(
@@ -109,6 +110,7 @@ def check_config(cfg: GRPOConfig) -> None:
             f"{temperature}: the trainer must reproduce the sampling policy; set only generator.sampling.temperature"
         )
     cfg.trainer.temperature = temperature
+    cfg.trainer.collective_timeout_s = cfg.timeouts.collective_s  # the trainer's process group
     if cfg.trainer.publish_dtype is None and cfg.generator.engine_args.get("dtype") in ("float32", "bfloat16"):
         cfg.trainer.publish_dtype = cfg.generator.engine_args["dtype"]  # push weights as the engine holds them
     logprobs_mode = cfg.generator.engine_args.get("logprobs_mode", "processed_logprobs")
