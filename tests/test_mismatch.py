@@ -6,6 +6,7 @@ import asyncio
 
 from forge_rl.observability.metrics import read_jsonl
 from forge_rl.recipes.grpo import GRPOConfig, main
+from forge_rl.recipes.grpo_report import console_line, summary_block
 from forge_rl.config import load_config
 from tests.conftest import REPO
 
@@ -17,8 +18,14 @@ SYNC_SMALL = ["batch_groups=2", "group_size=4", "rollout_tasks=2", "eval_size=8"
 def _steps(tmp_path, name: str, overrides: list[str]) -> list[dict]:
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", SYNC_SMALL + [f"output_dir={tmp_path / name}",
                                                                                  *overrides])
-    asyncio.run(main(cfg))
-    return [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "trainer/loss" in r]
+    summary = asyncio.run(main(cfg))
+    steps = [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "trainer/loss" in r]
+    # what the console shows: every step's line and the summary at the end
+    assert summary["mismatch_abs_max"] == max(r["trainer/mismatch_abs_max"] for r in steps)
+    assert f"mismatch {steps[-1]['trainer/mismatch_abs_mean']:.1e}" in console_line(len(steps), steps[-1])
+    block = summary_block(summary, "exact_match", tmp_path, tmp_path, tmp_path, None, False, None)
+    assert f"|log pi - log mu| {summary['mismatch_abs_mean']:.1e} mean over steps" in block
+    return steps
 
 
 def test_mismatch_is_near_zero_when_numerics_agree_and_not_when_the_trainer_runs_bf16(tmp_path):

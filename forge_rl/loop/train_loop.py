@@ -72,6 +72,7 @@ class Run:
         self.trainer_busy_s = 0.0  # train_step + push_weights, as the controller waits for them
         self.staleness_sum, self.staleness_steps = 0.0, 0
         self.max_staleness = 0  # over every batch trained on: must stay <= max_policy_age
+        self.mismatch: list[tuple[float, float]] = []  # per step: mean and max |log pi - log mu| (train/inference)
         self.last_updates: list[dict] | None = None  # the newest finished generator weight update
         self.stop = asyncio.Event()
 

@@ -269,6 +269,7 @@ class GRPORun:
         s.max_staleness = max(s.max_staleness, oldest)
         metrics, push = await self._train_and_publish(batches)
         s.staleness_sum, s.staleness_steps = s.staleness_sum + staleness, s.staleness_steps + 1
+        s.mismatch.append((metrics["mismatch_abs_mean"], metrics["mismatch_abs_max"]))
         await self._swap_generators()
         raise_if_failed(self._rollouts)
         buffer, data = await self.buffer.stats.call_one(), await self.dataset.stats.call_one()
@@ -468,6 +469,8 @@ class GRPORun:
             generator_versions=await self.generator.version.call_all(),  # every replica, respawned ones included
             trainer_version=s.version, generator_respawns=self.generator.service_stats.respawns,
             max_staleness=s.max_staleness, mean_staleness=s.staleness_sum / max(s.staleness_steps, 1),
+            mismatch_abs_mean=statistics.mean(m for m, _ in s.mismatch) if s.mismatch else None,
+            mismatch_abs_max=max((x for _, x in s.mismatch), default=None),
             trainer_idle_fraction=1 - s.trainer_busy_s / wall if wall else 0.0,
             generator_idle_fraction=1 - gen_busy_s / wall if wall else 0.0,
             generator_stats=await self.generator.stats.route(), admission_wait_s=s.admission.wait_s,

@@ -85,6 +85,8 @@ def console_line(step: int, m: dict[str, float]) -> str:
         f"buffer {int(m['buffer/groups'])}", f"wait sample {m['buffer/sample_wait_s']:.2f}s",
         f"add {m['buffer/add_blocked_s']:.2f}s",
     ]
+    if "trainer/mismatch_abs_mean" in m:  # train/inference: |log pi - log mu| over the batch (docs/algorithms.md)
+        parts.insert(3, f"mismatch {m['trainer/mismatch_abs_mean']:.1e}")
     if m.get("trainer/reverse_kl_teacher"):
         parts.insert(3, f"KL to teacher {m['trainer/reverse_kl_teacher']:.3f}")
     if "eval/accuracy" in m:
@@ -111,6 +113,9 @@ def summary_block(summary: dict, eval_reward: str, out: Path, png: Path, checkpo
         ("episodes", f"{buf['added']} reached the buffer, {buf['trained']} trained; "
                      f"stale {summary['stale_fraction']:.1%} of generated"),
         ("drops", drops_seen or "none"),
+        *([("mismatch", f"|log pi - log mu| {summary['mismatch_abs_mean']:.1e} mean over steps, "
+                        f"{summary['mismatch_abs_max']:.1e} max (train/inference; docs/algorithms.md)")]
+          if summary.get("mismatch_abs_mean") is not None else []),
         ("generators", f"policy versions {summary['generator_versions']}, {summary['generator_respawns']} respawned"),
         ("curves", str(png)),
         ("metrics", f"{out / 'metrics.jsonl'}, {out / 'tensorboard'}, {out / 'summary.json'}"),
