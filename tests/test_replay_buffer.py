@@ -107,6 +107,15 @@ def test_bad_input_names_the_field():
         ReplayBufferConfig(order="newest")
 
 
+async def until_waiting(buf, kind: str, n: int = 1, timeout_s: float = 30) -> dict:
+    """Poll the buffer's stats until `n` calls of `kind` ("adds", "samples") wait inside it; its stats then."""
+    deadline = time.monotonic() + timeout_s
+    while (stats := await buf.stats.call_one())[f"waiting_{kind}"] != n:
+        assert time.monotonic() < deadline, f"{n} {kind} not waiting after {timeout_s} s: {stats}"
+        await asyncio.sleep(0.01)
+    return stats
+
+
 def test_add_blocks_at_capacity_until_sampled():
     async def body():
         async with provisioned():
@@ -114,20 +123,21 @@ def test_add_blocks_at_capacity_until_sampled():
             await buf.add.call_one(make_group("a", [0, 0]))
             await buf.add.call_one(make_group("b", [0, 0]))
             blocked = asyncio.ensure_future(buf.add.call_one(make_group("c", [0, 0])))
-            await asyncio.sleep(0.5)
+            assert (await until_waiting(buf, "adds"))["groups"] == 2  # it waits inside the full buffer, not stored
             assert not blocked.done()
             assert (await buf.sample.call_one(0, 1))[0].num_sequences == 2
             assert await asyncio.wait_for(blocked, 10) is True
             stats = await buf.stats.call_one()
-            assert stats["add_blocked_s"] > 0.3 and stats["groups"] == 2 and stats["trained"] == 2
+            assert stats["add_blocked_s"] > 0 and stats["waiting_adds"] == 0
+            assert stats["groups"] == 2 and stats["trained"] == 2
             assert await buf.sample.call_one(0, 2) is not None
+            empty_at = time.perf_counter()
             assert await buf.sample.call_one(0, 1) is None
-            await asyncio.sleep(0.3)
             await buf.add.call_one(make_group("d", [0, 0]))
             assert (await buf.sample.call_one(0, 1)) is not None
             state = await buf.state_dict.call_one()
             final = await buf.evict.call_one()
-            assert final["sample_empty_s"] > 0.2
+            assert 0 < final["sample_empty_s"] < time.perf_counter() - empty_at  # from the None to the batch
             assert final["added"] == final["trained"] + sum(final["dropped"].values()) == 8
             restored = await ReplayBuffer.as_actor(ReplayBufferConfig(capacity=2))
             await restored.load_state_dict.call_one(state)
@@ -292,7 +302,7 @@ def test_sample_waits_for_the_batch_and_wakes_on_add():
             assert await buf.sample.call_one(0, 1, wait_s=0.3) is None
             assert time.perf_counter() - start >= 0.3
             waiting = asyncio.ensure_future(buf.sample.call_one(0, 1, wait_s=30))
-            await asyncio.sleep(0.3)
+            await until_waiting(buf, "samples")  # inside the buffer, waiting for groups
             assert not waiting.done()
             added = time.perf_counter()
             await buf.add.call_one(make_group("a", [0, 0]))

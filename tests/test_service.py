@@ -3,6 +3,7 @@
 import asyncio
 import os
 import signal
+import time
 
 import pytest
 from monarch.actor import ActorError
@@ -11,6 +12,18 @@ from forge_rl.runtime import Service, provisioned
 from forge_rl.runtime.actor import ActorOptions
 from tests.actors import Echo
 from tests.conftest import run
+
+
+async def until(condition, what: str, timeout_s: float = 30) -> None:
+    """Poll `condition()` (the service's own state, no actor call) until it holds; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not {what} after {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
+def in_flight(svc: Service) -> bool:
+    return any(r["inflight"] for r in svc.replica_info())
 
 
 async def two_replicas(routing="round_robin") -> Service:
@@ -36,7 +49,7 @@ def test_least_loaded_avoids_the_busy_replica():
         async with provisioned():
             svc = await two_replicas("least_loaded")
             slow = asyncio.ensure_future(svc.who.route(1.5))
-            await asyncio.sleep(0.2)
+            await until(lambda: in_flight(svc), "a call in flight")
             busy_index = next(r["index"] for r in svc.replica_info() if r["inflight"])
             quick = {(await svc.who.route())[1] for _ in range(4)}
             _, busy_pid = await slow
@@ -52,15 +65,13 @@ def test_killed_replica_is_replaced_and_inflight_call_retried_once():
             svc = await two_replicas()
             _, victim = await svc.who.route(session="s")
             call = asyncio.ensure_future(svc.who.route(3.0, session="s"))
-            await asyncio.sleep(0.3)
+            await until(lambda: in_flight(svc), "a call in flight")
             os.kill(victim, signal.SIGKILL)
             tag, pid = await call
             assert tag == "svc" and pid != victim  # answered by a healthy replica
             assert svc.service_stats.retries == 1
-            for _ in range(300):  # the health loop respawns the dead replica
-                if svc.healthy_replicas == 2 and svc.service_stats.respawns == 1:
-                    break
-                await asyncio.sleep(0.1)
+            # the health loop respawns the dead replica
+            await until(lambda: svc.healthy_replicas == 2 and svc.service_stats.respawns == 1, "respawned")
             assert svc.healthy_replicas == 2 and svc.service_stats.respawns == 1
             assert max(r["generation"] for r in svc.replica_info()) == 1
             pids = {p for _, p in await svc.who.call_all()}
@@ -75,7 +86,7 @@ def test_single_replica_retry_waits_for_the_respawn():
             svc = await Service(Echo, ("solo",), opts=ActorOptions(replicas=1)).start()
             _, victim = await svc.who.route()
             call = asyncio.ensure_future(svc.who.route(3.0))
-            await asyncio.sleep(0.3)
+            await until(lambda: in_flight(svc), "a call in flight")
             os.kill(victim, signal.SIGKILL)
             _, pid = await call
             assert pid != victim and svc.service_stats.respawns == 1
