@@ -108,7 +108,7 @@ def test_synchronous_admission_generates_one_batch_per_version():
         await adm.sampled(buffered_groups=0, sample_version=1)
         assert adm.capacity == 0  # nothing is generated while the trainer steps and the generators swap
         waiter = asyncio.ensure_future(adm.acquire())
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # one turn of the loop runs the waiter up to its wait (nothing else suspends it)
         assert not waiter.done()
         await adm.generators_at(1)
         assert await asyncio.wait_for(waiter, 1) == 1  # admitted under the new weights

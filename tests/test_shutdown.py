@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from forge_rl.runtime.reaper import POLL_S
 from tests.conftest import REPO, started_in_the_background
 
 
@@ -92,9 +93,10 @@ def test_reaper_kills_what_a_killed_proc_started_and_removes_its_shared_memory()
         proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
         child = psutil.Process(int(proc.stdout.readline()))
         deadline = time.monotonic() + 30
-        while not segment.exists() and time.monotonic() < deadline:
+        while not _maps(child.pid, segment) and time.monotonic() < deadline:  # the child has mapped it
             time.sleep(0.05)
-        time.sleep(1.2)  # the child has mapped it by now; the reaper (every 0.5 s) has seen the mapping
+        assert _maps(child.pid, segment), f"the child did not map {segment} within 30 s"
+        time.sleep(2 * POLL_S)  # a scan of the reaper's has seen the mapping (it says so nowhere we could poll)
         proc.kill()
         proc.wait()  # the child is now an orphan: nothing but the reaper stops it
         gone, still = psutil.wait_procs([child], timeout=10)
@@ -105,6 +107,13 @@ def test_reaper_kills_what_a_killed_proc_started_and_removes_its_shared_memory()
         assert not segment.exists(), "the killed child's shared memory was left behind"
     finally:
         segment.unlink(missing_ok=True)
+
+
+def _maps(pid: int, path: Path) -> bool:
+    try:
+        return str(path) in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:  # not started yet, or gone
+        return False
 
 
 def test_reaper_leaves_a_living_proc_alone():
