@@ -28,7 +28,15 @@ class StepRecord:
     drops: dict[str, int]  # every drop reason so far (buffer, rollouts, dataset)
     rewards: list[float] = field(default_factory=list)  # totals of the groups scored during the step
     reward_parts: dict[str, list[float]] = field(default_factory=dict)  # per reward function
+    # totals of the episodes the step trained on: in async mode scored during earlier steps, so `rewards` can be
+    # empty while the batch has rewards (and the console showed "reward nan")
+    batch_rewards: list[float] = field(default_factory=list)
     eval_scores: dict | None = None  # when the step ended with an evaluation
+
+
+def batch_rewards(batches) -> list[float]:
+    """Each trained episode's total reward, over the step's TrainBatches (one per data-parallel rank)."""
+    return [float(r) for b in batches if getattr(b, "rewards", None) is not None for r in b.rewards.tolist()]
 
 
 def drops(buffer: dict, rollout_drops: dict[str, int], data: dict) -> dict[str, int]:
@@ -52,6 +60,8 @@ def step_metrics(r: StepRecord) -> dict[str, float]:
                                           "mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3")},
         # the is_correction's weight and the share of tokens it truncated or masked (absent when off)
         **{f"trainer/{k}": t[k] for k in ("is_weight_mean", "is_corrected_fraction") if t.get("is_weight_mean")},
+        **({"batch/reward_mean": statistics.mean(r.batch_rewards),
+            "batch/reward_std": statistics.pstdev(r.batch_rewards)} if r.batch_rewards else {}),
         "batch/staleness": r.staleness,
         "batch/staleness_max_run": r.max_staleness,
         "sync/push_s": r.push["push_s"],
@@ -75,11 +85,21 @@ def step_metrics(r: StepRecord) -> dict[str, float]:
     return line
 
 
+def shown_reward(m: dict[str, float]) -> str:
+    """The reward a person reads for a step: the trained batch's (whenever its episodes were scored), else the
+    groups scored during the step, else blank; never "nan"."""
+    for mean, std in (("batch/reward_mean", "batch/reward_std"), ("reward/mean", "reward/std")):
+        if math.isfinite(m.get(mean, math.nan)):
+            return f"{m[mean]:.2f}±{m.get(std, 0.0):.2f}"
+    return "-"
+
+
 def console_line(step: int, m: dict[str, float]) -> str:
     drops_seen = ",".join(f"{k.split('/')[1]}={int(v)}" for k, v in m.items() if k.startswith("drops/") and v)
     parts = [
-        f"step {step:4d}", f"reward {m['reward/mean']:.2f}±{m['reward/std']:.2f}",
-        f"acc {m['train/accuracy']:.0%}", f"stale {m['batch/staleness']:.2f}",
+        f"step {step:4d}", f"reward {shown_reward(m)}",
+        f"acc {m['train/accuracy']:.0%}" if math.isfinite(m["train/accuracy"]) else "acc -",
+        f"stale {m['batch/staleness']:.2f}",
         f"gen {m['generator/tokens_per_s']:.0f} tok/s", f"train {m['trainer/tokens_per_s']:.0f} tok/s",
         f"push {m['sync/push_s']:.2f}s", f"pause {m.get('sync/pause_s', 0):.2f}s",
         f"buffer {int(m['buffer/groups'])}", f"wait sample {m['buffer/sample_wait_s']:.2f}s",
