@@ -10,12 +10,13 @@ from safetensors.torch import load_file, save_file
 
 from forge_rl.models import TINY_MODEL_DIR
 from forge_rl.models.qwen3 import build_model
-from forge_rl.models.sharded_load import SafetensorsCheckpoint, _fused_qkv_rows
+from forge_rl.models import fused_qkv
+from forge_rl.models.sharded_load import SafetensorsCheckpoint
 
 
 @pytest.mark.parametrize("heads_per_kv, head_dim, start, stop", [(2, 8, 0, 64), (2, 8, 5, 37), (4, 4, 13, 14),
                                                                  (1, 16, 16, 48)])
-def test_fused_qkv_rows_match_torchtitans_merge(heads_per_kv, head_dim, start, stop):
+def test_fused_qkv_rows_and_split_match_torchtitans_merge(heads_per_kv, head_dim, start, stop):
     n_kv = 2
     wq = torch.arange(n_kv * heads_per_kv * head_dim, dtype=torch.float32)[:, None] + 1000
     wk = torch.arange(n_kv * head_dim, dtype=torch.float32)[:, None] + 2000
@@ -25,8 +26,9 @@ def test_fused_qkv_rows_match_torchtitans_merge(heads_per_kv, head_dim, start, s
                        wv.reshape(n_kv, 1, head_dim, 1)], dim=1).reshape(-1, 1)
     stop = min(stop, len(fused))
     source = {"wq": wq, "wk": wk, "wv": wv}
-    rows = torch.cat([source[s][a:b] for s, a, b in _fused_qkv_rows(start, stop, heads_per_kv, head_dim)])
+    rows = torch.cat([source[s][a:b] for s, a, b in fused_qkv.rows(start, stop, heads_per_kv, head_dim)])
     assert torch.equal(rows, fused[start:stop])
+    assert all(torch.equal(fused_qkv.split(fused, heads_per_kv, head_dim)[p], source[p]) for p in source)
 
 
 def test_a_tied_checkpoint_without_its_head_loads_and_reads_are_counted(tmp_path):

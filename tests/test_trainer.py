@@ -236,7 +236,8 @@ def test_save_kill_load_continues_identically(loop, tmp_path):
 
 
 def test_push_weights_from_one_and_from_sharded_ranks(loop, tmp_path):
-    """1 proc and FSDP2 x 2 procs publish the same weights; readers get full HF tensors, bit-exact."""
+    """1 proc, FSDP2 and TP on 2 procs publish the same weights, each rank writing its shards or (as ranks on
+    several hosts do) rank 0 writing tensor by tensor; readers get full HF tensors, bit-exact."""
     from safetensors.torch import load_file
 
     from forge_rl.runtime import stop_actor
@@ -245,12 +246,22 @@ def test_push_weights_from_one_and_from_sharded_ranks(loop, tmp_path):
     shipped = load_file(TINY_MODEL / "model.safetensors")
     store = ShmWeightStore()
     try:
-        for version, (procs, parallel) in enumerate([(1, {}), (2, dict(dp_shard=2)), (2, dict(dp_shard=1, tp=2))], 1):
-            trainer = spawn(loop, config(tmp_path / str(version), **parallel), procs=procs)
-            record = loop.run_until_complete(trainer.push_weights.call(version)).item(procs=0)
+        cases = [(1, {}, "auto"), (2, dict(dp_shard=2), "auto"), (2, dict(dp_shard=1, tp=2), "auto"),
+                 (2, dict(dp_shard=2), "rank0"), (2, dict(dp_shard=1, tp=2), "rank0")]
+        fused = sum(shipped[f"model.layers.0.self_attn.{p}_proj.weight"].nbytes for p in "qkv")
+        largest = max(fused, *(t.nbytes for t in shipped.values()))  # the largest parameter, whole
+        for version, (procs, parallel, publish_from) in enumerate(cases, 1):
+            cfg = config(tmp_path / str(version), **parallel)
+            cfg.publish_from = publish_from
+            trainer = spawn(loop, cfg, procs=procs)
+            records = loop.run_until_complete(trainer.push_weights.call(version))
             loop.run_until_complete(stop_actor(trainer))
+            record = records.item(procs=0)
             got = store.load(version)
             assert set(got) == set(shipped) and record["bytes"] == sum(t.nbytes for t in shipped.values())
+            if publish_from == "rank0":  # no rank held more than one whole tensor (a layer's fused q/k/v at most)
+                for rank in range(procs):
+                    assert 0 < records.item(procs=rank)["largest_held_bytes"] <= largest
             for name, tensor in shipped.items():
                 assert torch.equal(got[name], tensor), (version, name)
     finally:

@@ -13,6 +13,7 @@ CPU specifics (gloo): FSDP's PREMUL_SUM reduction does not exist on gloo, so FSD
 plain sum reductions; TorchTitan's "partial_dtensor" SPMD backend is the one that works with FSDP here.
 """
 
+import contextlib
 import datetime
 import math
 import os
@@ -26,7 +27,7 @@ from monarch.actor import endpoint
 
 from forge_rl.runtime import ForgeActor
 from forge_rl.runtime.timeouts import hang_if_asked
-from forge_rl.models import lora
+from forge_rl.models import fused_qkv, lora
 from forge_rl.models.lora import LoRAConfig, is_adapter_key
 from forge_rl.models.sharded_load import load_sharded
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
@@ -106,6 +107,9 @@ class TrainerConfig:
     # A step whose gradient norm is NaN/inf leaves the weights untouched and is counted; this many in a
     # row end the run (something is broken: data, rewards, the learning rate).
     max_nonfinite_steps: int = 3
+    # "auto": ranks on one host each write their own shards into shared memory; ranks on several hosts gather
+    # tensor by tensor and rank 0 writes. "rank0": the latter on one host too
+    publish_from: str = "auto"
     # any one collective of the process group (a hung rank raises instead of blocking forever); the GRPO run
     # sets it from timeouts.collective_s
     collective_timeout_s: float = 1800.0
@@ -118,6 +122,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.pack_max_fraction must be in (0, 1], got {self.pack_max_fraction}")
         if self.pack_max_len < 1:
             raise ValueError(f"trainer.pack_max_len must be >= 1, got {self.pack_max_len}")
+        if self.publish_from not in ("auto", "rank0"):
+            raise ValueError(f"trainer.publish_from={self.publish_from!r}; choose 'auto' or 'rank0'")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"trainer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
         if self.temperature is not None and self.temperature <= 0:
@@ -555,25 +561,62 @@ class Trainer(ForgeActor):
         dtype = getattr(torch, self.cfg.publish_dtype or self.cfg.dtype)  # fp32 masters -> the generators' dtype
         if self.cfg.lora.enabled:
             return self._push_adapter(version, dtype, start)
-        state = {k: v.detach().to(dtype) for k, v in self.model.state_dict().items() if not k.endswith("rope.cache")}
-        hf = self.adapter.to_hf(state)
-        if self.tied and "lm_head.weight" not in hf:  # vLLM's reload wants it even when tied
-            hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
-        if int(os.environ.get("LOCAL_WORLD_SIZE", self.world)) < self.world:
-            # Ranks on several hosts: a rank cannot write another host's shared memory. Gather the full tensors
-            # and let rank 0 publish on its host, where the weight server hands versions to other hosts.
-            hf = {k: (v.full_tensor() if isinstance(v, DTensor) else v).cpu() for k, v in hf.items()}
-            if self.rank == 0:
-                with self.store.writer(version, spec_of(hf)) as writer:
-                    for name, tensor in hf.items():
-                        writer.write(name, tensor)
+        spans_hosts = int(os.environ.get("LOCAL_WORLD_SIZE", self.world)) < self.world
+        if spans_hosts or self.cfg.publish_from == "rank0":
+            # Ranks on several hosts: a rank cannot write another host's shared memory. Rank 0 publishes on its
+            # host (where the weight server hands versions to other hosts), one tensor at a time.
+            nbytes = self._publish_from_rank0(version, dtype)
+            held = dict(largest_held_bytes=self.publish_largest_held)  # one whole tensor at most, on any rank
         else:
+            state = {k: v.detach().to(dtype) for k, v in self.model.state_dict().items()
+                     if not k.endswith("rope.cache")}
+            hf = self.adapter.to_hf(state)
+            if self.tied and "lm_head.weight" not in hf:  # vLLM's reload wants it even when tied
+                hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
             with self.store.writer(version, spec_of(hf), rank=self.rank, world_size=self.world) as writer:
                 for name, tensor in hf.items():
                     writer.write(name, tensor if isinstance(tensor, DTensor) else tensor.cpu())
-        nbytes = sum(t.numel() * t.element_size() for t in hf.values())
+            nbytes, held = sum(t.numel() * t.element_size() for t in hf.values()), {}
         elapsed = time.perf_counter() - start
-        return dict(version=version, push_s=elapsed, bytes=nbytes, gb_per_s=nbytes / elapsed / 1e9)
+        return dict(version=version, push_s=elapsed, bytes=nbytes, gb_per_s=nbytes / elapsed / 1e9, **held)
+
+    def _publish_from_rank0(self, version: int, dtype: torch.dtype) -> int:
+        """Every tensor gathered whole in turn and written by rank 0: no rank ever holds more than one whole
+        tensor (one layer's fused q/k/v at most), where gathering the state dict would hold the whole model on
+        every rank. Returns the version's bytes."""
+        spec = dict(self._published_tensors(dtype, gather=False))
+        spec = {name: (t.dtype, tuple(t.shape)) for name, t in spec.items()}
+        self.publish_largest_held = 0
+        writer = self.store.writer(version, spec) if self.rank == 0 else contextlib.nullcontext()
+        with writer:
+            for name, tensor in self._published_tensors(dtype, gather=True):
+                if self.rank == 0:
+                    writer.write(name, tensor)
+        return sum(dtype.itemsize * math.prod(shape) for _, shape in spec.values())
+
+    def _published_tensors(self, dtype: torch.dtype, gather: bool):
+        """(HF name, tensor) of every published weight, one at a time, in the same order on every rank. With
+        `gather`, each is whole on this rank's CPU (one collective per parameter: every rank iterates in step);
+        without, a meta tensor of its shape (the version's spec, nothing moved)."""
+        from torch.distributed.tensor import DTensor
+
+        for name, param in self.model.named_parameters():  # a tied weight once
+            if gather:
+                whole = param.detach().to(dtype)
+                whole = (whole.full_tensor() if isinstance(whole, DTensor) else whole).cpu()
+                self.publish_largest_held = max(self.publish_largest_held, whole.nbytes)
+            else:
+                whole = torch.empty(param.shape, dtype=dtype, device="meta")
+            if name.endswith(fused_qkv.SUFFIX):
+                prefix = name[: -len(fused_qkv.SUFFIX)]
+                parts = {prefix + p + ".weight": t
+                         for p, t in fused_qkv.split(whole, self.heads_per_kv, self.head_dim).items()}
+            else:
+                parts = {name: whole}
+            for hf_name, tensor in self.adapter.to_hf(parts).items():
+                yield hf_name, tensor
+                if self.tied and hf_name == "model.embed_tokens.weight":  # vLLM's reload wants the head too
+                    yield "lm_head.weight", tensor
 
     def _adapter_tensors(self) -> dict[str, torch.Tensor]:
         """The adapters, whole on every rank, TorchTitan names (a collective: every rank calls it)."""

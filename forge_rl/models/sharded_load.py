@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from forge_rl.deps.pytorch import local_shape_and_global_offset
+from forge_rl.models import fused_qkv
 
 
 class SafetensorsCheckpoint:
@@ -69,7 +70,7 @@ def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
 
     Parameters are written directly, not through `load_state_dict`: TorchTitan's fused q/k/v projection
     would gather whole q, k and v tensors on every rank in its state-dict hooks, so its rows are read here
-    from the checkpoint's q_proj, k_proj and v_proj instead (`_fused_qkv_rows`)."""
+    from the checkpoint's q_proj, k_proj and v_proj instead (forge_rl/models/fused_qkv.py)."""
     checkpoint = SafetensorsCheckpoint(model_dir)
     names = checkpoint_names(adapter, checkpoint)
     if "tok_embeddings.weight" in names and "lm_head.weight" not in names:
@@ -81,9 +82,9 @@ def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
             shape, offset = _local_block(param)
             if name in extra:
                 block = extra[name][tuple(slice(o, o + n) for o, n in zip(offset, shape))]
-            elif name.endswith(FUSED_QKV):
-                block = _read_fused_qkv(checkpoint, names, model.get_submodule(name[: -len(FUSED_QKV) - 1]),
-                                        name[: -len(FUSED_QKV)], shape, offset)
+            elif name.endswith(fused_qkv.SUFFIX):
+                block = _read_fused_qkv(checkpoint, names, model.get_submodule(name[: -len(fused_qkv.SUFFIX) - 1]),
+                                        name[: -len(fused_qkv.SUFFIX)], shape, offset)
             else:
                 if checkpoint.shape(names[name]) != tuple(param.shape):
                     raise ValueError(f"{model_dir}: {names[name]} has shape {checkpoint.shape(names[name])}, the "
@@ -92,9 +93,6 @@ def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
             _local(param).copy_(block)
     return dict(bytes_read=checkpoint.bytes_read, largest_read=checkpoint.largest_read,
                 checkpoint_bytes=sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")))
-
-
-FUSED_QKV = "wqkv.weight"
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
@@ -112,29 +110,12 @@ def _local_block(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]
     return tuple(param.shape), (0,) * param.dim()
 
 
-def _fused_qkv_rows(start: int, stop: int, heads_per_kv: int, head_dim: int) -> list[tuple[str, int, int]]:
-    """Where rows [start, stop) of a fused q/k/v weight come from, as (source, first row, end row) runs. The
-    fused rows are grouped by KV head: for each, its heads_per_kv query heads, then its key head, then its
-    value head, head_dim rows each (TorchTitan's FusedQKVLinear layout)."""
-    runs, row = [], start
-    slots = heads_per_kv + 2
-    while row < stop:
-        group, slot, within = row // (slots * head_dim), (row // head_dim) % slots, row % head_dim
-        n = min(stop - row, head_dim - within)  # to the end of this head, at most
-        if slot < heads_per_kv:
-            runs.append(("wq", (group * heads_per_kv + slot) * head_dim + within, n))
-        else:
-            runs.append(("wk" if slot == heads_per_kv else "wv", group * head_dim + within, n))
-        row += n
-    return [(source, first, first + n) for source, first, n in runs]
-
-
 def _read_fused_qkv(checkpoint: SafetensorsCheckpoint, names: dict[str, str], module, prefix: str,
                     shape: tuple[int, ...], offset: tuple[int, ...]) -> torch.Tensor:
     columns = (offset[1], shape[1])
     pieces = [checkpoint.read(names[prefix + source + ".weight"], (first, columns[0]), (end - first, columns[1]))
-              for source, first, end in _fused_qkv_rows(offset[0], offset[0] + shape[0], module.heads_per_kv,
-                                                         module.head_dim)]
+              for source, first, end in fused_qkv.rows(offset[0], offset[0] + shape[0], module.heads_per_kv,
+                                                       module.head_dim)]
     return torch.cat(pieces) if pieces else torch.empty(shape)
 
 
@@ -143,8 +124,8 @@ def _check_names(model: torch.nn.Module, names: dict[str, str], extra: dict, mod
     parameter (the state-dict names: a fused q/k/v parameter stands for wq, wk and wv)."""
     wanted = set()
     for name, _ in model.named_parameters(remove_duplicate=False):
-        if name.endswith(FUSED_QKV):
-            wanted |= {name[: -len(FUSED_QKV)] + w + ".weight" for w in ("wq", "wk", "wv")}
+        if name.endswith(fused_qkv.SUFFIX):
+            wanted |= {name[: -len(fused_qkv.SUFFIX)] + w + ".weight" for w in fused_qkv.PARTS}
         else:
             wanted.add(name)
     if missing := sorted(k for k in wanted if k not in names and k not in extra):
