@@ -1,4 +1,4 @@
-"""Sync, async side by side (disaggregated) and async time-shared (colocated) GRPO on an 83M-parameter model.
+"""Sync and async GRPO, each side by side (disaggregated) and time-shared (colocated), on an 83M-parameter model.
 
     .venv/bin/python -m benchmarks.placement_83m [--steps 6] [key=value ...]
 
@@ -8,8 +8,13 @@ MLP 2304, random init, the tiny model's character tokenizer), G=8, 4 groups per 
 zero-advantage filter off (a random model earns almost no reward: the steps still do all their work). On the 2-core CPU machine generation and training
 each take seconds per step, so where the roles' time goes decides the loop's speed. Each run is
 apps/grpo/main.py in this process, one after the other; prints steps/min (training phase), the trainer's
-and the generator's idle fractions and the stale drops. Target (issue 17): the best async placement at
-least 1.2x sync.
+and the generator's idle fractions and the stale drops, and each run against the best synchronous one.
+
+The baseline is the synchronous loop as a user would run it best. Pinned one core per role (disaggregated)
+each role idles while the other works; colocated, each role gets both cores in turn. On two shared cores with
+compute-bound roles, colocated sync already keeps both cores busy, so async can only win back the little time
+neither role computes (weight push, scheduling): expect async ~1.0x the best sync here, and a real gain only
+where roles have hardware of their own (more cores, GPUs). Issue 17's target was 1.2x.
 """
 
 import argparse
@@ -41,19 +46,19 @@ def cli() -> None:
                   "generator.sampling.ignore_eos=true", "generator.engine_args.max_model_len=256",
                   "buffer.drop_zero_advantage=false", "eval_every=0", "eval_size=8", "checkpoint_every=0",
                   "no_batch_timeout_s=900", *args.overrides]
-        runs = [
-            ("synchronous", ["async_mode=false", "max_policy_age=0", "resources.placement=disaggregated"]),
-            ("async, disaggregated", ["async_mode=true", "max_policy_age=1", "resources.placement=disaggregated"]),
-            ("async, colocated", ["async_mode=true", "max_policy_age=1", "resources.placement=colocated"]),
-        ]
+        sync, asynchronous = ["async_mode=false", "max_policy_age=0"], ["async_mode=true", "max_policy_age=1"]
+        runs = [(f"{loop}, {where}", mode + [f"resources.placement={where}"])
+                for loop, mode in (("sync", sync), ("async", asynchronous))
+                for where in ("disaggregated", "colocated")]
         for label, extra in runs:
             Console().rule(label)
-            out = f"output_dir=outputs/bench/placement_83m/{label.split(',')[-1].strip()}"
+            out = f"output_dir=outputs/bench/placement_83m/{label.replace(', ', '_')}"
             cfg = load_config(GRPOConfig, "configs/grpo/tiny.yaml", common + extra + [out])
             results.append((label, asyncio.run(main(cfg))))
-    base = results[0][1]["steps_per_min"]
+    # the baseline: the faster of the two synchronous placements, as a user would set sync up
+    base = max(s["steps_per_min"] for label, s in results if label.startswith("sync"))
     table = Table(title=f"GRPO on an 83M-parameter Qwen3 shape, {args.steps} steps, G=8 x 4 groups x 64 tokens")
-    for col in ("loop", "steps/min", "s/step", "vs sync", "trainer idle", "generator idle", "stale drops"):
+    for col in ("loop", "steps/min", "s/step", "vs best sync", "trainer idle", "generator idle", "stale drops"):
         table.add_column(col, justify="right")
     for label, s in results:
         table.add_row(label, f"{s['steps_per_min']:.2f}", f"{60 / s['steps_per_min']:.1f}",
