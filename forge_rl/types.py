@@ -122,6 +122,7 @@ class TrainBatch(_NumpyOnTheWire):
     policy_versions: torch.Tensor  # int64 [B, T], -1 outside the response
     advantages: torch.Tensor  # float32 [B]
     ref_logprobs: torch.Tensor | None = None  # float32 [B, T]
+    rewards: torch.Tensor | None = None  # float32 [B], each episode's total reward: reported, not trained on
 
     @property
     def num_sequences(self) -> int:
@@ -130,6 +131,13 @@ class TrainBatch(_NumpyOnTheWire):
     @property
     def num_response_tokens(self) -> int:
         return int(self.response_mask.sum())
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.numel()
+
+    def shape_only(self) -> "BatchShape":
+        return BatchShape(self.num_sequences, self.num_response_tokens, self.num_tokens)
 
     @classmethod
     def collate(cls, episodes: list[Episode], pad_id: int, pad_to_multiple: int = 1) -> "TrainBatch":
@@ -154,4 +162,15 @@ class TrainBatch(_NumpyOnTheWire):
             logprobs[b, P : P + R] = c.logprobs
             versions[b, P : P + R] = c.policy_versions
             advantages[b] = ep.advantage
-        return cls(tokens, mask, logprobs, versions, advantages)
+        return cls(tokens, mask, logprobs, versions, advantages,
+                   rewards=torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32))
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What a trainer rank needs to know of another rank's batch: its counts (the loss is normalised by the
+    whole step's), not its tensors. The run sends each rank its own TrainBatch and the others' BatchShapes."""
+
+    num_sequences: int
+    num_response_tokens: int
+    num_tokens: int

@@ -1,5 +1,6 @@
 """Trainer actor on the tiny model: FSDP2/TP parity with one proc, checkpoints, export, bad input."""
 
+import asyncio
 import math
 import os
 import signal
@@ -63,8 +64,10 @@ def test_fsdp_and_tp_match_one_proc(loop, tmp_path):
     expected = steps(loop, reference, 1) + steps(loop, reference, 1, seeds=(3, 4), shared_prompt=16)
     loop.run_until_complete(stop_actor(reference))
     fsdp = spawn(loop, replace_mb(config(tmp_path / "fsdp", dp_shard=2), 2), procs=2)  # and 2 micro-batches
-    got_fsdp = steps(loop, fsdp, 2) + steps(loop, fsdp, 2, seeds=(3, 4), shared_prompt=16)
+    # every batch to every rank, then (as the run sends them) each rank its own batch and the other's counts
+    got_fsdp = steps(loop, fsdp, 2) + steps_per_rank(loop, fsdp, 2, seeds=(3, 4), shared_prompt=16)
     read_by_rank(loop, fsdp, 2)
+    one_rank_rejects_its_batch(loop, fsdp)
     loop.run_until_complete(stop_actor(fsdp))
     tp = spawn(loop, config(tmp_path / "tp", dp_shard=1, tp=2), procs=2)
     got_tp = steps(loop, tp, 1) + steps(loop, tp, 1, seeds=(3, 4), shared_prompt=16)
@@ -79,6 +82,40 @@ def test_fsdp_and_tp_match_one_proc(loop, tmp_path):
     # TP computes logprobs from its vocabulary shards (loss parallel); the others hold whole logits
     assert [g["loss_parallel"] for g in expected + got_fsdp + got_tp] == [0.0] * 10 + [1.0] * 5
     assert expected[0]["loss"] != expected[2]["loss"] and 0 < expected[0]["clip_fraction"] < 1
+
+
+def steps_per_rank(loop, trainer, n_dp: int, seeds, shared_prompt: int = 0) -> list[dict]:
+    from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, data_shards
+
+    shards = loop.run_until_complete(data_shards(trainer))
+    assert sorted(set(shards)) == list(range(n_dp))
+    out = []
+    for s in seeds:
+        sent = batches_for_ranks(split(make_batch(s, shared_prompt=shared_prompt), n_dp), shards)
+        assert all(sum(isinstance(b, TrainBatch) for b in rank) == 1 for rank in sent)  # its own batch only
+        out.append(loop.run_until_complete(call_each_rank(trainer, "train_step", sent))[0])
+    return out
+
+
+def one_rank_rejects_its_batch(loop, trainer) -> None:
+    """Rank 1's batch is malformed and only rank 1 sees it: both ranks raise (neither waits in a collective for
+    the other) and nothing changes."""
+    from forge_rl.loop.train_loop import batches_for_ranks, data_shards
+
+    version = loop.run_until_complete(trainer.version.call()).item(procs=0)
+    batches = split(make_batch(7), 2)
+    batches[1].advantages[0] = float("nan")
+    sent = batches_for_ranks(batches, loop.run_until_complete(data_shards(trainer)))
+    flat = trainer.flatten("rank")
+
+    async def both():  # each rank's call on its own, so one's error does not hide the other's
+        return await asyncio.gather(*(flat.slice(rank=r).train_step.call_one(sent[r]) for r in range(2)),
+                                    return_exceptions=True)
+
+    results = loop.run_until_complete(asyncio.wait_for(both(), 60))
+    assert "another trainer rank rejected its batch" in str(results[0])
+    assert "batch[1].advantages has nan" in str(results[1])
+    assert loop.run_until_complete(trainer.version.call()).item(procs=1) == version
 
 
 def read_by_rank(loop, trainer, procs: int) -> None:

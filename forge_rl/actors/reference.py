@@ -15,19 +15,23 @@ import torch
 from monarch.actor import endpoint
 
 from forge_rl.actors.trainer import Trainer
-from forge_rl.types import TrainBatch
+from forge_rl.types import BatchShape, TrainBatch
 
 
 class Reference(Trainer):
     @endpoint
-    async def fill_ref_logprobs(self, batches: list[TrainBatch]) -> list[TrainBatch]:
-        """`batches` with `ref_logprobs` set: the reference policy's logprob of every response token (0
-        elsewhere). Every rank runs every batch (FSDP ranks gather parameters together), so any rank's
-        result is the whole answer."""
+    async def fill_ref_logprobs(self, batches: list[TrainBatch | BatchShape]) -> list[TrainBatch | BatchShape]:
+        """`batches` with `ref_logprobs` set on each TrainBatch: the reference policy's logprob of every response
+        token (0 elsewhere); BatchShapes (other ranks' batches, counts only) come back as they are. The run sends
+        each rank its own batch, so every rank runs one forward (FSDP ranks gather parameters together: they
+        must run as many). Given every batch, every rank runs every batch and any rank's result is whole."""
         self.model.eval()
         out = []
         with torch.no_grad():
             for batch in batches:
+                if isinstance(batch, BatchShape):
+                    out.append(batch)
+                    continue
                 logprobs, _ = self._forward(batch.tokens, response_mask=batch.response_mask)
                 out.append(dataclasses.replace(batch, ref_logprobs=logprobs.cpu()))
         return out

@@ -245,6 +245,7 @@ class ReplayBuffer(ForgeActor):
         self.sample_empty_s = 0.0  # consumer getting None: from the first None to the next batch
         self._empty_since: float | None = None
         self._room: asyncio.Condition | None = None
+        self.waiting = {"adds": 0, "samples": 0}  # calls waiting now (for tests and a stuck run's diagnosis)
 
     def _condition(self) -> asyncio.Condition:
         if self._room is None:  # created on the actor's event loop, at first use
@@ -258,7 +259,11 @@ class ReplayBuffer(ForgeActor):
         async with room:
             if self.store.full:
                 start = time.perf_counter()
-                await room.wait_for(lambda: not self.store.full)
+                self.waiting["adds"] += 1
+                try:
+                    await room.wait_for(lambda: not self.store.full)
+                finally:
+                    self.waiting["adds"] -= 1
                 self.add_blocked_s += time.perf_counter() - start
             stored = self.store.add(group)
             room.notify_all()  # a sample() waiting for groups looks again
@@ -277,8 +282,12 @@ class ReplayBuffer(ForgeActor):
                 room.notify_all()  # stale drops free room
                 if (remaining := deadline - time.perf_counter()) <= 0:
                     break
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(room.wait(), remaining)
+                self.waiting["samples"] += 1
+                try:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(room.wait(), remaining)
+                finally:
+                    self.waiting["samples"] -= 1
             room.notify_all()  # sampling and stale drops free room
         now = time.perf_counter()
         if batches is None:
@@ -302,7 +311,8 @@ class ReplayBuffer(ForgeActor):
         return await self._stats()
 
     async def _stats(self) -> dict:
-        return dict(self.store.stats(), add_blocked_s=self.add_blocked_s, sample_empty_s=self.sample_empty_s)
+        return dict(self.store.stats(), add_blocked_s=self.add_blocked_s, sample_empty_s=self.sample_empty_s,
+                    **{f"waiting_{k}": n for k, n in self.waiting.items()})
 
     @endpoint
     async def state_dict(self) -> dict:

@@ -33,7 +33,7 @@ from forge_rl.models.sharded_load import load_sharded
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
 from forge_rl.data.prompt_packing import plan_packing
 from forge_rl.losses.logprobs import VocabShard, hidden_logprobs, selected_logprobs, token_logprobs
-from forge_rl.types import TrainBatch
+from forge_rl.types import BatchShape, TrainBatch
 from forge_rl.weights import ShmWeightStore, WeightStoreConfig, spec_of
 
 HF_ASSETS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -156,16 +156,21 @@ def _peak_rss_mb() -> float:
     return float("nan")
 
 
-def validate_batches(batches: list[TrainBatch], dp_size: int, vocab_size: int, max_len: int) -> None:
+def validate_batches(batches: list[TrainBatch | BatchShape], dp_size: int, vocab_size: int, max_len: int,
+                     own: int | None = None) -> None:
     """Reject a malformed input before anything changes (no forward, no optimizer step, no step count).
-    Every rank checks the same list, so all of them raise together and none waits in a collective.
     Whole-tensor checks only, no per-token Python loops. The message names the rank's batch, the field,
-    what was expected and what came."""
+    what was expected and what came. Entries other than this rank's (`own`) may be BatchShapes (their counts
+    only: the run sends each rank its own batch); the trainer then agrees over ranks (`_validate_everywhere`)."""
     if not isinstance(batches, (list, tuple)) or len(batches) != dp_size:
         got = len(batches) if isinstance(batches, (list, tuple)) else type(batches).__name__
         raise ValueError(f"train_step takes one TrainBatch per data-parallel rank ({dp_size}), got {got}")
     for r, b in enumerate(batches):
         at = f"batch[{r}]"
+        if isinstance(b, BatchShape) and r != own:
+            if b.num_sequences < 1 or b.num_response_tokens < 1:
+                raise ValueError(f"{at} is empty ({b}): every data-parallel rank needs rows with response tokens")
+            continue
         if not isinstance(b, TrainBatch):
             raise ValueError(f"{at} is a {type(b).__name__}, expected a TrainBatch")
         _check_tensor(f"{at}.tokens", b.tokens, torch.int64)
@@ -404,7 +409,7 @@ class Trainer(ForgeActor):
     @endpoint
     async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
         """One optimizer step on `batches` (one TrainBatch per dp rank). Returns metrics reduced over ranks."""
-        validate_batches(batches, self.dp_size, self.vocab_size, self.max_seq_len)
+        self._validate_everywhere(batches)
         await hang_if_asked("train_step", self.rank, self.step + 1)  # a test's fault (runtime/timeouts.py); no-op
         start = time.perf_counter()
         total_tokens = sum(b.num_response_tokens for b in batches)
@@ -413,7 +418,7 @@ class Trainer(ForgeActor):
         grad_norm, finite = self._optimizer_step(float(sums[0]))
         sums, mismatch_max = self._reduce_over_data_parallel(sums, mismatch_max)
         elapsed = time.perf_counter() - start
-        tokens = sum(b.tokens.numel() for b in batches)
+        tokens = sum(b.num_tokens for b in batches)
         per_token = {name: float(sums[i]) / total_tokens for i, name in enumerate(TOKEN_SUMS, start=2)}
         return dict(
             loss=float(sums[0]), grad_norm=grad_norm, lr=lr, step=self.step, **per_token,
@@ -424,6 +429,23 @@ class Trainer(ForgeActor):
             step_s=elapsed, peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
             skipped=float(not finite), skipped_steps=self.skipped_steps,
         )
+
+    def _validate_everywhere(self, batches: list[TrainBatch | BatchShape]) -> None:
+        """Each rank checks its batches, then all agree (one small all-reduce) before the step's first collective:
+        when one rank's batch is malformed, every rank raises, none waits in an all-gather, nothing changes."""
+        import torch.distributed as dist
+
+        error = None
+        try:
+            validate_batches(batches, self.dp_size, self.vocab_size, self.max_seq_len, own=self.dp_rank)
+        except ValueError as e:
+            error = e
+        ok = torch.tensor([0.0 if error else 1.0], device=self.device)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if error is not None:
+            raise error
+        if ok.item() == 0:
+            raise ValueError("another trainer rank rejected its batch (its error names the field); nothing changed")
 
     def _accumulate_gradients(self, batches: list[TrainBatch]) -> tuple[torch.Tensor, float]:
         """Forward and backward over this rank's batch in micro-batches. Returns this rank's sums of the loss,
@@ -512,6 +534,11 @@ class Trainer(ForgeActor):
         with torch.no_grad():
             logprobs, _ = self._forward(batch.tokens)
         return logprobs.cpu()
+
+    @endpoint
+    async def data_shard(self) -> int:
+        """This rank's data-parallel shard: the index of the batch it trains on (ranks of one TP group share it)."""
+        return self.dp_rank
 
     @endpoint
     async def version(self) -> int:

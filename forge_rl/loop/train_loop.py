@@ -20,7 +20,7 @@ import torch
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.loop.rollout import Admission, RolloutStats
 from forge_rl.runtime.timeouts import within
-from forge_rl.types import TrainBatch
+from forge_rl.types import BatchShape, TrainBatch
 
 
 SAMPLE_WAIT_S = 0.1
@@ -133,6 +133,26 @@ def why_no_batch(run: Run, before: dict, now: dict, drops_before: dict) -> str:
     elif not added:
         lines.append("no rollout finished: the generator is stuck or far too slow for this timeout")
     return "; ".join(lines)
+
+
+async def data_shards(mesh) -> list[int]:
+    """The data-parallel shard of each rank of a trainer-like actor mesh, in flattened rank order."""
+    shards = await mesh.flatten("rank").data_shard.call()
+    return [shard for _, shard in sorted(shards.items(), key=lambda item: item[0]["rank"])]
+
+
+def batches_for_ranks(batches: list[TrainBatch], shards: list[int]) -> list[list[TrainBatch | BatchShape]]:
+    """What each rank is sent: its own shard's TrainBatch and the others' counts. Every rank used to get every
+    batch (world x the step's data from the controller); now each batch goes to the ranks that train on it."""
+    counts = [b.shape_only() for b in batches]
+    return [[b if i == shard else counts[i] for i, b in enumerate(batches)] for shard in shards]
+
+
+async def call_each_rank(mesh, endpoint: str, args_of_rank: list) -> list:
+    """`endpoint` on every rank of `mesh` at once, rank r with args_of_rank[r]; the results in rank order."""
+    flat = mesh.flatten("rank")
+    return list(await asyncio.gather(*(getattr(flat.slice(rank=r), endpoint).call_one(args)
+                                       for r, args in enumerate(args_of_rank))))
 
 
 async def update_generators(run: Run, generator, version: int, timeout_s: float | None = None,

@@ -49,13 +49,15 @@ from forge_rl.models import resolve_model_path
 from forge_rl.loop.multiturn import TurnRenderer, evaluate_env, rollout_env_from_dataset
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.recipes.grpo_config import GRPOConfig, check_config, check_task, dp_size, max_prompt_tokens
-from forge_rl.recipes.grpo_report import StepRecord, console_line, drops, step_metrics, summary_block
+from forge_rl.recipes.grpo_report import (StepRecord, batch_rewards, console_line, drops, shown_reward, step_metrics,
+                                          summary_block)
 from forge_rl.runtime.memory_plan import ModelShape, gpu_total_bytes, plan_memory
 from forge_rl.runtime.placement import Placement, plan_placement
 from forge_rl.runtime.timeouts import TimeoutsConfig, within
 from forge_rl.loop.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.loop.train_loop import (
-    Run, batch_staleness, raise_if_failed, resume_hint, role_died, update_generators, wait_for_batch,
+    Run, batch_staleness, batches_for_ranks, call_each_rank, data_shards, raise_if_failed, resume_hint, role_died,
+    update_generators, wait_for_batch,
 )
 
 
@@ -183,6 +185,9 @@ class GRPORun:
             self.reference = await Reference.options(
                 procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=True, host_mesh="trainer",
                 **trainer_cpus).as_actor(replace(cfg.trainer, model=reference))
+        self.shards = {"trainer": await data_shards(self.trainer)}  # rank -> the batch it trains on
+        if self.reference is not None:
+            self.shards["reference"] = await data_shards(self.reference)
         self.held_out = await self.dataset.held_out.call_one(cfg.eval_size)
         if not self.held_out:
             self.console.print("[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): "
@@ -280,7 +285,7 @@ class GRPORun:
             sample_wait_s=sample_wait, step_s=time.perf_counter() - step_start,
             generated_tokens=s.rollouts.generated_tokens - tokens_before,
             generator=await self.generator.stats.route(), data=data, drops=drops(buffer, s.drops, data),
-            rewards=rewards, reward_parts=parts,
+            rewards=rewards, reward_parts=parts, batch_rewards=batch_rewards(batches),
         ))
         self.log.log(self.step, line)
         return line
@@ -412,7 +417,7 @@ class GRPORun:
             hold_s = max(await self.generator.hold.call_all(), default=0.0)
         busy_start = time.perf_counter()
         self._step_task = asyncio.ensure_future(train_and_publish(s, self.trainer, self.reference, batches,
-                                                                  self.cfg.timeouts, self._where()))
+                                                                  self.shards, self.cfg.timeouts, self._where()))
         metrics, push = await asyncio.shield(self._step_task)
         s.trainer_busy_s += time.perf_counter() - busy_start
         if self.placement.colocated:  # ... and take it back (GPU: wake up)
@@ -479,17 +484,22 @@ class GRPORun:
         )
 
 
-async def train_and_publish(state: Run, trainer, reference, batches, timeouts: TimeoutsConfig | None = None,
-                            where: str = "") -> tuple[dict, dict]:
+async def train_and_publish(state: Run, trainer, reference, batches, shards: dict[str, list[int]],
+                            timeouts: TimeoutsConfig | None = None, where: str = "") -> tuple[dict, dict]:
     """One optimizer step, its weights published, the run's policy version advanced. It runs to the end even when
     the run is interrupted, so a final checkpoint never holds a trainer one step ahead of the run's version,
-    buffer and data position. Each call has its timeout (timeouts.*): a hung rank stops the run, named."""
+    buffer and data position. Each rank is sent its own data-parallel batch only (`shards`: each role's rank ->
+    shard), and each call has its timeout (timeouts.*): a hung rank stops the run, named."""
     t, version = timeouts or TimeoutsConfig(), state.version + 1
     if reference is not None:  # the frozen reference policy, or a distillation teacher
-        batches = (await within(reference.fill_ref_logprobs.call(batches), t.reference_s, "reference_s",
-                                f"the Reference's fill_ref_logprobs for version {version}", where)).get(0)
-    metrics = (await within(trainer.train_step.call(batches), t.train_step_s, "train_step_s",
-                            f"the Trainer's train_step to version {version}", where)).get(0)
+        filled = await within(call_each_rank(reference, "fill_ref_logprobs",
+                                             batches_for_ranks(batches, shards["reference"])),
+                              t.reference_s, "reference_s", f"the Reference's fill_ref_logprobs for version {version}",
+                              where)
+        batches = [filled[shards["reference"].index(i)][i] for i in range(len(batches))]
+    metrics = (await within(call_each_rank(trainer, "train_step", batches_for_ranks(batches, shards["trainer"])),
+                            t.train_step_s, "train_step_s", f"the Trainer's train_step to version {version}",
+                            where))[0]
     push = (await within(trainer.push_weights.call(version), t.publish_s, "publish_s",
                          f"the Trainer's push_weights of version {version}", where)).get(0)
     state.version = version
@@ -528,7 +538,7 @@ async def train(run: GRPORun) -> dict:
                         if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
                             await run.checkpoint()
                         bar.update(1)
-                        bar.set_postfix(reward=f"{line['reward/mean']:.2f}", acc=f"{run.evals[-1][2]:.0%}")
+                        bar.set_postfix(reward=shown_reward(line), acc=f"{run.evals[-1][2]:.0%}")
                         tqdm.write(console_line(run.step, line))
                 except (KeyboardInterrupt, asyncio.CancelledError):
                     await run.save_on_interrupt()
