@@ -120,9 +120,11 @@ class TrainBatch(_NumpyOnTheWire):
     response_mask: torch.Tensor  # bool [B, T]
     behaviour_logprobs: torch.Tensor  # float32 [B, T], 0 outside the response
     policy_versions: torch.Tensor  # int64 [B, T], -1 outside the response
-    advantages: torch.Tensor  # float32 [B]
+    advantages: torch.Tensor  # float32 [B] (group-relative), or [B, T] per token (PPO's GAE, 0 outside the response)
     ref_logprobs: torch.Tensor | None = None  # float32 [B, T]
-    rewards: torch.Tensor | None = None  # float32 [B], each episode's total reward: reported, not trained on
+    rewards: torch.Tensor | None = None  # float32 [B], each episode's total reward (PPO's terminal reward)
+    values: torch.Tensor | None = None  # float32 [B, T], PPO: the critic's value of each token before its update
+    returns: torch.Tensor | None = None  # float32 [B, T], PPO: the critic's targets (GAE advantage + value)
 
     @property
     def num_sequences(self) -> int:

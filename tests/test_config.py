@@ -116,9 +116,10 @@ def test_required_marker_in_a_file_overrides_the_default(tmp_path):
 def _app_schema(path):
     from forge_rl.recipes.distill import DistillConfig
     from forge_rl.recipes.grpo_config import GRPOConfig
+    from forge_rl.recipes.ppo import PPOConfig
     from forge_rl.recipes.sft import SFTConfig
 
-    return {"grpo": GRPOConfig, "sft": SFTConfig, "distill": DistillConfig}[path.parent.name]
+    return {"grpo": GRPOConfig, "sft": SFTConfig, "distill": DistillConfig, "ppo": PPOConfig}[path.parent.name]
 
 
 SHIPPED = sorted((REPO / "configs").glob("*/*.yaml"))
@@ -133,7 +134,7 @@ def test_every_shipped_config_loads_and_validates(path):
     if "source: ???" in text:  # the task's data is the user's too
         overrides.append("task.source=/data/some-local-dir")
     cfg = load_config(_app_schema(path), path, overrides)
-    if path.parent.name in ("grpo", "distill"):  # distillation is the GRPO app with a teacher
+    if path.parent.name in ("grpo", "distill", "ppo"):  # distillation and PPO are the GRPO app with a stage more
         from forge_rl.recipes.grpo_config import check_config
 
         check_config(cfg)
@@ -141,7 +142,7 @@ def test_every_shipped_config_loads_and_validates(path):
 
 
 def test_shipped_configs_cover_every_app():
-    assert {p.parent.name for p in SHIPPED} == {"grpo", "sft", "distill"}
+    assert {p.parent.name for p in SHIPPED} == {"grpo", "sft", "distill", "ppo"}
 
 
 def test_max_policy_age_is_one_key():

@@ -187,7 +187,12 @@ def validate_batches(batches: list[TrainBatch | BatchShape], dp_size: int, vocab
         _check_tensor(f"{at}.response_mask", b.response_mask, torch.bool, (B, T), like_tokens)
         _check_tensor(f"{at}.behaviour_logprobs", b.behaviour_logprobs, torch.float32, (B, T), like_tokens)
         _check_tensor(f"{at}.policy_versions", b.policy_versions, torch.int64, (B, T), like_tokens)
-        _check_tensor(f"{at}.advantages", b.advantages, torch.float32, (B,), " (one per sequence)")
+        per_token = isinstance(b.advantages, torch.Tensor) and b.advantages.dim() == 2  # PPO's, [B, T]
+        _check_tensor(f"{at}.advantages", b.advantages, torch.float32, (B, T) if per_token else (B,),
+                      like_tokens if per_token else " (one per sequence, or one per token [B, T])")
+        for name in ("values", "returns"):  # the critic's (PPO)
+            if getattr(b, name) is not None:
+                _check_tensor(f"{at}.{name}", getattr(b, name), torch.float32, (B, T), like_tokens)
         if b.ref_logprobs is not None:
             _check_tensor(f"{at}.ref_logprobs", b.ref_logprobs, torch.float32, (B, T), like_tokens)
         outside = (b.tokens < 0) | (b.tokens >= vocab_size)  # pad ids too: the model embeds every token
@@ -200,7 +205,7 @@ def validate_batches(batches: list[TrainBatch | BatchShape], dp_size: int, vocab
         if b.response_mask[:, 0].any():
             raise ValueError(f"{at}.response_mask marks token 0; a response needs at least one prompt token")
         # The whole tensors, not just the response tokens: the loss masks by multiplying, and NaN * 0 is NaN.
-        for name in ("advantages", "behaviour_logprobs", "ref_logprobs"):
+        for name in ("advantages", "behaviour_logprobs", "ref_logprobs", "values", "returns"):
             value = getattr(b, name)
             if value is not None and not (finite := torch.isfinite(value)).all():
                 where = tuple((~finite).nonzero()[0].tolist())
@@ -304,7 +309,7 @@ class Trainer(ForgeActor):
 
         p = self.cfg.parallel
         parallelism, dims = self._parallel_dims()
-        config = qwen3.titan_config(self.model_dir)
+        config = self._model_config(qwen3)
         config.update_from_config(config=_WithParallelism(parallelism))  # TP sharding plans on the config
         if self.cfg.lora.enabled:  # after the TP plans: the adapters take their sharding from the base linears
             config = lora.convert(config, self.cfg.lora)
@@ -326,12 +331,8 @@ class Trainer(ForgeActor):
             model.init_states(buffer_device=self.device)
         lora.add_dropout(model, self.cfg.lora.dropout)
         adapter = Qwen3StateDictAdapter(config, str(self.model_dir))
-        adapters = {}
-        if self.cfg.lora.enabled:
-            shapes = {k: tuple(v.shape) for k, v in model.state_dict().items() if is_adapter_key(k)}
-            adapters = lora.initial_adapters(shapes, self.cfg.seed)
         # each rank reads only its shards of the checkpoint (forge_rl/models/sharded_load.py)
-        self.checkpoint_read = load_sharded(model, adapter, self.model_dir, extra=adapters)
+        self.checkpoint_read = load_sharded(model, adapter, self.model_dir, extra=self._not_in_checkpoint(model))
         self.max_seq_len = config.layers[0].attention.rope.max_seq_len
         self.vocab_size = config.vocab_size
         # Without FSDP there is no mixed-precision policy: autocast gives the compute dtype instead.
@@ -343,6 +344,17 @@ class Trainer(ForgeActor):
         self.loss_parallel = False  # set once the model hands back vocabulary-sharded logits (TP)
         model._skip_lm_head = self.fused_lm_head  # the decoder returns hidden states; the head is in the logprobs
         return model, adapter, dims
+
+    def _model_config(self, qwen3):
+        """The TorchTitan config of the model this actor trains: the checkpoint's (the Critic's has a value head)."""
+        return qwen3.titan_config(self.model_dir)
+
+    def _not_in_checkpoint(self, model) -> dict[str, torch.Tensor]:
+        """Whole initial tensors of the parameters the checkpoint lacks: LoRA's adapters."""
+        if not self.cfg.lora.enabled:
+            return {}
+        shapes = {k: tuple(v.shape) for k, v in model.state_dict().items() if is_adapter_key(k)}
+        return lora.initial_adapters(shapes, self.cfg.seed)
 
     # ---- training -------------------------------------------------------------------------------
 

@@ -21,9 +21,10 @@ APP_STATE = "app_state.pt"
 
 
 async def save_checkpoint(run: Run, trainer, buffer, dataset, step: int, checkpoint_dir: Path,
-                          keep_last: int = 0) -> Path:
+                          keep_last: int = 0, others: dict | None = None) -> Path:
     """Trainer DCP checkpoint plus the controller's state (buffer, data position, counters), as
-    `checkpoint_dir/step-N`. Written under a temporary name and renamed when complete: a failure midway
+    `checkpoint_dir/step-N`; each of `others` (name -> another trained actor: PPO's critic) saves its own DCP
+    checkpoint into step-N/<name>. Written under a temporary name and renamed when complete: a failure midway
     (a full disk, a kill) leaves every earlier checkpoint as it was. Then only the newest `keep_last`
     complete checkpoints are kept (0: all)."""
     checkpoint_dir = Path(checkpoint_dir)
@@ -33,6 +34,8 @@ async def save_checkpoint(run: Run, trainer, buffer, dataset, step: int, checkpo
     shutil.rmtree(partial, ignore_errors=True)  # what an earlier failed save left
     try:
         await trainer.save.call(step, str(partial))
+        for name, actor in (others or {}).items():
+            await actor.save.call(step, str(partial / name))
         state = dict(version=run.version, drops=run.drops, buffer=await buffer.state_dict.call_one(),
                      dataset=await dataset.state_dict.call_one())
         torch.save(state, partial / APP_STATE)
@@ -75,11 +78,16 @@ def latest_checkpoint(checkpoint_dir: Path) -> Path:
     return candidates[-1]
 
 
-async def resume_from_checkpoint(run: Run, trainer, generator, buffer, dataset, checkpoint_dir: Path) -> tuple[int, Path]:
-    """Load the newest checkpoint into the trainer, buffer, dataset and `run`, and give the generators its
-    weights. Returns the step it was taken at and its path."""
+async def resume_from_checkpoint(run: Run, trainer, generator, buffer, dataset, checkpoint_dir: Path,
+                                others: dict | None = None) -> tuple[int, Path]:
+    """Load the newest checkpoint into the trainer, `others` (as saved by save_checkpoint), buffer, dataset and
+    `run`, and give the generators its weights. Returns the step it was taken at and its path."""
     path = latest_checkpoint(checkpoint_dir)
     step = (await trainer.load.call(str(path))).get(0)
+    for name, actor in (others or {}).items():
+        if not (path / name).is_dir():
+            raise FileNotFoundError(f"{path} has no {name}/ checkpoint: it was written by a run without a {name}")
+        await actor.load.call(str(path / name))
     state = torch.load(path / APP_STATE, weights_only=False)
     run.version = state["version"]
     run.drops.update(state["drops"])

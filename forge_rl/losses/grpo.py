@@ -102,9 +102,10 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
 
 def token_advantages(advantages: torch.Tensor, behaviour_logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None,
                      cfg: GRPOLossConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Each token's advantage [B, T] (the sequence's, times reward_coef) and, for on-policy distillation, minus
-    distill_coef x the reverse KL of the sampling policy to the teacher at that token (also returned)."""
-    A = advantages[:, None].to(dtype)
+    """Each token's advantage [B, T] (the sequence's [B], or PPO's per-token [B, T], times reward_coef) and, for
+    on-policy distillation, minus distill_coef x the reverse KL of the sampling policy to the teacher at that token
+    (also returned)."""
+    A = (advantages if advantages.dim() == 2 else advantages[:, None]).to(dtype)
     if cfg.distill_coef:
         if ref_logprobs is None:
             raise ValueError("loss.distill_coef > 0 needs TrainBatch.ref_logprobs (the teacher's logprobs)")

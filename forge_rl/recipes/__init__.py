@@ -1,6 +1,6 @@
 """The runs, one module per algorithm: each holds `CONFIG` (its config dataclass) and `main(cfg)` (the run from
 start to summary). GRPO's run is an object whose steps can be called one at a time (forge_rl/recipes/grpo.py);
-distillation subclasses it; SFT is a sibling on the same actors.
+PPO and distillation subclass it; SFT is a sibling on the same actors.
 
     python -m forge_rl.recipes grpo --config configs/grpo/tiny.yaml [key=value ...]
 
@@ -8,7 +8,7 @@ is what `apps/grpo/main.py` runs, and what a Slurm batch job runs inside its all
 
 import importlib
 
-RECIPES = ("grpo", "distill", "sft")
+RECIPES = ("grpo", "ppo", "distill", "sft")
 
 
 def recipe(name: str):

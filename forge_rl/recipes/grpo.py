@@ -93,6 +93,14 @@ class GRPORun:
         it (trainer.grpo.kl_coef > 0); a distillation run returns its teacher."""
         return self.cfg.trainer.model if self.cfg.trainer.grpo.kl_coef > 0 else None
 
+    def critic_parameters(self) -> int:
+        """Parameters of a critic trained on the trainer's ranks (PPO), for the colocated GPU's memory plan."""
+        return 0
+
+    def other_trained(self) -> dict:
+        """Actors trained beside the policy, checkpointed and resumed with the run (PPO's critic): name -> actor."""
+        return {}
+
     # ---- start ----------------------------------------------------------------------------------------
 
     async def start(self) -> "GRPORun":
@@ -223,7 +231,7 @@ class GRPORun:
             micro_batch=cfg.trainer.micro_batch_size or -(-cfg.batch_groups * cfg.group_size // dp_size(cfg)),
             seq_len=seq_len, activation_checkpointing=cfg.trainer.parallel.activation_checkpointing,
             fused_lm_head=cfg.trainer.fused_lm_head,
-            lora=cfg.trainer.lora.enabled, reference_params=ref_params,
+            lora=cfg.trainer.lora.enabled, reference_params=ref_params, critic_params=self.critic_parameters(),
             engine_dtype=engine_args.get("dtype", "bfloat16"), tensor_parallel_size=self.generator_gpus,
             max_model_len=engine_args.get("max_model_len"), max_num_seqs=engine_args.get("max_num_seqs"))
 
@@ -232,7 +240,8 @@ class GRPORun:
         resumed = resume_requested(cfg.resume, self.checkpoint_dir)
         if resumed:
             self.start_step, path = await resume_from_checkpoint(self.state, self.trainer, self.generator,
-                                                                 self.buffer, self.dataset, self.checkpoint_dir)
+                                                                 self.buffer, self.dataset, self.checkpoint_dir,
+                                                                 self.other_trained())
             self.console.print(f"resumed from {path} at step {self.start_step} (policy version {self.state.version})")
         self.log = MetricsLogger(self.out, cfg.wandb_project, config=asdict(cfg),
                                  resume_step=self.start_step if resumed else None)
@@ -287,6 +296,7 @@ class GRPORun:
             generator=await self.generator.stats.route(), data=data, drops=drops(buffer, s.drops, data),
             rewards=rewards, reward_parts=parts, batch_rewards=batch_rewards(batches),
         ))
+        line.update({k: v for k, v in metrics.items() if "/" in k})  # another stage's, named (PPO's critic/...)
         self.log.log(self.step, line)
         return line
 
@@ -298,7 +308,7 @@ class GRPORun:
                                "skipped on resume[/yellow]")
         try:
             return await save_checkpoint(self.state, self.trainer, self.buffer, self.dataset, self.step,
-                                         self.checkpoint_dir, self.cfg.checkpoint_keep_last)
+                                         self.checkpoint_dir, self.cfg.checkpoint_keep_last, self.other_trained())
         finally:
             await self.state.admission.pause(False)
 
@@ -312,7 +322,7 @@ class GRPORun:
         await self.state.admission.quiesce(timeout_s=10)
         await self._stop_rollouts()
         return await save_checkpoint(self.state, self.trainer, self.buffer, self.dataset, self.step,
-                                     self.checkpoint_dir, self.cfg.checkpoint_keep_last)
+                                     self.checkpoint_dir, self.cfg.checkpoint_keep_last, self.other_trained())
 
     async def finish(self) -> dict:
         """End of training: the generators take the final weights, a last evaluation, a checkpoint, the HF
@@ -416,13 +426,18 @@ class GRPORun:
                 s.last_updates, self._pending_update = await self._pending_update, None
             hold_s = max(await self.generator.hold.call_all(), default=0.0)
         busy_start = time.perf_counter()
-        self._step_task = asyncio.ensure_future(train_and_publish(s, self.trainer, self.reference, batches,
-                                                                  self.shards, self.cfg.timeouts, self._where()))
+        self._step_task = asyncio.ensure_future(self._update(batches))
         metrics, push = await asyncio.shield(self._step_task)
         s.trainer_busy_s += time.perf_counter() - busy_start
         if self.placement.colocated:  # ... and take it back (GPU: wake up)
             push = dict(push, hold_s=hold_s, release_s=max(await self.generator.release.call_all(), default=0.0))
         return metrics, push
+
+    async def _update(self, batches) -> tuple[dict, dict]:
+        """What a step does with its batch: the policy's optimizer step and the publish of its weights. Returns
+        the trainer's metrics (keys with a '/' go into the step's line as they are) and the push record."""
+        return await train_and_publish(self.state, self.trainer, self.reference, batches, self.shards,
+                                       self.cfg.timeouts, self._where())
 
     async def _swap_generators(self) -> None:
         """Every replica prefetches the new version and swaps between engine steps; one swap at a time, in
@@ -490,20 +505,39 @@ async def train_and_publish(state: Run, trainer, reference, batches, shards: dic
     the run is interrupted, so a final checkpoint never holds a trainer one step ahead of the run's version,
     buffer and data position. Each rank is sent its own data-parallel batch only (`shards`: each role's rank ->
     shard), and each call has its timeout (timeouts.*): a hung rank stops the run, named."""
-    t, version = timeouts or TimeoutsConfig(), state.version + 1
-    if reference is not None:  # the frozen reference policy, or a distillation teacher
-        filled = await within(call_each_rank(reference, "fill_ref_logprobs",
-                                             batches_for_ranks(batches, shards["reference"])),
-                              t.reference_s, "reference_s", f"the Reference's fill_ref_logprobs for version {version}",
-                              where)
-        batches = [filled[shards["reference"].index(i)][i] for i in range(len(batches))]
-    metrics = (await within(call_each_rank(trainer, "train_step", batches_for_ranks(batches, shards["trainer"])),
-                            t.train_step_s, "train_step_s", f"the Trainer's train_step to version {version}",
-                            where))[0]
+    t = timeouts or TimeoutsConfig()
+    batches = await fill_reference(reference, batches, shards, state.version + 1, t, where)
+    metrics = await train_policy(trainer, batches, shards, state.version + 1, t, where)
+    push = await publish(state, trainer, t, where)
+    return metrics, push
+
+
+async def fill_reference(reference, batches, shards: dict[str, list[int]], version: int, t: TimeoutsConfig,
+                         where: str) -> list:
+    """`batches` with ref_logprobs from the frozen reference policy (or a distillation teacher); as they are
+    without one."""
+    if reference is None:
+        return batches
+    filled = await within(call_each_rank(reference, "fill_ref_logprobs", batches_for_ranks(batches, shards["reference"])),
+                          t.reference_s, "reference_s", f"the Reference's fill_ref_logprobs for version {version}",
+                          where)
+    return [filled[shards["reference"].index(i)][i] for i in range(len(batches))]
+
+
+async def train_policy(trainer, batches, shards: dict[str, list[int]], version: int, t: TimeoutsConfig,
+                       where: str) -> dict:
+    """The Trainer's optimizer step to `version` on `batches`; its metrics (rank 0's, reduced over ranks)."""
+    return (await within(call_each_rank(trainer, "train_step", batches_for_ranks(batches, shards["trainer"])),
+                         t.train_step_s, "train_step_s", f"the Trainer's train_step to version {version}", where))[0]
+
+
+async def publish(state: Run, trainer, t: TimeoutsConfig, where: str) -> dict:
+    """Publish the trained weights as the next version and advance the run's policy version to it."""
+    version = state.version + 1
     push = (await within(trainer.push_weights.call(version), t.publish_s, "publish_s",
                          f"the Trainer's push_weights of version {version}", where)).get(0)
     state.version = version
-    return metrics, push
+    return push
 
 
 def host_placement(launcher: LauncherConfig, node_gpus: int) -> Placement:

@@ -107,6 +107,8 @@ def console_line(step: int, m: dict[str, float]) -> str:
     ]
     if "trainer/mismatch_abs_mean" in m:  # train/inference: |log pi - log mu| over the batch (docs/algorithms.md)
         parts.insert(3, f"mismatch {m['trainer/mismatch_abs_mean']:.1e}")
+    if "critic/value_loss" in m:  # PPO: how well the critic predicts the returns before its update
+        parts.insert(3, f"value loss {m['critic/value_loss']:.3f} ev {m['critic/explained_variance']:.2f}")
     if m.get("trainer/reverse_kl_teacher"):
         parts.insert(3, f"KL to teacher {m['trainer/reverse_kl_teacher']:.3f}")
     if "eval/accuracy" in m:

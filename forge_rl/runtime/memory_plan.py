@@ -18,7 +18,8 @@ h, L, I, V, a, k, d = hidden, layers, intermediate, vocabulary, attention heads,
   optimizer offloaded (`offload_optimizer=True`: a what-if the sizing table shows; the trainer does not offload
   yet) only the params (4*P/n) would stay while the engine generates, the grads (4*P/n) on the GPU during a
   step and the optimizer stepping on the host. LoRA: the frozen fp32 base only.
-  A frozen reference policy (KL penalty) adds its 4*P/n. Plus TRAINER_OVERHEAD_GB (CUDA context, NCCL).
+  A frozen reference policy (KL penalty) adds its 4*P/n; PPO's critic, trained on the same ranks, its 16*P/n.
+  Plus TRAINER_OVERHEAD_GB (CUDA context, NCCL).
 - trainer activations per GPU during a step (bf16, flash attention: 34 bytes per token per hidden unit per layer,
   Korthikanti et al. 2022), tokens = micro_batch * seq_len:
       without activation checkpointing: tokens * h * 34 * L
@@ -172,7 +173,7 @@ class MemoryPlan:
 
 def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, micro_batch: int = 1,
                 seq_len: int = 2048, activation_checkpointing: bool = True, fused_lm_head: bool = True,
-                offload_optimizer: bool = False, lora: bool = False, reference_params: int = 0,
+                offload_optimizer: bool = False, lora: bool = False, reference_params: int = 0, critic_params: int = 0,
                 engine_dtype: str = "bfloat16", tensor_parallel_size: int = 1, max_model_len: int | None = None,
                 max_num_seqs: int | None = None, margin_gb: float = MARGIN_GB) -> MemoryPlan:
     """The plan of one GPU that a trainer rank (of `trainer_ranks`) and a generator replica's share time-share
@@ -184,7 +185,7 @@ def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, 
     # while the engine generates: the fp32 params (+ grads and Adam unless offloaded); a step adds the grads back
     resident = fp32_gb if lora or offload_optimizer else states
     step = resident + (fp32_gb if offload_optimizer and not lora else 0.0)
-    extra = 4 * reference_params / n / GB + TRAINER_OVERHEAD_GB
+    extra = (4 * reference_params + 16 * critic_params) / n / GB + TRAINER_OVERHEAD_GB
     logits = not fused_lm_head or n > 1  # the trainer fuses the lm_head only when it is whole on its rank
     engine_bytes = DTYPE_BYTES.get(str(engine_dtype).replace("torch.", ""), 2)
     max_len = max_model_len or shape.max_position_embeddings or seq_len

@@ -1,0 +1,18 @@
+"""PPO with a critic: a value model trained beside the policy gives per-token advantages (GAE).
+
+    python -m apps.ppo.main --config configs/ppo/tiny.yaml [key=value ...] [--verbose]
+
+The run is GRPO's with a critic stage (forge_rl/recipes/ppo.py, docs/algorithms.md).
+"""
+
+from forge_rl.recipes.command_line import run_from_command_line
+from forge_rl.recipes.grpo import train
+from forge_rl.recipes.ppo import PPOConfig, PPORun
+
+
+async def main(cfg: PPOConfig) -> dict:
+    return await train(PPORun(cfg))
+
+
+if __name__ == "__main__":
+    run_from_command_line(PPOConfig, main, __doc__.splitlines()[0])

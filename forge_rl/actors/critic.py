@@ -1,0 +1,113 @@
+"""Critic: PPO's value model, a TorchTitan Qwen3 body with a scalar value head, trained beside the policy.
+
+    critic = await Critic.options(procs=2, spmd=True).as_actor(trainer_cfg, value_clip=0.2, epochs=1)
+    values = await critic.values.call(batches)       # each rank: its own batch's values [B, T]
+    metrics = await critic.train_step.call(batches)  # batches carrying `values` and `returns` (GAE's targets)
+
+It is the Trainer with its lm_head replaced by a 1-wide linear (no weight tying): everything else is the
+trainer's, so the critic has its own FSDP2 x TP ranks, fp32 masters, AdamW, learning-rate schedule and DCP
+checkpoint, placed by `resources` like any role. The body comes from `critic.model` (default: the policy's
+checkpoint); the value head starts at 0, so the first values are 0 and the first updates move the head alone.
+
+V[b, t] is the value of the state just before token t was chosen: the head reads the hidden state at t - 1, as
+the policy's logprob of token t does. Values are 0 outside the response mask.
+"""
+
+import time
+
+import torch
+from monarch.actor import endpoint
+
+from forge_rl.actors.trainer import Trainer, TrainerConfig, _peak_rss_mb
+from forge_rl.losses.grpo import reduce_loss
+from forge_rl.losses.ppo import value_loss
+from forge_rl.types import BatchShape, TrainBatch
+
+
+class Critic(Trainer):
+    def __init__(self, cfg: TrainerConfig, value_clip: float = 0.2, epochs: int = 1):
+        if value_clip < 0:
+            raise ValueError(f"critic.value_clip must be >= 0 (0: no clipping), got {value_clip}")
+        if epochs < 1:
+            raise ValueError(f"critic.epochs must be >= 1, got {epochs}")
+        if cfg.lora.enabled:
+            raise ValueError("critic: LoRA is for the policy (trainer.lora); the critic trains its whole model")
+        # the value head is a real module: no fused vocabulary head, no prompt packing (values of every position)
+        super().__init__(TrainerConfig(**{**vars(cfg), "fused_lm_head": False, "share_prompts": False}))
+        self.value_clip, self.epochs = value_clip, epochs
+
+    def _model_config(self, qwen3):
+        from forge_rl.deps.torchtitan import LINEAR_INIT
+        from torchtitan.models.common import Linear
+
+        config = qwen3.titan_config(self.model_dir)
+        config.lm_head = Linear.Config(in_features=config.dim, out_features=1, param_init=LINEAR_INIT)
+        config.enable_weight_tying = False  # the embeddings stay the checkpoint's; the head is the value head
+        return config
+
+    def _not_in_checkpoint(self, model) -> dict[str, torch.Tensor]:
+        return {"lm_head.weight": torch.zeros(model.lm_head.weight.shape)}
+
+    def _values(self, tokens: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+        """V [B, T] (float32, on the device), 0 outside `response_mask`; with gradient when training."""
+        from torch.distributed.tensor import DTensor
+
+        d = self.device
+        with torch.autocast(d.type, dtype=getattr(torch, self.cfg.dtype), enabled=self.autocast):
+            out = self.model(tokens.to(d))
+        if isinstance(out, DTensor):  # TP: the 1-wide head's output is gathered (B x T floats)
+            out = out.full_tensor()
+        head = out[..., 0].float()
+        values = torch.cat([torch.zeros_like(head[:, :1]), head[:, :-1]], dim=1)  # token t's state is t - 1's
+        return values.where(response_mask.to(d), 0.0)
+
+    @endpoint
+    async def values(self, batches: list[TrainBatch | BatchShape]) -> list[torch.Tensor | None]:
+        """The values [B, T] of this rank's batch under the current weights, None for the other ranks' batches
+        (BatchShapes). FSDP ranks gather parameters together: each runs exactly one forward."""
+        self.model.eval()
+        with torch.no_grad():
+            return [None if isinstance(b, BatchShape) else self._values(b.tokens, b.response_mask).cpu()
+                    for b in batches]
+
+    @endpoint
+    async def train_step(self, batches: list[TrainBatch | BatchShape]) -> dict[str, float]:
+        """`epochs` optimizer steps of the clipped value loss on the step's batches (each rank its own; every
+        TrainBatch must carry `values`, the critic's before this step, and `returns`). The loss is a mean over
+        the whole step's response tokens, so ranks and micro-batches sum to the batch's. The clip acts from the
+        second epoch on: in the first the values being trained are the ones `values` just computed."""
+        self._validate_everywhere(batches)
+        batch = batches[self.dp_rank]
+        if batch.values is None or batch.returns is None:
+            raise ValueError(f"critic.train_step: batch[{self.dp_rank}] has no values/returns (compute them with "
+                             "critic.values and forge_rl.losses.ppo.gae first)")
+        start = time.perf_counter()
+        total_seqs = sum(b.num_sequences for b in batches)
+        total_tokens = sum(b.num_response_tokens for b in batches)
+        mb = self.cfg.micro_batch_size or batch.num_sequences
+        first, grad_norms = None, []
+        self.model.train()
+        for _ in range(self.epochs):
+            sums = torch.zeros(2, dtype=torch.float64)  # the loss, tokens whose clipped term was the larger
+            for lo in range(0, batch.num_sequences, mb):
+                rows = slice(lo, lo + mb)
+                mask = batch.response_mask[rows].to(self.device)
+                v = self._values(batch.tokens[rows], batch.response_mask[rows])
+                token_loss, clipped = value_loss(v, batch.values[rows].to(self.device),
+                                                 batch.returns[rows].to(self.device), self.value_clip)
+                loss = reduce_loss(token_loss, mask, "token_mean", total_seqs, total_tokens)
+                loss.backward()
+                sums += torch.tensor([loss.item(), float((clipped & mask).sum())], dtype=torch.float64)
+            grad_norm, _ = self._optimizer_step(float(sums[0]))
+            grad_norms.append(grad_norm)
+            sums, _ = self._reduce_over_data_parallel(sums, 0.0)
+            first = sums if first is None else first
+            last = sums
+        elapsed = time.perf_counter() - start
+        return dict(value_loss=float(first[0]), value_loss_last_epoch=float(last[0]),
+                    value_clip_fraction=float(last[1]) / total_tokens, grad_norm=grad_norms[0],
+                    step=self.step, step_s=elapsed, peak_rss_mb=_peak_rss_mb())  # step: optimizer steps so far
+
+    @endpoint
+    async def push_weights(self, version: int) -> dict[str, float]:
+        raise RuntimeError("the critic's weights are not published: generators run the policy (the Trainer's)")

@@ -1,0 +1,151 @@
+"""PPO with a critic: per-token credit from a value model trained beside the policy; no group of samples needed.
+
+It is the GRPO run with a critic stage (docs/algorithms.md):
+- a `Critic` actor (forge_rl/actors/critic.py: the policy's TorchTitan body with a value head, its own optimizer,
+  checkpoint and ranks) values every token of the step's batch under its current weights;
+- GAE over the model tokens (an environment's tokens are skipped), with each episode's reward on its last model
+  token, gives per-token advantages, whitened over the step, and the critic's targets (returns);
+- the policy takes its usual optimizer step (the loss family unchanged: clip, IS corrections, KL) on the per-token
+  advantages, then the critic takes `critic.epochs` steps of the clipped value loss while the weights publish.
+Rollouts, the replay buffer and its staleness bound, weight sync without draining, evaluation, checkpoints (the
+critic's in step-N/critic) and Slurm are GRPO's. Values are computed at train time, so a stale sample is valued
+by the critic of the version being trained, not the one that sampled it.
+"""
+
+import asyncio
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from forge_rl.actors.critic import Critic
+from forge_rl.actors.trainer import OptimizerConfig
+from forge_rl.config import ConfigError
+from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, data_shards
+from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, whiten
+from forge_rl.models import resolve_model_path
+from forge_rl.recipes.grpo import GRPORun, fill_reference, publish, train, train_policy
+from forge_rl.recipes.grpo_config import GRPOConfig
+from forge_rl.runtime.memory_plan import ModelShape
+from forge_rl.runtime.timeouts import within
+from forge_rl.types import TrainBatch
+
+
+@dataclass
+class CriticSection:
+    model: str | None = None  # the body's checkpoint; null: the policy's (model). The value head starts at 0
+    value_clip: float = 0.2  # |V - V_old| beyond this is clipped in the value loss (PPO); 0: no clip
+    epochs: int = 1  # critic optimizer steps per train step on its batch (the clip acts from the second)
+    optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=1e-4))
+
+
+@dataclass
+class PPOSection:
+    gamma: float = 1.0  # discount per model token
+    lam: float = 0.95  # GAE's lambda: 1 is the Monte-Carlo return minus the value, 0 one-step TD
+    whiten_advantages: bool = True  # (A - mean) / std over the step's model tokens
+
+    def __post_init__(self) -> None:
+        if not (0 < self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ValueError(f"ppo.gamma={self.gamma} must be in (0, 1] and ppo.lam={self.lam} in [0, 1]")
+
+
+@dataclass
+class PPOConfig(GRPOConfig):
+    group_size: int = 1  # PPO's baseline is the critic: one sample per prompt is enough
+    critic: CriticSection = field(default_factory=CriticSection)
+    ppo: PPOSection = field(default_factory=PPOSection)
+
+
+def with_advantages(batches: list[TrainBatch], values: list[torch.Tensor], ppo: PPOSection,
+                    ) -> tuple[list[TrainBatch], dict[str, float]]:
+    """Each batch with GAE's per-token advantages (whitened over the whole step when asked), the critic's values
+    and its returns; and what the critic's values explain of the returns, before this step's update."""
+    advantages, returns = [], []
+    for b, v in zip(batches, values):
+        if b.rewards is None:
+            raise ValueError("PPO needs TrainBatch.rewards (each episode's reward), which TrainBatch.collate sets")
+        a, r = gae(terminal_rewards(b.rewards, b.response_mask), v, b.response_mask, ppo.gamma, ppo.lam)
+        advantages.append(a)
+        returns.append(r)
+    masks = [b.response_mask for b in batches]
+    raw = torch.cat([a[m] for a, m in zip(advantages, masks)])
+    if ppo.whiten_advantages:
+        advantages = whiten(advantages, masks)
+    out = [replace(b, advantages=a, values=v, returns=r) for b, a, v, r in zip(batches, advantages, values, returns)]
+    all_values, all_returns = (torch.cat([t[m] for t, m in zip(ts, masks)]) for ts in (values, returns))
+    stats = {"critic/explained_variance": explained_variance(all_values, all_returns, torch.ones_like(all_values,
+                                                                                                     dtype=torch.bool)),
+             "critic/values_mean": float(all_values.mean()), "critic/returns_mean": float(all_returns.mean()),
+             "critic/advantage_std": float(raw.std(unbiased=False))}  # before whitening
+    return out, stats
+
+
+class PPORun(GRPORun):
+    """A GRPO run with a critic stage."""
+
+    cfg: PPOConfig
+
+    def prepare(self) -> None:
+        cfg = self.cfg
+        if cfg.overlong.filter:
+            raise ConfigError("overlong.filter zeroes group advantages; with PPO (per-token advantages from the "
+                              "critic) use overlong.penalty_cache_len, or leave truncated responses to the critic")
+        if cfg.trainer.grpo.policy_loss == "gspo":
+            raise ConfigError("trainer.grpo.policy_loss='gspo' clips a sequence ratio with one advantage per "
+                              "sequence; PPO's advantages are per token: use 'grpo' (PPO's clip) or 'cispo'")
+        if cfg.buffer.drop_zero_advantage:
+            # the advantages the buffer sees are group-relative (0 with one sample per prompt); PPO's come later
+            self.console.print("[yellow]buffer.drop_zero_advantage is turned off: PPO's advantages come from the "
+                               "critic at train time[/yellow]")
+            cfg.buffer.drop_zero_advantage = False
+        super().prepare()
+        try:
+            self.critic_model = resolve_model_path(cfg.critic.model or cfg.model)
+        except FileNotFoundError as e:
+            raise ConfigError(f"critic.model: {e}") from None
+
+    def critic_parameters(self) -> int:
+        return ModelShape.from_config(self.critic_model).parameters()
+
+    def other_trained(self) -> dict:
+        return {"critic": self.critic} if getattr(self, "critic", None) is not None else {}
+
+    async def _start_actors(self, hosts: dict, gpus: list[str]) -> None:
+        await super()._start_actors(hosts, gpus)
+        cfg, placement = self.cfg, self.placement
+        # on the trainer's procs' hosts, cores and GPUs (time-sharing them, as the reference does)
+        critic_cfg = replace(cfg.trainer, model=self.critic_model, optim=cfg.critic.optim,
+                             checkpoint_dir=str(self.checkpoint_dir / "critic"))
+        self.critic = await Critic.options(
+            procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=True, host_mesh="trainer",
+            cpus=tuple(tuple(x) for x in placement.trainer_cpus), threads=placement.trainer_threads,
+            gpu_ids=((tuple(placement.trainer_gpus),) if placement.trainer_gpus else ()),
+        ).as_actor(critic_cfg, value_clip=cfg.critic.value_clip, epochs=cfg.critic.epochs)
+        self.shards["critic"] = await data_shards(self.critic)
+
+    async def _update(self, batches) -> tuple[dict, dict]:
+        """Values, GAE, the policy's step, then the critic's steps while the new weights publish."""
+        s, t, where, shards = self.state, self.cfg.timeouts, self._where(), self.shards
+        version = s.version + 1
+        batches = await fill_reference(self.reference, batches, shards, version, t, where)
+        valued = await within(call_each_rank(self.critic, "values", batches_for_ranks(batches, shards["critic"])),
+                              t.reference_s, "reference_s", f"the Critic's values for version {version}", where)
+        values = [valued[shards["critic"].index(i)][i] for i in range(len(batches))]
+        batches, stats = with_advantages(batches, values, self.cfg.ppo)
+        metrics = await train_policy(self.trainer, batches, shards, version, t, where)
+        critic_step = within(call_each_rank(self.critic, "train_step", batches_for_ranks(batches, shards["critic"])),
+                             t.train_step_s, "train_step_s", f"the Critic's train_step at version {version}", where)
+        critic, push = await asyncio.gather(critic_step, publish(s, self.trainer, t, where))
+        critic = critic[0]
+        metrics = {**metrics, **stats, **{f"critic/{k}": critic[k] for k in
+                                          ("value_loss", "value_loss_last_epoch", "value_clip_fraction", "grad_norm",
+                                           "step", "step_s")}}
+        return metrics, push
+
+
+CONFIG = PPOConfig
+
+
+async def main(cfg: PPOConfig) -> dict:
+    return await train(PPORun(cfg))
+
