@@ -1,4 +1,4 @@
-"""The Critic actor on the tiny model: FSDP2 ranks match one proc, it learns the returns, and a checkpoint
+"""The Critic actor on the tiny model: FSDP2 and TP ranks match one proc, it learns the returns, and a checkpoint
 resumes to the same value losses as the run that was never stopped."""
 
 import dataclasses
@@ -46,18 +46,19 @@ def steps(loop, actor, n_dp: int, seeds) -> list[dict]:
     return out
 
 
-def test_critic_on_fsdp_ranks_matches_one_proc_and_learns_the_returns(loop, tmp_path):
+def test_critic_on_fsdp_and_tp_ranks_matches_one_proc_and_learns_the_returns(loop, tmp_path):
     one = critic(loop, tmp_path / "one")
     first = loop.run_until_complete(one.values.call([make_batch(0)])).item(procs=0)[0]
     assert torch.all(first == 0)  # the value head starts at 0
     expected = steps(loop, one, 1, seeds=(0, 0, 0, 0))
     loop.run_until_complete(stop_actor(one))
-    fsdp = critic(loop, tmp_path / "fsdp", procs=2, dp_shard=2)
-    got = steps(loop, fsdp, 2, seeds=(0, 0, 0, 0))
-    loop.run_until_complete(stop_actor(fsdp))
-    for e, g in zip(expected, got):
-        assert g["value_loss"] == pytest.approx(e["value_loss"], abs=1e-5)
-        assert g["grad_norm"] == pytest.approx(e["grad_norm"], abs=1e-4)
+    for parallel, n_dp in ((dict(dp_shard=2), 2), (dict(dp_shard=1, tp=2), 1)):  # TP: the head is replicated
+        ranks = critic(loop, tmp_path / str(parallel), procs=2, **parallel)
+        got = steps(loop, ranks, n_dp, seeds=(0, 0, 0, 0))
+        loop.run_until_complete(stop_actor(ranks))
+        for e, g in zip(expected, got):
+            assert g["value_loss"] == pytest.approx(e["value_loss"], abs=1e-5), parallel
+            assert g["grad_norm"] == pytest.approx(e["grad_norm"], abs=1e-4), parallel
     losses = [e["value_loss"] for e in expected]
     assert losses[-1] < 0.5 * losses[0], losses  # the same batch four times: it learns its returns
     # two epochs per step: the second's values moved from the first's, so the clip acts on some tokens

@@ -36,12 +36,21 @@ class Critic(Trainer):
         super().__init__(TrainerConfig(**{**vars(cfg), "fused_lm_head": False, "share_prompts": False}))
         self.value_clip, self.epochs = value_clip, epochs
 
-    def _model_config(self, qwen3):
+    def _model_config(self, qwen3, parallelism):
+        import spmd_types as spmd
+        from torchtitan.models.common.decoder_sharding import dense_activation_placement, dense_param_placement
+        from torchtitan.protocols.sharding import ShardingConfig
+
         from forge_rl.deps.torchtitan import LINEAR_INIT
         from torchtitan.models.common import Linear
 
-        config = qwen3.titan_config(self.model_dir)
+        config = super()._model_config(qwen3, parallelism)
         config.lm_head = Linear.Config(in_features=config.dim, out_features=1, param_init=LINEAR_INIT)
+        if parallelism.tensor_parallel_degree > 1:  # one output column cannot be split over TP ranks: replicate it
+            replicated = dense_activation_placement(tp=spmd.R)
+            config.lm_head.sharding_config = ShardingConfig(
+                state_shardings={"weight": dense_param_placement(tp=spmd.R)}, in_src_shardings={"input": replicated},
+                in_dst_shardings={"input": replicated}, out_src_shardings=replicated, out_dst_shardings=replicated)
         config.enable_weight_tying = False  # the embeddings stay the checkpoint's; the head is the value head
         return config
 

@@ -187,9 +187,9 @@ def validate_batches(batches: list[TrainBatch | BatchShape], dp_size: int, vocab
         _check_tensor(f"{at}.response_mask", b.response_mask, torch.bool, (B, T), like_tokens)
         _check_tensor(f"{at}.behaviour_logprobs", b.behaviour_logprobs, torch.float32, (B, T), like_tokens)
         _check_tensor(f"{at}.policy_versions", b.policy_versions, torch.int64, (B, T), like_tokens)
-        per_token = isinstance(b.advantages, torch.Tensor) and b.advantages.dim() == 2  # PPO's, [B, T]
+        per_token = isinstance(b.advantages, torch.Tensor) and tuple(b.advantages.shape) == (B, T)  # PPO's
         _check_tensor(f"{at}.advantages", b.advantages, torch.float32, (B, T) if per_token else (B,),
-                      like_tokens if per_token else " (one per sequence, or one per token [B, T])")
+                      f" (one per sequence) or {(B, T)} (one per token)")
         for name in ("values", "returns"):  # the critic's (PPO)
             if getattr(b, name) is not None:
                 _check_tensor(f"{at}.{name}", getattr(b, name), torch.float32, (B, T), like_tokens)
@@ -309,8 +309,7 @@ class Trainer(ForgeActor):
 
         p = self.cfg.parallel
         parallelism, dims = self._parallel_dims()
-        config = self._model_config(qwen3)
-        config.update_from_config(config=_WithParallelism(parallelism))  # TP sharding plans on the config
+        config = self._model_config(qwen3, parallelism)
         if self.cfg.lora.enabled:  # after the TP plans: the adapters take their sharding from the base linears
             config = lora.convert(config, self.cfg.lora)
         with torch.device("meta"):
@@ -345,9 +344,12 @@ class Trainer(ForgeActor):
         model._skip_lm_head = self.fused_lm_head  # the decoder returns hidden states; the head is in the logprobs
         return model, adapter, dims
 
-    def _model_config(self, qwen3):
-        """The TorchTitan config of the model this actor trains: the checkpoint's (the Critic's has a value head)."""
-        return qwen3.titan_config(self.model_dir)
+    def _model_config(self, qwen3, parallelism):
+        """The TorchTitan config of the model this actor trains, with its TP sharding plans: the checkpoint's (the
+        Critic's has a value head)."""
+        config = qwen3.titan_config(self.model_dir)
+        config.update_from_config(config=_WithParallelism(parallelism))
+        return config
 
     def _not_in_checkpoint(self, model) -> dict[str, torch.Tensor]:
         """Whole initial tensors of the parameters the checkpoint lacks: LoRA's adapters."""
