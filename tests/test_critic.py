@@ -80,3 +80,28 @@ def test_critic_checkpoint_resumes_to_the_same_value_losses(loop, tmp_path):
         assert g["value_loss"] == pytest.approx(e["value_loss"], abs=1e-7) and g["step"] == e["step"]
     assert expected[0]["value_loss"] != expected[1]["value_loss"]
     loop.run_until_complete(stop_actor(second))
+
+
+@pytest.mark.parametrize("labels", [1, 2])
+def test_a_critic_from_a_reward_models_checkpoint_starts_at_its_scores(loop, tmp_path, labels):
+    """A Hugging Face sequence classifier as critic.model: the body is its body and the value of token t is its
+    score head on the hidden state before t, as transformers computes it (two labels: label 1's logit minus
+    label 0's)."""
+    from transformers import Qwen3ForSequenceClassification
+
+    from forge_rl.models import resolve_model_path
+
+    torch.manual_seed(0)
+    rm = Qwen3ForSequenceClassification.from_pretrained(resolve_model_path("tiny"), num_labels=labels)
+    rm.score.weight.data.normal_(0, 0.5)  # a head that is not 0, so the check means something
+    rm.save_pretrained(tmp_path / "rm")
+    cfg = TrainerConfig(model=str(tmp_path / "rm"), checkpoint_dir=str(tmp_path / "critic"))
+    actor = loop.run_until_complete(Critic.options(procs=1, spmd=True).as_actor(cfg))
+    b = make_batch(3)
+    values = loop.run_until_complete(actor.values.call([b])).item(procs=0)[0]
+    with torch.no_grad():
+        logits = rm.score(rm.model(b.tokens).last_hidden_state)  # [B, T, labels]: the score of every prefix
+        scores = logits[..., 0] if labels == 1 else logits[..., 1] - logits[..., 0]
+    expected = torch.where(b.response_mask, torch.cat([torch.zeros(b.num_sequences, 1), scores[:, :-1]], 1), 0.0)
+    assert values.abs().max() > 0.1 and torch.allclose(values, expected, atol=1e-4)
+    loop.run_until_complete(stop_actor(actor))

@@ -8,6 +8,8 @@ It is the Trainer with its lm_head replaced by a 1-wide linear (no weight tying)
 trainer's, so the critic has its own FSDP2 x TP ranks, fp32 masters, AdamW, learning-rate schedule and DCP
 checkpoint, placed by `resources` like any role. The body comes from `critic.model` (default: the policy's
 checkpoint); the value head starts at 0, so the first values are 0 and the first updates move the head alone.
+From a reward model's checkpoint (an HF sequence classifier) the body is its body and the value head its score
+head, so the first values are the reward model's scores of each prefix.
 
 V[b, t] is the value of the state just before token t was chosen: the head reads the hidden state at t - 1, as
 the policy's logprob of token t does. Values are 0 outside the response mask.
@@ -54,8 +56,24 @@ class Critic(Trainer):
         config.enable_weight_tying = False  # the embeddings stay the checkpoint's; the head is the value head
         return config
 
+    # A Hugging Face sequence classifier (a reward model: Qwen3ForSequenceClassification) has the body's tensors
+    # and a `score` head instead of an lm_head; that head becomes the value head.
+    NOT_LOADED = ("score.weight",)
+
     def _not_in_checkpoint(self, model) -> dict[str, torch.Tensor]:
-        return {"lm_head.weight": torch.zeros(model.lm_head.weight.shape)}
+        """The value head's start: a reward model's score head (one label: its logit; two: label 1's logit minus
+        label 0's, which orders completions as p(label 1) does), else 0."""
+        from forge_rl.models.sharded_load import SafetensorsCheckpoint
+
+        shape = tuple(model.lm_head.weight.shape)  # (1, hidden)
+        checkpoint = SafetensorsCheckpoint(self.model_dir)
+        if "score.weight" not in checkpoint.names:
+            return {"lm_head.weight": torch.zeros(shape)}
+        score = checkpoint.read("score.weight").float()
+        if score.dim() != 2 or score.shape[0] not in (1, 2) or score.shape[1] != shape[1]:
+            raise ValueError(f"critic.model={self.model_dir}: score.weight has shape {tuple(score.shape)}; a value "
+                             f"head starts from a reward model with 1 or 2 labels over {shape[1]} hidden units")
+        return {"lm_head.weight": score[:1] if score.shape[0] == 1 else score[1:] - score[:1]}
 
     def _values(self, tokens: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
         """V [B, T] (float32, on the device), 0 outside `response_mask`; with gradient when training."""

@@ -231,6 +231,8 @@ DIAGNOSTIC = {"clip_fraction": "clipped", "approx_kl": "approx_kl_behaviour", "r
 
 
 class Trainer(ForgeActor):
+    NOT_LOADED: tuple[str, ...] = ()  # checkpoint tensors that are not this model's
+
     def __init__(self, cfg: TrainerConfig | None = None, weight_store: WeightStoreConfig | None = None):
         self.cfg = cfg or TrainerConfig()
         if self.cfg.loss == "grpo" and self.cfg.grpo.normalize == "token_sum" and self.cfg.grpo.max_response_len < 1:
@@ -331,7 +333,8 @@ class Trainer(ForgeActor):
         lora.add_dropout(model, self.cfg.lora.dropout)
         adapter = Qwen3StateDictAdapter(config, str(self.model_dir))
         # each rank reads only its shards of the checkpoint (forge_rl/models/sharded_load.py)
-        self.checkpoint_read = load_sharded(model, adapter, self.model_dir, extra=self._not_in_checkpoint(model))
+        self.checkpoint_read = load_sharded(model, adapter, self.model_dir, extra=self._not_in_checkpoint(model),
+                                            ignore=self.NOT_LOADED)
         self.max_seq_len = config.layers[0].attention.rope.max_seq_len
         self.vocab_size = config.vocab_size
         # Without FSDP there is no mixed-precision policy: autocast gives the compute dtype instead.

@@ -54,25 +54,27 @@ class SafetensorsCheckpoint:
         return tensor
 
 
-def checkpoint_names(adapter, checkpoint: SafetensorsCheckpoint) -> dict[str, str]:
+def checkpoint_names(adapter, checkpoint: SafetensorsCheckpoint, ignore: tuple[str, ...] = ()) -> dict[str, str]:
     """The model's state-dict name -> the checkpoint tensor holding it, through the model's own state-dict
-    adapter (TorchTitan's), fed placeholders so that nothing is read."""
-    placeholders = {name: torch.empty(0) for name in checkpoint.names}
+    adapter (TorchTitan's), fed placeholders so that nothing is read. `ignore`: checkpoint tensors that are not
+    the model's (a sequence classifier's score head, when a critic starts from a reward model)."""
+    placeholders = {name: torch.empty(0) for name in checkpoint.names if name not in ignore}
     source = {id(t): name for name, t in placeholders.items()}
     return {model_name: source[id(t)] for model_name, t in adapter.from_hf(placeholders).items()}
 
 
 def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
-                 extra: dict[str, torch.Tensor] | None = None) -> dict[str, int]:
+                 extra: dict[str, torch.Tensor] | None = None, ignore: tuple[str, ...] = ()) -> dict[str, int]:
     """Load `model_dir`'s checkpoint into `model`'s parameters, each parameter's local shard read alone and
     copied into place; `extra` holds full tensors for parameters the checkpoint does not have (LoRA adapters
-    at start). Returns the bytes read, the largest single read and the checkpoint's bytes.
+    at start); `ignore` names checkpoint tensors left unread. Returns the bytes read, the largest single read and
+    the checkpoint's bytes.
 
     Parameters are written directly, not through `load_state_dict`: TorchTitan's fused q/k/v projection
     would gather whole q, k and v tensors on every rank in its state-dict hooks, so its rows are read here
     from the checkpoint's q_proj, k_proj and v_proj instead (forge_rl/models/fused_qkv.py)."""
     checkpoint = SafetensorsCheckpoint(model_dir)
-    names = checkpoint_names(adapter, checkpoint)
+    names = checkpoint_names(adapter, checkpoint, ignore)
     if "tok_embeddings.weight" in names and "lm_head.weight" not in names:
         names["lm_head.weight"] = names["tok_embeddings.weight"]  # tied: HF checkpoints may omit the head
     extra = extra or {}
