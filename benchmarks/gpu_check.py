@@ -9,7 +9,8 @@
    (random weights, the real vocabulary size) on one GPU, colocated (the engine sleeps while the trainer steps):
    steps/min, peak GPU memory per role (nvidia-smi, sampled), time to sleep, wake and load weights per step,
    versions advancing, staleness held; a LoRA run (adapter swap, and adapters still applied after a wake: the
-   trainer's approx KL to the behaviour policy stays at bf16 noise); with 2+ GPUs, the same with 2 replicas.
+   trainer's approx KL to the behaviour policy stays at bf16 noise); a PPO run (its critic trained on the same
+   GPU); with 2+ GPUs, the same with 2 replicas.
 The table goes to the console and to OUT/gpu_check.md (copy it into docs/benchmarks.md with the date and GPU).
 """
 
@@ -70,14 +71,16 @@ class GpuMemorySampler(threading.Thread):
                 self.peak_mib[role] = max(self.peak_mib.get(role, 0), int(mib))
 
 
-def grpo_rows(name: str, model: Path, out: Path, overrides: list[str]) -> list[tuple[str, str]]:
-    """One GRPO run in a process of its own (a fresh CUDA state), with GPU memory sampled per role."""
+def grpo_rows(name: str, model: Path, out: Path, overrides: list[str], recipe: str = "grpo",
+              config: str = "configs/grpo/tiny.yaml") -> list[tuple[str, str]]:
+    """One GRPO run (or another recipe's on its loop: PPO) in a process of its own (a fresh CUDA state), with GPU
+    memory sampled per role."""
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     sampler = GpuMemorySampler()
     sampler.start()
     start = time.perf_counter()
-    cmd = [sys.executable, "-m", "forge_rl.recipes", "grpo", "--config", "configs/grpo/tiny.yaml", f"model={model}",
+    cmd = [sys.executable, "-m", "forge_rl.recipes", recipe, "--config", config, f"model={model}",
            f"output_dir={run_dir}", *GPU_RUN, *overrides]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     sampler.done.set()
@@ -129,6 +132,10 @@ def main() -> int:
         rows += grpo_rows("colocated, 1 GPU", model, args.out, [f"steps={args.steps}"])
         rows += grpo_rows("LoRA colocated, sync", model, args.out,
                           ["steps=5", "trainer.lora.rank=16", "async_mode=false", "max_policy_age=0"])
+        # PPO: the critic (a second trained model: value head, AdamW) time-shares the GPU with trainer and engine
+        rows += grpo_rows("PPO colocated, critic", model, args.out,
+                          ["steps=5", "group_size=1", "batch_groups=32", "rollout_tasks=32", "buffer.capacity=64"],
+                          recipe="ppo", config="configs/ppo/tiny.yaml")
         if torch.cuda.device_count() >= 2:
             rows += grpo_rows("colocated, 2 replicas", model, args.out,
                               [f"steps={args.steps // 2}", "generator.replicas=2"])

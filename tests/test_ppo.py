@@ -125,3 +125,18 @@ def test_ppo_config_errors_name_the_key(change, message, tmp_path):
         PPORun(cfg).prepare()
     with pytest.raises(ValueError, match="ppo.gamma"):
         PPOSection(gamma=0.0)
+
+
+def test_the_critic_takes_the_trainers_placement_settings_and_its_own_optimizer():
+    from omegaconf import OmegaConf
+
+    from forge_rl.recipes.ppo import critic_config
+
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PPOConfig), {
+        "trainer": {"dtype": "bfloat16", "parallel": {"tp": 2}, "lora": {"rank": 8}, "checkpoint_dir": "/ck"},
+        "critic": {"optim": {"lr": 3e-4}}}))
+    cfg.trainer.release_memory_after_step = True  # what the run sets when colocated on a GPU
+    c = critic_config(cfg, "/models/rm")
+    assert (c.model, c.optim.lr, c.checkpoint_dir) == ("/models/rm", 3e-4, "/ck/critic")
+    assert c.dtype == "bfloat16" and c.parallel.tp == 2 and c.release_memory_after_step  # the trainer's
+    assert not c.lora.enabled and cfg.trainer.lora.enabled  # LoRA is the policy's alone

@@ -38,3 +38,35 @@ def test_ppo_run_with_one_sample_per_prompt_then_resume_with_its_critic(tmp_path
     resumed = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "critic/value_loss" in r][-1]
     assert resumed["critic/step"] == 4  # the critic continued from its checkpoint, not from a fresh head
     assert resumed["critic/values_mean"] != 0.0
+
+
+def test_multi_turn_ppo_values_the_models_turns_and_skips_the_environments_tokens(tmp_path):
+    """PPO on the retry environment (configs/grpo/tiny_retry.yaml) with one trajectory per prompt: batches hold an
+    environment's feedback inside the response, and GAE steps over it."""
+    import forge_rl.recipes.ppo as ppo
+
+    seen = []
+    original = ppo.with_advantages
+
+    def spy(batches, values, cfg):  # what the critic stage saw: the real batches of the run
+        out, stats = original(batches, values, cfg)
+        seen.extend(out)
+        return out, stats
+
+    ppo.with_advantages = spy
+    try:
+        cfg = load_config(PPOConfig, REPO / "configs/grpo/tiny_retry.yaml",
+                          SMALL + ["steps=2", "group_size=1", f"output_dir={tmp_path}", "export_dir=null"])
+        summary = asyncio.run(main(cfg))
+    finally:
+        ppo.with_advantages = original
+    assert summary["trainer_version"] == 2
+    env_tokens = 0
+    for b in seen:
+        inside = b.response_mask.cumsum(1) > 0  # from the first model token on
+        after_last = b.response_mask.flip(1).cumsum(1).flip(1) == 0
+        env = inside & ~after_last & ~b.response_mask  # an environment's tokens, between the model's turns
+        env_tokens += int(env.sum())
+        assert (b.values[env] == 0).all() and (b.advantages[env] == 0).all() and (b.returns[env] == 0).all()
+        assert (b.returns[b.response_mask] != 0).any() or (b.rewards == 0).all()
+    assert env_tokens > 0  # some trajectory was retried, so the environment's feedback was inside a response

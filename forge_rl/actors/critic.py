@@ -130,6 +130,8 @@ class Critic(Trainer):
             sums, _ = self._reduce_over_data_parallel(sums, 0.0)
             first = sums if first is None else first
             last = sums
+        if self.cfg.release_memory_after_step and self.device.type == "cuda":
+            torch.cuda.empty_cache()  # colocated: the engine's wake-up needs what the step cached (as the trainer's)
         elapsed = time.perf_counter() - start
         return dict(value_loss=float(first[0]), value_loss_last_epoch=float(last[0]),
                     value_clip_fraction=float(last[1]) / total_tokens, grad_norm=grad_norms[0],

@@ -93,6 +93,10 @@ class GRPORun:
         it (trainer.grpo.kl_coef > 0); a distillation run returns its teacher."""
         return self.cfg.trainer.model if self.cfg.trainer.grpo.kl_coef > 0 else None
 
+    def algorithm(self) -> str:
+        """The run's name on the console and its plots: GRPO, PPO, Distill."""
+        return type(self).__name__.removesuffix("Run")
+
     def critic_parameters(self) -> int:
         """Parameters of a critic trained on the trainer's ranks (PPO), for the colocated GPU's memory plan."""
         return 0
@@ -110,11 +114,11 @@ class GRPORun:
         try:
             cfg = self.cfg
             if cfg.launcher.kind == "slurm":
-                self.console.print(f"[bold]GRPO[/bold] on Slurm: waiting for {cfg.launcher.slurm.trainer_nodes} "
+                self.console.print(f"[bold]{self.algorithm()}[/bold] on Slurm: waiting for {cfg.launcher.slurm.trainer_nodes} "
                                    f"trainer + {cfg.launcher.slurm.generator_nodes} generator nodes")
             hosts, self.provisioner = await self._stack.enter_async_context(
                 run_hosts(cfg.launcher, self.out, self.log_dir))
-            self.console.print(f"[bold]GRPO[/bold] {cfg.model}: starting actors (vLLM engine start takes ~30 s on CPU)")
+            self.console.print(f"[bold]{self.algorithm()}[/bold] {cfg.model}: starting actors (vLLM engine start takes ~30 s on CPU)")
             if self.log_dir:
                 self.console.print(f"the role processes' logs (vLLM, TorchTitan, Monarch) go to {self.log_dir}/ "
                                    "(--verbose: here)")
@@ -348,7 +352,7 @@ class GRPORun:
                 await self.trainer.export_adapter.call(str(Path(cfg.export_dir) / "adapter"))
         summary = await self._summary(wall, gen_busy_s)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-        png = plot_run(self.out / "metrics.jsonl", self.out / "curves.png", title=f"GRPO {cfg.model}")
+        png = plot_run(self.out / "metrics.jsonl", self.out / "curves.png", title=f"{self.algorithm()} {cfg.model}")
         self.console.print(summary_block(summary, self.eval_reward_name(), self.out, png,
                                          complete_checkpoints(self.checkpoint_dir)[-1], cfg.export_dir,
                                          cfg.trainer.lora.enabled, self.log_dir))

@@ -14,15 +14,17 @@ by the critic of the version being trained, not the one that sampled it.
 
 import asyncio
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
 from forge_rl.actors.critic import Critic
-from forge_rl.actors.trainer import OptimizerConfig
+from forge_rl.actors.trainer import OptimizerConfig, TrainerConfig
 from forge_rl.config import ConfigError
 from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, data_shards
 from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, whiten
 from forge_rl.models import resolve_model_path
+from forge_rl.models.lora import LoRAConfig
 from forge_rl.recipes.grpo import GRPORun, fill_reference, publish, train, train_policy
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.runtime.memory_plan import ModelShape
@@ -80,6 +82,13 @@ def with_advantages(batches: list[TrainBatch], values: list[torch.Tensor], ppo: 
     return out, stats
 
 
+def critic_config(cfg: PPOConfig, model_dir: str) -> TrainerConfig:
+    """The critic's trainer settings: the policy trainer's (parallelism, dtype, micro-batches, the colocated memory
+    release, timeouts), with its own checkpoint, optimizer and directory, and never LoRA."""
+    return replace(cfg.trainer, model=model_dir, optim=cfg.critic.optim, lora=LoRAConfig(),
+                   checkpoint_dir=str(Path(cfg.trainer.checkpoint_dir) / "critic"))
+
+
 class PPORun(GRPORun):
     """A GRPO run with a critic stage."""
 
@@ -114,13 +123,11 @@ class PPORun(GRPORun):
         await super()._start_actors(hosts, gpus)
         cfg, placement = self.cfg, self.placement
         # on the trainer's procs' hosts, cores and GPUs (time-sharing them, as the reference does)
-        critic_cfg = replace(cfg.trainer, model=self.critic_model, optim=cfg.critic.optim,
-                             checkpoint_dir=str(self.checkpoint_dir / "critic"))
         self.critic = await Critic.options(
             procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=True, host_mesh="trainer",
             cpus=tuple(tuple(x) for x in placement.trainer_cpus), threads=placement.trainer_threads,
             gpu_ids=((tuple(placement.trainer_gpus),) if placement.trainer_gpus else ()),
-        ).as_actor(critic_cfg, value_clip=cfg.critic.value_clip, epochs=cfg.critic.epochs)
+        ).as_actor(critic_config(cfg, self.critic_model), value_clip=cfg.critic.value_clip, epochs=cfg.critic.epochs)
         self.shards["critic"] = await data_shards(self.critic)
 
     async def _update(self, batches) -> tuple[dict, dict]:
