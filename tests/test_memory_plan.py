@@ -60,6 +60,19 @@ def test_small_models_fit_one_80gb_gpu_with_everything_on_it():
         assert plan.warnings == []
 
 
+def test_a_ppo_critic_on_the_trainers_gpu_counts_its_16_bytes_per_parameter():
+    p = PARAMS["Qwen3-0.6B"]
+    alone = plan_memory(shape("Qwen3-0.6B"), 80e9, **ONE_GPU)
+    with_critic = plan_memory(shape("Qwen3-0.6B"), 80e9, critic_params=p, **ONE_GPU)
+    # a trained critic of the policy's size: fp32 params, grads and Adam's moments again, 9.54 GB
+    assert with_critic.trainer_resident_gb - alone.trainer_resident_gb == pytest.approx(16 * p / GB)
+    assert with_critic.gpu_memory_utilization < alone.gpu_memory_utilization
+    # four ranks share it
+    four = plan_memory(shape("Qwen3-0.6B"), 80e9, trainer_ranks=4, critic_params=p)
+    assert four.trainer_resident_gb - plan_memory(shape("Qwen3-0.6B"), 80e9, trainer_ranks=4).trainer_resident_gb \
+        == pytest.approx(4 * p / GB)
+
+
 def test_8b_needs_the_optimizer_offloaded_and_is_refused_without_it():
     without = plan_memory(shape("Qwen3-8B"), 80e9, **ONE_GPU)
     # 16 * 8.19B = 131.05 GB of states (+ 1 GB context) on an 80 GB GPU
