@@ -17,9 +17,11 @@ naming the function, and the caller drops the group, counted under the error's `
     it allocates past reward_memory_mb (the worker's RLIMIT_AS)            RewardOutOfMemory  reward_memory
 """
 
+import asyncio
 import functools
 import importlib
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,11 +40,35 @@ REWARDS = {
 }
 
 
+KINDS = ("classifier", "judge")
+DEFAULT_JUDGE_TEMPLATE = ("Question: {prompt}\nAnswer: {completion}\nIs the answer correct? Reply with a score "
+                          "from 0 to 10.\nScore:")
+
+
 @dataclass
 class RewardSpec:
-    name: str  # a key of REWARDS, or "package.module:function"
+    """A reward function (`name`), or a learned reward model (`model`) on procs of its own
+    (forge_rl/actors/reward_model.py)."""
+
+    name: str = ""  # a key of REWARDS, or "package.module:function"; a model reward's name (default: its dir's)
     weight: float = 1.0
     args: dict[str, Any] = field(default_factory=dict)  # fixed keyword arguments (e.g. a sandbox's limits)
+    model: str | None = None  # a reward model: an HF checkpoint directory (or an embedded model's name)
+    kind: str = "classifier"  # classifier (an HF sequence classifier) | judge (an LLM through vLLM)
+    max_batch: int = 64  # classifier: sequences per forward
+    batch_window_ms: float = 10.0  # classifier: how long a forward waits for more groups to batch with
+    template: str = DEFAULT_JUDGE_TEMPLATE  # judge: the user turn, with {prompt} and {completion}
+    parser: str = r"(-?\d+(?:\.\d+)?)"  # judge: a regex whose first group is the number, or "package.module:function"
+    scale: float = 0.1  # judge: the reward is the parsed number times this (0-10 -> 0-1)
+    max_tokens: int = 16  # judge: the verdict's length
+
+    def __post_init__(self) -> None:
+        if self.model is None and not self.name:
+            raise ValueError("rewards: each entry needs a name (a reward function) or a model (a reward model)")
+        if self.model is not None:
+            if self.kind not in KINDS:
+                raise ValueError(f"rewards: model {self.model!r} has kind={self.kind!r}; choose one of {KINDS}")
+            self.name = self.name or f"{self.kind}:{self.model.rstrip('/').rsplit('/', 1)[-1]}"
 
 
 def resolve_reward(name: str, args: dict[str, Any] | None = None) -> Callable:
@@ -74,10 +100,18 @@ def _import_reward(name: str) -> Callable:
         raise ValueError(f"reward {name!r}: cannot import {target} ({e})") from None
 
 
+def _tokenizer(model: str):
+    from transformers import AutoTokenizer
+
+    from forge_rl.models import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(model))
+
+
 def check_reward_columns(specs: list[RewardSpec], columns: list[str]) -> None:
     """Every parameter a reward function requires must be a column of the task (or `finish_reason`)."""
     given = set(columns) | {"finish_reason"}
-    for spec in specs:
+    for spec in (s for s in specs if s.model is None):  # a reward model reads prompts and completions only
         params = list(inspect.signature(resolve_reward(spec.name, spec.args)).parameters.values())[2:]  # after prompts, completions
         missing = [p.name for p in params if p.default is inspect.Parameter.empty
                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given]
@@ -86,19 +120,72 @@ def check_reward_columns(specs: list[RewardSpec], columns: list[str]) -> None:
                              f"{sorted(given)}); map them with task.answer_column or add them to the data")
 
 
+class RewardUnparsable(RewardError):
+    """A judge's verdict held no number its parser could read."""
+
+    reason = "reward_unparsable"
+
+
 class RewardActor(ForgeActor):
     def __init__(self, specs: list[RewardSpec], timeout_s: float | None = None, workers: int | None = None,
-                 memory_mb: int | None = DEFAULT_MEMORY_MB):
+                 memory_mb: int | None = DEFAULT_MEMORY_MB, models: dict[str, Any] | None = None):
+        """`models`: each reward model spec's name -> its actor (a RewardModel, or a judge's Generator), started by
+        the run."""
         if not specs:
             raise ValueError("rewards: at least one reward function is needed")
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"reward_timeout_s must be > 0 (or null for none), got {timeout_s}")
         self.specs = list(specs)
+        self.models = dict(models or {})
         for s in self.specs:
-            resolve_reward(s.name, s.args)  # a bad name or argument fails at spawn, not mid-run
-        self.targets = [reward_target(s.name) for s in self.specs]
+            if s.model is None:
+                resolve_reward(s.name, s.args)  # a bad name or argument fails at spawn, not mid-run
+            elif s.name not in self.models:
+                raise ValueError(f"rewards: the reward model {s.name!r} ({s.model}) has no actor")
+        self.targets = [reward_target(s.name) if s.model is None else None for s in self.specs]
+        self.judge_tokenizers = {s.name: _tokenizer(s.model) for s in self.specs if s.kind == "judge" and s.model}
         self.timeout_s = timeout_s
-        self.pool = RewardPool(workers or default_reward_workers(), memory_mb, preload=sorted(set(self.targets)))
+        functions = sorted({t for t in self.targets if t is not None})
+        self.pool = RewardPool(workers or default_reward_workers(), memory_mb, preload=functions)
+
+    async def _model_values(self, spec: RewardSpec, prompts: list, completions: list[str]) -> list[float]:
+        """A reward model's values, within reward_timeout_s; its failures are RewardErrors naming it."""
+        actor = self.models[spec.name]
+        if spec.kind == "classifier":
+            call = actor.score.call_one(list(prompts), list(completions))
+        else:
+            call = self._judge(spec, actor, prompts, completions)
+        try:
+            values = await asyncio.wait_for(call, self.timeout_s)
+        except asyncio.TimeoutError:
+            raise RewardTimeout(f"reward model {spec.name!r} took longer than reward_timeout_s={self.timeout_s}") \
+                from None
+        except RewardError:
+            raise
+        except Exception as e:  # the model's actor raised (a bad input, out of memory)
+            raise RewardError(f"reward model {spec.name!r} failed: {e}".splitlines()[0][:300]) from None
+        if len(values) != len(completions) or not all(math.isfinite(v) for v in values):
+            raise RewardError(f"reward model {spec.name!r} returned {values!r} for {len(completions)} completions")
+        return list(values)
+
+    async def _judge(self, spec: RewardSpec, judge, prompts: list, completions: list[str]) -> list[float]:
+        from forge_rl.actors.reward_model import as_messages, judge_score
+
+        tokenizer = self.judge_tokenizers[spec.name]
+
+        async def one(prompt, completion: str) -> float:
+            question = " ".join(m["content"] for m in as_messages(prompt) if m["role"] == "user")
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": spec.template.format(prompt=question, completion=completion)}],
+                tokenize=False, add_generation_prompt=True)
+            verdict = (await judge.generate.call_one(text, n=1, temperature=0.0, max_tokens=spec.max_tokens))[0].text
+            value = judge_score(verdict, spec.parser, spec.scale)
+            if value is None:
+                raise RewardUnparsable(f"judge {spec.name!r}: no number in its verdict {verdict[:80]!r} "
+                                       f"(parser {spec.parser!r})")
+            return value
+
+        return list(await asyncio.gather(*(one(p, c) for p, c in zip(prompts, completions))))
 
     @endpoint
     async def setup(self) -> None:
@@ -118,6 +205,9 @@ class RewardActor(ForgeActor):
                 raise ValueError(f"score: {name} has {len(values)} values for {n} completions")
         parts: dict[str, list[float]] = {}
         for spec, target in zip(self.specs, self.targets):
+            if spec.model is not None:
+                parts[spec.name] = await self._model_values(spec, prompts, completions)
+                continue
             parts[spec.name] = await self.pool.score(spec.name, target, spec.args, list(prompts), list(completions),
                                                      self.timeout_s, finish_reason=list(finish_reasons), **columns)
         totals = [sum(s.weight * parts[s.name][i] for s in self.specs) for i in range(n)]

@@ -37,6 +37,7 @@ from forge_rl.actors.generator import Generator
 from forge_rl.actors.reference import Reference
 from forge_rl.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
 from forge_rl.actors.reward import RewardActor
+from forge_rl.actors.reward_model import RewardModel
 from forge_rl.actors.trainer import Trainer
 from forge_rl.loop.checkpoint import complete_checkpoints, resume_from_checkpoint, resume_requested, save_checkpoint
 from forge_rl.config import to_yaml
@@ -177,6 +178,7 @@ class GRPORun:
         # The placement plan's GPUs, pinned as planned: the trainer's ranks one each, each replica its own set.
         trainer_cpus = dict(cpus=_tuples(placement.trainer_cpus), threads=placement.trainer_threads,
                             gpu_ids=_tuples([placement.trainer_gpus] if placement.trainer_gpus else []))
+        reward_models = await self._start_reward_models()
         self.trainer, self.generator, self.buffer, self.reward, self.dataset = await asyncio.gather(
             Trainer.options(procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=shared,
                             host_mesh="trainer", **trainer_cpus).as_actor(cfg.trainer, cfg.weight_store),
@@ -188,7 +190,8 @@ class GRPORun:
                 log_level=cfg.generator.log_level, lora=cfg.trainer.lora,
             ),
             ReplayBuffer.as_actor(self.buffer_cfg),
-            RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_memory_mb),
+            RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_memory_mb,
+                                 reward_models),
             PromptDataset.as_actor(cfg.task, self.model_dir, cfg.seed, max_prompt_tokens(cfg, self.model_dir),
                                    cfg.chat_template_kwargs),
         )
@@ -204,6 +207,22 @@ class GRPORun:
         if not self.held_out:
             self.console.print("[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): "
                                "no evaluations[/yellow]")
+
+    async def _start_reward_models(self) -> dict:
+        """Each reward model of `rewards` on procs of its own (forge_rl/actors/reward_model.py): a classifier's
+        RewardModel actor, or a judge's vLLM Generator (greedy, one replica). Name -> actor, for the reward actor."""
+        models = {}
+        for spec in (s for s in self.cfg.rewards if s.model is not None):
+            if spec.kind == "classifier":
+                models[spec.name] = await RewardModel.options(mesh_name=f"RewardModel-{len(models)}").as_actor(
+                    spec.model, spec.max_batch, spec.batch_window_ms)
+            else:
+                models[spec.name] = await Generator.options(mesh_name=f"Judge-{len(models)}").as_actor(
+                    resolve_model_path(spec.model), engine_args=dict(self.cfg.generator.engine_args),
+                    sampling=dict(temperature=0.0, max_tokens=spec.max_tokens), seed=self.cfg.seed,
+                    weight_store=self.cfg.weight_store, log_level=self.cfg.generator.log_level)
+            self.console.print(f"reward model {spec.name} ({spec.kind}, {spec.model}) started")
+        return models
 
     def _engine_args(self, shared: bool) -> dict:
         """The generators' vLLM engine args. Colocated on GPUs: sleep mode (the engine sleeps while the trainer

@@ -17,6 +17,7 @@ from forge_rl.runtime.placement import ResourcesConfig
 from forge_rl.runtime.timeouts import TimeoutsConfig
 from forge_rl.rewards.overlong import OverlongConfig
 from forge_rl.loop.sampling import behaviour_temperature
+from forge_rl.models import resolve_model_path
 from forge_rl.weights import WeightStoreConfig
 
 
@@ -137,6 +138,12 @@ def check_config(cfg: GRPOConfig) -> None:
         cfg.chat_template_kwargs = {**env_cls.template_kwargs, **cfg.chat_template_kwargs}
     if cfg.launcher.kind == "slurm":
         check_slurm_sizes(cfg)
+    for i, spec in enumerate(cfg.rewards):
+        if spec.model is not None:  # a reward model's checkpoint must be there before any actor starts
+            try:
+                resolve_model_path(spec.model)
+            except FileNotFoundError as e:
+                raise ConfigError(f"rewards[{i}].model: {e}") from None
     names = [r.name for r in cfg.rewards]
     if cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")

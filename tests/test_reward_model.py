@@ -1,0 +1,138 @@
+"""Learned rewards as actors (forge_rl/actors/reward_model.py): a classifier scored in batches across groups with
+transformers' own values, mixed with function rewards by weight; its timeout and a judge's unparsable verdict
+counted as failures; a short GRPO run scored by a reward model."""
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from forge_rl.actors.reward import RewardActor, RewardSpec, RewardTimeout, RewardUnparsable
+from forge_rl.actors.reward_model import RewardModel, judge_score
+from forge_rl.config import ConfigError, load_config
+from forge_rl.models import resolve_model_path
+from forge_rl.runtime import stop_actor
+
+REPO = Path(__file__).resolve().parents[1]
+QUESTIONS = ["12+34=", "5+5=", "70+29="]
+ANSWERS = [["46", "45", "x"], ["10", "1 0", "100"], ["99", "98", "9"]]
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory) -> Path:
+    """A one-label HF sequence classifier with tiny-warm's body and a random score head: its scores differ
+    between completions, so the checks below mean something."""
+    from transformers import Qwen3ForSequenceClassification
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("rm") / "tiny_rm"
+    model = Qwen3ForSequenceClassification.from_pretrained(resolve_model_path("tiny-warm"), num_labels=1,
+                                                           pad_token_id=0)
+    model.score.weight.data.normal_(0, 1.0)
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_bytes((Path(resolve_model_path("tiny-warm")) / name).read_bytes())
+    return out
+
+
+def transformers_scores(path: Path, prompts: list[str], completions: list[str]) -> list[float]:
+    """What the reward should be, one sequence at a time (no padding) through transformers."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    out = []
+    for p, c in zip(prompts, completions):
+        text = tok.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": c}],
+                                       tokenize=False)
+        with torch.no_grad():
+            out.append(float(torch.sigmoid(model(**tok(text, return_tensors="pt", add_special_tokens=False)).logits[0, 0])))
+    return out
+
+
+def test_classifier_batches_concurrent_groups_and_mixes_with_function_rewards(loop, classifier):
+    rm = loop.run_until_complete(RewardModel.as_actor(str(classifier), 64, 50.0))
+    spec = RewardSpec(model=str(classifier), weight=2.0)
+    reward = loop.run_until_complete(RewardActor.as_actor(
+        [spec, RewardSpec("format", 0.5)], 30.0, models={spec.name: rm}))
+
+    async def groups():  # three groups scored at once, as concurrent rollouts do
+        return await asyncio.gather(*(reward.score.call_one([q] * 3, a, ["stop"] * 3) for q, a in zip(QUESTIONS, ANSWERS)))
+
+    results = loop.run_until_complete(groups())
+    stats = loop.run_until_complete(rm.stats.call_one())
+    assert stats["sequences"] == 9 and stats["forwards"] < 3  # batched across groups, not a forward per group
+    for (totals, parts), q, answers in zip(results, QUESTIONS, ANSWERS):
+        expected = transformers_scores(classifier, [q] * 3, answers)
+        assert parts[spec.name] == pytest.approx(expected, abs=1e-5)  # padded in a batch, same values
+        assert spec.name == "classifier:tiny_rm" and set(parts) == {spec.name, "format"}
+        assert totals == pytest.approx([2.0 * m + 0.5 * f for m, f in zip(parts[spec.name], parts["format"])])
+    assert len({round(v, 4) for _, parts in results for v in parts[spec.name]}) > 3  # it tells completions apart
+
+    # slower than reward_timeout_s (a forward that waits 2 s for company): the group fails, named and counted
+    slow_rm = loop.run_until_complete(RewardModel.options(mesh_name="slow").as_actor(str(classifier), 64, 2000.0))
+    slow = loop.run_until_complete(RewardActor.options(mesh_name="slow_reward").as_actor(
+        [spec], 0.3, models={spec.name: slow_rm}))
+    with pytest.raises(Exception) as failed:
+        loop.run_until_complete(slow.score.call_one([QUESTIONS[0]], ["46"], ["stop"]))
+    error = getattr(failed.value, "exception", failed.value)
+    assert isinstance(error, RewardTimeout) and error.reason == "reward_timeout" and spec.name in str(error)
+    for actor in (rm, reward, slow_rm, slow):
+        loop.run_until_complete(stop_actor(actor))
+
+
+def test_judge_parsing_and_reward_spec_errors():
+    assert judge_score("I'd say 7 out of 10", r"(-?\d+(?:\.\d+)?)", 0.1) == pytest.approx(0.7)
+    assert judge_score("no verdict", r"(\d+)", 0.1) is None
+    assert judge_score("score: nan", r"score: (\w+)", 1.0) is None
+    assert judge_score("12", "tests.test_reward_model:halve", 1.0) == 6.0
+    assert RewardUnparsable("x").reason == "reward_unparsable"
+    with pytest.raises(ValueError, match="a name .* or a model"):
+        RewardSpec()
+    with pytest.raises(ValueError, match="kind='regression'"):
+        RewardSpec(model="tiny", kind="regression")
+
+
+def halve(text: str) -> float:
+    return float(text) / 2
+
+
+def test_a_missing_reward_model_is_refused_at_start_naming_the_key(tmp_path):
+    from forge_rl.recipes.grpo_config import GRPOConfig, check_config
+
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
+                      [f"output_dir={tmp_path}", "rewards=[{name: exact_match}, {model: /nonexistent/rm}]"])
+    with pytest.raises(ConfigError, match=r"rewards\[1\].model: model '/nonexistent/rm'"):
+        check_config(cfg)
+
+
+def test_grpo_scored_by_a_classifier_and_a_judge(classifier, tmp_path):
+    """A short GRPO run whose rewards are a reward model (weight 1), a judge whose verdicts the parser never reads
+    (every group it scores fails, counted as reward_unparsable, when it is asked), and exact match at weight 0
+    (for the held-out evaluation only: training never sees the answer column)."""
+    from forge_rl.recipes.grpo import main
+    from forge_rl.recipes.grpo_config import GRPOConfig
+
+    rewards = (f"rewards=[{{model: '{classifier}', weight: 1.0}}, {{name: exact_match, weight: 0.0}}]")
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", [
+        "steps=2", "batch_groups=4", "group_size=4", "rollout_tasks=4", "eval_size=16", "eval_every=0",
+        "buffer.capacity=8", f"output_dir={tmp_path}", rewards, "task.eval_reward=exact_match", "export_dir=null"])
+    summary = asyncio.run(main(cfg))
+    assert summary["trainer_version"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    scored = [r for r in rows if "reward/classifier:tiny_rm" in r]
+    assert scored and all(0 < r["reward/classifier:tiny_rm"] < 1 for r in scored)
+    assert all(math.isclose(r["reward/mean"], r["reward/classifier:tiny_rm"], abs_tol=1e-6) for r in scored)
+
+    judge = (f"rewards=[{{model: tiny-warm, kind: judge, parser: 'VERDICT=(\\d+)', weight: 1.0}}, "
+             f"{{name: exact_match, weight: 0.0}}]")
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", [
+        "steps=1", "batch_groups=2", "group_size=2", "rollout_tasks=2", "eval_size=8", "eval_every=0",
+        "buffer.capacity=4", f"output_dir={tmp_path / 'judge'}", judge, "task.eval_reward=exact_match",
+        "export_dir=null", "no_batch_timeout_s=20"])
+    with pytest.raises(Exception, match="no batch") as stopped:
+        asyncio.run(main(cfg))
+    assert "reward_unparsable" in str(stopped.value)  # every group failed, and the run says why it has no batch
