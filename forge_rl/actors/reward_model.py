@@ -52,7 +52,7 @@ class RewardModel(ForgeActor):
             raise ValueError(f"reward model {model!r}: max_batch must be >= 1 and batch_window_ms >= 0")
         path = resolve_model_path(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForSequenceClassification.from_pretrained(path, torch_dtype=torch.float32).eval()
+        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
         labels = self.model.config.num_labels
         if labels not in (1, 2):
             raise ValueError(f"reward model {model!r} has {labels} labels; a reward classifier has 1 (its logit is "
