@@ -309,13 +309,39 @@ def test_next_start_removes_what_a_killed_controller_left():
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert len(leftovers(run_id)) == 2  # the version directory and the process registry
     assert any(e.endswith(".tmp") for e in os.listdir(f"/dev/shm/forge_rl-{run_id}-weights-{os.uname().nodename}"))
+    assert run_id in cleanup_stale_runs()
+    assert leftovers(run_id) == []
     live = ShmWeightStore(f"live{uuid.uuid4().hex[:6]}")  # a live run must survive the sweep
     live.publish(1, {"w": torch.ones(4)})
     try:
-        assert run_id in cleanup_stale_runs()
-        assert leftovers(run_id) == []
+        cleanup_stale_runs()
         assert live.versions() == [1]
     finally:
+        live.close()
+
+
+def test_a_worker_hosts_store_sweeps_what_a_killed_job_left_on_that_host():
+    """A Slurm worker node: a generator's store (its own host id, no controller on the node) was SIGKILLed with a
+    version in its /dev/shm. The requeued job's first store opened on that node removes it, keeping live runs."""
+    dead = f"node{uuid.uuid4().hex[:6]}"
+    script = textwrap.dedent(f"""
+        import os, signal, torch
+        from forge_rl.weights import ShmWeightStore, WeightStoreConfig
+        s = ShmWeightStore({dead!r}, WeightStoreConfig(host_id="worker-node-3"))
+        s.publish(7, {{"w": torch.ones(1000)}})
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert f"forge_rl-{dead}-weights-worker-node-3" in leftovers(dead)
+    live = ShmWeightStore(f"live{uuid.uuid4().hex[:6]}", WeightStoreConfig(host_id="worker-node-3"))
+    live.publish(1, {"w": torch.ones(4)})
+    requeued = ShmWeightStore(f"requeue{uuid.uuid4().hex[:6]}", WeightStoreConfig(host_id="worker-node-3"))
+    try:
+        assert leftovers(dead) == []  # the dead job's version and registry: gone
+        assert live.versions() == [1]  # a run still alive on the node: untouched
+    finally:
+        requeued.close()
         live.close()
 
 

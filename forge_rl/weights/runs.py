@@ -3,8 +3,10 @@
 /dev/shm outlives processes: a run killed with SIGKILL leaves its versions behind. Every process
 that opens a weight store (and the controller) registers itself in /dev/shm/forge_rl-<run>-pids/
 as one empty file "<pid>-<start time>" (the start time guards against a reused pid). A run whose
-registered processes are all dead is stale; `cleanup_stale_runs()` (called when a run starts)
-removes its /dev/shm/forge_rl-<run>-* entries. The last registered process of a run on a host
+registered processes are all dead is stale; `cleanup_stale_runs()` removes its /dev/shm/forge_rl-<run>-*
+entries. It runs on every host that holds a run's shared memory: the controller's when a run starts, and each
+trainer or generator host when one of its processes opens a weight store (a requeued job's workers sweep what
+the killed job left on their node). The last registered process of a run on a host
 removes the run's entries there when it releases (readers on hosts the controller never sees).
 """
 

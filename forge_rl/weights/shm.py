@@ -39,7 +39,8 @@ import torch
 
 from forge_rl.weights import maps
 from forge_rl.weights.layout import Layout, create_file
-from forge_rl.weights.runs import RUN_ID_ENV, SHM_DIR, register_process, release_process, run_prefix
+from forge_rl.weights.runs import (RUN_ID_ENV, SHM_DIR, cleanup_stale_runs, register_process, release_process,
+                                  run_prefix)
 from forge_rl.weights.shards import local_piece, region
 from forge_rl.weights.store import (
     TensorSpec,
@@ -86,6 +87,10 @@ class ShmWeightStore(WeightStore):
         self.source = source
         self._source_host: str | None = None
         self.remote_fetches = 0  # versions copied from another host (RDMA)
+        # This host's leftovers of dead runs go first: on a worker node of a Slurm job the controller's own sweep
+        # (forge_rl/runtime/provisioner.py) never runs, and a node SIGKILLed or preempted, then requeued, would
+        # otherwise keep a dead run's versions in its /dev/shm (WeightStoreFull on the next start).
+        cleanup_stale_runs()
         register_process(self.run_id)  # before creating anything, so a stale-run sweep never takes it
         self.root.mkdir(parents=True, exist_ok=True)
         self._closed = False
