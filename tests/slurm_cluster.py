@@ -7,7 +7,10 @@
 Debian's slurm-wlm (slurmctld, slurmd, sbatch, squeue, ...) and munge do the work; nothing is imitated. Each host is
 a network namespace with an address of its own on a bridge (10.77.0.1 = login, .2, .3 ... = n1, n2 ...), its own
 hostname (a UTS namespace) and its own /etc/hosts (ip-netns bind-mounts /etc/netns/<ns>/hosts), so that Monarch,
-which refuses a host whose name resolves to a loopback address, sees real separate hosts. slurmctld and the
+which refuses a host whose name resolves to a loopback address, sees real separate hosts. Each compute node also has a
+/dev/shm of its own (a directory of this machine's, `shm(node)`, bind-mounted over /dev/shm in its mount namespace), as
+separate machines do: what one node leaves in shared memory only that node can see or clean; the login host keeps
+this machine's. Processes are not isolated (one pid namespace): /proc shows every host's. slurmctld and the
 controller of a test's run live on the login host; each slurmd on its node, and every job step it starts inherits
 the node's namespaces. munged runs with a key and socket of the cluster's own; the whole thing is torn down by
 stop(), which also removes the namespaces, the bridge and /etc/netns/<ns>.
@@ -60,11 +63,17 @@ class SlurmCluster:
         return f"forge-{host}"
 
     def on(self, host: str, argv: list[str]) -> list[str]:
-        """argv run on `host`: inside its network namespace, with its hostname and /etc/hosts."""
+        """argv run on `host`: inside its network namespace, with its hostname, /etc/hosts and (a node) /dev/shm."""
         # nsenter, not `ip netns exec`: that remounts /sys, which hides the cgroup hierarchy slurmd needs
         hosts = f"/etc/netns/{self.netns(host)}/hosts"
+        shm = f" && mount --bind {self.shm(host)} /dev/shm" if host in self.nodes else ""
         return ["nsenter", f"--net=/run/netns/{self.netns(host)}", "unshare", "--mount", "--uts", "--",
-                "sh", "-c", f'mount --bind {hosts} /etc/hosts && hostname {host} && exec "$@"', "sh", *argv]
+                "sh", "-c", f'mount --bind {hosts} /etc/hosts{shm} && hostname {host} && exec "$@"', "sh", *argv]
+
+    @staticmethod
+    def shm(node: str) -> Path:
+        """Where `node`'s /dev/shm lies on this machine (a tmpfs directory; inside the node it is /dev/shm)."""
+        return Path(f"/dev/shm/forge-slurm-{node}")
 
     def on_login(self, argv: list[str]) -> list[str]:
         return self.on("login", argv)
@@ -108,6 +117,8 @@ class SlurmCluster:
                     os.kill(int(pid), signal.SIGKILL)
             subprocess.run(["ip", "netns", "del", self.netns(host)], capture_output=True)
             shutil.rmtree(f"/etc/netns/{self.netns(host)}", ignore_errors=True)
+            if host in self.nodes:
+                shutil.rmtree(self.shm(host), ignore_errors=True)
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
     def log(self, name: str) -> str:
@@ -134,6 +145,9 @@ class SlurmCluster:
             etc = Path(f"/etc/netns/{ns}")
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(hosts_file)
+            if host in self.nodes:
+                self.shm(host).mkdir(mode=0o1777)
+                self.shm(host).chmod(0o1777)  # as /dev/shm (mkdir's mode is masked by the umask)
 
     def _munge(self) -> None:
         d = self.munge_socket.parent

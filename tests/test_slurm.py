@@ -4,11 +4,12 @@ The trainer runs on its own node(s) (FSDP across two of them in one test) and th
 weights version crosses hosts through the weight store's RDMA path. Three ways in, as a user would run them: the interactive controller on the login host
 (sbatch of the workers, attach, reattach to a kept allocation, cancel at exit), one sbatch job running workers
 and controller inside the allocation, and a requeue in the middle of such a job (what preemption does), after
-which the job resumes from its last checkpoint.
+which the job resumes from its last checkpoint and each node has swept what the killed job left in its /dev/shm.
 """
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -115,25 +116,98 @@ def test_grpo_interactive_on_three_nodes_stops_before_the_time_limit_then_reatta
 
 
 def test_grpo_sbatch_job_is_requeued_and_resumes(cluster, tmp_path):
-    """One sbatch job runs the workers and the app. Requeued mid-run (what preemption does), it starts again and
-    the app resumes from its last checkpoint (resume=auto) and finishes."""
+    """One sbatch job runs the workers and the app. Its generator node's processes are SIGKILLed (a node lost to a
+    preemption: nothing on it cleans up) and the job is requeued mid-run, on the same two nodes. It starts again,
+    the app resumes from its last checkpoint (resume=auto) and finishes; the killed node's /dev/shm (a node's own:
+    tests/slurm_cluster.py) held the dead run's weights until the requeued job's first process there opened its
+    store, and after that only the live run's versions; at exit, the run's entries are gone from every node."""
     out = tmp_path / "run"
+    nodes = cluster.nodes[:2]  # and not the third: the requeued job must come back to the node we look at
     submit = _on_login(cluster, [sys.executable, "-m", "forge_rl.launch.launcher", "submit", "--config", CONFIG,
                                  f"output_dir={out}", "steps=20", "checkpoint_every=2", "resume=auto",
-                                 "launcher.slurm.sbatch_args=[--requeue]", *QUICK], tmp_path, 60)
+                                 f"launcher.slurm.sbatch_args=[--requeue,--exclude={cluster.nodes[2]}]", *QUICK],
+                       tmp_path, 60)
     assert submit.returncode == 0, submit.stdout + submit.stderr
     job_id = submit.stdout.split("submitted Slurm job ")[1].split(":")[0]
     deadline = time.monotonic() + 300
     while not complete_checkpoints(out / "checkpoints") and time.monotonic() < deadline:
         time.sleep(1)
     assert complete_checkpoints(out / "checkpoints"), f"no checkpoint within 300 s: {_slurm_out(out, job_id)}"
+    worker = _node_without_the_app(cluster, nodes)
+    (dead,) = _wait_for(lambda: _runs_with_versions(cluster, worker), 60, f"no weights version in {worker}'s /dev/shm")
+    _kill_jobs_processes(cluster, worker)
     subprocess.run(["scontrol", "requeue", job_id], env=cluster.env(), check=True)
+    assert dead in _shm_runs(cluster, worker)  # left behind: nothing on the node survived to remove it
+
+    def requeued_run_has_versions():
+        return [run for run in _runs_with_versions(cluster, worker) if run != dead]
+
+    (live,) = _wait_for(requeued_run_has_versions, 300, f"the requeued run published nothing to {worker}")
+    runs = _shm_runs(cluster, worker)
+    assert set(runs) == {live}, runs  # the dead run's versions and process registry: swept by the node itself
+    assert len(_versions(cluster, worker, live)) <= 2, runs  # keep_versions
     _wait_gone(cluster, job_id, 400)
     text = _slurm_out(out, job_id)
     assert "resumed from" in text and "done" in text, text[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trainer_version"] == 20 and summary["start_step"] >= 2, summary
     assert summary["generator_versions"] == [20]
+    assert {node: _shm_runs(cluster, node) for node in nodes} == {node: {} for node in nodes}  # cleaned at exit
+
+
+def _shm_runs(cluster: SlurmCluster, node: str) -> dict[str, list[str]]:
+    """The forge_rl entries in `node`'s /dev/shm by run id (forge_rl-<run>-weights-<host>, forge_rl-<run>-pids)."""
+    runs: dict[str, list[str]] = {}
+    for name in sorted(os.listdir(cluster.shm(node))):
+        if name.startswith("forge_rl-"):
+            runs.setdefault(name.split("-")[1], []).append(name)
+    return runs
+
+
+def _versions(cluster: SlurmCluster, node: str, run: str) -> list[str]:
+    found = []
+    for d in cluster.shm(node).glob(f"forge_rl-{run}-weights-*"):
+        found += [v for v in os.listdir(d) if v.startswith("v") and v[1:].isdigit()]  # complete versions only
+    return found
+
+
+def _runs_with_versions(cluster: SlurmCluster, node: str) -> list[str]:
+    return [run for run in _shm_runs(cluster, node) if _versions(cluster, node, run)]
+
+
+def _wait_for(found, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not (got := found()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert got, f"{what} within {timeout_s} s"
+    return got
+
+
+def _node_processes(cluster: SlurmCluster, node: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", cluster.netns(node)], capture_output=True, text=True, check=True)
+    return [int(pid) for pid in out.stdout.split()]
+
+
+def _node_without_the_app(cluster: SlurmCluster, nodes: list[str]) -> str:
+    """The job's node where only workers run (the app runs on the batch host)."""
+    def runs_the_app(pid: int) -> bool:
+        try:
+            return b"forge_rl.recipes" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+
+    (worker,) = [n for n in nodes if not any(runs_the_app(pid) for pid in _node_processes(cluster, n))]
+    return worker
+
+
+def _kill_jobs_processes(cluster: SlurmCluster, node: str) -> None:
+    """SIGKILL every process of the job on `node` (Slurm's own daemons live on, as on a preempted node)."""
+    for pid in _node_processes(cluster, node):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() not in ("slurmd", "slurmstepd"):
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass  # gone already
 
 
 def _slurm_out(out: Path, job_id: str) -> str:
