@@ -86,14 +86,24 @@ def test_fsdp_and_tp_match_one_proc(loop, tmp_path):
 
 def steps_per_rank(loop, trainer, n_dp: int, seeds, shared_prompt: int = 0) -> list[dict]:
     from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, data_shards
+    from forge_rl.runtime.message_bytes import message_bytes, sent_bytes
 
     shards = loop.run_until_complete(data_shards(trainer))
     assert sorted(set(shards)) == list(range(n_dp))
     out = []
     for s in seeds:
-        sent = batches_for_ranks(split(make_batch(s, shared_prompt=shared_prompt), n_dp), shards)
+        batches = split(make_batch(s, shared_prompt=shared_prompt), n_dp)
+        sent = batches_for_ranks(batches, shards)
         assert all(sum(isinstance(b, TrainBatch) for b in rank) == 1 for rank in sent)  # its own batch only
-        out.append(loop.run_until_complete(call_each_rank(trainer, "train_step", sent))[0])
+        with sent_bytes() as wire:  # what the controller serialised for the ranks, one message each
+            out.append(loop.run_until_complete(call_each_rank(trainer, "train_step", sent))[0])
+        # each batch once (its message), and to the other ranks its counts; every batch to every rank was
+        # world x message_bytes(batches)
+        each_once = sum(message_bytes([b]) for b in batches)
+        counts = sum(message_bytes(b.shape_only()) for b in batches)
+        tensors = sum(t.nbytes for b in batches for t in (b.tokens, b.response_mask, b.behaviour_logprobs))
+        assert len(wire.calls) == len(shards) and tensors < wire.total <= each_once + (n_dp - 1) * counts, wire
+        assert wire.total < len(shards) * message_bytes(batches) * 0.6, wire
     return out
 
 
