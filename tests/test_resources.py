@@ -62,3 +62,24 @@ def test_parse_cpus():
     assert parse_cpus("0-3,6", "k") == [0, 1, 2, 3, 6]
     with pytest.raises(ValueError, match="distinct"):
         parse_cpus("1,1", "k")
+
+
+def test_reward_models_are_placed_like_a_role():
+    from forge_rl.runtime.placement import plan_reward_models
+
+    cpu = plan_reward_models(ResourcesConfig(reward_model_cpus="1|0-1"), plan([0, 1]), 2, cores=[0, 1])
+    assert cpu.reward_model_cpus == [[1], [0, 1]] and "reward models on [cores 1 | cores 0,1]" in cpu.describe()
+    assert plan_reward_models(ResourcesConfig(), plan([0, 1]), 1, cores=[0, 1]).reward_model_cpus == []  # unpinned
+    gpus = plan_placement(ResourcesConfig(), 1, 1, 1, gpus=["0", "1", "2"])  # trainer 0, generator 1: 2 is free
+    assert plan_reward_models(ResourcesConfig(), gpus, 2).reward_model_gpus == [["2"], ["2"]]
+    full = plan_placement(ResourcesConfig(), 1, 1, 1, gpus=["0", "1"])  # none free: the last one, time-shared
+    assert plan_reward_models(ResourcesConfig(), full, 1).reward_model_gpus == [["1"]]
+    assert plan_reward_models(ResourcesConfig(reward_model_gpus="0"), full, 1).reward_model_gpus == [["0"]]
+    for cfg, placement, message in [
+        (dict(reward_model_cpus="1"), plan([0, 1]), "lists 1 reward models' devices; rewards has 2"),
+        (dict(reward_model_cpus="5|1"), plan([0, 1]), r"reward_model_cpus names cores \[5\]"),
+        (dict(reward_model_gpus="7|1"), full, r"names GPUs \['7'\]"),
+        (dict(reward_model_gpus="0|0"), plan([0, 1]), "this host has none visible"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            plan_reward_models(ResourcesConfig(**cfg), placement, 2, cores=[0, 1])

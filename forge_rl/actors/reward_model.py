@@ -9,7 +9,8 @@
 `RewardModel` (kind classifier) loads a Hugging Face `AutoModelForSequenceClassification` checkpoint and scores
 (prompt, completion) pairs rendered as a chat whose last turn is the completion. Requests that arrive within
 `batch_window_ms` are run as one forward of at most `max_batch` sequences, so many groups scored at once cost one
-batched forward, not one each. One label: the reward is sigmoid(logit); two: softmax's p(label 1).
+batched forward, not one each. One label: the reward is the logit itself (a Bradley-Terry reward model's score);
+two: softmax's p(label 1), in [0, 1].
 
 A judge is a `Generator` actor (vLLM, one replica) started from the judge's checkpoint with greedy sampling; the reward actor
 fills `template` ({prompt}, {completion}), renders it as a user turn with the judge's chat template, and turns the
@@ -52,7 +53,9 @@ class RewardModel(ForgeActor):
             raise ValueError(f"reward model {model!r}: max_batch must be >= 1 and batch_window_ms >= 0")
         path = resolve_model_path(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+        # on the GPU the placement pinned for it (resources.reward_model_gpus), else on its cores
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval().to(self.device)
         labels = self.model.config.num_labels
         if labels not in (1, 2):
             raise ValueError(f"reward model {model!r} has {labels} labels; a reward classifier has 1 (its logit is "
@@ -72,7 +75,7 @@ class RewardModel(ForgeActor):
 
     @concurrent_endpoint  # groups arrive concurrently and are batched together
     async def score(self, prompts: list, completions: list[str]) -> list[float]:
-        """The reward of each completion of its prompt, in [0, 1]."""
+        """The reward of each completion of its prompt: the logit (one label) or p(label 1) (two)."""
         if len(prompts) != len(completions):
             raise ValueError(f"score: {len(prompts)} prompts for {len(completions)} completions")
         request = _Request(self.render(prompts, completions), asyncio.get_running_loop().create_future())
@@ -102,9 +105,9 @@ class RewardModel(ForgeActor):
     def _forward(self, texts: list[str]) -> list[float]:
         start = time.perf_counter()
         with torch.no_grad():
-            encoded = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            encoded = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
             logits = self.model(**encoded).logits.float()
-        scores = torch.sigmoid(logits[:, 0]) if logits.shape[1] == 1 else torch.softmax(logits, -1)[:, 1]
+        scores = logits[:, 0] if logits.shape[1] == 1 else torch.softmax(logits, -1)[:, 1]
         self.forwards += 1
         self.sequences += len(texts)
         self.busy_s += time.perf_counter() - start

@@ -53,7 +53,7 @@ from forge_rl.recipes.grpo_config import GRPOConfig, check_config, check_task, d
 from forge_rl.recipes.grpo_report import (StepRecord, batch_rewards, console_line, drops, shown_reward, step_metrics,
                                           summary_block)
 from forge_rl.runtime.memory_plan import ModelShape, gpu_total_bytes, plan_memory
-from forge_rl.runtime.placement import Placement, plan_placement
+from forge_rl.runtime.placement import Placement, plan_placement, plan_reward_models
 from forge_rl.runtime.timeouts import TimeoutsConfig, within
 from forge_rl.loop.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.loop.train_loop import (
@@ -163,6 +163,7 @@ class GRPORun:
             gpus = visible_gpus()  # one GPU per trainer rank; a generator replica gets one per TP rank
             self.placement = plan_placement(cfg.resources, cfg.trainer_procs, cfg.generator.replicas,
                                             tp if gpus else 0, gpus)
+            plan_reward_models(cfg.resources, self.placement, sum(r.model is not None for r in cfg.rewards))
         self.generator_gpus = tp if gpus else 0
         # a trainer that time-shares its GPU with an engine gives the step's cached memory back for its wake-up
         cfg.trainer.release_memory_after_step = self.placement.colocated and self.placement.device == "cuda"
@@ -213,16 +214,26 @@ class GRPORun:
         RewardModel actor, or a judge's vLLM Generator (greedy, one replica). Name -> actor, for the reward actor."""
         models = {}
         for spec in (s for s in self.cfg.rewards if s.model is not None):
+            options = self._reward_model_options(len(models))
             if spec.kind == "classifier":
-                models[spec.name] = await RewardModel.options(mesh_name=f"RewardModel-{len(models)}").as_actor(
+                models[spec.name] = await RewardModel.options(mesh_name=f"RewardModel-{len(models)}",
+                                                              **options).as_actor(
                     spec.model, spec.max_batch, spec.batch_window_ms)
             else:
-                models[spec.name] = await Generator.options(mesh_name=f"Judge-{len(models)}").as_actor(
+                models[spec.name] = await Generator.options(mesh_name=f"Judge-{len(models)}", **options).as_actor(
                     resolve_model_path(spec.model), engine_args=dict(self.cfg.generator.engine_args),
                     sampling=dict(temperature=0.0, max_tokens=spec.max_tokens), seed=self.cfg.seed,
                     weight_store=self.cfg.weight_store, log_level=self.cfg.generator.log_level)
             self.console.print(f"reward model {spec.name} ({spec.kind}, {spec.model}) started")
         return models
+
+    def _reward_model_options(self, i: int) -> dict:
+        """The i-th reward model's procs as the placement planned them (resources.reward_model_cpus / _gpus): its
+        cores, or its GPU (time-shared, as another role may use it too). On a launcher's hosts: the controller's."""
+        cpus, gpus = self.placement.reward_model_cpus, self.placement.reward_model_gpus
+        if gpus:
+            return dict(gpus=len(gpus[i]), gpu_ids=(tuple(gpus[i]),), share_gpus=True, host_mesh="reward_model")
+        return dict(cpus=(tuple(cpus[i]),) if cpus else (), host_mesh="reward_model")
 
     def _engine_args(self, shared: bool) -> dict:
         """The generators' vLLM engine args. Colocated on GPUs: sleep mode (the engine sleeps while the trainer

@@ -35,6 +35,10 @@ class ResourcesConfig:
     trainer_cpus: str = ""  # cores shared by the trainer ranks, split evenly ("4-7"); "" = derived
     trainer_threads: int = 0  # torch threads per trainer rank; 0 = one per core of the rank
     generator_share: float = 0.5  # disaggregated on CPU: fraction of the cores for generation when derived
+    # Reward models (rewards entries with `model:`), in their order, "|" between models: their cores ("6-7|6-7";
+    # "" = not pinned) and their GPU ids ("3|3"; "" = the next GPU no other role takes, else the last one, shared)
+    reward_model_cpus: str = ""
+    reward_model_gpus: str = ""
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -56,12 +60,18 @@ class Placement:
     trainer_gpus: list[str] = field(default_factory=list)  # one per trainer rank
     generator_gpus: list[list[str]] = field(default_factory=list)  # per replica: its tensor_parallel_size GPUs
     note: str = ""  # roles on hosts of their own (a launcher's host meshes): where they are
+    reward_model_cpus: list[list[int]] = field(default_factory=list)  # per reward model; [] = not pinned
+    reward_model_gpus: list[list[str]] = field(default_factory=list)  # per reward model (GPU hosts)
 
     @property
     def colocated(self) -> bool:
         return self.mode == "colocated"
 
     def describe(self) -> str:
+        rms = [f"GPUs {_fmt(g)}" for g in self.reward_model_gpus] or [f"cores {_fmt(c)}" for c in self.reward_model_cpus]
+        return self._describe_roles() + (f"; reward models on [{' | '.join(rms)}]" if rms else "")
+
+    def _describe_roles(self) -> str:
         if self.note:
             return f"placement {self.mode}: {self.note}"
         if self.device == "cuda":
@@ -119,6 +129,42 @@ def plan_placement(cfg: ResourcesConfig, trainer_procs: int, generator_replicas:
     ranks = _split(train, trainer_procs)
     return Placement(mode, "cpu", generator_cpus=gen, trainer_cpus=ranks,
                      trainer_threads=cfg.trainer_threads or len(ranks[0]))
+
+
+def plan_reward_models(cfg: ResourcesConfig, placement: Placement, models: int,
+                       cores: list[int] | None = None) -> Placement:
+    """Where each of `models` reward models runs (placement.reward_model_cpus / _gpus, in `rewards` order).
+    On CPU: the cores resources.reward_model_cpus gives each, or none pinned (they share the machine). On GPUs:
+    the ids resources.reward_model_gpus gives each, or the next GPU neither the trainer nor a generator replica
+    takes, or (none is free) the last visible GPU, time-shared."""
+    def per_model(text: str, key: str) -> list[str]:
+        parts = text.split("|") if text else []
+        if parts and len(parts) != models:
+            raise ValueError(f"resources.{key}={text!r} lists {len(parts)} reward models' devices; rewards has "
+                             f"{models} entries with a model")
+        return parts
+
+    cpus, gpus = per_model(cfg.reward_model_cpus, "reward_model_cpus"), per_model(cfg.reward_model_gpus, "reward_model_gpus")
+    if placement.device == "cpu":
+        if gpus:
+            raise ValueError("resources.reward_model_gpus names GPUs, but this host has none visible")
+        allowed = set(cores if cores is not None else os.sched_getaffinity(0))
+        placement.reward_model_cpus = [parse_cpus(c, "resources.reward_model_cpus") for c in cpus]
+        if outside := sorted({c for cs in placement.reward_model_cpus for c in cs} - allowed):
+            raise ValueError(f"resources.reward_model_cpus names cores {outside} that this process may not use")
+        return placement
+    if cpus:
+        raise ValueError("resources.reward_model_cpus pins CPU roles; on GPUs reward models get devices "
+                         "(resources.reward_model_gpus)")
+    for ids in gpus:
+        if unknown := [g for g in ids.split(",") if g not in placement.gpus]:
+            raise ValueError(f"resources.reward_model_gpus={cfg.reward_model_gpus!r} names GPUs {unknown}; "
+                             f"visible: {_fmt(placement.gpus)}")
+    taken = set(placement.trainer_gpus) | {g for r in placement.generator_gpus for g in r}
+    free = [g for g in placement.gpus if g not in taken] or placement.gpus[-1:]
+    placement.reward_model_gpus = ([ids.split(",") for ids in gpus] if gpus else
+                                   [[free[i % len(free)]] for i in range(models)])
+    return placement
 
 
 def _plan_gpus(cfg: ResourcesConfig, trainer_procs: int, replicas: int, per_replica: int, gpus: list[str]) -> Placement:
