@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 
-.PHONY: setup setup-slurm demo demo-ppo demo-multiturn demo-distill demo-lora test test-fast gpu-check clean
+.PHONY: setup setup-slurm demo demo-ppo demo-rm demo-multiturn demo-distill demo-lora test test-fast gpu-check clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -15,6 +15,9 @@ demo: setup
 
 demo-ppo: setup  # PPO with a critic, one sample per prompt (configs/ppo/tiny.yaml)
 	$(PY) -m apps.ppo.main --config configs/ppo/tiny.yaml $(ARGS)
+
+demo-rm: setup  # GRPO scored only by a learned reward model, tiny-rm, never the answer (configs/grpo/tiny_rm.yaml)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny_rm.yaml $(ARGS)
 
 demo-multiturn: setup  # addition with a retry after feedback: a multi-turn environment (configs/grpo/tiny_retry.yaml)
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny_retry.yaml $(ARGS)
