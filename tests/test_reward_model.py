@@ -85,6 +85,18 @@ def test_classifier_batches_concurrent_groups_and_mixes_with_function_rewards(lo
         assert totals == pytest.approx([2.0 * m + 0.5 * f for m, f in zip(parts[spec.name], parts["format"])])
     assert len({round(v, 4) for _, parts in results for v in parts[spec.name]}) > 3  # it tells completions apart
 
+    # max_concurrency=1: the same three groups go to the model one at a time, a forward each
+    one = RewardSpec(model=str(classifier), max_concurrency=1)
+    single_rm = loop.run_until_complete(RewardModel.options(mesh_name="single").as_actor(str(classifier), 64, 50.0))
+    single = loop.run_until_complete(RewardActor.options(mesh_name="single_reward").as_actor(
+        [one], 30.0, models={one.name: single_rm}))
+
+    async def one_at_a_time():
+        return await asyncio.gather(*(single.score.call_one([q] * 3, a, ["stop"] * 3) for q, a in zip(QUESTIONS, ANSWERS)))
+
+    loop.run_until_complete(one_at_a_time())
+    assert loop.run_until_complete(single_rm.stats.call_one())["forwards"] == 3
+
     # slower than reward_timeout_s (a forward that waits 2 s for company): the group fails, named and counted
     slow_rm = loop.run_until_complete(RewardModel.options(mesh_name="slow").as_actor(str(classifier), 64, 2000.0))
     slow = loop.run_until_complete(RewardActor.options(mesh_name="slow_reward").as_actor(
@@ -93,7 +105,7 @@ def test_classifier_batches_concurrent_groups_and_mixes_with_function_rewards(lo
         loop.run_until_complete(slow.score.call_one([QUESTIONS[0]], ["46"], ["stop"]))
     error = getattr(failed.value, "exception", failed.value)
     assert isinstance(error, RewardTimeout) and error.reason == "reward_timeout" and spec.name in str(error)
-    for actor in (rm, reward, slow_rm, slow):
+    for actor in (rm, reward, single_rm, single, slow_rm, slow):
         loop.run_until_complete(stop_actor(actor))
 
 

@@ -61,6 +61,7 @@ class RewardSpec:
     parser: str = r"(-?\d+(?:\.\d+)?)"  # judge: a regex whose first group is the number, or "package.module:function"
     scale: float = 0.1  # judge: the reward is the parsed number times this (0-10 -> 0-1)
     max_tokens: int = 16  # judge: the verdict's length
+    max_concurrency: int = 32  # groups in flight to the model at once; more wait (within reward_timeout_s)
 
     def __post_init__(self) -> None:
         if self.model is None and not self.name:
@@ -69,6 +70,9 @@ class RewardSpec:
             if self.kind not in KINDS:
                 raise ValueError(f"rewards: model {self.model!r} has kind={self.kind!r}; choose one of {KINDS}")
             self.name = self.name or f"{self.kind}:{self.model.rstrip('/').rsplit('/', 1)[-1]}"
+            if self.max_concurrency < 1:
+                raise ValueError(f"rewards: model {self.model!r} has max_concurrency={self.max_concurrency}; "
+                                 "it must be >= 1")
 
 
 def resolve_reward(name: str, args: dict[str, Any] | None = None) -> Callable:
@@ -145,18 +149,23 @@ class RewardActor(ForgeActor):
         self.targets = [reward_target(s.name) if s.model is None else None for s in self.specs]
         self.judge_tokenizers = {s.name: _tokenizer(s.model) for s in self.specs if s.kind == "judge" and s.model}
         self.timeout_s = timeout_s
+        self.gates = {s.name: asyncio.Semaphore(s.max_concurrency) for s in self.specs if s.model is not None}
         functions = sorted({t for t in self.targets if t is not None})
         self.pool = RewardPool(workers or default_reward_workers(), memory_mb, preload=functions)
 
     async def _model_values(self, spec: RewardSpec, prompts: list, completions: list[str]) -> list[float]:
-        """A reward model's values, within reward_timeout_s; its failures are RewardErrors naming it."""
+        """A reward model's values, within reward_timeout_s (waiting for a place under max_concurrency included);
+        its failures are RewardErrors naming it."""
         actor = self.models[spec.name]
-        if spec.kind == "classifier":
-            call = actor.score.call_one(list(prompts), list(completions))
-        else:
-            call = self._judge(spec, actor, prompts, completions)
+
+        async def call() -> list[float]:
+            async with self.gates[spec.name]:  # at most max_concurrency groups in flight to this model
+                if spec.kind == "classifier":
+                    return await actor.score.call_one(list(prompts), list(completions))
+                return await self._judge(spec, actor, prompts, completions)
+
         try:
-            values = await asyncio.wait_for(call, self.timeout_s)
+            values = await asyncio.wait_for(call(), self.timeout_s)
         except asyncio.TimeoutError:
             raise RewardTimeout(f"reward model {spec.name!r} took longer than reward_timeout_s={self.timeout_s}") \
                 from None
