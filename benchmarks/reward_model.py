@@ -1,16 +1,26 @@
 """A reward model's groups/s as an actor (requests batched across groups) against the same model inside a Python
 reward function (each reward worker loads it and scores one group per call), side by side in one run.
 
-    .venv/bin/python -m benchmarks.reward_model [--model forge_rl/models/tiny_rm] [--groups 256] [--group-size 8]
+    .venv/bin/python -m benchmarks.reward_model [--model tiny-rm | --shape 83m] [--groups 256] [--group-size 8]
                                                 [--concurrency 16]
 
-Both score the same groups through the RewardActor, `concurrency` groups in flight at a time, as concurrent
-rollouts do. Without --model, a one-label classifier with tiny-warm's body and a random score head is built
-(the cost is the forward's, not the head's).
+Every row scores the same groups through a RewardActor, `concurrency` groups in flight at a time, as concurrent
+rollouts do:
+
+- in a reward function, as written: each of the pool's workers (forge_rl/rewards/workers.py) loads the model and
+  runs one forward per group with torch's default threads (one per core, in every worker at once);
+- in a reward function, tuned: the same with the cores split between the workers (torch.set_num_threads);
+- as a RewardModel actor with batching off (max_batch = one group, no window): one forward per group, one proc;
+- as a RewardModel actor, batched: the groups that arrive within batch_window_ms run as one forward.
+
+The model is the shipped tiny-rm unless --model names another HF sequence classifier; --shape 83m builds an
+83M-parameter Qwen3 classifier with random weights (benchmarks/placement_83m.py's shape), where a forward is
+dearer than the call around it.
 """
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -22,16 +32,22 @@ from rich.table import Table
 from forge_rl.actors.reward import RewardActor, RewardSpec
 from forge_rl.actors.reward_model import RewardModel
 from forge_rl.data.arithmetic import training_problems
+from forge_rl.models import resolve_model_path
+from forge_rl.rewards.workers import default_reward_workers
 from forge_rl.runtime import provisioned
 
 _LOADED = {}  # in a reward worker: path -> (tokenizer, model), loaded on its first call
 
 
-def classifier_in_function(prompts: list[str], completions: list[str], model: str, **_) -> list[float]:
-    """The reward model as a plain reward function: one group, one forward, in the reward worker's process."""
+def classifier_in_function(prompts: list[str], completions: list[str], model: str, threads: int = 0,
+                           **_) -> list[float]:
+    """The reward model as a plain reward function: one group, one forward, in the reward worker's process.
+    `threads`: torch threads in this worker (0: torch's default, one per core)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if model not in _LOADED:
+        if threads:
+            torch.set_num_threads(threads)
         _LOADED[model] = (AutoTokenizer.from_pretrained(model),
                           AutoModelForSequenceClassification.from_pretrained(model).eval())
     tok, net = _LOADED[model]
@@ -39,20 +55,22 @@ def classifier_in_function(prompts: list[str], completions: list[str], model: st
                                      tokenize=False) for p, c in zip(prompts, completions)]
     with torch.no_grad():
         logits = net(**tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)).logits
-    return torch.sigmoid(logits[:, 0]).tolist()
+    return (logits[:, 0] if logits.shape[1] == 1 else torch.softmax(logits, -1)[:, 1]).tolist()  # as the actor does
 
 
-def random_classifier(out: Path) -> Path:
+def classifier_83m(out: Path) -> str:
+    """An 83M-parameter Qwen3 sequence classifier (one label) with random weights and the tiny tokenizer."""
     from transformers import Qwen3ForSequenceClassification
 
-    from forge_rl.models import resolve_model_path
+    from benchmarks.placement_83m import SHAPE_83M
+    from forge_rl.models.build_tiny import build
 
-    base = Path(resolve_model_path("tiny-warm"))
+    base = build(out / "lm", **SHAPE_83M)
     model = Qwen3ForSequenceClassification.from_pretrained(base, num_labels=1, pad_token_id=0)
-    model.save_pretrained(out)
+    model.save_pretrained(out / "rm")
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        (out / name).write_bytes((base / name).read_bytes())
-    return out
+        (out / "rm" / name).write_bytes((Path(base) / name).read_bytes())
+    return str(out / "rm")
 
 
 async def groups_per_s(reward, groups: list[tuple[list[str], list[str]]], concurrency: int) -> float:
@@ -70,25 +88,31 @@ async def groups_per_s(reward, groups: list[tuple[list[str], list[str]]], concur
 
 
 async def measure(model: str, groups, concurrency: int) -> list[tuple[str, float, str]]:
-    rows = []
+    rows, workers, group = [], default_reward_workers(), len(groups[0][1])
+    split = max(1, (os.cpu_count() or 1) // workers)
     async with provisioned():
-        function = await RewardActor.options(mesh_name="in_function").as_actor(
-            [RewardSpec("benchmarks.reward_model:classifier_in_function", args={"model": model})], 300.0)
-        rows.append(("in a reward function (its workers, a forward per group)",
-                     await groups_per_s(function, groups, concurrency), "-"))
-        rm = await RewardModel.as_actor(model, 64, 10.0)
-        spec = RewardSpec(model=model)
-        actor = await RewardActor.options(mesh_name="as_actor").as_actor([spec], 300.0, models={spec.name: rm})
-        rate = await groups_per_s(actor, groups, concurrency)
-        stats = await rm.stats.call_one()
-        rows.append(("as a RewardModel actor (batched across groups)", rate,
-                     f"{stats['mean_batch']:.1f} sequences per forward"))
+        for label, threads in (("as written", 0), (f"tuned: {split} thread(s) per worker", split)):
+            function = await RewardActor.options(mesh_name=f"in_function_{threads}").as_actor(
+                [RewardSpec("benchmarks.reward_model:classifier_in_function",
+                            args={"model": model, "threads": threads})], 600.0, workers)
+            rows.append((f"in a reward function, {label}", await groups_per_s(function, groups, concurrency),
+                         f"{workers} workers, a model and a forward per group in each"))
+        for label, max_batch, window_ms in (("batching off", group, 0.0), ("batched across groups", 64, 10.0)):
+            rm = await RewardModel.options(mesh_name=f"rm_{max_batch}").as_actor(model, max_batch, window_ms)
+            spec = RewardSpec(model=model)
+            actor = await RewardActor.options(mesh_name=f"as_actor_{max_batch}").as_actor(
+                [spec], 600.0, models={spec.name: rm})
+            rate = await groups_per_s(actor, groups, concurrency)
+            stats = await rm.stats.call_one()
+            rows.append((f"as a RewardModel actor, {label}", rate,
+                         f"1 proc, {stats['mean_batch']:.1f} sequences per forward"))
     return rows
 
 
 def cli() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default="tiny-rm", help="an HF sequence classifier (default: the shipped tiny-rm)")
+    ap.add_argument("--shape", choices=["83m"], default=None, help="a random-weight classifier of this size instead")
     ap.add_argument("--groups", type=int, default=256)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=16)
@@ -97,16 +121,16 @@ def cli() -> None:
     groups = [([p.question] * args.group_size, [str(int(p.answer) + d) for d in range(args.group_size)])
               for p in problems]
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or str(random_classifier(Path(tmp) / "rm"))
+        model = classifier_83m(Path(tmp)) if args.shape else resolve_model_path(args.model)
         rows = asyncio.run(measure(model, groups, args.concurrency))
     base = rows[0][1]
-    table = Table(title=f"reward model throughput: {args.groups} groups of {args.group_size}, "
-                        f"{args.concurrency} in flight ({args.model or 'tiny-warm body, random head'})")
-    for col in ("scored", "groups/s", "vs function", "batching"):
+    table = Table(title=f"reward model throughput: {args.groups} groups of {args.group_size}, {args.concurrency} "
+                        f"in flight ({args.shape or args.model}, {os.cpu_count()} cores)")
+    for col in ("scored", "groups/s", "vs function as written", "how"):
         table.add_column(col, justify="right")
     for label, rate, note in rows:
         table.add_row(label, f"{rate:.1f}", f"{rate / base:.2f}x", note)
-    Console(width=160).print(table)
+    Console(width=180).print(table)
 
 
 if __name__ == "__main__":
