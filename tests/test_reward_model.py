@@ -125,13 +125,20 @@ def halve(text: str) -> float:
     return float(text) / 2
 
 
-def test_a_missing_reward_model_is_refused_at_start_naming_the_key(tmp_path):
+def test_a_missing_reward_model_or_a_bad_setting_is_refused_at_start_naming_the_key(tmp_path):
     from forge_rl.recipes.grpo_config import GRPOConfig, check_config
 
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
                       [f"output_dir={tmp_path}", "rewards=[{name: exact_match}, {model: /nonexistent/rm}]"])
     with pytest.raises(ConfigError, match=r"rewards\[1\].model: model '/nonexistent/rm'"):
         check_config(cfg)
+    bad = "{model: tiny-warm, kind: judge, template: 'Rate {answer}', parser: '(\\\\d+', max_concurrency: 0}"
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
+                      [f"output_dir={tmp_path}", f"rewards=[{{name: exact_match}}, {bad}]"])
+    with pytest.raises(ConfigError) as refused:
+        check_config(cfg)
+    for key in ("max_concurrency=0", "template: only {prompt}", "template: it must show", "parser="):
+        assert f"rewards[1].{key}" in str(refused.value)
 
 
 def test_tiny_rm_tells_right_sums_from_wrong_ones(loop):

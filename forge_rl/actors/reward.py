@@ -22,6 +22,7 @@ import functools
 import importlib
 import inspect
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -70,9 +71,27 @@ class RewardSpec:
             if self.kind not in KINDS:
                 raise ValueError(f"rewards: model {self.model!r} has kind={self.kind!r}; choose one of {KINDS}")
             self.name = self.name or f"{self.kind}:{self.model.rstrip('/').rsplit('/', 1)[-1]}"
-            if self.max_concurrency < 1:
-                raise ValueError(f"rewards: model {self.model!r} has max_concurrency={self.max_concurrency}; "
-                                 "it must be >= 1")
+
+
+def reward_model_errors(spec: RewardSpec) -> list[str]:
+    """What is wrong with a reward model's settings, each as "key: why" (check_config prefixes rewards[i])."""
+    errors = [f"{key}={getattr(spec, key)}: it must be >= 1" for key in ("max_batch", "max_concurrency", "max_tokens")
+              if getattr(spec, key) < 1]
+    if spec.batch_window_ms < 0:
+        errors.append(f"batch_window_ms={spec.batch_window_ms}: it must be >= 0")
+    if spec.kind == "judge":
+        try:
+            spec.template.format(prompt="", completion="")
+        except (KeyError, IndexError, ValueError) as e:
+            errors.append(f"template: only {{prompt}} and {{completion}} can be filled in ({type(e).__name__}: {e})")
+        if "{completion}" not in spec.template:
+            errors.append("template: it must show the judge the {completion}")
+        if not re.fullmatch(r"[\w.]+:\w+", spec.parser):
+            try:
+                re.compile(spec.parser)
+            except re.error as e:
+                errors.append(f"parser={spec.parser!r}: not a regex ({e}) nor 'package.module:function'")
+    return errors
 
 
 def resolve_reward(name: str, args: dict[str, Any] | None = None) -> Callable:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge_rl.actors.reward import RewardSpec, check_reward_columns
+from forge_rl.actors.reward import RewardSpec, check_reward_columns, reward_model_errors
 from forge_rl.actors.trainer import TrainerConfig
 from forge_rl.config import ConfigError
 from forge_rl.launch.launcher import LauncherConfig
@@ -144,6 +144,8 @@ def check_config(cfg: GRPOConfig) -> None:
                 resolve_model_path(spec.model)
             except FileNotFoundError as e:
                 raise ConfigError(f"rewards[{i}].model: {e}") from None
+            if errors := reward_model_errors(spec):
+                raise ConfigError("; ".join(f"rewards[{i}].{error}" for error in errors))
     names = [r.name for r in cfg.rewards]
     if cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
