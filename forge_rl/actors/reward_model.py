@@ -53,9 +53,10 @@ class RewardModel(ForgeActor):
             raise ValueError(f"reward model {model!r}: max_batch must be >= 1 and batch_window_ms >= 0")
         path = resolve_model_path(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        # on the GPU the placement pinned for it (resources.reward_model_gpus), else on its cores
+        # on the GPU the placement pinned for it (resources.reward_model_gpus) in bf16, else on its cores in fp32
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval().to(self.device)
+        dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
+        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype).eval().to(self.device)
         labels = self.model.config.num_labels
         if labels not in (1, 2):
             raise ValueError(f"reward model {model!r} has {labels} labels; a reward classifier has 1 (its logit is "
