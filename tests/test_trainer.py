@@ -284,7 +284,8 @@ def test_save_kill_load_continues_identically(loop, tmp_path):
 
 def test_push_weights_from_one_and_from_sharded_ranks(loop, tmp_path):
     """1 proc, FSDP2 and TP on 2 procs publish the same weights, each rank writing its shards or (as ranks on
-    several hosts do) rank 0 writing tensor by tensor; readers get full HF tensors, bit-exact."""
+    several hosts do) rank 0 writing what every rank sends it, a block of rows at a time; readers get full HF
+    tensors, bit-exact. Sending, no rank holds more than its shard of one tensor, or one block."""
     from safetensors.torch import load_file
 
     from forge_rl.runtime import stop_actor
@@ -292,34 +293,38 @@ def test_push_weights_from_one_and_from_sharded_ranks(loop, tmp_path):
 
     shipped = load_file(TINY_MODEL / "model.safetensors")
     store = ShmWeightStore()
+    block_mb = 0.01  # 10 KiB: 20 rows of the 128-wide tensors, so shards and fused q/k/v go in several blocks
     try:
-        cases = [(1, {}, "auto"), (2, dict(dp_shard=2), "auto"), (2, dict(dp_shard=1, tp=2), "auto"),
-                 (2, dict(dp_shard=2), "rank0"), (2, dict(dp_shard=1, tp=2), "rank0")]
-        fused = sum(shipped[f"model.layers.0.self_attn.{p}_proj.weight"].nbytes for p in "qkv")
-        largest = max(fused, *(t.nbytes for t in shipped.values()))  # the largest parameter, whole
-        for version, (procs, parallel, publish_from) in enumerate(cases, 1):
+        cases = [(1, {}, "auto", 64), (2, dict(dp_shard=2), "auto", 64), (2, dict(dp_shard=1, tp=2), "auto", 64),
+                 (2, dict(dp_shard=2), "rank0", 64), (2, dict(dp_shard=1, tp=2), "rank0", 64),
+                 (2, dict(dp_shard=2), "rank0", block_mb)]
+        largest = max(t.nbytes for t in shipped.values())
+        for version, (procs, parallel, publish_from, block) in enumerate(cases, 1):
             cfg = config(tmp_path / str(version), **parallel)
-            cfg.publish_from = publish_from
+            cfg.publish_from, cfg.publish_block_mb = publish_from, block
             trainer = spawn(loop, cfg, procs=procs)
             records = loop.run_until_complete(trainer.push_weights.call(version))
             loop.run_until_complete(stop_actor(trainer))
             record = records.item(procs=0)
             got = store.load(version)
             assert set(got) == set(shipped) and record["bytes"] == sum(t.nbytes for t in shipped.values())
-            if publish_from == "rank0":  # no rank held more than one whole tensor (a layer's fused q/k/v at most)
+            if publish_from == "rank0":
+                bound = block * 2**20 if block < 1 else largest / 2  # a block, or half the largest tensor
                 for rank in range(procs):
-                    assert 0 < records.item(procs=rank)["largest_held_bytes"] <= largest
+                    assert 0 < records.item(procs=rank)["largest_held_bytes"] <= bound, (version, rank)
             for name, tensor in shipped.items():
                 assert torch.equal(got[name], tensor), (version, name)
     finally:
         store.close()
 
 
-def test_push_weights_into_a_full_tmpfs_fails_by_name_and_the_trainer_goes_on(loop, tmp_path):
+@pytest.mark.parametrize("procs,publish_from", [(1, "auto"), (2, "rank0")], ids=["one-rank", "from-rank0"])
+def test_push_weights_into_a_full_tmpfs_fails_by_name_and_the_trainer_goes_on(loop, tmp_path, procs, publish_from):
     """The store's root on a real tmpfs with room for 2.5 versions of the tiny model, one taken by a
     filler file: push 1 fits, push 2 comes back to the caller as WeightStoreFull naming the store and
     the bytes, and leaves version 1 as it was. The trainer goes on: it trains, and once the filler is
-    gone push 2 publishes."""
+    gone push 2 publishes. Publishing from rank 0, the other rank hears of the failure instead of waiting
+    to send."""
     from safetensors.torch import load_file
 
     from forge_rl.runtime import stop_actor
@@ -331,20 +336,22 @@ def test_push_weights_into_a_full_tmpfs_fails_by_name_and_the_trainer_goes_on(lo
         with open(shm / "filler", "wb") as f:
             os.posix_fallocate(f.fileno(), 0, size)
         store_cfg = WeightStoreConfig(keep_versions=2, root=str(shm / "weights"))
-        trainer = loop.run_until_complete(Trainer.options(procs=1, spmd=True).as_actor(config(tmp_path), store_cfg))
+        cfg = config(tmp_path, **(dict(dp_shard=2) if procs == 2 else {}))
+        cfg.publish_from = publish_from
+        trainer = loop.run_until_complete(Trainer.options(procs=procs, spmd=True).as_actor(cfg, store_cfg))
         store = ShmWeightStore(cfg=store_cfg)
         try:
-            loop.run_until_complete(trainer.push_weights.call_one(1))
+            loop.run_until_complete(trainer.push_weights.call(1))
             with pytest.raises(ActorError, match=rf"WeightStoreFull.*weight store {shm}/weights is full: weights "
                                                  rf"version 2 needs \d+ bytes .*, \d+ bytes .* free"):
-                loop.run_until_complete(trainer.push_weights.call_one(2))
+                loop.run_until_complete(trainer.push_weights.call(2))
             assert os.listdir(store.root) == ["v00000001"]
             v1 = store.load(1)
             assert all(torch.equal(v1[name], t) for name, t in shipped.items())
             del v1
-            assert steps(loop, trainer, 1, seeds=(0,))[0]["step"] == 1
+            assert steps(loop, trainer, procs, seeds=(0,))[0]["step"] == 1
             (shm / "filler").unlink()
-            loop.run_until_complete(trainer.push_weights.call_one(2))
+            loop.run_until_complete(trainer.push_weights.call(2))
             v2 = store.load(2)
             assert v2.keys() == shipped.keys() and not torch.equal(v2["lm_head.weight"], shipped["lm_head.weight"])
             del v2

@@ -34,7 +34,7 @@ from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sf
 from forge_rl.data.prompt_packing import plan_packing
 from forge_rl.losses.logprobs import VocabShard, hidden_logprobs, selected_logprobs, token_logprobs
 from forge_rl.types import BatchShape, TrainBatch
-from forge_rl.weights import ShmWeightStore, WeightStoreConfig, spec_of
+from forge_rl.weights import ShmWeightStore, WeightStoreConfig, rank0_publish, spec_of
 
 HF_ASSETS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
              "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
@@ -107,9 +107,12 @@ class TrainerConfig:
     # A step whose gradient norm is NaN/inf leaves the weights untouched and is counted; this many in a
     # row end the run (something is broken: data, rewards, the learning rate).
     max_nonfinite_steps: int = 3
-    # "auto": ranks on one host each write their own shards into shared memory; ranks on several hosts gather
-    # tensor by tensor and rank 0 writes. "rank0": the latter on one host too
+    # "auto": ranks on one host each write their own shards into shared memory; ranks on several hosts send
+    # theirs to rank 0, which writes. "rank0": the latter on one host too
     publish_from: str = "auto"
+    # publishing from rank 0: each rank sends its shards in blocks of rows of at most this size (the most any rank
+    # holds beyond its state); bigger blocks, fewer messages
+    publish_block_mb: float = 64.0
     # any one collective of the process group (a hung rank raises instead of blocking forever); the GRPO run
     # sets it from timeouts.collective_s
     collective_timeout_s: float = 1800.0
@@ -124,6 +127,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.pack_max_len must be >= 1, got {self.pack_max_len}")
         if self.publish_from not in ("auto", "rank0"):
             raise ValueError(f"trainer.publish_from={self.publish_from!r}; choose 'auto' or 'rank0'")
+        if self.publish_block_mb <= 0:
+            raise ValueError(f"trainer.publish_block_mb must be > 0, got {self.publish_block_mb}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"trainer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
         if self.temperature is not None and self.temperature <= 0:
@@ -240,6 +245,7 @@ class Trainer(ForgeActor):
                              "max_response_len (the GRPO run sets it to the generation budget)")
         self.store_cfg = weight_store
         self.store: ShmWeightStore | None = None  # opened at the first push_weights
+        self._rank0_plan: rank0_publish.Plan | None = None  # who sends what, when publishing from rank 0
         self.step = 0
         self.skipped_steps = 0  # non-finite gradient norm: no update
         self.nonfinite_in_a_row = 0
@@ -597,8 +603,6 @@ class Trainer(ForgeActor):
         return result
 
     def _publish(self, version: int) -> dict[str, float]:
-        from torch.distributed.tensor import DTensor
-
         start = time.perf_counter()
         if self.store is None:
             self.store = ShmWeightStore(cfg=self.store_cfg)
@@ -608,59 +612,65 @@ class Trainer(ForgeActor):
         spans_hosts = int(os.environ.get("LOCAL_WORLD_SIZE", self.world)) < self.world
         if spans_hosts or self.cfg.publish_from == "rank0":
             # Ranks on several hosts: a rank cannot write another host's shared memory. Rank 0 publishes on its
-            # host (where the weight server hands versions to other hosts), one tensor at a time.
+            # host (where the weight server hands versions to other hosts); the others send it their shards.
             nbytes = self._publish_from_rank0(version, dtype)
-            held = dict(largest_held_bytes=self.publish_largest_held)  # one whole tensor at most, on any rank
+            held = dict(largest_held_bytes=self.publish_largest_held)  # one block of rows at most, on any rank
         else:
-            state = {k: v.detach().to(dtype) for k, v in self.model.state_dict().items()
-                     if not k.endswith("rope.cache")}
+            state = {k: v.detach() for k, v in self.model.state_dict().items() if not k.endswith("rope.cache")}
             hf = self.adapter.to_hf(state)
             if self.tied and "lm_head.weight" not in hf:  # vLLM's reload wants it even when tied
                 hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
-            with self.store.writer(version, spec_of(hf), rank=self.rank, world_size=self.world) as writer:
-                for name, tensor in hf.items():
-                    writer.write(name, tensor if isinstance(tensor, DTensor) else tensor.cpu())
-            nbytes, held = sum(t.numel() * t.element_size() for t in hf.values()), {}
+            spec = {name: (dtype, tuple(t.shape)) for name, t in hf.items()}
+            with self.store.writer(version, spec, rank=self.rank, world_size=self.world) as writer:
+                for name, tensor in hf.items():  # converted one at a time: no copy of the whole shard in `dtype`
+                    writer.write(name, tensor.to(dtype))  # a GPU tensor is copied straight into shared memory
+            nbytes, held = sum(dtype.itemsize * math.prod(shape) for _, shape in spec.values()), {}
         elapsed = time.perf_counter() - start
         return dict(version=version, push_s=elapsed, bytes=nbytes, gb_per_s=nbytes / elapsed / 1e9, **held)
 
     def _publish_from_rank0(self, version: int, dtype: torch.dtype) -> int:
-        """Every tensor gathered whole in turn and written by rank 0: no rank ever holds more than one whole
-        tensor (one layer's fused q/k/v at most), where gathering the state dict would hold the whole model on
-        every rank. Returns the version's bytes."""
-        spec = dict(self._published_tensors(dtype, gather=False))
-        spec = {name: (t.dtype, tuple(t.shape)) for name, t in spec.items()}
-        self.publish_largest_held = 0
-        writer = self.store.writer(version, spec) if self.rank == 0 else contextlib.nullcontext()
-        with writer:
-            for name, tensor in self._published_tensors(dtype, gather=True):
-                if self.rank == 0:
-                    writer.write(name, tensor)
+        """Rank 0 writes the version; every rank sends it its shards a block of rows at a time
+        (forge_rl/weights/rank0_publish.py), so no rank holds a whole tensor. Returns the version's bytes."""
+        import torch.distributed as dist
+
+        if self._rank0_plan is None:  # the boxes never change: one exchange for the run
+            self._rank0_plan = rank0_publish.plan(self.model, self.world)
+        targets = self._hf_targets()
+        spec = rank0_publish.spec(self.model, targets, dtype, self.heads_per_kv, self.head_dim)
+        writer, error = contextlib.nullcontext(), None
+        if self.rank == 0:
+            try:
+                writer = self.store.writer(version, spec)
+            except Exception as e:  # e.g. WeightStoreFull: tell the other ranks, who would wait to send
+                error = e
+        said = [None if error is None else f"{type(error).__name__}: {error}"]
+        dist.broadcast_object_list(said, src=0)
+        if error is not None:
+            raise error
+        if said[0] is not None:
+            raise RuntimeError(f"rank 0 could not open weights version {version} for writing: {said[0]}")
+        with writer as w:
+            self.publish_largest_held = rank0_publish.stream(
+                self.model, self._rank0_plan, targets, w, self.rank, dtype, self.device,
+                int(self.cfg.publish_block_mb * 2**20), self.heads_per_kv, self.head_dim)
         return sum(dtype.itemsize * math.prod(shape) for _, shape in spec.values())
 
-    def _published_tensors(self, dtype: torch.dtype, gather: bool):
-        """(HF name, tensor) of every published weight, one at a time, in the same order on every rank. With
-        `gather`, each is whole on this rank's CPU (one collective per parameter: every rank iterates in step);
-        without, a meta tensor of its shape (the version's spec, nothing moved)."""
-        from torch.distributed.tensor import DTensor
-
+    def _hf_targets(self) -> rank0_publish.Targets:
+        """Each parameter's HF names: {None: [name]}, or {"wq": [...], "wk": [...], "wv": [...]} for a fused q/k/v;
+        the tied embedding also names lm_head.weight (vLLM's reload wants the head even when tied)."""
+        targets = {}
         for name, param in self.model.named_parameters():  # a tied weight once
-            if gather:
-                whole = param.detach().to(dtype)
-                whole = (whole.full_tensor() if isinstance(whole, DTensor) else whole).cpu()
-                self.publish_largest_held = max(self.publish_largest_held, whole.nbytes)
-            else:
-                whole = torch.empty(param.shape, dtype=dtype, device="meta")
             if name.endswith(fused_qkv.SUFFIX):
                 prefix = name[: -len(fused_qkv.SUFFIX)]
-                parts = {prefix + p + ".weight": t
-                         for p, t in fused_qkv.split(whole, self.heads_per_kv, self.head_dim).items()}
+                parts = {part: prefix + part + ".weight" for part in fused_qkv.PARTS}
             else:
-                parts = {name: whole}
-            for hf_name, tensor in self.adapter.to_hf(parts).items():
-                yield hf_name, tensor
-                if self.tied and hf_name == "model.embed_tokens.weight":  # vLLM's reload wants the head too
-                    yield "lm_head.weight", tensor
+                parts = {None: name}
+            meta = torch.empty(0, device="meta")
+            targets[name] = {part: list(self.adapter.to_hf({tt_name: meta})) for part, tt_name in parts.items()}
+            for names in targets[name].values():
+                if self.tied and names[0] == "model.embed_tokens.weight":
+                    names.append("lm_head.weight")
+        return targets
 
     def _adapter_tensors(self) -> dict[str, torch.Tensor]:
         """The adapters, whole on every rank, TorchTitan names (a collective: every rank calls it)."""

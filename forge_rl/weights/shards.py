@@ -6,6 +6,8 @@ tensors and nobody gathers. Placements that are not one box per rank (strided FS
 pending reductions) fall back to `full_tensor()`, a collective every rank joins in the same order.
 """
 
+import math
+
 import torch
 
 
@@ -16,7 +18,7 @@ def local_piece(tensor: torch.Tensor, offset: tuple[int, ...] | None) -> tuple[t
     if isinstance(tensor, DTensor):
         if offset is not None:
             raise ValueError("a DTensor carries its own offset; do not pass one")
-        if not _is_box_sharded(tensor):
+        if not is_box_sharded(tensor):
             return tensor.full_tensor(), (0,) * tensor.dim()
         from forge_rl.deps.pytorch import local_shape_and_global_offset
 
@@ -38,8 +40,16 @@ def region(full: torch.Tensor, offset: tuple[int, ...], shape: tuple[int, ...]) 
     return full[tuple(slice(o, o + s) for o, s in zip(offset, shape))]
 
 
-def _is_box_sharded(tensor) -> bool:
+def is_box_sharded(tensor) -> bool:
     from torch.distributed.tensor import Replicate, Shard
 
     # Shard (exactly, not its strided subclass) and Replicate leave each rank one box of the tensor.
     return all(type(p) in (Shard, Replicate) for p in tensor.placements)
+
+
+def row_blocks(shape: tuple[int, ...], itemsize: int, block_bytes: int) -> list[tuple[int, int]]:
+    """Row ranges [r0, r1) of a tensor of `shape`, each at most `block_bytes` (one row at least): moving a big
+    tensor's shard a block at a time keeps what a rank holds beyond its state to one block."""
+    rows, row_bytes = shape[0], math.prod(shape[1:]) * itemsize
+    per_block = max(1, block_bytes // max(1, row_bytes))
+    return [(r0, min(rows, r0 + per_block)) for r0 in range(0, rows, per_block)]
