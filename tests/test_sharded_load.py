@@ -46,6 +46,35 @@ def test_a_tied_checkpoint_without_its_head_loads_and_reads_are_counted(tmp_path
     assert block.shape == (3, 5) and checkpoint.bytes_read == 60 and checkpoint.largest_read == 60
 
 
+def test_reading_in_blocks_of_rows_loads_the_same_weights_and_no_read_exceeds_a_block():
+    """A shard is read a block of rows at a time (block_bytes), fused q/k/v rows included: the same model, and
+    the largest single read is one block (2 KB: 8 rows of the 128-wide fp32 tensors), not a tensor."""
+    from forge_rl.models.qwen3 import Qwen3StateDictAdapter, titan_config
+    from forge_rl.models.sharded_load import load_sharded
+
+    want, _ = build_model(TINY_MODEL_DIR)
+    config = titan_config(TINY_MODEL_DIR)
+    with torch.device("meta"):
+        got = config.build()
+    got.to_empty(device="cpu")
+    with torch.no_grad():
+        got.init_states(buffer_device=torch.device("cpu"))
+    stats = load_sharded(got, Qwen3StateDictAdapter(config, str(TINY_MODEL_DIR)), TINY_MODEL_DIR, block_bytes=4096)
+    for (name, a), (_, b) in zip(got.state_dict().items(), want.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert 0 < stats["largest_read"] <= 4096
+    assert stats["bytes_read"] == stats["checkpoint_bytes"] - 128 * 128 * 4 - _header_bytes(TINY_MODEL_DIR)
+
+
+def _header_bytes(model_dir) -> int:
+    """A safetensors file's bytes before its data (the 8-byte length and the JSON header)."""
+    import struct
+
+    (file,) = model_dir.glob("*.safetensors")
+    with open(file, "rb") as f:
+        return 8 + struct.unpack("<Q", f.read(8))[0]
+
+
 def test_missing_and_extra_tensors_are_named(tmp_path):
     shutil.copytree(TINY_MODEL_DIR, tmp_path / "m")
     (file,) = (tmp_path / "m").glob("*.safetensors")

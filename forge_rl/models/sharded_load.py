@@ -15,6 +15,9 @@ import torch
 
 from forge_rl.deps.pytorch import local_shape_and_global_offset
 from forge_rl.models import fused_qkv
+from forge_rl.weights.shards import row_blocks
+
+DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "U8": 1, "I8": 1, "BOOL": 1}
 
 
 class SafetensorsCheckpoint:
@@ -41,6 +44,12 @@ class SafetensorsCheckpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._file_of[name].get_slice(name).get_shape())
 
+    def itemsize(self, name: str | None) -> int:
+        """Bytes per element of tensor `name` on disk (4 for a name it lacks: a fused or extra tensor)."""
+        if name not in self._file_of:
+            return 4
+        return DTYPE_BYTES.get(self._file_of[name].get_slice(name).get_dtype(), 4)
+
     def read(self, name: str, offset: tuple[int, ...] | None = None, shape: tuple[int, ...] | None = None,
              ) -> torch.Tensor:
         """The whole tensor `name`, or the block of `shape` starting at `offset`."""
@@ -64,11 +73,12 @@ def checkpoint_names(adapter, checkpoint: SafetensorsCheckpoint, ignore: tuple[s
 
 
 def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
-                 extra: dict[str, torch.Tensor] | None = None, ignore: tuple[str, ...] = ()) -> dict[str, int]:
+                 extra: dict[str, torch.Tensor] | None = None, ignore: tuple[str, ...] = (),
+                 block_bytes: int = 64 << 20) -> dict[str, int]:
     """Load `model_dir`'s checkpoint into `model`'s parameters, each parameter's local shard read alone and
     copied into place; `extra` holds full tensors for parameters the checkpoint does not have (LoRA adapters
     at start); `ignore` names checkpoint tensors left unread. Returns the bytes read, the largest single read and
-    the checkpoint's bytes.
+    the checkpoint's bytes. Each shard is read `block_bytes` of rows at a time, so no read exceeds it.
 
     Parameters are written directly, not through `load_state_dict`: TorchTitan's fused q/k/v projection
     would gather whole q, k and v tensors on every rank in its state-dict hooks, so its rows are read here
@@ -82,17 +92,23 @@ def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
     with torch.no_grad():
         for name, param in model.named_parameters():  # a tied weight once
             shape, offset = _local_block(param)
-            if name in extra:
-                block = extra[name][tuple(slice(o, o + n) for o, n in zip(offset, shape))]
-            elif name.endswith(fused_qkv.SUFFIX):
-                block = _read_fused_qkv(checkpoint, names, model.get_submodule(name[: -len(fused_qkv.SUFFIX) - 1]),
-                                        name[: -len(fused_qkv.SUFFIX)], shape, offset)
-            else:
-                if checkpoint.shape(names[name]) != tuple(param.shape):
-                    raise ValueError(f"{model_dir}: {names[name]} has shape {checkpoint.shape(names[name])}, the "
-                                     f"model expects {tuple(param.shape)}")
-                block = checkpoint.read(names[name], offset, shape)
-            _local(param).copy_(block)
+            if name not in extra and not name.endswith(fused_qkv.SUFFIX) \
+                    and checkpoint.shape(names[name]) != tuple(param.shape):
+                raise ValueError(f"{model_dir}: {names[name]} has shape {checkpoint.shape(names[name])}, the "
+                                 f"model expects {tuple(param.shape)}")
+            local = _local(param)
+            # a block of rows at a time: what is read beyond the shard stays at most block_bytes
+            for r0, r1 in row_blocks(shape, checkpoint.itemsize(names.get(name)), block_bytes):
+                at, rows = (offset[0] + r0, *offset[1:]), (r1 - r0, *shape[1:])
+                if name in extra:
+                    block = extra[name][tuple(slice(o, o + n) for o, n in zip(at, rows))]
+                elif name.endswith(fused_qkv.SUFFIX):
+                    block = _read_fused_qkv(checkpoint, names,
+                                            model.get_submodule(name[: -len(fused_qkv.SUFFIX) - 1]),
+                                            name[: -len(fused_qkv.SUFFIX)], rows, at)
+                else:
+                    block = checkpoint.read(names[name], at, rows)
+                local[r0:r1].copy_(block)
     return dict(bytes_read=checkpoint.bytes_read, largest_read=checkpoint.largest_read,
                 checkpoint_bytes=sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")))
 
