@@ -103,3 +103,14 @@ def bonus_reward(prompts, completions, bonus, **_):
 def constant_reward(prompts, completions, **_):
     """The same reward for every completion: every group's advantages are zero (no reward signal at all)."""
     return [1.0] * len(completions)
+
+
+class CudaMemory(ForgeActor):
+    """Spawned on another actor's proc: that process's CUDA caching allocator, in bytes."""
+
+    @endpoint
+    async def read(self) -> dict[str, int]:
+        import torch
+
+        return dict(allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(),
+                    max_reserved=torch.cuda.max_memory_reserved())

@@ -68,9 +68,8 @@ def small_tmpfs(path: Path, size: int):
             subprocess.run(["umount", "-l", str(path)], check=True)
 
 
-@pytest.fixture(scope="module")
-def loop():
-    """An event loop with a provisioner for the whole test module: its actors live across its tests."""
+def provisioned_loop():
+    """An event loop with a provisioner, closed with it (a generator: for fixtures to yield from)."""
     from forge_rl.runtime import provisioned
 
     loop = asyncio.new_event_loop()
@@ -79,6 +78,12 @@ def loop():
     yield loop
     loop.run_until_complete(ctx.__aexit__(None, None, None))
     loop.close()
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """An event loop with a provisioner for the whole test module: its actors live across its tests."""
+    yield from provisioned_loop()
 
 
 @pytest.fixture

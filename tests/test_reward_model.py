@@ -15,6 +15,7 @@ from forge_rl.actors.reward_model import RewardModel, judge_score
 from forge_rl.config import ConfigError, load_config
 from forge_rl.models import resolve_model_path
 from forge_rl.runtime import stop_actor
+from tests.conftest import provisioned_loop
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTIONS = ["12+34=", "5+5=", "70+29="]
@@ -24,24 +25,20 @@ ANSWERS = [["46", "45", "x"], ["10", "1 0", "100"], ["99", "98", "9"]]
 @pytest.fixture
 def loop():
     """conftest's loop, per test here: its provisioner is gone before the GRPO runs below start their own."""
-    from forge_rl.runtime import provisioned
-
-    loop = asyncio.new_event_loop()
-    ctx = provisioned()
-    loop.run_until_complete(ctx.__aenter__())
-    yield loop
-    loop.run_until_complete(ctx.__aexit__(None, None, None))
-    loop.close()
+    yield from provisioned_loop()
 
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory) -> Path:
+    return make_classifier(tmp_path_factory.mktemp("rm") / "tiny_rm")
+
+
+def make_classifier(out: Path) -> Path:
     """A one-label HF sequence classifier with tiny-warm's body and a random score head: its scores differ
     between completions, so the checks below mean something."""
     from transformers import Qwen3ForSequenceClassification
 
     torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("rm") / "tiny_rm"
     model = Qwen3ForSequenceClassification.from_pretrained(resolve_model_path("tiny-warm"), num_labels=1,
                                                            pad_token_id=0)
     model.score.weight.data.normal_(0, 1.0)
