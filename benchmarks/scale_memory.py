@@ -266,7 +266,7 @@ def table(res: dict, params: int, args) -> str:
     rows += ["", "load: " + "; ".join(f"rank {r}: read {s['bytes_read'] / 1e9:.2f} of {s['checkpoint_bytes'] / 1e9:.2f}"
                                       f" GB, largest read {s['largest_read'] / 1e6:.0f} MB"
                                       for r, s in enumerate(res["load_stats"])), ""]
-    rows += ["| version | published (GB, bf16) | publish s | cross-host load s | largest tensor held per rank (MB) |",
+    rows += ["| version | published (GB, bf16) | publish s | cross-host load s | largest block held per rank (MB) |",
              "|---|---|---|---|---|"]
     for p in res["publish"]:
         rows.append(f"| {p['version']} | {p['bytes'] / 1e9:.2f} | {p['push_s']:.1f} | {p['load_s']:.1f} | "
