@@ -336,6 +336,7 @@ class Trainer(ForgeActor):
         model.to_empty(device=self.device)
         with torch.no_grad():
             model.init_states(buffer_device=self.device)
+        qwen3.share_rope_caches(model)
         lora.add_dropout(model, self.cfg.lora.dropout)
         adapter = Qwen3StateDictAdapter(config, str(self.model_dir))
         # each rank reads only its shards of the checkpoint (forge_rl/models/sharded_load.py)

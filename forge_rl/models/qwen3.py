@@ -99,4 +99,27 @@ def build_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype
         model.init_states(buffer_device=torch.device(device))  # rope buffers and weight tying
     adapter = Qwen3StateDictAdapter(config, str(model_dir))
     load_sharded(model, adapter, model_dir)  # every parameter from the checkpoint, or a named error
-    return model.to(dtype), adapter
+    model = model.to(dtype)
+    share_rope_caches(model)
+    return model, adapter
+
+
+def share_rope_caches(model: torch.nn.Module) -> int:
+    """Point every layer's RoPE cache at the first layer's; returns the bytes freed.
+
+    TorchTitan gives each attention layer its own cos/sin cache of max_position_embeddings x 2 head_dim floats, and
+    they are all equal: with Qwen3's 40,960 positions that is 42 MB a layer, 1.5 GB for Qwen3-8B's 36 layers and
+    2.7 GB for 32B's 64, on every rank of the trainer, the reference and the critic. The cache is a non-persistent
+    buffer (in no checkpoint), so sharing it changes nothing but memory."""
+    from torchtitan.models.common.rope import RoPE
+
+    first, freed = {}, 0
+    for module in model.modules():
+        if isinstance(module, RoPE) and module.cache is not None:
+            key = (repr(module.config), module.cache.device, module.cache.dtype)
+            if key not in first:
+                first[key] = module.cache
+            elif module.cache is not first[key]:
+                freed += module.cache.nbytes
+                module.cache = first[key]
+    return freed
