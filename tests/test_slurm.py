@@ -146,6 +146,11 @@ def test_grpo_sbatch_job_is_requeued_and_resumes(cluster, tmp_path):
     runs = _shm_runs(cluster, worker)
     assert set(runs) == {live}, runs  # the dead run's versions and process registry: swept by the node itself
     assert len(_versions(cluster, worker, live)) <= 2, runs  # keep_versions
+    # The killed job's app did not outlive its allocation: Slurm's requeue killed its batch runner, and the app
+    # went with it instead of running on (reparented, out of proctrack/linuxproc's sight) beside the new one.
+    (app_node,) = set(nodes) - {worker}
+    assert len(_apps(cluster, app_node)) == 1, _apps(cluster, app_node)
+    assert set(_shm_runs(cluster, app_node)) == {live}, _shm_runs(cluster, app_node)
     _wait_gone(cluster, job_id, 400)
     text = _slurm_out(out, job_id)
     assert "resumed from" in text and "done" in text, text[-4000:]
@@ -188,15 +193,21 @@ def _node_processes(cluster: SlurmCluster, node: str) -> list[int]:
     return [int(pid) for pid in out.stdout.split()]
 
 
-def _node_without_the_app(cluster: SlurmCluster, nodes: list[str]) -> str:
-    """The job's node where only workers run (the app runs on the batch host)."""
+def _apps(cluster: SlurmCluster, node: str) -> list[int]:
+    """The app processes (python -m forge_rl.recipes ...) running on `node`."""
     def runs_the_app(pid: int) -> bool:
         try:
-            return b"forge_rl.recipes" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            return argv[1:3] == [b"-m", b"forge_rl.recipes"]  # not the batch runner, whose argument names it
         except OSError:
             return False
 
-    (worker,) = [n for n in nodes if not any(runs_the_app(pid) for pid in _node_processes(cluster, n))]
+    return [pid for pid in _node_processes(cluster, node) if runs_the_app(pid)]
+
+
+def _node_without_the_app(cluster: SlurmCluster, nodes: list[str]) -> str:
+    """The job's node where only workers run (the app runs on the batch host)."""
+    (worker,) = [n for n in nodes if not _apps(cluster, n)]
     return worker
 
 

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge_rl.launch.signals import die_with_parent
+
 logger = logging.getLogger(__name__)
 
 ROLES = ("trainer", "generator")
@@ -108,6 +110,9 @@ async def launched(cfg: LauncherConfig, output_dir: str | Path):
     from forge_rl.deps.monarch import slurm_job_id
 
     if in_slurm_batch():  # inside the allocation `submit` made: the job it cached names our workers
+        # The app lives no longer than its job: when Slurm ends or requeues it, the batch runner that started
+        # us dies first, and an app outliving it would run on beside the requeued job (launch/signals.py).
+        die_with_parent(os.getppid())
         job = job_load(BATCH_STATE_FILE)
         state = job.state(cached_path=None)
         job_id = os.environ["SLURM_JOB_ID"]

@@ -21,7 +21,6 @@ Workers die with the process that started them (PR_SET_PDEATHSIG, and a watchdog
 """
 
 import asyncio
-import ctypes
 import functools
 import importlib
 import math
@@ -35,9 +34,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from forge_rl.launch.signals import die_with_parent
 
 DEFAULT_MEMORY_MB = 8192  # per worker (address space): generous for sympy and a judge's client, not the host's all
 STARTUP_TIMEOUT_S = 300.0  # a worker's imports (sympy, a user's judge client) on a busy machine
@@ -82,23 +82,6 @@ def import_function(target: str, args: dict[str, Any] | None = None):
 
 # ---- the worker process -------------------------------------------------------------------------------------
 
-def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this worker when its parent goes, however the parent goes (even SIGKILLed itself)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: the watchdog below still does it, within a second
-        pass
-
-    def watch() -> None:  # also covers the pdeathsig's one gap: it follows the thread that started us
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(1)
-
-    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
-        os._exit(1)
-    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
-
-
 def _limit_memory(memory_mb: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a segfaulting verifier leaves no core file behind
     if memory_mb is not None:
@@ -118,7 +101,7 @@ def _answer(fn, args: tuple, kwargs: dict) -> tuple[str, Any]:
 
 def _worker_main(conn, parent_pid: int, memory_mb: int | None, preload: list[str]) -> None:  # in the worker
     """A worker's life: import the reward functions, then run one call at a time until the pipe closes."""
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)  # SIGKILLed with the parent, however the parent goes
     functions: dict[str, Any] = {}
     try:
         for target in preload:
