@@ -15,9 +15,8 @@ import torch
 
 from forge_rl.deps.pytorch import local_shape_and_global_offset
 from forge_rl.models import fused_qkv
+from forge_rl.weights.layout import dtype_of
 from forge_rl.weights.shards import row_blocks
-
-DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "U8": 1, "I8": 1, "BOOL": 1}
 
 
 class SafetensorsCheckpoint:
@@ -46,9 +45,8 @@ class SafetensorsCheckpoint:
 
     def itemsize(self, name: str | None) -> int:
         """Bytes per element of tensor `name` on disk (4 for a name it lacks: a fused or extra tensor)."""
-        if name not in self._file_of:
-            return 4
-        return DTYPE_BYTES.get(self._file_of[name].get_slice(name).get_dtype(), 4)
+        dtype = dtype_of(self._file_of[name].get_slice(name).get_dtype()) if name in self._file_of else None
+        return dtype.itemsize if dtype is not None else 4
 
     def read(self, name: str, offset: tuple[int, ...] | None = None, shape: tuple[int, ...] | None = None,
              ) -> torch.Tensor:

@@ -33,6 +33,11 @@ _DTYPES = {
 _BY_NAME = {v: k for k, v in _DTYPES.items()}
 
 
+def dtype_of(code: str) -> torch.dtype | None:
+    """The torch dtype of a safetensors dtype code ("BF16"), or None for one this format does not write."""
+    return _BY_NAME.get(code)
+
+
 @dataclass(frozen=True)
 class Entry:
     dtype: torch.dtype
