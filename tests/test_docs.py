@@ -79,10 +79,12 @@ def _config_keys() -> list[tuple[str, str]]:
 
 
 def _config_roots():
+    """Every run's config: distillation's and PPO's hold GRPO's keys and add their own (teacher; critic, ppo)."""
     from forge_rl.recipes.distill import DistillConfig
+    from forge_rl.recipes.ppo import PPOConfig
     from forge_rl.recipes.sft import SFTConfig
 
-    return [DistillConfig, SFTConfig]
+    return [DistillConfig, PPOConfig, SFTConfig]
 
 
 def _has_key(schema, keys: list[str]) -> bool:
@@ -103,8 +105,8 @@ def _has_key(schema, keys: list[str]) -> bool:
 
 def test_dotted_config_keys_exist():
     """`trainer.grpo.kl_coef`, `generator.sampling.temperature=...`: every dotted key whose first part is a
-    section of a run's config (trainer, generator, buffer, ...) is a field path of GRPO's, distillation's or
-    SFT's config."""
+    section of a run's config (trainer, generator, buffer, critic, ppo, ...) is a field path of GRPO's,
+    distillation's, PPO's or SFT's config."""
     roots = _config_roots()
     sections = {f.name for schema in roots for f in dataclasses.fields(schema)
                 if dataclasses.is_dataclass(f.type) or "Config" in str(f.type) or "Section" in str(f.type)}
