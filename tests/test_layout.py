@@ -1,5 +1,6 @@
-"""The layout rules of CONTRIBUTING.md and docs/design.md, checked: nothing imports `apps`, the apps only read
-the command line, and no function in forge_rl/ or apps/ runs over ~60 lines."""
+"""The layout rules of CONTRIBUTING.md and docs/design.md, checked: dependencies point one way (docs/design.md,
+"Dependencies"), nothing imports `apps`, the apps only read the command line, and no function in forge_rl/ or
+apps/ runs over ~60 lines."""
 
 import ast
 from pathlib import Path
@@ -8,6 +9,24 @@ from tests.conftest import REPO
 
 MAX_FUNCTION_LINES = 60
 MAX_APP_LINES = 60
+
+# docs/design.md, "Dependencies": top to bottom; a package imports its own layer and the layers below it, and
+# the bottom layer imports nothing of forge_rl.
+LAYERS = (
+    {"apps"},
+    {"forge_rl.recipes"},
+    {"forge_rl.loop"},
+    {"forge_rl.actors", "forge_rl.envs", "forge_rl.runtime", "forge_rl.launch"},
+    {"forge_rl.weights", "forge_rl.losses", "forge_rl.rewards", "forge_rl.data", "forge_rl.models",
+     "forge_rl.observability"},
+    {"forge_rl.types", "forge_rl.config", "forge_rl.deps"},
+)
+# The imports that go up a layer, each named in docs/design.md with its reason: (file, the module it imports).
+UPWARD = {
+    ("forge_rl/actors/replay_buffer.py", "forge_rl.loop.sampling"),  # the behaviour policy's one definition
+    ("forge_rl/launch/launcher.py", "forge_rl.recipes"),  # the `submit` command line names a recipe
+    ("forge_rl/rewards/workers.py", "forge_rl.launch.signals"),  # a reward worker dies with its parent
+}
 
 
 def _python_files(*roots: str) -> list[Path]:
@@ -22,6 +41,61 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
     return names
+
+
+def _package(module: str) -> str | None:
+    """The package a module belongs to for the layer rules: `apps`, `forge_rl.<name>`, or None (not ours)."""
+    parts = module.split(".")
+    if parts[0] == "apps":
+        return "apps"
+    return ".".join(parts[:2]) if parts[0] == "forge_rl" and len(parts) > 1 else None
+
+
+def _project_imports(path: Path) -> set[str]:
+    """Every forge_rl or apps module `path` imports, at the top or inside a function; `from a import b` counts as
+    `a.b` (b may be a module) and relative imports are resolved against the file's package."""
+    here = list(path.relative_to(REPO).with_suffix("").parts)
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = here[:-1] if here[-1] != "__init__" else here
+                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            names.update(f"{base}.{a.name}" for a in node.names)
+    return {n for n in names if _package(n)}
+
+
+def _layer(package: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if package in layer)
+
+
+def test_dependencies_point_one_way():
+    """Every package is in a layer; none imports a layer above its own except for the imports in UPWARD."""
+    upward, unplaced = [], set()
+    for path in _python_files("forge_rl", "apps"):
+        rel = str(path.relative_to(REPO))
+        source = _package(".".join(path.relative_to(REPO).with_suffix("").parts))
+        for name in sorted(_project_imports(path)):
+            target = _package(name)
+            if any(p not in set().union(*LAYERS) for p in (source, target)):
+                unplaced.update(p for p in (source, target) if p not in set().union(*LAYERS))
+                continue
+            allowed = target == source or _layer(target) > _layer(source) or (
+                _layer(target) == _layer(source) and _layer(source) != len(LAYERS) - 1)
+            if not allowed and not any(rel == f and (name == m or name.startswith(m + ".")) for f, m in UPWARD):
+                upward.append(f"{rel} imports {name}")
+    assert not unplaced, f"packages in no layer of LAYERS (place them, and say where in docs/design.md): {unplaced}"
+    assert upward == [], "imports against the layers of docs/design.md:\n" + "\n".join(upward)
+
+
+def test_every_upward_import_still_exists():
+    """An exception that no longer happens is removed from UPWARD (and from docs/design.md)."""
+    stale = [(f, m) for f, m in UPWARD
+             if not any(n == m or n.startswith(m + ".") for n in _project_imports(REPO / f))]
+    assert stale == []
 
 
 def test_nothing_imports_apps():
