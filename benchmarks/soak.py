@@ -5,7 +5,9 @@
 Runs `python -m apps.grpo.main --config configs/grpo/tiny.yaml` as a user would, in its own process, and
 from outside it: kills one generator replica's proc (and so its vLLM engine) each time the run reaches a
 multiple of --kill-every steps, samples the resident memory of every process of the run, and after the run
-exits checks that every process it started is gone and /dev/shm holds what it held before. Prints:
+exits checks that every process it started is gone and none of the run's /dev/shm entries is left (its
+forge_rl-<run>-* entries and whatever its processes mapped there: benchmarks/run_shm.py; other runs on the
+machine may come and go meanwhile). Prints:
 
 - steps completed, replicas killed and respawned, and every episode accounted for
   (added == trained + dropped, the episodes still buffered at the end counted as dropped "evicted");
@@ -29,7 +31,10 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-SHM = Path("/dev/shm")
+if str(REPO) not in sys.path:  # run as a script: benchmarks/ is on the path, the repository is not
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.run_shm import RunShm  # noqa: E402
 
 
 def _tree(root: psutil.Process) -> list[psutil.Process]:
@@ -84,7 +89,7 @@ def _kill_a_replica(root: psutil.Process) -> int | None:
 def soak(steps: int, kill_every: int, out: Path, overrides: list[str] = (), sample_s: float = 2.0,
          timeout_s: float = 3 * 3600) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    shm_before = {p.name for p in SHM.iterdir()}
+    shm = RunShm()
     cmd = [sys.executable, "-m", "apps.grpo.main", "--config", "configs/grpo/tiny.yaml", f"steps={steps}",
            f"output_dir={out}", "eval_every=0", *overrides]
     warm_step = max(1, min(kill_every // 2, steps // 2))
@@ -104,6 +109,7 @@ def soak(steps: int, kill_every: int, out: Path, overrides: list[str] = (), samp
                 break
             step = _last_step(out / "metrics.jsonl")
             seen.update(p.pid for p in _tree(root))
+            shm.see(root)
             if rss_warm is None and step >= warm_step:
                 rss_warm = _rss_by_role(root)
             if step < steps:  # the end: the last sample before the run's final evaluation and exit
@@ -120,7 +126,6 @@ def soak(steps: int, kill_every: int, out: Path, overrides: list[str] = (), samp
     time.sleep(1.0)  # the watcher's last sweep after the controller exits
     alive = [pid for pid in seen if pid != app.pid and psutil.pid_exists(pid)
              and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-    shm_after = {p.name for p in SHM.iterdir()}
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     buf = summary.get("buffer", {})
@@ -133,7 +138,8 @@ def soak(steps: int, kill_every: int, out: Path, overrides: list[str] = (), samp
         steps_per_min=summary.get("steps_per_min"), eval_first=summary.get("eval_first"),
         eval_last=summary["evals"][-1][2] if summary.get("evals") else None, rss_warm=rss_warm or {}, rss_end=rss_end,
         rss_series=series,
-        processes_seen=len(seen), processes_left=alive, shm_left=sorted(shm_after - shm_before),
+        processes_seen=len(seen), processes_left=alive, shm_seen=sorted(shm.entries),
+        shm_left=shm.left(),
     )
 
 

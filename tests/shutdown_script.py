@@ -1,15 +1,18 @@
 """Spawned by tests/test_shutdown.py: start a service and an actor, then leave in the way argv[1] says."""
 
 import asyncio
+import os
 import sys
 
 from forge_rl.runtime import provisioned
+from forge_rl.weights.runs import RUN_ID_ENV
 from forge_rl.launch.signals import handle_stop_signals
 from tests.actors import ShmWriter
 
 
 async def main(how: str) -> None:
     async with provisioned():
+        print("RUN", os.environ[RUN_ID_ENV], flush=True)  # the test checks this run's /dev/shm entries only
         svc = await ShmWriter.options(replicas=2).as_service()
         actor = await ShmWriter.as_actor()
         infos = await svc.info.call_all() + [await actor.info.call_one()]

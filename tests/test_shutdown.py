@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.run_shm import RunShm
 from forge_rl.runtime.reaper import POLL_S
 from tests.conftest import REPO, started_in_the_background
 
@@ -26,8 +27,9 @@ def alive(pid: int) -> bool:
 @pytest.mark.parametrize("how", ["normal", "exception", "sigint", "sigterm", "sigkill"])
 def test_shutdown_leaves_no_processes_or_shm(how):
     """However the controller ends, SIGKILL included (nothing runs in it then), its procs, what they started
-    and the run's shared memory are gone within seconds."""
-    shm_before = set(os.listdir("/dev/shm"))
+    and the run's shared memory are gone within seconds. Only this run's /dev/shm entries are looked at: other
+    runs on the machine come and go meanwhile."""
+    seen = RunShm()
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.shutdown_script", how],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=started_in_the_background,
@@ -35,11 +37,14 @@ def test_shutdown_leaves_no_processes_or_shm(how):
     pids, shm, lines = [], [], []
     for line in proc.stdout:
         lines.append(line)
+        if line.startswith("RUN"):
+            seen.run_ids.add(line.split()[1])
         if line.startswith("PIDS"):
             pids = [int(p) for p in line.split()[1:]]
         if line.startswith("SHM"):
             shm = line.split()[1:]
             assert all(Path(p).exists() for p in shm)
+            seen.entries.update(Path(p).name for p in shm)
         if line.startswith("CHILDREN"):
             pids += [int(p) for p in line.split()[1:]]
         if line.startswith("READY"):
@@ -48,7 +53,7 @@ def test_shutdown_leaves_no_processes_or_shm(how):
                 break  # it prints nothing more, and what it leaves behind may hold the pipe open
     code = proc.wait(timeout=120)
     output = "".join(lines)
-    assert len(pids) == (6 if how == "sigkill" else 3) and len(shm) == 3, output
+    assert len(pids) == (6 if how == "sigkill" else 3) and len(shm) == 3 and seen.run_ids, output
     if how == "normal":
         assert code == 0, output
     elif how == "exception":
@@ -65,7 +70,7 @@ def test_shutdown_leaves_no_processes_or_shm(how):
     while time.time() < deadline and [p for p in shm if Path(p).exists()]:
         time.sleep(0.2)
     assert not [p for p in shm if Path(p).exists()], "run's shared memory left behind"
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert seen.left() == []  # the registry of its processes (forge_rl-<run>-pids) too
 
 
 def test_reaper_kills_what_a_killed_proc_started_and_removes_its_shared_memory():
@@ -136,7 +141,6 @@ def test_sigkill_of_a_grpo_run_in_the_background_leaves_nothing(tmp_path):
     vLLM's EngineCore and Worker processes and the run's shared memory must all go with it."""
     import psutil
 
-    shm_before = set(os.listdir("/dev/shm"))
     app = subprocess.Popen(
         [sys.executable, "-m", "apps.grpo.main", "--config", "configs/grpo/tiny.yaml", "steps=500", "eval_size=16",
          "eval_every=0", f"output_dir={tmp_path}"],
@@ -150,11 +154,14 @@ def test_sigkill_of_a_grpo_run_in_the_background_leaves_nothing(tmp_path):
     descendants = psutil.Process(app.pid).children(recursive=True)
     names = " ".join(p.name() for p in descendants)
     assert "VLLM::EngineCor" in names, "".join(lines[-20:])  # the engine is running: the case that leaked
+    seen = RunShm()  # this run's /dev/shm entries only: other runs on the machine come and go meanwhile
+    seen.see(psutil.Process(app.pid))
+    assert seen.run_ids and any(n.startswith("forge_rl-") for n in seen.entries), seen.entries
     app.kill()
     app.wait()
     gone, alive_procs = psutil.wait_procs(descendants, timeout=20)
     assert not alive_procs, f"outlived the controller: {[(p.pid, p.name()) for p in alive_procs]}"
     deadline = time.time() + 10
-    while time.time() < deadline and set(os.listdir("/dev/shm")) - shm_before:
+    while time.time() < deadline and seen.left():
         time.sleep(0.2)
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert seen.left() == [], f"the run's /dev/shm entries outlived it (of {sorted(seen.entries)})"
