@@ -13,11 +13,8 @@ CPU specifics (gloo): FSDP's PREMUL_SUM reduction does not exist on gloo, so FSD
 plain sum reductions; TorchTitan's "partial_dtensor" SPMD backend is the one that works with FSDP here.
 """
 
-import contextlib
 import datetime
 import math
-import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,18 +24,15 @@ from monarch.actor import endpoint
 
 from forge_rl.runtime import ForgeActor
 from forge_rl.runtime.timeouts import hang_if_asked
-from forge_rl.models import fused_qkv, lora
+from forge_rl.models import lora
 from forge_rl.models.lora import LoRAConfig, is_adapter_key
 from forge_rl.models.sharded_load import load_sharded
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
 from forge_rl.data.prompt_packing import plan_packing
 from forge_rl.losses.logprobs import VocabShard, hidden_logprobs, selected_logprobs, token_logprobs
 from forge_rl.types import BatchShape, TrainBatch
-from forge_rl.weights import ShmWeightStore, WeightStoreConfig, rank0_publish, spec_of
-
-HF_ASSETS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-             "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
-
+from forge_rl.actors.trainer_weights import TrainerWeights
+from forge_rl.weights import ShmWeightStore, WeightStoreConfig
 
 DTYPES = ("float32", "bfloat16")
 
@@ -235,7 +229,7 @@ DIAGNOSTIC = {"clip_fraction": "clipped", "approx_kl": "approx_kl_behaviour", "r
               "is_weight_mean": "is_weight", "is_corrected_fraction": "is_corrected"}
 
 
-class Trainer(ForgeActor):
+class Trainer(TrainerWeights, ForgeActor):
     NOT_LOADED: tuple[str, ...] = ()  # checkpoint tensors that are not this model's
 
     def __init__(self, cfg: TrainerConfig | None = None, weight_store: WeightStoreConfig | None = None):
@@ -245,7 +239,6 @@ class Trainer(ForgeActor):
                              "max_response_len (the GRPO run sets it to the generation budget)")
         self.store_cfg = weight_store
         self.store: ShmWeightStore | None = None  # opened at the first push_weights
-        self._rank0_plan: rank0_publish.Plan | None = None  # who sends what, when publishing from rank 0
         self.step = 0
         self.skipped_steps = 0  # non-finite gradient norm: no update
         self.nonfinite_in_a_row = 0
@@ -365,7 +358,7 @@ class Trainer(ForgeActor):
         """Whole initial tensors of the parameters the checkpoint lacks: LoRA's adapters."""
         if not self.cfg.lora.enabled:
             return {}
-        shapes = {k: tuple(v.shape) for k, v in model.state_dict().items() if is_adapter_key(k)}
+        shapes = {k: tuple(v.shape) for k, v in model.named_parameters() if is_adapter_key(k)}
         return lora.initial_adapters(shapes, self.cfg.seed)
 
     # ---- training -------------------------------------------------------------------------------
@@ -569,131 +562,21 @@ class Trainer(ForgeActor):
         """The policy version: optimizer steps taken so far."""
         return self.step
 
-    # ---- weights out ----------------------------------------------------------------------------
-
-    def _full_hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full HF-named tensors on every rank (a collective: every rank must call it, in step)."""
-        from torch.distributed.tensor import DTensor
-
-        # model.state_dict() runs TorchTitan's hooks (fused wqkv -> wq/wk/wv); torch's DCP state-dict
-        # helpers do not know those names, so gather the DTensors here.
-        full = {
-            k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
-            for k, v in self.model.state_dict().items()
-            if not k.endswith("rope.cache")
-        }
-        adapters = {k: full.pop(k) for k in list(full) if is_adapter_key(k)}
-        hf = self.adapter.to_hf(full)
-        if adapters:  # LoRA: the merged weights W + alpha/r B A
-            hf = lora.merge(hf, self._peft(adapters), self.cfg.lora)
-        if self.tied and "lm_head.weight" not in hf:  # vLLM's reload wants it even when tied
-            hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
-        return hf
+    # ---- weights out (forge_rl/actors/trainer_weights.py) ----------------------------------------
 
     @endpoint
     async def push_weights(self, version: int) -> dict[str, float]:
         """Publish the current weights as `version` (HF names) in the weight store.
 
-        Every rank writes its own shards straight into the version's shared-memory file at their global
-        offsets (no gather, no per-parameter RPC); the last rank to finish makes the version visible. Then, when
-        the trainer shares its GPU (trainer.release_memory_after_step), the step's cached blocks go back to the
-        device before the engine wakes up: the caching allocator would otherwise keep the step's peak."""
+        Every rank writes its own blocks of each parameter straight into the version's shared-memory file at their
+        global offsets (ranks on several hosts: streams them to rank 0), so no rank gathers a tensor; the last rank
+        to finish makes the version visible. Then, when the trainer shares its GPU
+        (trainer.release_memory_after_step), the step's cached blocks go back to the device before the engine wakes
+        up: the caching allocator would otherwise keep the step's peak."""
         result = self._publish(version)
         if self.cfg.release_memory_after_step and self.device.type == "cuda":
             torch.cuda.empty_cache()
         return result
-
-    def _publish(self, version: int) -> dict[str, float]:
-        start = time.perf_counter()
-        if self.store is None:
-            self.store = ShmWeightStore(cfg=self.store_cfg)
-        dtype = getattr(torch, self.cfg.publish_dtype or self.cfg.dtype)  # fp32 masters -> the generators' dtype
-        if self.cfg.lora.enabled:
-            return self._push_adapter(version, dtype, start)
-        spans_hosts = int(os.environ.get("LOCAL_WORLD_SIZE", self.world)) < self.world
-        if spans_hosts or self.cfg.publish_from == "rank0":
-            # Ranks on several hosts: a rank cannot write another host's shared memory. Rank 0 publishes on its
-            # host (where the weight server hands versions to other hosts); the others send it their shards.
-            nbytes = self._publish_from_rank0(version, dtype)
-            held = dict(largest_held_bytes=self.publish_largest_held)  # one block of rows at most, on any rank
-        else:
-            state = {k: v.detach() for k, v in self.model.state_dict().items() if not k.endswith("rope.cache")}
-            hf = self.adapter.to_hf(state)
-            if self.tied and "lm_head.weight" not in hf:  # vLLM's reload wants it even when tied
-                hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
-            spec = {name: (dtype, tuple(t.shape)) for name, t in hf.items()}
-            with self.store.writer(version, spec, rank=self.rank, world_size=self.world) as writer:
-                for name, tensor in hf.items():  # converted one at a time: no copy of the whole shard in `dtype`
-                    writer.write(name, tensor.to(dtype))  # a GPU tensor is copied straight into shared memory
-            nbytes, held = sum(dtype.itemsize * math.prod(shape) for _, shape in spec.values()), {}
-        elapsed = time.perf_counter() - start
-        return dict(version=version, push_s=elapsed, bytes=nbytes, gb_per_s=nbytes / elapsed / 1e9, **held)
-
-    def _publish_from_rank0(self, version: int, dtype: torch.dtype) -> int:
-        """Rank 0 writes the version; every rank sends it its shards a block of rows at a time
-        (forge_rl/weights/rank0_publish.py), so no rank holds a whole tensor. Returns the version's bytes."""
-        import torch.distributed as dist
-
-        if self._rank0_plan is None:  # the boxes never change: one exchange for the run
-            self._rank0_plan = rank0_publish.plan(self.model, self.world)
-        targets = self._hf_targets()
-        spec = rank0_publish.spec(self.model, targets, dtype, self.heads_per_kv, self.head_dim)
-        writer, error = contextlib.nullcontext(), None
-        if self.rank == 0:
-            try:
-                writer = self.store.writer(version, spec)
-            except Exception as e:  # e.g. WeightStoreFull: tell the other ranks, who would wait to send
-                error = e
-        said = [None if error is None else f"{type(error).__name__}: {error}"]
-        dist.broadcast_object_list(said, src=0)
-        if error is not None:
-            raise error
-        if said[0] is not None:
-            raise RuntimeError(f"rank 0 could not open weights version {version} for writing: {said[0]}")
-        with writer as w:
-            self.publish_largest_held = rank0_publish.stream(
-                self.model, self._rank0_plan, targets, w, self.rank, dtype, self.device,
-                int(self.cfg.publish_block_mb * 2**20), self.heads_per_kv, self.head_dim)
-        return sum(dtype.itemsize * math.prod(shape) for _, shape in spec.values())
-
-    def _hf_targets(self) -> rank0_publish.Targets:
-        """Each parameter's HF names: {None: [name]}, or {"wq": [...], "wk": [...], "wv": [...]} for a fused q/k/v;
-        the tied embedding also names lm_head.weight (vLLM's reload wants the head even when tied)."""
-        targets = {}
-        for name, param in self.model.named_parameters():  # a tied weight once
-            if name.endswith(fused_qkv.SUFFIX):
-                prefix = name[: -len(fused_qkv.SUFFIX)]
-                parts = {part: prefix + part + ".weight" for part in fused_qkv.PARTS}
-            else:
-                parts = {None: name}
-            meta = torch.empty(0, device="meta")
-            targets[name] = {part: list(self.adapter.to_hf({tt_name: meta})) for part, tt_name in parts.items()}
-            for names in targets[name].values():
-                if self.tied and names[0] == "model.embed_tokens.weight":
-                    names.append("lm_head.weight")
-        return targets
-
-    def _adapter_tensors(self) -> dict[str, torch.Tensor]:
-        """The adapters, whole on every rank, TorchTitan names (a collective: every rank calls it)."""
-        from torch.distributed.tensor import DTensor
-
-        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
-                for k, v in self.model.state_dict().items() if is_adapter_key(k)}
-
-    def _peft(self, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return lora.to_peft(adapters, self.head_dim, self.heads_per_kv)
-
-    def _push_adapter(self, version: int, dtype: torch.dtype, start: float) -> dict[str, float]:
-        """LoRA: publish the adapters alone (PEFT names), whole, from rank 0. They are small (rank x the
-        linears' dims), so gathering beats a sharded write; the base never changes and is never sent."""
-        peft = {k: v.to(dtype).contiguous() for k, v in self._peft(self._adapter_tensors()).items()}
-        if self.rank == 0:
-            with self.store.writer(version, spec_of(peft)) as writer:
-                for name, tensor in peft.items():
-                    writer.write(name, tensor)
-        nbytes = sum(t.numel() * t.element_size() for t in peft.values())
-        elapsed = time.perf_counter() - start
-        return dict(version=version, push_s=elapsed, bytes=nbytes, gb_per_s=nbytes / elapsed / 1e9)
 
     @endpoint
     async def export_adapter(self, out_dir: str) -> str:
@@ -718,34 +601,16 @@ class Trainer(ForgeActor):
 
     @endpoint
     async def export_hf(self, out_dir: str) -> str:
-        """Write an HF model directory (safetensors + config + tokenizer) that transformers and vLLM load.
-        With LoRA, the adapters are merged into it."""
-        import torch.distributed as dist
-        from safetensors.torch import save_file
-
-        hf = self._full_hf_state_dict()
-        out = Path(out_dir)
-        if self.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            # lm_head.weight is written even when tied (as the shipped models do): vLLM's reload wants it.
-            # Cloned, because safetensors refuses two names for one storage.
-            tensors = {k: v.contiguous().clone() for k, v in hf.items()}
-            save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-            for name in HF_ASSETS:
-                if (self.model_dir / name).is_file():
-                    shutil.copy(self.model_dir / name, out / name)
-        dist.barrier()
-        return str(out)
+        """Write an HF model directory (sharded safetensors in the publish dtype + config + tokenizer) that
+        transformers and vLLM load, streamed to rank 0 a block at a time. With LoRA, the adapters are merged in."""
+        return self._export_hf(out_dir)
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
     def _state(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        model = {k: v for k, v in self.model.state_dict().items() if not k.endswith("rope.cache")}
-        if self.cfg.lora.enabled:  # the frozen base comes from trainer.model on every start
-            model = {k: v for k, v in model.items() if is_adapter_key(k)}
-        return {"model": model, "optim": get_optimizer_state_dict(self.model, self.optimizer),
+        return {"model": self._model_tensors(), "optim": get_optimizer_state_dict(self.model, self.optimizer),
                 "train": {"step": self.step, "scheduler": self.scheduler.state_dict()}}
 
     @endpoint
@@ -772,9 +637,7 @@ class Trainer(ForgeActor):
         if not (Path(path) / ".metadata").is_file():
             raise FileNotFoundError(f"{path}: not a DCP checkpoint (no .metadata)")
         state = self._state()
-        dcp.load(state, checkpoint_id=path)
-        # The model entries are copies made by the state-dict hooks: load them back through the hooks.
-        self.model.load_state_dict(state["model"], strict=False)
+        dcp.load(state, checkpoint_id=path)  # into the parameters' own shards, in place
         set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
         self.scheduler.load_state_dict(state["train"]["scheduler"])
         self.step = int(state["train"]["step"])

@@ -136,18 +136,24 @@ def split_qkv_rows(t: torch.Tensor, head_dim: int, heads_per_kv: int) -> tuple[t
             w[:, heads_per_kv + 1].reshape(-1, *t.shape[1:]))
 
 
-def merge(hf_base: dict[str, torch.Tensor], peft: dict[str, torch.Tensor], cfg: LoRAConfig) -> dict[str, torch.Tensor]:
-    """HF weights with the adapter merged in: W + alpha/r * B @ A for every adapted module."""
-    merged = dict(hf_base)
-    scale = cfg.alpha / cfg.rank
-    for name, a in peft.items():
-        if not name.endswith(".lora_A.weight"):
-            continue
-        module = name[len("base_model.model."):-len(".lora_A.weight")]
-        b = peft[f"base_model.model.{module}.lora_B.weight"]
-        w = merged[f"{module}.weight"]
-        merged[f"{module}.weight"] = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)
-    return merged
+class MergingWriter:
+    """A writer of HF weights that adds each adapted module's alpha/r B @ A to the blocks written through it: a LoRA
+    run's merged export, streamed a block of rows at a time like any other (Trainer.export_hf). `peft`: the adapters,
+    whole (they are small), PEFT names."""
+
+    def __init__(self, writer, peft: dict[str, torch.Tensor], cfg: LoRAConfig):
+        self.writer, self.scale = writer, cfg.alpha / cfg.rank
+        self.ab = {name[len("base_model.model."):-len(".lora_A.weight")] + ".weight":
+                   (peft[name.replace(".lora_A.", ".lora_B.")].float(), a.float())
+                   for name, a in peft.items() if name.endswith(".lora_A.weight")}
+
+    def write(self, name: str, block: torch.Tensor, offset: tuple[int, ...] | None = None) -> None:
+        if name in self.ab:
+            b, a = self.ab[name]
+            (r0, c0), (rows, cols) = offset or (0, 0), block.shape
+            delta = b[r0:r0 + rows] @ a[:, c0:c0 + cols]
+            block = (block.float() + self.scale * delta.to(block.device)).to(block.dtype)
+        self.writer.write(name, block, offset=offset)
 
 
 def _split_layer(name: str) -> tuple[int, str]:

@@ -22,6 +22,7 @@ its checks, the run, and what it reports are three files).
 
 import asyncio
 import contextlib
+import copy
 import json
 import socket
 import statistics
@@ -66,7 +67,9 @@ class GRPORun:
     """One GRPO run: its actors, its shared state (`state`: policy version, admission, drops) and its steps."""
 
     def __init__(self, cfg: GRPOConfig):
-        self.cfg = cfg
+        # The run's own copy: it fills in derived settings (the trainer's temperature, token_sum's constant, the
+        # model's path), which must not leak into a second run made from the same object (a notebook).
+        self.cfg = copy.deepcopy(cfg)
         self.console = Console(soft_wrap=True)  # no hard wraps at 80 columns in a log file
         self.out = Path(cfg.output_dir)
         self.log_dir = None if cfg.verbose else self.out / "logs"
@@ -83,6 +86,7 @@ class GRPORun:
         self._started: float | None = None  # the training clock: from the first step (evaluations move it on)
         self._stopped: float | None = None  # ... to the end of the last step
         self._gen_busy_start = self._eval_busy_s = 0.0
+        self._checkpointed: tuple[int, Path] | None = None  # (step, path) of the last checkpoint this run wrote
 
     @property
     def step(self) -> int:
@@ -337,14 +341,18 @@ class GRPORun:
     async def checkpoint(self) -> Path:
         """The trainer's DCP checkpoint plus the buffer, the data position and the counters, as step-N. Every
         rollout started lands in the buffer first, so the checkpoint holds it."""
+        if self._checkpointed is not None and self._checkpointed[0] == self.step:
+            return self._checkpointed[1]  # e.g. the last step on the checkpoint_every schedule, then finish()
         if self._rollouts and not await self.state.admission.quiesce(timeout_s=60):
             self.console.print("[yellow]checkpoint: rollouts still in flight after 60 s; their prompts are "
                                "skipped on resume[/yellow]")
         try:
-            return await save_checkpoint(self.state, self.trainer, self.buffer, self.dataset, self.step,
+            path = await save_checkpoint(self.state, self.trainer, self.buffer, self.dataset, self.step,
                                          self.checkpoint_dir, self.cfg.checkpoint_keep_last, self.other_trained())
         finally:
             await self.state.admission.pause(False)
+        self._checkpointed = (self.step, path)
+        return path
 
     async def save_on_interrupt(self) -> Path:
         """SIGTERM, Ctrl-C, a time limit: the step in flight finishes (its version and the trainer's agree), the

@@ -18,6 +18,7 @@ output_dir: config.yaml, metrics.jsonl, loss.png, summary.json; DCP checkpoints 
 
 import asyncio
 import contextlib
+import copy
 import json
 import math
 import time
@@ -98,7 +99,7 @@ class SFTRun:
     """One SFT run: the trainer, the evaluation's generator and reward actor (started on first use), its steps."""
 
     def __init__(self, cfg: SFTConfig):
-        self.cfg = cfg
+        self.cfg = copy.deepcopy(cfg)  # the run's own: derived settings must not leak into another run's object
         self.console = Console(soft_wrap=True)
         self.out = Path(cfg.output_dir)
         self.log_dir = None if cfg.verbose else self.out / "logs"

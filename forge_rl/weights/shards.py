@@ -1,14 +1,34 @@
 """Where a writer rank's piece of a tensor goes in the full tensor.
 
-A trainer rank holds DTensor shards (FSDP2 / TP). On one host it can copy its local shard straight
-into the full tensor's bytes in shared memory at the shard's global offset, so readers get full
-tensors and nobody gathers. Placements that are not one box per rank (strided FSDP x TP shards,
-pending reductions) fall back to `full_tensor()`, a collective every rank joins in the same order.
+A trainer rank holds DTensor shards (FSDP2 / TP). It copies its local shard straight into the full tensor's bytes
+(in shared memory, or a file) at the shard's global offset, so readers get full tensors and nobody gathers. Every
+placement a parameter has leaves each rank one box of the tensor: Shard, Replicate, and FSDP2's _StridedShard over
+a TP Shard (FSDP over TP: the rank's rows of its TP block, one contiguous range; sharded_publish.check_tiling
+asserts the boxes cover each tensor exactly once). Only a pending reduction (Partial) is not a box.
 """
 
 import math
 
 import torch
+
+
+def box_of(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, offset) of the block of the whole tensor this rank holds: all of it for a plain tensor."""
+    from torch.distributed.tensor import DTensor, Partial
+
+    from forge_rl.deps.pytorch import local_shape_and_global_offset
+
+    if not isinstance(tensor, DTensor):
+        return tuple(tensor.shape), (0,) * tensor.dim()
+    if any(isinstance(p, Partial) for p in tensor.placements):
+        raise ValueError(f"a DTensor with a pending reduction ({tensor.placements}) is not a block of a tensor: "
+                         "redistribute it first")
+    shape, offset = local_shape_and_global_offset(tensor)
+    local = tuple(tensor.to_local().shape)
+    if local != tuple(shape):
+        raise ValueError(f"DTensor local shard has shape {list(local)}, its placements {tensor.placements} "
+                         f"say {list(shape)}")
+    return tuple(shape), tuple(offset)
 
 
 def local_piece(tensor: torch.Tensor, offset: tuple[int, ...] | None) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -18,15 +38,7 @@ def local_piece(tensor: torch.Tensor, offset: tuple[int, ...] | None) -> tuple[t
     if isinstance(tensor, DTensor):
         if offset is not None:
             raise ValueError("a DTensor carries its own offset; do not pass one")
-        if not is_box_sharded(tensor):
-            return tensor.full_tensor(), (0,) * tensor.dim()
-        from forge_rl.deps.pytorch import local_shape_and_global_offset
-
-        shape, global_offset = local_shape_and_global_offset(tensor)
-        local = tensor.to_local()
-        if tuple(local.shape) != tuple(shape):
-            raise ValueError(f"DTensor local shard has shape {list(local.shape)}, expected {list(shape)}")
-        return local, tuple(global_offset)
+        return tensor.to_local(), box_of(tensor)[1]
     return tensor, tuple(offset) if offset is not None else (0,) * tensor.dim()
 
 
@@ -38,13 +50,6 @@ def region(full: torch.Tensor, offset: tuple[int, ...], shape: tuple[int, ...]) 
         if o < 0 or o + s > n:
             raise ValueError(f"piece {list(shape)} at offset {list(offset)} exceeds dim {d} of {list(full.shape)}")
     return full[tuple(slice(o, o + s) for o, s in zip(offset, shape))]
-
-
-def is_box_sharded(tensor) -> bool:
-    from torch.distributed.tensor import Replicate, Shard
-
-    # Shard (exactly, not its strided subclass) and Replicate leave each rank one box of the tensor.
-    return all(type(p) in (Shard, Replicate) for p in tensor.placements)
 
 
 def row_blocks(shape: tuple[int, ...], itemsize: int, block_bytes: int) -> list[tuple[int, int]]:
