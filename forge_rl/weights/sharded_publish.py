@@ -86,7 +86,7 @@ def spec(model: torch.nn.Module, targets: Targets, dtype: torch.dtype, heads_per
          head_dim: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """The version's tensors (HF names) and their shapes, from the parameters' global shapes."""
     out = {}
-    for name, param in model.named_parameters():
+    for name, param in _published(model, targets):
         whole = torch.empty(param.shape, dtype=dtype, device="meta")
         parts = fused_qkv.split(whole, heads_per_kv, head_dim) if None not in targets[name] else {None: whole}
         for part, tensor in parts.items():
@@ -100,7 +100,7 @@ def write_own(model: torch.nn.Module, plan: Plan, targets: Targets, writer, rank
     """This rank writes the boxes it sends (plan) into `writer`, a block of rows at a time in `dtype`; no
     communication. Returns the largest block it converted, in bytes (0 where no conversion was needed)."""
     held = 0
-    for name, param in model.named_parameters():
+    for name, param in _published(model, targets):
         local = _local(param).detach()
         for box in plan[name]:
             if box.src != rank:
@@ -122,7 +122,7 @@ def stream_to_rank0(model: torch.nn.Module, plan: Plan, targets: Targets, writer
     import torch.distributed as dist
 
     held = 0
-    for name, param in model.named_parameters():
+    for name, param in _published(model, targets):
         local = _local(param).detach()
         for box in plan[name]:
             if rank not in (0, box.src):
@@ -155,6 +155,11 @@ def _write(writer, target: dict[str | None, list[str]], block: torch.Tensor, off
         for hf_name in target[part]:
             writer.write(hf_name, block[row : row + end - first], offset=(first, *offset[1:]))
         row += end - first
+
+
+def _published(model: torch.nn.Module, targets: Targets):
+    """The parameters that have HF names (not LoRA's adapters), in the same order on every rank."""
+    return ((name, param) for name, param in model.named_parameters() if name in targets)
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
