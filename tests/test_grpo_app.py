@@ -21,7 +21,7 @@ def test_grpo_async_run_then_synchronous_resume(tmp_path):
                       SMALL + ["steps=3", f"output_dir={tmp_path}", "max_policy_age=1", "checkpoint_every=1",
                                "checkpoint_keep_last=2"])
     first = asyncio.run(main(cfg))
-    # a checkpoint every step, the newest two kept; step 3 saved twice (every-step and final), whole each time
+    # a checkpoint every step, the newest two kept (step 3 once: finish() keeps the one the schedule wrote)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-2", "step-3"]
     # weights went trainer -> store -> generator every step, and no batch broke the staleness bound
     assert first["trainer_version"] == 3 and first["generator_version"] == 3
