@@ -37,8 +37,9 @@ def test_never_the_trivial_ratio():
 def test_truncated_importance_weight():
     lp = torch.tensor([[0.0, 0.0]], requires_grad=True)
     behaviour = torch.tensor([[-math.log(4.0), -math.log(1.5)]])  # pi/mu = 4 and 1.5
-    loss, _ = per_token_loss(lp, behaviour, torch.tensor([1.0]), GRPOLossConfig(is_correction="tis", is_high=2.0))
-    assert torch.allclose(loss, torch.tensor([[-2.0, -1.5]]))  # weight min(4, 2)=2 and 1.5, ratio to proximal 1
+    cfg = GRPOLossConfig(is_correction="tis", is_high=2.0, clip_high=10.0)  # a clip wide enough to leave both
+    loss, _ = per_token_loss(lp, behaviour, torch.tensor([1.0]), cfg)
+    assert torch.allclose(loss, torch.tensor([[-2.0, -1.5]]))  # weight min(4, 2)=2 and 1.5
     loss.sum().backward()
     assert torch.allclose(lp.grad, torch.tensor([[-2.0, -1.5]]))
 
@@ -57,18 +58,24 @@ IS_MASK = torch.tensor([[True, True, True], [True, True, False]])
     ("tis", "sequence", [[1.5] * 3, [2.0] * 3], [[0] * 3, [1] * 3]),
     ("mis", "sequence", [[1.5] * 3, [0.0] * 3], [[0] * 3, [1] * 3]),
     ("icepop", "sequence", [[1.5] * 3, [0.0] * 3], [[0] * 3, [1] * 3]),
+    # geometric means: row 0's (4 * 1.5 * 0.25)^(1/3) = 1.5^(1/3), row 1's (1 * 3)^(1/2)
+    ("tis", "geometric", [[1.5 ** (1 / 3)] * 3, [3 ** 0.5] * 3], [[0] * 3, [0] * 3]),
+    ("icepop", "geometric", [[1.5 ** (1 / 3)] * 3, [3 ** 0.5] * 3], [[0] * 3, [0] * 3]),
 ])
 def test_mismatch_corrections_by_hand(correction, level, weights, acted):
     cfg = GRPOLossConfig(is_correction=correction, is_level=level, is_low=0.5, is_high=2.0)
     weight, where = mismatch_weight(IS_LP, IS_BEHAVIOUR, cfg, IS_MASK)
     torch.testing.assert_close(weight, torch.tensor(weights))
     assert where.int().tolist() == acted
-    # the gradient is -w * A * grad log pi per token: no clip acts (the ratio to pi_old is 1)
+    # the gradient is -w * A * grad log pi per token where the plain clip on pi / mu (4, 1.5, 0.25 | 1, 3, 0.8) leaves
+    # the token alone: not row 0's 4 and 1.5 (A > 0, above 1 + clip_high); row 1's 3 (A < 0) is left, its weight capped
     lp = IS_LP.clone().requires_grad_()
     A = torch.tensor([1.0, -2.0])
     loss, diag = per_token_loss(lp, IS_BEHAVIOUR, A, cfg, mask=IS_MASK)
     loss.sum().backward()
-    torch.testing.assert_close(lp.grad, -torch.tensor(weights) * A[:, None])
+    kept = torch.tensor([[0.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
+    torch.testing.assert_close(lp.grad, -torch.tensor(weights) * A[:, None] * kept)
+    assert diag["clipped"].tolist() == (1 - kept).tolist()
     assert diag["is_corrected"].tolist() == [[float(a) for a in row] for row in acted]
 
 
@@ -256,19 +263,25 @@ def test_fused_lm_head_runs_its_matmuls_in_the_compute_dtype_and_accumulates_in_
     torch.testing.assert_close(ent, want_ent, atol=0.1, rtol=0.02)
 
 
-def test_tis_mode_is_a_truncated_importance_weighted_policy_gradient_without_clipping():
-    """One optimizer step per batch: the ratio to the proximal policy is 1, so the clip never acts, whatever
-    the staleness; only the truncated weight min(pi/mu, cap) differs from on-policy REINFORCE."""
+def test_tis_keeps_the_plain_clip_as_its_trust_region_and_truncates_the_weight():
+    """One optimizer step per batch: a ratio to the proximal policy would be 1 and never clip, leaving stale tokens
+    bounded by is_high alone. The clip acts on pi / mu as in plain mode: tokens it clips get no gradient, exactly
+    as in plain mode, and the others get the truncated weight min(pi/mu, cap) in place of the ratio."""
     g = torch.Generator().manual_seed(0)
     lp = (-torch.rand(4, 6, generator=g) * 3).requires_grad_()
     behaviour = lp.detach() + torch.randn(4, 6, generator=g)  # stale: pi/mu far from 1 both ways
     A = torch.randn(4, generator=g)
-    loss, diag = per_token_loss(lp, behaviour, A, GRPOLossConfig(is_correction="tis", is_high=2.0, clip_low=0.2,
-                                                             clip_high=0.2))
-    assert diag["clipped"].sum() == 0
+    clip = dict(clip_low=0.2, clip_high=0.2)
+    loss, diag = per_token_loss(lp, behaviour, A, GRPOLossConfig(is_correction="tis", is_high=2.0, **clip))
     loss.sum().backward()
+    plain_lp = lp.detach().clone().requires_grad_()
+    plain, plain_diag = per_token_loss(plain_lp, behaviour, A, GRPOLossConfig(**clip))
+    plain.sum().backward()
+    clipped = diag["clipped"].bool()
+    assert torch.equal(clipped, plain_diag["clipped"].bool()) and 0 < clipped.sum() < clipped.numel()
+    assert (lp.grad[clipped] == 0).all() and (plain_lp.grad[clipped] == 0).all()
     weight = torch.exp(lp.detach() - behaviour).clamp(max=2.0)
-    assert torch.allclose(lp.grad, -weight * A[:, None])
+    torch.testing.assert_close(lp.grad[~clipped], (-weight * A[:, None])[~clipped])
 
 
 def test_gspo_clips_the_sequence_ratio_and_gives_gspos_gradient():

@@ -22,12 +22,15 @@ ranks gives exactly the loss of the whole batch:
 
 `is_correction` corrects the train/inference mismatch (docs/algorithms.md): the behaviour policy mu is the
 generator's (its numerics, its possibly older version), the trainer's own logprob before the update is pi_old,
-and w = pi_old / mu per token (`is_level: token`) or its product over the sequence (`sequence`):
+and w = pi_old / mu per token (`is_level: token`), its product over the sequence (`sequence`), or the exponential
+of the mean of its logs over the sequence (`geometric`, for long responses, whose product drifts):
 - "tis": truncated IS, weight min(w, is_high);
 - "mis": masked IS, weight w where w <= is_high, else 0 (the token or sequence takes no part);
 - "icepop": weight w where is_low <= w <= is_high, else 0 (both sides masked).
-The PPO ratio is then taken against pi_old (decoupled PPO). `mismatch` measures |log pi_old - log mu| and the
-k3 estimate of KL(mu || pi_old) whatever the correction, so drift is visible before it ruins a run.
+The trust region stays: the token's ratio pi / mu is clipped as in plain mode, and only tokens the clip leaves alone
+get a gradient, the corrected -w * A * grad log pi (the weight replaces the unbounded ratio in it). Without the clip
+a stale token would be bounded only by is_high. `mismatch` measures |log pi_old - log mu| and the k3 estimate of
+KL(mu || pi_old) whatever the correction, so drift is visible before it ruins a run.
 
 On-policy distillation uses any of them with a per-token advantage: `distill_coef` * (log pi_teacher -
 log pi_behaviour) of each sampled token, plus `reward_coef` * the sequence's reward advantage.
@@ -41,7 +44,7 @@ import torch
 NORMALIZATIONS = ("sequence_mean", "token_mean", "token_sum")
 POLICY_LOSSES = ("grpo", "gspo", "cispo")
 IS_CORRECTIONS = ("none", "tis", "mis", "icepop")
-IS_LEVELS = ("token", "sequence")
+IS_LEVELS = ("token", "sequence", "geometric")
 
 
 @dataclass
@@ -56,7 +59,8 @@ class GRPOLossConfig:
     kl_estimator: str = "k3"  # "k1" (log ratio) | "k3" (unbiased, non-negative)
     # train/inference mismatch correction with w = pi_old / pi_behaviour (see the module doc)
     is_correction: str = "none"  # see IS_CORRECTIONS
-    is_level: str = "token"  # "token": w per token; "sequence": the product of the sequence's token weights
+    # "token": w per token; "sequence": the product of the sequence's token weights; "geometric": their geometric mean
+    is_level: str = "token"
     is_low: float = 0.5  # icepop: weights below are masked
     is_high: float = 2.0  # tis: the truncation cap; mis, icepop: weights above are masked
     entropy_coef: float = 0.0  # bonus for entropy (subtracted from the loss)
@@ -117,7 +121,8 @@ def token_advantages(advantages: torch.Tensor, behaviour_logprobs: torch.Tensor,
 def importance_ratio(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cfg: GRPOLossConfig,
                      mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(ratio the clip acts on, weight outside the clip) per token: against the behaviour policy (plain), a
-    sequence-level ratio (gspo), or against the proximal policy with a truncated importance weight (TIS)."""
+    sequence-level ratio (gspo); with a correction, the ratio against the behaviour policy and the corrected
+    importance weight that takes its place in the gradient."""
     if cfg.policy_loss == "gspo":
         if mask is None:
             raise ValueError("loss.policy_loss='gspo' needs the response mask (a sequence-level ratio)")
@@ -125,22 +130,26 @@ def importance_ratio(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, c
         seq_log_ratio = ((logprobs.detach() - behaviour_logprobs) * m).sum(-1) / m.sum(-1).clamp(min=1)
         ratio = torch.exp(seq_log_ratio)[:, None] * torch.exp(logprobs - logprobs.detach())  # value s, grad s * dlp
         return ratio, torch.ones_like(logprobs)
-    if cfg.is_correction != "none":  # decoupled: the clip against pi_old, the mismatch in the weight
-        return torch.exp(logprobs - logprobs.detach()), mismatch_weight(logprobs, behaviour_logprobs, cfg, mask)[0]
-    return torch.exp(logprobs - behaviour_logprobs), torch.ones_like(logprobs)
+    ratio = torch.exp(logprobs - behaviour_logprobs)
+    if cfg.is_correction != "none":  # the clip still acts on pi / mu; the weight replaces the ratio's value
+        return ratio, mismatch_weight(logprobs, behaviour_logprobs, cfg, mask)[0]
+    return ratio, torch.ones_like(logprobs)
 
 
 def mismatch_weight(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cfg: GRPOLossConfig,
                     mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The importance weight [B, T] of `cfg.is_correction` (no gradient), and where it acted (bool [B, T]):
     w = pi_old / mu per token, or for is_level "sequence" the product over the sequence's response tokens,
-    truncated (tis) or masked (mis, icepop). Computed in log space, so a long sequence's product cannot
-    overflow."""
+    or the geometric mean (the exponential of the mean log weight), truncated (tis) or masked (mis, icepop).
+    Computed in log space, so a long sequence's product cannot overflow."""
     log_w = (logprobs.detach() - behaviour_logprobs).to(torch.float32)
-    if cfg.is_level == "sequence":
+    if cfg.is_level != "token":
         if mask is None:
-            raise ValueError("loss.is_level='sequence' needs the response mask")
-        log_w = (log_w * mask).sum(-1, keepdim=True).expand_as(log_w)
+            raise ValueError(f"loss.is_level={cfg.is_level!r} needs the response mask")
+        log_w = (log_w * mask).sum(-1, keepdim=True)
+        if cfg.is_level == "geometric":
+            log_w = log_w / mask.sum(-1, keepdim=True).clamp(min=1)
+        log_w = log_w.expand(mask.shape)
     high, low = math.log(cfg.is_high), (math.log(cfg.is_low) if cfg.is_low > 0 else -math.inf)
     acted = log_w > high
     if cfg.is_correction == "icepop":
@@ -171,15 +180,12 @@ def per_token_loss(
     needed by "gspo", whose ratio is a mean over each sequence's tokens.
 
     Plain mode: ratio = pi_theta / pi_behaviour, clipped to [1 - clip_low, 1 + clip_high] as in PPO.
-    Corrected mode (is_correction != "none"): the PPO ratio is taken against the current weights before the
-    update (the proximal policy pi_old) and the behaviour -> proximal gap is carried by the weight of
-    `mismatch_weight`, which bounds (tis) or removes (mis, icepop) what very mismatched tokens would bring.
-
-    What corrected mode guarantees, exactly: the trainer takes one optimizer step per batch, so the proximal
-    policy is the policy being differentiated, the ratio is 1 and the clip never acts. The gradient is
-    -w * A * grad log pi per token: an off-policy policy gradient whose importance weight is truncated or
-    masked (tested in tests/test_losses.py). It is not a trust region; the plain mode's clipped ratio
-    against the behaviour policy is.
+    Corrected mode (is_correction != "none"): the same clip on pi_theta / pi_behaviour decides which tokens get
+    a gradient (the trust region: a stale token the policy has already moved away from in its advantage's
+    direction gets none), and those get -w * A * grad log pi, w the weight of `mismatch_weight`, which bounds
+    (tis) or removes (mis, icepop) what very mismatched tokens would bring (tested in tests/test_losses.py).
+    The trainer takes one optimizer step per batch, so a ratio against the proximal policy pi_old would be 1 and
+    could not clip: the clip must be against the behaviour policy.
     """
     A, reverse_kl = token_advantages(advantages, behaviour_logprobs, ref_logprobs, cfg, logprobs.dtype)
     ratio, weight = importance_ratio(logprobs, behaviour_logprobs, cfg, mask)
@@ -188,6 +194,10 @@ def per_token_loss(
     if cfg.policy_loss == "cispo":  # the clipped weight carries no gradient; log pi always does
         loss = -clipped.detach() * A * logprobs
         was_clipped = (clipped != ratio).float()
+    elif cfg.is_correction != "none":  # the tokens the clip leaves alone: -w * A * grad log pi; the others none
+        was_clipped = (clipped_obj < unclipped_obj).detach()
+        loss = -weight * A * torch.exp(logprobs - logprobs.detach()) * ~was_clipped
+        was_clipped = was_clipped.float()
     else:
         loss = -weight * torch.minimum(unclipped_obj, clipped_obj)
         was_clipped = (clipped_obj < unclipped_obj).float()  # the clip bound is what the gradient sees
