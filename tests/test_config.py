@@ -178,3 +178,17 @@ def test_a_run_fills_in_its_own_copy_of_the_config(tmp_path):
     second = GRPORun(cfg)
     second.prepare()
     assert second.cfg.trainer.grpo.max_response_len > first.cfg.trainer.grpo.max_response_len
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["reference.follow_every=5"], "reference.follow_every=5 but the run has no reference policy"),
+    (["reference.follow_every=5", "trainer.grpo.kl_coef=0.1", "reference.follow_lag=2"],
+     r"reference.follow_lag=2: the weight store keeps only the newest 2 versions \(weight_store.keep_versions\)"),
+    (["reference.follow_every=-1"], "reference.follow_every=-1 must be >= 0"),
+])
+def test_a_following_reference_needs_a_reference_and_a_version_the_store_keeps(overrides, message):
+    from forge_rl.recipes.grpo_config import GRPOConfig, check_config
+
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", overrides)
+    with pytest.raises(ConfigError, match=message):
+        check_config(cfg)

@@ -1,12 +1,19 @@
-"""Reference: the frozen policy that a KL penalty keeps the trained policy close to.
+"""Reference: the policy that a KL penalty keeps the trained policy close to (or a distillation teacher).
 
-    reference = await Reference.options(procs=2, spmd=True).as_actor(trainer_cfg)
+    reference = await Reference.options(procs=2, spmd=True).as_actor(trainer_cfg, weight_store_cfg)
     batches = (await reference.fill_ref_logprobs.call(batches)).get(0)
+    await reference.follow.call(version)      # optional: become the policy's `version`, from the weight store
 
 It builds exactly the trainer's TorchTitan model (same checkpoint, parallelism, compute dtype and
 temperature) on its own proc mesh and only ever runs forward passes, so the reference logprobs are of
 the same distribution family as the trainer's. The optimizer it inherits never steps (AdamW allocates
 no state before its first step).
+
+Frozen by default. A reference that follows the policy (reference.follow_every, the run's) loads an earlier
+version of the policy from the weight store every few steps: a KL to a moving anchor, self-distillation, reference
+resets. Each rank reads only its shard of the version's file (forge_rl/models/sharded_load.py), so nothing is
+gathered, and neither generation nor training waits for it: the run starts the load after a publish and only the
+next reference scoring waits for it to finish. The weights are the version as published (the publish dtype).
 """
 
 import dataclasses
@@ -14,11 +21,19 @@ import dataclasses
 import torch
 from monarch.actor import endpoint
 
-from forge_rl.actors.trainer import Trainer
+from forge_rl.actors.trainer import Trainer, TrainerConfig
+from forge_rl.models.sharded_load import load_sharded
 from forge_rl.types import BatchShape, TrainBatch
+from forge_rl.weights import ShmWeightStore, WeightStoreConfig
 
 
 class Reference(Trainer):
+    def __init__(self, cfg: TrainerConfig | None = None, weight_store: WeightStoreConfig | None = None,
+                 weight_source=None):
+        super().__init__(cfg, weight_store)
+        self.weight_source = weight_source  # the weight server, for ranks on another host than the trainer's rank 0
+        self.policy_version = 0  # the policy version these weights are: 0, the model it was built from
+
     @endpoint
     async def fill_ref_logprobs(self, batches: list[TrainBatch | BatchShape]) -> list[TrainBatch | BatchShape]:
         """`batches` with `ref_logprobs` set on each TrainBatch: the reference policy's logprob of every response
@@ -35,6 +50,23 @@ class Reference(Trainer):
                 logprobs, _ = self._forward(batch.tokens, response_mask=batch.response_mask)
                 out.append(dataclasses.replace(batch, ref_logprobs=logprobs.cpu()))
         return out
+
+    @endpoint
+    async def follow(self, version: int, timeout_s: float = 600.0) -> int:
+        """Load the policy's `version` from the weight store in place of these weights (every rank its shard).
+        Returns the version these weights now are."""
+        if self.store is None:
+            self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source)
+        await self.store.prefetch(version, timeout=timeout_s)  # another host's: copied here first
+        with self.store.pinned(version) as path:
+            load_sharded(self.model, self.adapter, path)
+        self.policy_version = version
+        return version
+
+    @endpoint
+    async def version(self) -> int:
+        """The policy version the reference's weights are (0: the model it was built from)."""
+        return self.policy_version
 
     @endpoint
     async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:

@@ -87,6 +87,8 @@ class GRPORun:
         self._stopped: float | None = None  # ... to the end of the last step
         self._gen_busy_start = self._eval_busy_s = 0.0
         self._checkpointed: tuple[int, Path] | None = None  # (step, path) of the last checkpoint this run wrote
+        self._reference_version = 0  # the policy version the reference's weights are (reference.follow_every)
+        self._reference_follow: asyncio.Task | None = None  # its load of a newer one, started after a publish
 
     @property
     def step(self) -> int:
@@ -204,7 +206,7 @@ class GRPORun:
         if reference is not None:  # a frozen policy (or a teacher), on the trainer's cores
             self.reference = await Reference.options(
                 procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=True, host_mesh="trainer",
-                **trainer_cpus).as_actor(replace(cfg.trainer, model=reference))
+                **trainer_cpus).as_actor(replace(cfg.trainer, model=reference), cfg.weight_store, weight_source)
         self.shards = {"trainer": await data_shards(self.trainer)}  # rank -> the batch it trains on
         if self.reference is not None:
             self.shards["reference"] = await data_shards(self.reference)
@@ -399,6 +401,10 @@ class GRPORun:
     async def stop(self) -> None:
         """Stop the rollouts, every actor and proc of the run, and remove its shared memory (idempotent)."""
         await self._stop_rollouts()
+        if self._reference_follow is not None:  # a load started after the last publish: nobody scores with it
+            self._reference_follow.cancel()
+            await asyncio.gather(self._reference_follow, return_exceptions=True)
+            self._reference_follow = None
         if self.log is not None:
             self.log.close()
             self.log = None
@@ -468,12 +474,33 @@ class GRPORun:
                 s.last_updates, self._pending_update = await self._pending_update, None
             hold_s = max(await self.generator.hold.call_all(), default=0.0)
         busy_start = time.perf_counter()
+        reference_version = await self._reference_caught_up()
         self._step_task = asyncio.ensure_future(self._update(batches))
         metrics, push = await asyncio.shield(self._step_task)
         s.trainer_busy_s += time.perf_counter() - busy_start
+        if reference_version is not None:  # the version whose logprobs this step's batch was scored with
+            metrics = {**metrics, "reference/version": reference_version}
+        self._follow_policy()
         if self.placement.colocated:  # ... and take it back (GPU: wake up)
             push = dict(push, hold_s=hold_s, release_s=max(await self.generator.release.call_all(), default=0.0))
         return metrics, push
+
+    async def _reference_caught_up(self) -> int | None:
+        """The policy version the reference scores with (None: no reference), once its pending load is done."""
+        if self._reference_follow is not None:
+            task, self._reference_follow = self._reference_follow, None
+            self._reference_version = (await task).get(0)
+        return self._reference_version if self.reference is not None else None
+
+    def _follow_policy(self) -> None:
+        """reference.follow_every: every M steps, right after the publish, the reference starts loading the policy's
+        version step - follow_lag from the weight store; generation and training go on meanwhile."""
+        every, target = self.cfg.reference.follow_every, self.step - self.cfg.reference.follow_lag
+        if self.reference is None or not every or self.step % every or target <= self._reference_version:
+            return
+        self._reference_follow = asyncio.create_task(within(
+            self.reference.follow.call(target), self.cfg.timeouts.weight_load_s, "weight_load_s",
+            f"the Reference's load of policy version {target}", self._where()))
 
     async def _update(self, batches) -> tuple[dict, dict]:
         """What a step does with its batch: the policy's optimizer step and the publish of its weights. Returns

@@ -45,6 +45,16 @@ class BufferSection:
 
 
 @dataclass
+class ReferenceSection:
+    """The reference policy (KL penalty) or teacher (distillation): frozen, or following the policy."""
+
+    # every this many steps the reference loads the policy's version step - follow_lag from the weight store (a KL
+    # to a moving anchor, self-distillation); 0: frozen, the model it was built from
+    follow_every: int = 0
+    follow_lag: int = 1  # versions behind the policy; the weight store must still hold it (weight_store.keep_versions)
+
+
+@dataclass
 class GRPOConfig:
     model: str = "tiny-warm"
     steps: int = 100
@@ -70,6 +80,7 @@ class GRPOConfig:
     generator: GeneratorSection = field(default_factory=GeneratorSection)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     buffer: BufferSection = field(default_factory=BufferSection)
+    reference: ReferenceSection = field(default_factory=ReferenceSection)
     weight_store: WeightStoreConfig = field(default_factory=WeightStoreConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)  # placement, cores, threads
     launcher: LauncherConfig = field(default_factory=LauncherConfig)  # local, or a Slurm allocation (docs/slurm.md)
@@ -120,6 +131,7 @@ def check_config(cfg: GRPOConfig) -> None:
                           "sampled distribution (after temperature); use 'processed_logprobs'")
     if cfg.trainer.grpo.normalize == "token_sum" and not cfg.trainer.grpo.max_response_len:
         cfg.trainer.grpo.max_response_len = response_budget(cfg)  # Dr. GRPO's constant: the generation budget
+    check_reference(cfg)
     if cfg.buffer.capacity < cfg.batch_groups:
         raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is smaller than batch_groups={cfg.batch_groups}")
     overlong = cfg.overlong.filter or cfg.overlong.penalty_cache_len
@@ -205,3 +217,20 @@ def max_prompt_tokens(cfg: GRPOConfig, model_dir: str) -> int:
         raise ConfigError(f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens')} leaves no room "
                           f"for a prompt in max_model_len={limit} (generator.engine_args.max_model_len)")
     return room
+
+
+def check_reference(cfg: GRPOConfig) -> None:
+    """reference.follow_every needs a reference, and a lag the weight store still holds after a publish."""
+    r = cfg.reference
+    if r.follow_every < 0 or r.follow_lag < 1:
+        raise ConfigError(f"reference.follow_every={r.follow_every} must be >= 0 and reference.follow_lag="
+                          f"{r.follow_lag} >= 1")
+    if not r.follow_every:
+        return
+    if not (cfg.trainer.grpo.kl_coef or cfg.trainer.grpo.distill_coef):
+        raise ConfigError(f"reference.follow_every={r.follow_every} but the run has no reference policy: set "
+                          "trainer.grpo.kl_coef > 0 (a KL to a moving anchor), or use apps/distill")
+    if r.follow_lag >= cfg.weight_store.keep_versions:
+        raise ConfigError(f"reference.follow_lag={r.follow_lag}: the weight store keeps only the newest "
+                          f"{cfg.weight_store.keep_versions} versions (weight_store.keep_versions); set it to at "
+                          f"least {r.follow_lag + 1}")
