@@ -50,6 +50,7 @@ from forge_rl.loop.eval import evaluate_task
 from forge_rl.models import resolve_model_path
 from forge_rl.loop.multiturn import TurnRenderer, evaluate_env, rollout_env_from_dataset
 from forge_rl.observability import MetricsLogger, plot_run
+from forge_rl.observability.timeline import Timeline
 from forge_rl.recipes.grpo_config import GRPOConfig, check_config, check_task, dp_size, max_prompt_tokens
 from forge_rl.recipes.grpo_report import (StepRecord, batch_rewards, console_line, drops, shown_reward, step_metrics,
                                           summary_block)
@@ -89,6 +90,7 @@ class GRPORun:
         self._checkpointed: tuple[int, Path] | None = None  # (step, path) of the last checkpoint this run wrote
         self._reference_version = 0  # the policy version the reference's weights are (reference.follow_every)
         self._reference_follow: asyncio.Task | None = None  # its load of a newer one, started after a publish
+        self.timeline = Timeline()  # each role's busy spans: output_dir/timeline.{json,png}
 
     @property
     def step(self) -> int:
@@ -296,7 +298,8 @@ class GRPORun:
             self.state.last_updates, self._pending_update = await self._pending_update, None
         await self.state.admission.pause()
         try:
-            scores = await self._evaluate_held_out()
+            with self.timeline.span("generators", "evaluate", step=self.step):
+                scores = await self._evaluate_held_out()
         finally:
             await self.state.admission.pause(False)
         self.evals.append((self.step, at_s, scores["eval/accuracy"]))
@@ -315,7 +318,8 @@ class GRPORun:
             await self._start_rollouts()
         step_start, tokens_before = time.perf_counter(), s.rollouts.generated_tokens
         buffer_before = await self.buffer.stats.call_one()
-        batches, sample_wait = await wait_for_batch(s, self.buffer, self._rollouts)
+        with self.timeline.span("controller", "wait for a batch", step=s.version + 1):
+            batches, sample_wait = await wait_for_batch(s, self.buffer, self._rollouts)
         # the next batch is sampled at version + 1: admit only what that batch can still use
         stored = s.admission.stored
         await s.admission.sampled((await self.buffer.stats.call_one())["groups"], s.version + 1, stored)
@@ -338,6 +342,7 @@ class GRPORun:
         ))
         line.update({k: v for k, v in metrics.items() if "/" in k})  # another stage's, named (PPO's critic/...)
         self.log.log(self.step, line)
+        self.timeline.mark(f"step {self.step}")
         return line
 
     async def checkpoint(self) -> Path:
@@ -349,8 +354,9 @@ class GRPORun:
             self.console.print("[yellow]checkpoint: rollouts still in flight after 60 s; their prompts are "
                                "skipped on resume[/yellow]")
         try:
-            path = await save_checkpoint(self.state, self.trainer, self.buffer, self.dataset, self.step,
-                                         self.checkpoint_dir, self.cfg.checkpoint_keep_last, self.other_trained())
+            with self.timeline.span("trainer", "checkpoint", step=self.step):
+                path = await save_checkpoint(self.state, self.trainer, self.buffer, self.dataset, self.step,
+                                             self.checkpoint_dir, self.cfg.checkpoint_keep_last, self.other_trained())
         finally:
             await self.state.admission.pause(False)
         self._checkpointed = (self.step, path)
@@ -391,8 +397,10 @@ class GRPORun:
             if cfg.trainer.lora.enabled:  # and the adapter alone, as PEFT saves one
                 await self.trainer.export_adapter.call(str(Path(cfg.export_dir) / "adapter"))
         summary = await self._summary(wall, gen_busy_s)
+        summary["busy_fraction"] = {lane: round(f, 3) for lane, f in self.timeline.role_busy_fractions().items()}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         png = plot_run(self.out / "metrics.jsonl", self.out / "curves.png", title=f"{self.algorithm()} {cfg.model}")
+        self.timeline.write(self.out)
         self.console.print(summary_block(summary, self.eval_reward_name(), self.out, png,
                                          complete_checkpoints(self.checkpoint_dir)[-1], cfg.export_dir,
                                          cfg.trainer.lora.enabled, self.log_dir))
@@ -401,6 +409,8 @@ class GRPORun:
     async def stop(self) -> None:
         """Stop the rollouts, every actor and proc of the run, and remove its shared memory (idempotent)."""
         await self._stop_rollouts()
+        if self.timeline.spans and self.out.is_dir():  # an interrupted run's too
+            self.timeline.write(self.out)
         if self._reference_follow is not None:  # a load started after the last publish: nobody scores with it
             self._reference_follow.cancel()
             await asyncio.gather(self._reference_follow, return_exceptions=True)
@@ -462,8 +472,11 @@ class GRPORun:
                 return rollout_env_from_dataset(**turns, **actors)
         tasks = cfg.rollout_tasks if cfg.async_mode else max(cfg.rollout_tasks, cfg.batch_groups)
         self._gen_busy_start = (await self.generator.stats.route())["busy_s"]
-        self._rollouts = [asyncio.create_task(rollout_loop(self.state.admission, self.state.stop, rollout_once))
-                          for _ in range(tasks)]
+        def timed(lane: str):
+            return lambda: self._timed(lane, "rollout", rollout_once())
+
+        self._rollouts = [asyncio.create_task(rollout_loop(self.state.admission, self.state.stop, timed(f"rollout {i}")))
+                          for i in range(tasks)]
         self._started = time.perf_counter()
 
     async def _train_and_publish(self, batches) -> tuple[dict, dict]:
@@ -475,7 +488,8 @@ class GRPORun:
             hold_s = max(await self.generator.hold.call_all(), default=0.0)
         busy_start = time.perf_counter()
         reference_version = await self._reference_caught_up()
-        self._step_task = asyncio.ensure_future(self._update(batches))
+        self._step_task = asyncio.ensure_future(self._timed(
+            "trainer", "score + train + publish", self._update(batches), step=s.version + 1))
         metrics, push = await asyncio.shield(self._step_task)
         s.trainer_busy_s += time.perf_counter() - busy_start
         if reference_version is not None:  # the version whose logprobs this step's batch was scored with
@@ -484,6 +498,11 @@ class GRPORun:
         if self.placement.colocated:  # ... and take it back (GPU: wake up)
             push = dict(push, hold_s=hold_s, release_s=max(await self.generator.release.call_all(), default=0.0))
         return metrics, push
+
+    async def _timed(self, lane: str, name: str, work, **args):
+        """Await `work` as a busy span of `lane` on the run's timeline."""
+        with self.timeline.span(lane, name, **args):
+            return await work
 
     async def _reference_caught_up(self) -> int | None:
         """The policy version the reference scores with (None: no reference), once its pending load is done."""
@@ -514,8 +533,9 @@ class GRPORun:
         s = self.state
         if self._pending_update is not None:
             s.last_updates = await self._pending_update
-        self._pending_update = asyncio.create_task(update_generators(s, self.generator, s.version,
-                                                                     self.cfg.timeouts.weight_load_s, self._where()))
+        self._pending_update = asyncio.create_task(self._timed(
+            "generators", "weight swap", update_generators(s, self.generator, s.version, self.cfg.timeouts.weight_load_s,
+                                                           self._where()), version=s.version))
         if not self.cfg.async_mode:
             s.last_updates, self._pending_update = await self._pending_update, None
 

@@ -140,6 +140,8 @@ def summary_block(summary: dict, eval_reward: str, out: Path, png: Path, checkpo
           if summary.get("mismatch_abs_mean") is not None else []),
         ("generators", f"policy versions {summary['generator_versions']}, {summary['generator_respawns']} respawned"),
         ("curves", str(png)),
+        *([("timeline", f"{out / 'timeline.png'}, {out / 'timeline.json'} (Perfetto); busy: " + ", ".join(
+            f"{lane} {f:.0%}" for lane, f in summary["busy_fraction"].items()))] if "busy_fraction" in summary else []),
         ("metrics", f"{out / 'metrics.jsonl'}, {out / 'tensorboard'}, {out / 'summary.json'}"),
         ("checkpoint", f"{checkpoint} (resume=true continues from it)"),
         *([("model", f"{export_dir} (HF format: vLLM, transformers, model=...)")] if export_dir else []),

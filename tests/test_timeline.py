@@ -1,0 +1,37 @@
+"""The run's timeline: busy spans per lane, the Chrome trace Perfetto opens, the PNG."""
+
+import json
+import time
+
+from forge_rl.observability.timeline import Timeline
+
+
+def test_spans_make_lanes_busy_fractions_and_a_chrome_trace(tmp_path):
+    timeline = Timeline()
+    with timeline.span("trainer", "train + publish", step=1):
+        time.sleep(0.05)
+    for i in range(2):  # overlapping rollouts on two lanes, and twice on one: counted once
+        with timeline.span(f"rollout {i}", "rollout"), timeline.span(f"rollout {i}", "rollout"):
+            time.sleep(0.02)
+    try:
+        with timeline.span("generators", "weight swap"):
+            raise RuntimeError("a failed swap still took its time")
+    except RuntimeError:
+        pass
+    timeline.mark("step 1")
+    time.sleep(0.05)
+    assert timeline.lanes() == ["trainer", "generators", "rollout 0", "rollout 1"]
+    busy = timeline.busy_fractions()
+    total = timeline.now()
+    assert 0.05 / total <= busy["trainer"] < 0.9 and busy["generators"] < 0.05
+    assert 0.02 / total <= busy["rollout 0"] < 0.04 / total  # the nested span is not counted twice
+    roles = timeline.role_busy_fractions()
+    assert set(roles) == {"trainer", "generators", "rollout tasks"}
+    trace, png = timeline.write(tmp_path)
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert names == {"trainer", "generators", "rollout 0", "rollout 1"}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == 6 and all(e["dur"] >= 0 for e in spans)
+    assert [e["args"] for e in spans if e["name"] == "train + publish"] == [{"step": 1}]
+    assert png.stat().st_size > 5_000
