@@ -60,3 +60,32 @@ def sleeps(prompts, completions, seconds: float = 1.0, **_):
     """A slow, well-behaved verifier."""
     time.sleep(seconds)
     return [0.0] * len(completions)
+
+
+def returns_str(prompts, completions, **_):
+    """A classic slip: the score as text."""
+    return "0.5"
+
+
+def returns_strings(prompts, completions, **_):
+    return ["1.0"] * len(completions)
+
+
+def escapes_then_hangs(prompts, completions, pid_file: str, **_):
+    """Starts a process that leaves the worker's session and parent (setsid, orphaned by its shell), writes its
+    pid to `pid_file`, then never returns: the timeout must kill that process too."""
+    import subprocess
+
+    subprocess.run(["sh", "-c", f"setsid sleep 600 > /dev/null 2>&1 & echo $! > {pid_file}"], check=True)
+    while True:
+        time.sleep(60)
+
+
+def closes_its_pipe(prompts, completions, **_):
+    """Closes every inherited descriptor (the worker's pipe among them) and keeps the process alive with a
+    thread: the worker lives on, deaf."""
+    import threading
+
+    threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: the interpreter waits for it
+    os.closerange(3, 4096)
+    return [0.0] * len(completions)

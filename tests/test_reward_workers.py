@@ -112,3 +112,47 @@ def test_math_verifys_own_timeout_ends_a_slow_comparison_in_a_worker(pool):
     assert values == [0.0] and time.perf_counter() - start < 8
     assert asyncio.run(pool.call("forge_rl.rewards.math:math_answer", {}, [""], [r"so \boxed{\frac12}"],
                                  answer=["0.5"])) == [1.0]
+
+
+def test_a_wrong_return_type_is_named_not_coerced(pool):
+    with pytest.raises(RewardError, match="reward 'mine' returned str '0.5'; it must return a list of floats, one "
+                                          "per completion"):
+        asyncio.run(pool.score("mine", H + "returns_str", {}, ["q", "q"], ["a", "b"]))
+    with pytest.raises(RewardError, match="returned a list holding str '1.0' at index 0; it must return a list of "
+                                          "floats"):
+        call(pool, "returns_strings")
+    assert pool.replaced == 0
+
+
+def test_a_timeout_kills_what_the_reward_started_even_in_a_session_of_its_own(pool, tmp_path):
+    pid_file = tmp_path / "escaped.pid"
+    with pytest.raises(RewardTimeout):
+        call(pool, "escapes_then_hangs", {"pid_file": str(pid_file)}, timeout_s=3.0)
+    escaped = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while not gone(escaped) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        assert gone(escaped), "the setsid'd, orphaned child of a killed worker is still running"
+    finally:
+        if not gone(escaped):
+            os.kill(escaped, signal.SIGKILL)
+
+
+def test_a_worker_whose_pipe_closed_is_killed_and_replaced_not_reused(pool):
+    first = int(call(pool, "says_which_process")[0])
+    with pytest.raises(RewardCrash, match="closes_its_pipe' crashed its worker"):
+        call(pool, "closes_its_pipe")
+    assert gone(first) and pool.replaced == 1  # it lived on, deaf: killed, not put back
+    assert call(pool, "scaled_length") == [2.0, 1.0]
+
+
+def test_a_slot_whose_respawn_failed_starts_a_worker_at_its_next_call(pool, monkeypatch):
+    start = RewardPool._start
+    monkeypatch.setattr(RewardPool, "_start", lambda self: (_ for _ in ()).throw(OSError("too many open files")))
+    with pytest.raises(RewardTimeout):  # its worker is killed; starting the next one fails (the fault injected)
+        call(pool, "hangs", answer=["46", "46"], timeout_s=1.0)
+    with pytest.raises(RewardCrash, match="could not be started: OSError: too many open files"):
+        call(pool, "scaled_length")
+    monkeypatch.setattr(RewardPool, "_start", start)
+    assert asyncio.run(asyncio.wait_for(pool.call(H + "scaled_length", {}, ["q"], ["ab"]), 60)) == [2.0]
