@@ -9,12 +9,18 @@ without touching forge_rl.
 Each call of a reward function runs in a worker process of a small pool (`reward_workers`, default 2 to 4;
 forge_rl/rewards/workers.py), so slow ones (a sandbox, a judge) overlap across groups and none can take the
 run down. The worker imports the function by its path and binds its `args`. `score` raises a `RewardError`
-naming the function, and the caller drops the group, counted under the error's `reason`, and goes on:
+naming the function (its `reward`, and a `sample` of the group's input), and the caller drops the group,
+counted under the error's `reason`, and goes on (forge_rl/loop/rollout.py stops the run when a reward fails
+on every one of its first groups):
 
-    the function raises, returns the wrong number of values, or NaN/inf   RewardError        reward_error
+    the function raises, returns the wrong number of values or type, or NaN/inf   RewardError  reward_error
     it runs past reward_timeout_s: its worker is SIGKILLed and replaced    RewardTimeout      reward_timeout
     its worker dies (a segfault, the OOM killer): the worker is replaced   RewardCrash        reward_crash
     it allocates past reward_memory_mb (the worker's RLIMIT_AS)            RewardOutOfMemory  reward_memory
+
+A reward model's actor (or a judge's) that died is no group's failure: `score` raises `RewardRoleDied`
+naming it, and the run stops. `score_each_reward` scores every reward on its own, so the held-out
+evaluation of one reward survives another's failure (forge_rl/loop/eval.py).
 """
 
 import asyncio
@@ -28,6 +34,7 @@ from typing import Any, Callable
 
 from monarch.actor import concurrent_endpoint, endpoint
 
+from forge_rl.deps.monarch import SupervisionError
 from forge_rl.rewards.workers import (DEFAULT_MEMORY_MB, RewardCrash, RewardError,  # noqa: F401 (re-exported)
                                       RewardOutOfMemory, RewardPool, RewardTimeout, default_reward_workers)
 from forge_rl.runtime import ForgeActor
@@ -149,6 +156,21 @@ class RewardUnparsable(RewardError):
     reason = "reward_unparsable"
 
 
+class RewardRoleDied(RuntimeError):
+    """A reward model's or judge's actor died (its proc was killed, ran out of memory, crashed): the run's
+    failure, not a group's."""
+
+
+SAMPLE_CHARS = 80  # of each field of the sample input a failed reward's error shows
+
+
+def sample_input(prompts: list, completions: list[str], columns: dict[str, list]) -> str:
+    """The first completion of a group and what came with it, for a failed reward's error message."""
+    fields = {"prompt": prompts[0] if prompts else None, "completion": completions[0] if completions else None,
+              **{k: v[0] for k, v in columns.items() if v}}
+    return ", ".join(f"{k}={str(v)[:SAMPLE_CHARS]!r}" for k, v in fields.items())
+
+
 class RewardActor(ForgeActor):
     def __init__(self, specs: list[RewardSpec], timeout_s: float | None = None, workers: int | None = None,
                  memory_mb: int | None = DEFAULT_MEMORY_MB, models: dict[str, Any] | None = None):
@@ -190,6 +212,9 @@ class RewardActor(ForgeActor):
                 from None
         except RewardError:
             raise
+        except SupervisionError as e:  # its actor's proc died: no later group can be scored by it either
+            why = str(e).strip().splitlines()[-1][:200] if str(e).strip() else "no reason given"
+            raise RewardRoleDied(f"the {spec.kind} reward model {spec.name!r} ({spec.model}) died: {why}") from None
         except Exception as e:  # the model's actor raised (a bad input, out of memory)
             raise RewardError(f"reward model {spec.name!r} failed: {e}".splitlines()[0][:300]) from None
         if len(values) != len(completions) or not all(math.isfinite(v) for v in values):
@@ -226,20 +251,54 @@ class RewardActor(ForgeActor):
         """Total (weighted) reward per completion, and each function's unweighted values. Every argument holds
         one value per completion; `columns` are the task's columns (`answer` among them), passed to each
         reward function as keyword arguments. Raises a RewardError (see the module) when a function fails."""
+        columns = self._checked(prompts, completions, finish_reasons, columns)
+        parts: dict[str, list[float]] = {}
+        for spec, target in zip(self.specs, self.targets):
+            parts[spec.name] = await self._values(spec, target, prompts, completions, finish_reasons, columns)
+        totals = [sum(s.weight * parts[s.name][i] for s in self.specs) for i in range(len(completions))]
+        return totals, parts
+
+    @concurrent_endpoint
+    async def score_each_reward(self, prompts: list, completions: list[str], finish_reasons: list[str],
+                                columns: dict[str, list] | None = None,
+                                names: list[str] | None = None) -> dict[str, list[float] | str]:
+        """Each reward (of `names`, default all) scored on its own: its values, or its error's message when it
+        failed. One reward's failure costs only its own values (the held-out evaluation, forge_rl/loop/eval.py)."""
+        columns = self._checked(prompts, completions, finish_reasons, columns)
+        out: dict[str, list[float] | str] = {}
+        for spec, target in zip(self.specs, self.targets):
+            if names is None or spec.name in names:
+                try:
+                    out[spec.name] = await self._values(spec, target, prompts, completions, finish_reasons, columns)
+                except RewardError as e:
+                    out[spec.name] = f"{type(e).__name__}: {e}"
+        return out
+
+    @staticmethod
+    def _checked(prompts: list, completions: list[str], finish_reasons: list[str],
+                 columns: dict[str, list] | None) -> dict[str, list]:
         n = len(completions)
         columns = dict(columns or {})
         for name, values in [("prompts", prompts), ("finish_reasons", finish_reasons), *columns.items()]:
             if len(values) != n:
                 raise ValueError(f"score: {name} has {len(values)} values for {n} completions")
-        parts: dict[str, list[float]] = {}
-        for spec, target in zip(self.specs, self.targets):
+        return columns
+
+    async def _values(self, spec: RewardSpec, target: str | None, prompts: list, completions: list[str],
+                      finish_reasons: list[str], columns: dict[str, list]) -> list[float]:
+        """One reward's values for a group; its RewardError carries the reward's name and a sample input."""
+        try:
             if spec.model is not None:
-                parts[spec.name] = await self._model_values(spec, prompts, completions)
-                continue
-            parts[spec.name] = await self.pool.score(spec.name, target, spec.args, list(prompts), list(completions),
-                                                     self.timeout_s, finish_reason=list(finish_reasons), **columns)
-        totals = [sum(s.weight * parts[s.name][i] for s in self.specs) for i in range(n)]
-        return totals, parts
+                return await self._model_values(spec, prompts, completions)
+            return await self.pool.score(spec.name, target, spec.args, list(prompts), list(completions),
+                                         self.timeout_s, finish_reason=list(finish_reasons), **columns)
+        except RewardError as e:
+            e.reward, e.sample = spec.name, sample_input(prompts, completions, columns)
+            raise
+
+    @endpoint
+    async def weights(self) -> dict[str, float]:
+        return {s.name: s.weight for s in self.specs}
 
     @endpoint
     async def stats(self) -> dict:

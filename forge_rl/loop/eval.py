@@ -16,7 +16,7 @@ from typing import Any
 
 from forge_rl.data.arithmetic import Problem, chat_prompt
 from forge_rl.rewards.exact_match import exact_match
-from forge_rl.rewards.workers import RewardError
+from forge_rl.actors.reward import RewardRoleDied
 
 
 async def greedy_completions(
@@ -63,7 +63,9 @@ async def evaluate_task(generator, reward, examples, eval_reward: str, max_token
                         concurrency: int = 64) -> dict[str, Any]:
     """Greedy completions of a task's held-out examples (rendered, `TaskExample.text`), scored by the run's
     reward actor. Returns {"accuracy": mean of `eval_reward`'s values, "reward": mean total reward, "n",
-    "finished": fraction that ended on their own, not at max_tokens}."""
+    "finished": fraction that ended on their own, not at max_tokens}. Each reward is scored on its own: one
+    that fails scores 0 in that reward only (the eval reward is first retried example by example), so a
+    failing reward never changes another's score."""
     if not examples:
         raise ValueError("evaluate_task: no held-out examples")
     slots = asyncio.Semaphore(concurrency)
@@ -77,41 +79,44 @@ async def evaluate_task(generator, reward, examples, eval_reward: str, max_token
     missing = [(e.where, k) for e in examples for k in names if k not in e.columns]
     if missing:
         raise ValueError(f"evaluate_task: held-out row {missing[0][0]} has no column {missing[0][1]!r}")
-    try:
-        totals, parts = await _score(reward, examples, completions, names)
-    except Exception as e:  # a reward failed on the held-out set: score each example alone, a failed one as 0
-        if not isinstance(getattr(e, "exception", e), RewardError):
-            raise
-        totals, parts = await _score_each(reward, examples, completions, names, eval_reward)
+    parts = await _score_each_reward(reward, examples, completions, names)
     if eval_reward not in parts:
         raise ValueError(f"task.eval_reward={eval_reward!r} is not one of the run's rewards {sorted(parts)}")
+    failed = {name: error for name, error in parts.items() if isinstance(error, str)}
+    for name, error in failed.items():
+        # the eval reward is retried example by example (one bad example costs that example); another
+        # failed reward only enters the mean total reward, as 0 (no retries of a reward that may hang)
+        values = (await _one_reward_each(reward, examples, completions, names, name) if name == eval_reward
+                  else [None] * len(examples))
+        lost = sum(v is None for v in values)
+        print(f"evaluation: reward {name!r} failed on {lost} of {len(examples)} held-out examples (scored 0 in "
+              f"that reward only): {error}".splitlines()[0][:300], flush=True)
+        parts[name] = [0.0 if v is None else v for v in values]
+    weights = await reward.weights.call_one()
+    totals = [sum(weights[k] * v[i] for k, v in parts.items()) for i in range(len(examples))]
     n = len(examples)
     return {"accuracy": sum(parts[eval_reward]) / n, "reward": sum(totals) / n, "n": n,
             "finished": sum(c.finish_reason == "stop" for c in completions) / n}
 
 
-async def _score(reward, examples, completions, names: list[str]) -> tuple[list[float], dict[str, list[float]]]:
-    return await reward.score.call_one(
-        [e.prompt for e in examples], [c.text for c in completions], [c.finish_reason for c in completions],
-        {k: [e.columns[k] for e in examples] for k in names},
-    )
+async def _score_each_reward(reward, examples, completions, names: list[str],
+                             only: list[str] | None = None) -> dict[str, list[float] | str]:
+    """Each reward's values on `examples` (or its error's message), scored independently of the others."""
+    try:
+        return await reward.score_each_reward.call_one(
+            [e.prompt for e in examples], [c.text for c in completions], [c.finish_reason for c in completions],
+            {k: [e.columns[k] for e in examples] for k in names}, only)
+    except Exception as e:
+        failure = getattr(e, "exception", e)
+        if isinstance(failure, RewardRoleDied):  # a reward model's actor died: the run's to report
+            raise failure from None
+        raise
 
 
-async def _score_each(reward, examples, completions, names: list[str],
-                      eval_reward: str) -> tuple[list[float], dict[str, list[float]]]:
-    """Every example scored on its own; one whose reward fails (a RewardError) scores 0 in every part."""
+async def _one_reward_each(reward, examples, completions, names: list[str], name: str) -> list[float | None]:
+    """Reward `name` on each example alone: its value, or None where it failed."""
     async def one(e, c):
-        try:
-            return await _score(reward, [e], [c], names)
-        except Exception as error:
-            if not isinstance(getattr(error, "exception", error), RewardError):
-                raise
-            return None
+        values = (await _score_each_reward(reward, [e], [c], names, [name]))[name]
+        return None if isinstance(values, str) else values[0]
 
-    scored = await asyncio.gather(*(one(e, c) for e, c in zip(examples, completions)))
-    part_names = next((list(s[1]) for s in scored if s is not None), [eval_reward])
-    failed = sum(s is None for s in scored)
-    print(f"evaluation: the rewards failed on {failed} of {len(examples)} held-out examples (scored 0)", flush=True)
-    totals = [s[0][0] if s is not None else 0.0 for s in scored]
-    parts = {k: [s[1][k][0] if s is not None else 0.0 for s in scored] for k in part_names}
-    return totals, parts
+    return list(await asyncio.gather(*(one(e, c) for e, c in zip(examples, completions))))

@@ -182,7 +182,7 @@ async def rollout_env_group(example, prompt_ids: list[int], generator, make_env,
                             env_cfg: EnvConfig, group_size: int, max_tokens: int, stats,
                             scale_advantages_by_std: bool = True) -> Group | None:
     """A group of `group_size` trajectories, rewarded by the environment, with group-relative advantages.
-    None when an environment or a generation failed: the group is dropped, counted and printed (one line)."""
+    None when an environment or a generation failed: the group is dropped, counted and logged (forge_rl/loop/rollout.DropLog)."""
     try:
         trajectories = await play_group(example, prompt_ids, generator, make_env, renderer, env_cfg, group_size,
                                         max_tokens)
@@ -192,7 +192,7 @@ async def rollout_env_group(example, prompt_ids: list[int], generator, make_env,
         reason = drop_reason(e)
         # prompt_too_long counts prompts, as in single-turn rollouts; every other reason counts episodes
         stats.drops[reason] = stats.drops.get(reason, 0) + (1 if reason == "prompt_too_long" else group_size)
-        print(f"dropped group {example.id} ({reason}): {type(e).__name__}: {e}".splitlines()[0][:200], flush=True)
+        stats.drop_log.dropped(example.id, reason, f"{type(e).__name__}: {e}")
         return None
     rewards = [t.reward for t in trajectories]
     stats.generated_tokens += sum(int((~t.completion.env_mask).sum()) for t in trajectories)

@@ -15,6 +15,13 @@ generated with the current weights, nothing runs while the trainer steps and the
 
 Only a straggler that completes after groups admitted later can still arrive too old; the buffer drops
 it and counts it (the safety net), so stale drops are rare rather than routine.
+
+A group whose reward fails is dropped and counted under the failure's reason (reward_error, reward_timeout,
+...). The first drop of each reason is printed in full; later ones are summarised per reason every
+DROP_SUMMARY_S (`DropLog`), never a line per group. A reward that fails on each of the first FAIL_FAST_GROUPS
+groups it is given, before it has ever scored one, stops the run (`RewardFailing`) with its own error and a
+sample input: it would train nothing. A dead reward role (the reward actor, a reward model, a judge) stops
+the run too, named.
 """
 
 import asyncio
@@ -22,11 +29,53 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from forge_rl.actors.reward import RewardRoleDied
+from forge_rl.deps.monarch import SupervisionError
 from forge_rl.runtime.replies import replies
 from forge_rl.losses.advantages import group_advantages
 from forge_rl.rewards.overlong import OverlongConfig, overlong_penalty
 from forge_rl.rewards.workers import RewardError
 from forge_rl.types import Episode, Group
+
+FAIL_FAST_GROUPS = 8  # a reward that fails on each of its first 8 groups, never scoring one, stops the run
+DROP_SUMMARY_S = 30.0  # repeated drops: one line per interval, each reason counted
+
+
+class RewardFailing(RuntimeError):
+    """A reward failed on every one of its first FAIL_FAST_GROUPS groups: the run stops with its error."""
+
+
+class DropLog:
+    """Dropped groups on the console without flooding it: the first of each reason in full, then per reason
+    a count and the latest message, at most once every `interval_s`."""
+
+    def __init__(self, interval_s: float = DROP_SUMMARY_S, write=None):
+        self.interval_s = interval_s
+        self.write = write or (lambda line: print(line, flush=True))
+        self.seen: set[str] = set()
+        self.pending: dict[str, int] = {}
+        self.latest: dict[str, str] = {}
+        self.last_summary = time.monotonic()
+
+    def dropped(self, group_id: str, reason: str, message: str) -> None:
+        message = message.strip().splitlines()[0][:200] if message.strip() else "no message"
+        if reason not in self.seen:
+            self.seen.add(reason)
+            self.write(f"dropped group {group_id} ({reason}): {message} (further {reason} drops are counted, "
+                       f"summarised every {self.interval_s:.0f} s)")
+            return
+        self.pending[reason] = self.pending.get(reason, 0) + 1
+        self.latest[reason] = message
+        if time.monotonic() - self.last_summary >= self.interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Print the drops counted since the last summary, if any."""
+        now = time.monotonic()
+        if self.pending:
+            counts = "; ".join(f"{reason} {n} (latest: {self.latest[reason]})" for reason, n in self.pending.items())
+            self.write(f"dropped groups in the last {now - self.last_summary:.0f} s: {counts}")
+        self.pending, self.last_summary = {}, now
 
 
 class Admission:
@@ -138,6 +187,25 @@ class RolloutStats:
     # a multi-turn run adds env_error and generation_error, in episodes (forge_rl/loop/multiturn.py)
     drops: dict[str, int] = field(default_factory=lambda: {"reward_error": 0, "reward_timeout": 0, "reward_crash": 0,
                                                             "reward_memory": 0, "prompt_too_long": 0})
+    drop_log: DropLog = field(default_factory=DropLog)
+    rewards_working: set[str] = field(default_factory=set)  # rewards that have scored a group, ever
+    reward_failures: dict[str, int] = field(default_factory=dict)  # groups each reward failed on, ever
+
+    def reward_failed(self, prompt_id: str, failure: Exception, episodes: int) -> None:
+        """Count and log a group dropped for `failure`; raises RewardFailing when the reward that failed has
+        failed on each of its first FAIL_FAST_GROUPS groups."""
+        reason = failure.reason if isinstance(failure, RewardError) else "reward_error"
+        self.drops[reason] = self.drops.get(reason, 0) + episodes
+        self.drop_log.dropped(prompt_id, reason, str(failure))
+        name = getattr(failure, "reward", None)
+        if name is None or name in self.rewards_working:
+            return
+        self.reward_failures[name] = self.reward_failures.get(name, 0) + 1
+        if self.reward_failures[name] >= FAIL_FAST_GROUPS:
+            first_line = str(failure).strip().splitlines()[0][:300] if str(failure).strip() else type(failure).__name__
+            raise RewardFailing(
+                f"reward {name!r} failed on each of the first {FAIL_FAST_GROUPS} groups it scored ({reason}), so the "
+                f"run stops: {first_line}; a sample input: {getattr(failure, 'sample', 'not recorded')}")
 
     def take_rewards(self) -> tuple[list[float], dict[str, list[float]]]:
         rewards, parts = self.rewards, self.parts
@@ -159,12 +227,15 @@ async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size:
     stats.generated_tokens += sum(len(c.response_ids) for c in completions)
     try:
         totals, parts = await score(completions)
+    except SupervisionError:
+        raise  # the reward actor died: the run's to handle (RoleDied), not one group's
     except Exception as e:  # a reward function failed on this group: drop it, count it, go on
         failure = getattr(e, "exception", e)  # what the reward actor raised
-        reason = failure.reason if isinstance(failure, RewardError) else "reward_error"
-        stats.drops[reason] = stats.drops.get(reason, 0) + len(completions)
-        print(f"dropped group {prompt_id} ({reason}): {failure}".splitlines()[0][:200], flush=True)
+        if isinstance(failure, RewardRoleDied):  # a reward model's actor died: so will every later group
+            raise failure from None
+        stats.reward_failed(prompt_id, failure, len(completions))
         return None
+    stats.rewards_working.update(parts)
     if overlong is not None and overlong.penalty_cache_len:
         penalties = [overlong_penalty(len(c.response_ids), max_tokens, overlong.penalty_cache_len) for c in completions]
         totals = [t + p for t, p in zip(totals, penalties)]

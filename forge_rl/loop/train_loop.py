@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
+from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.deps.monarch import SupervisionError
-from forge_rl.loop.rollout import Admission, RolloutStats
+from forge_rl.loop.rollout import Admission, RewardFailing, RolloutStats
 from forge_rl.runtime.timeouts import within
 from forge_rl.types import BatchShape, TrainBatch
 
@@ -108,9 +109,22 @@ async def wait_for_batch(run: Run, buffer, rollouts: list[asyncio.Task]) -> tupl
 def raise_if_failed(tasks: list[asyncio.Task]) -> None:
     for t in tasks:
         if t.done() and not t.cancelled() and t.exception() is not None:
-            if isinstance(t.exception(), SupervisionError):  # an actor it called died: the app names it
+            if isinstance(t.exception(), (SupervisionError, RewardRoleDied, RewardFailing)):  # the run's, named
                 raise t.exception()
             raise RuntimeError(f"a rollout task failed: {t.exception()}") from t.exception()
+
+
+# What each drop reason of a rollout means, for the no-batch diagnosis (the dominant one is named).
+WHY_DROPPED = {
+    "reward_error": "a reward function raises or returns something that is not one float per completion",
+    "reward_timeout": "a reward takes longer than reward_timeout_s (raise it, or make the reward faster)",
+    "reward_crash": "a reward's worker process dies (a segfault in native code, the OOM killer)",
+    "reward_memory": "a reward allocates past reward_memory_mb",
+    "reward_unparsable": "the judge's verdicts hold no number its parser reads (rewards[i].parser)",
+    "prompt_too_long": "prompts do not fit the engine's max_model_len with max_tokens",
+    "env_error": "the environment raises (reset, step or rendering its messages)",
+    "generation_error": "the generator fails on a turn",
+}
 
 
 def why_no_batch(run: Run, before: dict, now: dict, drops_before: dict) -> str:
@@ -121,15 +135,15 @@ def why_no_batch(run: Run, before: dict, now: dict, drops_before: dict) -> str:
     lines = [f"no batch of {cfg.batch_groups} groups for {cfg.no_batch_timeout_s:.0f} s (no_batch_timeout_s) at "
              f"policy version {run.version}; meanwhile {added} episodes reached the buffer, {now['groups']} groups "
              f"are in it, {adm.in_flight} rollouts in flight; drops: {dropped}"]
+    failing = {r: n for r, n in dropped.items() if n > 0 and r in WHY_DROPPED}
     if added and dropped.get("zero_advantage", 0) == added:
         lines.append("every group had zero advantage: all its completions got the same reward (a broken reward, "
                      "a task too easy or too hard, a chat template that makes the model emit something else)")
     elif added and dropped.get("stale", 0) >= added:
         lines.append("every group arrived too old for max_policy_age")
-    elif dropped.get("reward_error"):
-        lines.append("reward functions are failing (see the 'dropped group' lines)")
-    elif dropped.get("prompt_too_long"):
-        lines.append("prompts do not fit the engine's max_model_len with max_tokens")
+    elif failing:
+        reason = max(failing, key=failing.get)
+        lines.append(f"most groups were dropped for {reason} ({failing[reason]} episodes): {WHY_DROPPED[reason]}")
     elif not added:
         lines.append("no rollout finished: the generator is stuck or far too slow for this timeout")
     return "; ".join(lines)

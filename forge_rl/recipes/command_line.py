@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from forge_rl.config import ConfigError, parse_args
 from forge_rl.launch.signals import handle_stop_signals
+from forge_rl.loop.rollout import RewardFailing
 from forge_rl.loop.train_loop import RoleDied
 
 
@@ -18,7 +19,7 @@ def run_from_command_line(schema: type, main: Callable[[object], Awaitable[dict]
     handle_stop_signals()
     try:
         summary = asyncio.run(main(config))
-    except (ConfigError, RoleDied) as e:
+    except (ConfigError, RoleDied, RewardFailing) as e:
         raise SystemExit(f"error: {e}")
     except KeyboardInterrupt:
         raise SystemExit(130)

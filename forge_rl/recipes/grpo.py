@@ -37,7 +37,7 @@ from forge_rl.actors.dataset import PromptDataset
 from forge_rl.actors.generator import Generator
 from forge_rl.actors.reference import Reference
 from forge_rl.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
-from forge_rl.actors.reward import RewardActor
+from forge_rl.actors.reward import RewardActor, RewardRoleDied
 from forge_rl.actors.reward_model import RewardModel
 from forge_rl.actors.trainer import Trainer
 from forge_rl.loop.checkpoint import complete_checkpoints, resume_from_checkpoint, resume_requested, save_checkpoint
@@ -59,8 +59,8 @@ from forge_rl.runtime.placement import Placement, plan_placement, plan_reward_mo
 from forge_rl.runtime.timeouts import TimeoutsConfig, within
 from forge_rl.loop.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.loop.train_loop import (
-    Run, batch_staleness, batches_for_ranks, call_each_rank, data_shards, raise_if_failed, resume_hint, role_died,
-    update_generators, wait_for_batch,
+    RoleDied, Run, batch_staleness, batches_for_ranks, call_each_rank, data_shards, raise_if_failed, resume_hint,
+    role_died, update_generators, wait_for_batch,
 )
 
 
@@ -669,6 +669,8 @@ async def train(run: GRPORun) -> dict:
             return await run.finish()
     except SupervisionError as e:  # a role's process died: name it and the checkpoint to resume from
         raise run.role_died(e) from e
+    except RewardRoleDied as e:  # a reward model's or judge's process died (the reward actor names it)
+        raise RoleDied(f"{e}; {resume_hint(run.checkpoint_dir)}") from e
 
 
 CONFIG = GRPOConfig  # what the command line and `forge_rl.launch submit --recipe grpo` read
