@@ -5,12 +5,13 @@ counted as failures; a short GRPO run scored by a reward model."""
 import asyncio
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from forge_rl.actors.reward import RewardActor, RewardSpec, RewardTimeout, RewardUnparsable
+from forge_rl.actors.reward import RewardActor, RewardSpec, RewardTimeout, RewardUnparsable, judge_engine_args
 from forge_rl.actors.reward_model import RewardModel, judge_score
 from forge_rl.config import ConfigError, load_config
 from forge_rl.models import resolve_model_path
@@ -102,8 +103,54 @@ def test_classifier_batches_concurrent_groups_and_mixes_with_function_rewards(lo
         loop.run_until_complete(slow.score.call_one([QUESTIONS[0]], ["46"], ["stop"]))
     error = getattr(failed.value, "exception", failed.value)
     assert isinstance(error, RewardTimeout) and error.reason == "reward_timeout" and spec.name in str(error)
+    loop.run_until_complete(asyncio.sleep(2.5))  # the window ends: the request, abandoned, is dropped there
+    assert loop.run_until_complete(slow_rm.stats.call_one())["expired"] == 1
+    assert loop.run_until_complete(slow_rm.stats.call_one())["forwards"] == 0  # no forward for nobody
     for actor in (rm, reward, single_rm, single, slow_rm, slow):
         loop.run_until_complete(stop_actor(actor))
+
+
+def test_max_batch_holds_and_a_failed_batch_is_retried_request_by_request(loop, classifier):
+    """A group larger than max_batch runs in forwards of at most max_batch, same values; a request whose forward
+    fails (a fault injected into a real RewardModel) fails alone, the groups batched with it are scored."""
+    from tests.poisoned_reward_model import PoisonedRewardModel
+
+    rm = loop.run_until_complete(PoisonedRewardModel.options(mesh_name="poisoned").as_actor(str(classifier), 4, 300.0))
+    nine = [str(i) for i in range(9)]
+    values = loop.run_until_complete(rm.score.call_one(["12+34="] * 9, nine))
+    assert values == pytest.approx(transformers_scores(classifier, ["12+34="] * 9, nine), abs=1e-5)
+    assert loop.run_until_complete(rm.stats.call_one())["largest_forward"] == 4
+
+    async def three_groups():  # arrive within one window: batched together
+        return await asyncio.gather(*(rm.score.call_one([q] * 2, a) for q, a in
+                                      [("1+1=", ["2", "3"]), ("2+2=", ["POISON", "4"]), ("3+3=", ["6", "7"])]),
+                                    return_exceptions=True)
+
+    good, poisoned, also_good = loop.run_until_complete(three_groups())
+    assert "poisoned input" in str(poisoned)
+    assert good == pytest.approx(transformers_scores(classifier, ["1+1="] * 2, ["2", "3"]), abs=1e-5)
+    assert also_good == pytest.approx(transformers_scores(classifier, ["3+3="] * 2, ["6", "7"]), abs=1e-5)
+    loop.run_until_complete(stop_actor(rm))
+
+
+def test_an_input_longer_than_the_context_keeps_the_end_of_its_completion():
+    from transformers import AutoTokenizer
+
+    from forge_rl.actors.reward_model import fit_completion
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-rm"))
+
+    def render(c: str) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": "12+34="},
+                                              {"role": "assistant", "content": c}], tokenize=False)
+
+    long = " ".join(str(i % 10) for i in range(2000)) + " so the answer is 46"
+    text = fit_completion(render, long, tokenizer, 512)
+    assert len(tokenizer(text, add_special_tokens=False).input_ids) <= 512
+    assert "so the answer is 46" in text and "12+34=" in text  # the prompt and the completion's end are kept
+    assert fit_completion(render, "46", tokenizer, 512) == render("46")  # what fits is left alone
+    with pytest.raises(ValueError, match="even without the completion"):
+        fit_completion(render, long, tokenizer, 5)
 
 
 def test_judge_parsing_and_reward_spec_errors():
@@ -111,6 +158,9 @@ def test_judge_parsing_and_reward_spec_errors():
     assert judge_score("no verdict", r"(\d+)", 0.1) is None
     assert judge_score("score: nan", r"score: (\w+)", 1.0) is None
     assert judge_score("12", "tests.test_reward_model:halve", 1.0) == 6.0
+    assert judge_engine_args(RewardSpec(model="tiny", kind="judge")) == {"tensor_parallel_size": 1}
+    assert judge_engine_args(RewardSpec(model="tiny", kind="judge", engine_args={"max_model_len": 256})) == {
+        "tensor_parallel_size": 1, "max_model_len": 256}
     assert RewardUnparsable("x").reason == "reward_unparsable"
     with pytest.raises(ValueError, match="a name .* or a model"):
         RewardSpec()
@@ -161,8 +211,8 @@ def test_tiny_rm_tells_right_sums_from_wrong_ones(loop):
 
 def test_grpo_scored_by_the_tiny_rm_and_a_judge(tmp_path):
     """A short GRPO run whose rewards are tiny-rm (weight 1) and exact match at weight 0 (for the held-out evaluation
-    only: training never sees the answer column); then one whose judge's verdicts the parser never reads (every
-    group it scores fails, counted as reward_unparsable)."""
+    only: training never sees the answer column); then one scored by a judge (tiny-warm on its own engine args,
+    its verdict parsed)."""
     from forge_rl.recipes.grpo import main
     from forge_rl.recipes.grpo_config import GRPOConfig
 
@@ -177,12 +227,44 @@ def test_grpo_scored_by_the_tiny_rm_and_a_judge(tmp_path):
     for r in scored:  # the total is the weighted sum of the parts, exact match's weight 0 included
         assert math.isclose(r["reward/mean"], r["reward/classifier:tiny-rm"] + 0.1 * r["reward/format"], abs_tol=1e-6)
 
-    judge = (f"rewards=[{{model: tiny-warm, kind: judge, parser: 'VERDICT=(\\d+)', weight: 1.0}}, "
-             f"{{name: exact_match, weight: 0.0}}]")
+    judge = (f"rewards=[{{model: tiny-warm, kind: judge, template: '{{prompt}}{{completion}}', parser: '(\\d+)', "
+             f"scale: 0.001, weight: 1.0, engine_args: {{max_model_len: 96}}}}, {{name: exact_match, weight: 0.0}}]")
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", [
         "steps=1", "batch_groups=2", "group_size=2", "rollout_tasks=2", "eval_size=8", "eval_every=0",
         "buffer.capacity=4", f"output_dir={tmp_path / 'judge'}", judge, "task.eval_reward=exact_match",
-        "export_dir=null", "no_batch_timeout_s=20"])
-    with pytest.raises(Exception, match="no batch") as stopped:
-        asyncio.run(main(cfg))
-    assert "reward_unparsable" in str(stopped.value)  # every group failed, and the run says why it has no batch
+        "export_dir=null", "buffer.drop_zero_advantage=false"])
+    summary = asyncio.run(main(cfg))  # the judge (tiny-warm, which answers sums) says a number: parsed, scaled
+    assert summary["trainer_version"] == 1
+    rows = [json.loads(line) for line in (tmp_path / "judge" / "metrics.jsonl").read_text().splitlines()]
+    judged = [r["reward/judge:tiny-warm"] for r in rows if "reward/judge:tiny-warm" in r]
+    assert judged and all(0 <= v and math.isfinite(v) for v in judged), judged
+
+
+def test_a_judges_unparsable_or_stuck_parser_fails_its_groups_named(loop):
+    """One judge engine, two specs: a parser that finds nothing fails the group as reward_unparsable, a parser
+    that never returns ends at the timeout in a reward worker (the actor goes on scoring), a good one scores."""
+    from forge_rl.actors.generator import Generator
+
+    judge = loop.run_until_complete(Generator.options(mesh_name="judge").as_actor(
+        resolve_model_path("tiny-warm"), engine_args=judge_engine_args(RewardSpec(model="tiny-warm", kind="judge")),
+        sampling=dict(temperature=0.0, max_tokens=4), policy_weights=False))
+    judged = dict(model="tiny-warm", kind="judge", template="{prompt}{completion}")
+    specs = [RewardSpec("ok", parser=r"(\d+)", max_tokens=4, **judged),
+             RewardSpec("never", parser=r"VERDICT=(\d+)", **judged),
+             RewardSpec("stuck", parser="tests.test_reward_model:stuck_parser", **judged)]
+    reward = loop.run_until_complete(RewardActor.options(mesh_name="judged").as_actor(
+        specs, 10.0, 2, models={s.name: judge for s in specs}))
+    loop.run_until_complete(judge.generate.call_one("1+1=", n=1))  # the engine's first step (warm-up) is slow
+    start = time.perf_counter()
+    parts = loop.run_until_complete(reward.score_each_reward.call_one(["12+34="], ["46"], ["stop"]))
+    assert time.perf_counter() - start < 40  # the stuck parser costs reward_timeout_s, no more
+    assert not isinstance(parts["ok"], str) and math.isfinite(parts["ok"][0]), parts
+    assert parts["never"].startswith("RewardUnparsable: judge 'never': no number in its verdict")
+    assert parts["stuck"].startswith("RewardTimeout") and "'stuck'" in parts["stuck"], parts["stuck"]
+    for actor in (reward, judge):
+        loop.run_until_complete(stop_actor(actor))
+
+
+def stuck_parser(text: str) -> float:
+    while True:
+        time.sleep(60)

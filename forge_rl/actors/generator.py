@@ -65,12 +65,14 @@ class Generator(ForgeActor):
         weight_source=None,
         log_level: str = "WARNING",  # vLLM's console output (forge_rl/observability/vllm_logs.py)
         lora: LoRAConfig | None = None,  # the trainer trains LoRA adapters: versions are adapters, not weights
+        policy_weights: bool = True,  # False (a judge): serves its own checkpoint, never opens the run's weight store
     ):
         if swap_mode not in SWAP_MODES:
             raise ValueError(f"generator.swap_mode={swap_mode!r}; choose one of {SWAP_MODES}")
         self.swap_mode = swap_mode
         self.log_level = log_level
         self.store_cfg, self.weight_source = weight_store, weight_source
+        self.policy_weights = policy_weights
         self.model = str(model)
         self.engine_args = dict(engine_args or {})
         self.sampling = dict(sampling or {})
@@ -119,17 +121,20 @@ class Generator(ForgeActor):
         await self.engine.update_weight_version(str(self.policy_version))
         self.max_model_len = self.engine.vllm_config.model_config.max_model_len
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
-        self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source)
+        self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source) if self.policy_weights else None
         # A replica (re)started mid-run must not serve the base weights: it takes the newest version the
         # trainer has published before it takes any call.
-        if published := self.store.versions():
+        if self.store is not None and (published := self.store.versions()):
             await self.store.prefetch(published[-1])
             await self._load(published[-1])
 
     @concurrent_endpoint  # calls overlap, so the engine batches many groups (continuous batching)
-    async def generate(self, prompt: str | list[int], n: int = 1, **sampling: Any) -> list[Completion]:
+    async def generate(self, prompt: str | list[int], n: int = 1, timeout_s: float | None = None,
+                       **sampling: Any) -> list[Completion]:
         """Sample `n` completions of `prompt` (text, or token ids). `sampling` overrides the config's
-        vLLM SamplingParams for this call (e.g. temperature=0, max_tokens=16)."""
+        vLLM SamplingParams for this call (e.g. temperature=0, max_tokens=16). Past `timeout_s` the request is
+        aborted in the engine (no more tokens computed for it) and TimeoutError raised: a caller that gives up
+        (a judge's reward_timeout_s) leaves no work behind."""
         from vllm.inputs import TokensPrompt
 
         prompt_ids = self._prompt_ids(prompt)
@@ -145,10 +150,13 @@ class Generator(ForgeActor):
         self._enter()
         self._in_flight[request_id] = (len(prompt_ids), children)
         try:
-            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id,
-                                                  lora_request=adapter):
-                for c in out.outputs:
-                    children[c.index].extend(c)
+            async with asyncio.timeout(timeout_s):  # cancelling vLLM's stream aborts the request in the engine
+                async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id,
+                                                      lora_request=adapter):
+                    for c in out.outputs:
+                        children[c.index].extend(c)
+        except TimeoutError:
+            raise TimeoutError(f"engine request {request_id} not finished within {timeout_s} s; aborted") from None
         except engine_dead_error():
             self._engine_died()
         finally:
@@ -221,6 +229,8 @@ class Generator(ForgeActor):
         mode = mode or self.swap_mode
         if mode not in SWAP_MODES:
             raise ValueError(f"update_weights mode={mode!r}; choose one of {SWAP_MODES}")
+        if self.store is None:
+            raise ValueError("this Generator serves its own checkpoint (policy_weights=False): no weight versions")
         start = time.perf_counter()
         await self.store.prefetch(version)
         prefetched = time.perf_counter()
@@ -374,7 +384,8 @@ class Generator(ForgeActor):
             pause_s_total=sum(u["pause_s"] for u in self.updates),
             drain_wait_s_total=sum(u["drain_wait_s"] for u in self.updates),
             prefetch_s_total=sum(u["prefetch_s"] for u in self.updates),
-            weights_fetched_from_other_host=self.store.remote_fetches,  # over Monarch RDMA (forge_rl/weights/rdma.py)
+            # over Monarch RDMA (forge_rl/weights/rdma.py); a judge (policy_weights=False) has no store
+            weights_fetched_from_other_host=self.store.remote_fetches if self.store is not None else 0,
             policy_version=self.policy_version,
             pid=os.getpid(),
             tokens_per_s=self._generated_tokens / self._busy_s if self._busy_s else 0.0,

@@ -29,12 +29,14 @@ import importlib
 import inspect
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_rl.deps.monarch import SupervisionError
+from forge_rl.rewards.judge import PARSE_TARGET
 from forge_rl.rewards.workers import (DEFAULT_MEMORY_MB, RewardCrash, RewardError,  # noqa: F401 (re-exported)
                                       RewardOutOfMemory, RewardPool, RewardTimeout, default_reward_workers)
 from forge_rl.runtime import ForgeActor
@@ -70,6 +72,8 @@ class RewardSpec:
     scale: float = 0.1  # judge: the reward is the parsed number times this (0-10 -> 0-1)
     max_tokens: int = 16  # judge: the verdict's length
     max_concurrency: int = 32  # groups in flight to the model at once; more wait (within reward_timeout_s)
+    engine_args: dict[str, Any] = field(default_factory=dict)  # judge: its vLLM engine's (tensor_parallel_size 1
+    # unless set; never the policy generator's)
 
     def __post_init__(self) -> None:
         if self.model is None and not self.name:
@@ -138,6 +142,27 @@ def _tokenizer(model: str):
     return AutoTokenizer.from_pretrained(resolve_model_path(model))
 
 
+def judge_context(spec: RewardSpec) -> int:
+    """The tokens a judge's engine holds: its engine_args' max_model_len, else its model's positions."""
+    from transformers import AutoConfig
+
+    from forge_rl.models import resolve_model_path
+
+    if spec.engine_args.get("max_model_len"):
+        return int(spec.engine_args["max_model_len"])
+    return int(AutoConfig.from_pretrained(resolve_model_path(spec.model)).max_position_embeddings)
+
+
+def judge_engine_args(spec: RewardSpec) -> dict[str, Any]:
+    """A judge's vLLM engine args: its own `engine_args` on tensor_parallel_size 1 (it gets one GPU)."""
+    return {"tensor_parallel_size": 1, **spec.engine_args}
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until `deadline` (time.monotonic()), at least a moment; None for no deadline."""
+    return None if deadline is None else max(0.01, deadline - time.monotonic())
+
+
 def check_reward_columns(specs: list[RewardSpec], columns: list[str]) -> None:
     """Every parameter a reward function requires must be a column of the task (or `finish_reason`)."""
     given = set(columns) | {"finish_reason"}
@@ -188,22 +213,26 @@ class RewardActor(ForgeActor):
             elif s.name not in self.models:
                 raise ValueError(f"rewards: the reward model {s.name!r} ({s.model}) has no actor")
         self.targets = [reward_target(s.name) if s.model is None else None for s in self.specs]
-        self.judge_tokenizers = {s.name: _tokenizer(s.model) for s in self.specs if s.kind == "judge" and s.model}
+        judges = [s for s in self.specs if s.kind == "judge" and s.model]
+        self.judge_tokenizers = {s.name: _tokenizer(s.model) for s in judges}
+        self.judge_contexts = {s.name: judge_context(s) for s in judges}
         self.timeout_s = timeout_s
         self.gates = {s.name: asyncio.Semaphore(s.max_concurrency) for s in self.specs if s.model is not None}
-        functions = sorted({t for t in self.targets if t is not None})
+        functions = sorted({t for t in self.targets if t is not None} | ({PARSE_TARGET} if judges else set()))
         self.pool = RewardPool(workers or default_reward_workers(), memory_mb, preload=functions)
 
     async def _model_values(self, spec: RewardSpec, prompts: list, completions: list[str]) -> list[float]:
         """A reward model's values, within reward_timeout_s (waiting for a place under max_concurrency included);
-        its failures are RewardErrors naming it."""
+        its failures are RewardErrors naming it. The model is given what is left of that time, and drops or
+        aborts the request when it runs out: a slot freed by a timeout is a slot the model has freed too."""
         actor = self.models[spec.name]
+        deadline = time.monotonic() + self.timeout_s if self.timeout_s is not None else None
 
         async def call() -> list[float]:
             async with self.gates[spec.name]:  # at most max_concurrency groups in flight to this model
                 if spec.kind == "classifier":
-                    return await actor.score.call_one(list(prompts), list(completions))
-                return await self._judge(spec, actor, prompts, completions)
+                    return await actor.score.call_one(list(prompts), list(completions), timeout_s=_left(deadline))
+                return await self._judge(spec, actor, prompts, completions, deadline)
 
         try:
             values = await asyncio.wait_for(call(), self.timeout_s)
@@ -215,30 +244,54 @@ class RewardActor(ForgeActor):
         except SupervisionError as e:  # its actor's proc died: no later group can be scored by it either
             why = str(e).strip().splitlines()[-1][:200] if str(e).strip() else "no reason given"
             raise RewardRoleDied(f"the {spec.kind} reward model {spec.name!r} ({spec.model}) died: {why}") from None
-        except Exception as e:  # the model's actor raised (a bad input, out of memory)
-            raise RewardError(f"reward model {spec.name!r} failed: {e}".splitlines()[0][:300]) from None
+        except Exception as e:  # the model's actor raised (a bad input, out of memory, its deadline)
+            failure = getattr(e, "exception", e)
+            kind = RewardTimeout if isinstance(failure, TimeoutError) else RewardError
+            message = f"reward model {spec.name!r} failed: {type(failure).__name__}: {failure}"
+            raise kind(message.splitlines()[0][:300]) from None
         if len(values) != len(completions) or not all(math.isfinite(v) for v in values):
             raise RewardError(f"reward model {spec.name!r} returned {values!r} for {len(completions)} completions")
         return list(values)
 
-    async def _judge(self, spec: RewardSpec, judge, prompts: list, completions: list[str]) -> list[float]:
-        from forge_rl.actors.reward_model import as_messages, judge_score
+    def _judge_prompt(self, spec: RewardSpec, prompt, completion: str) -> str:
+        """The judge's user turn for one completion, in its chat template, cut to fit its context with the
+        verdict's max_tokens (the completion keeps its end)."""
+        from forge_rl.actors.reward_model import as_messages, fit_completion
 
-        tokenizer = self.judge_tokenizers[spec.name]
+        tokenizer, context = self.judge_tokenizers[spec.name], self.judge_contexts[spec.name]
+        question = " ".join(m["content"] for m in as_messages(prompt) if m["role"] == "user")
 
-        async def one(prompt, completion: str) -> float:
-            question = " ".join(m["content"] for m in as_messages(prompt) if m["role"] == "user")
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": spec.template.format(prompt=question, completion=completion)}],
+        def render(c: str) -> str:
+            return tokenizer.apply_chat_template(
+                [{"role": "user", "content": spec.template.format(prompt=question, completion=c)}],
                 tokenize=False, add_generation_prompt=True)
-            verdict = (await judge.generate.call_one(text, n=1, temperature=0.0, max_tokens=spec.max_tokens))[0].text
-            value = judge_score(verdict, spec.parser, spec.scale)
-            if value is None:
-                raise RewardUnparsable(f"judge {spec.name!r}: no number in its verdict {verdict[:80]!r} "
-                                       f"(parser {spec.parser!r})")
-            return value
 
-        return list(await asyncio.gather(*(one(p, c) for p, c in zip(prompts, completions))))
+        try:
+            return fit_completion(render, completion, tokenizer, context - spec.max_tokens)
+        except ValueError as e:
+            raise RewardError(f"judge {spec.name!r}: {e} (its template and the prompt)") from None
+
+    async def _judge(self, spec: RewardSpec, judge, prompts: list, completions: list[str],
+                     deadline: float | None) -> list[float]:
+        """The judge's verdicts, then its parser on them in a reward worker (a user's parser cannot stall this
+        actor), both within the deadline."""
+        texts = [self._judge_prompt(spec, p, c) for p, c in zip(prompts, completions)]
+
+        async def verdict(text: str) -> str:
+            return (await judge.generate.call_one(text, n=1, temperature=0.0, max_tokens=spec.max_tokens,
+                                                  timeout_s=_left(deadline)))[0].text
+
+        verdicts = list(await asyncio.gather(*(verdict(t) for t in texts)))
+        try:
+            values = await self.pool.call(PARSE_TARGET, {"parser": spec.parser, "scale": spec.scale}, list(prompts),
+                                          verdicts, timeout_s=_left(deadline))
+        except RewardError as e:
+            raise type(e)(f"judge {spec.name!r}'s parser {spec.parser!r}: {e}") from None
+        for value, text in zip(values, verdicts):
+            if not math.isfinite(value):
+                raise RewardUnparsable(f"judge {spec.name!r}: no number in its verdict {text[:80]!r} "
+                                       f"(parser {spec.parser!r})")
+        return values
 
     @endpoint
     async def setup(self) -> None:

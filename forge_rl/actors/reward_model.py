@@ -8,9 +8,12 @@
 
 `RewardModel` (kind classifier) loads a Hugging Face `AutoModelForSequenceClassification` checkpoint and scores
 (prompt, completion) pairs rendered as a chat whose last turn is the completion. Requests that arrive within
-`batch_window_ms` are run as one forward of at most `max_batch` sequences, so many groups scored at once cost one
-batched forward, not one each. One label: the reward is the logit itself (a Bradley-Terry reward model's score);
-two: softmax's p(label 1), in [0, 1].
+`batch_window_ms` are run together in forwards of at most `max_batch` sequences, so many groups scored at once cost
+one batched forward, not one each. A request past its caller's deadline (`timeout_s`, the reward timeout) is dropped
+before its forward, so abandoned work does not pile up; a batch whose forward fails is retried request by request,
+so one bad request fails alone. A sequence longer than the model's context keeps the end of its completion
+(`fit_completion`). One label: the reward is the logit itself (a Bradley-Terry reward model's score); two:
+softmax's p(label 1), in [0, 1].
 
 A judge is a `Generator` actor (vLLM, one replica) started from the judge's checkpoint with greedy sampling; the reward actor
 fills `template` ({prompt}, {completion}), renders it as a user turn with the judge's chat template, and turns the
@@ -20,13 +23,14 @@ times `scale`. Text it cannot parse fails the group as `reward_unparsable`, coun
 """
 
 import asyncio
-import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
+from forge_rl.rewards.judge import judge_score  # noqa: F401 (re-exported)
 from forge_rl.runtime import ForgeActor
 
 
@@ -35,10 +39,35 @@ def as_messages(prompt) -> list[dict[str, str]]:
     return list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
 
 
+def fit_completion(render: Callable[[str], str], completion: str, tokenizer, limit: int) -> str:
+    """`render(completion)`, with the completion cut to its last tokens when the whole would pass `limit` tokens
+    (the model's context): the end of an answer (its verdict, its final number) is what a reward model reads.
+    Raises ValueError when the rest of the text alone leaves no room for the completion."""
+    def length(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False).input_ids)
+
+    text = render(completion)
+    over = length(text) - limit
+    if over <= 0:
+        return text
+    ids = tokenizer(completion, add_special_tokens=False).input_ids
+    room = len(ids) - over
+    for _ in range(4):  # decoding then re-encoding a cut can shift a token or two
+        if room <= 0:
+            raise ValueError(f"the reward model's input passes its context of {limit} tokens even without the "
+                             "completion")
+        text = render(tokenizer.decode(ids[-room:]))
+        if (over := length(text) - limit) <= 0:
+            return text
+        room -= over
+    raise ValueError(f"the completion could not be cut to fit the reward model's context of {limit} tokens")
+
+
 @dataclass
 class _Request:
     texts: list[str]
     done: asyncio.Future
+    deadline: float | None = None  # time.monotonic() past which nobody waits for it: it is dropped, not run
 
 
 class RewardModel(ForgeActor):
@@ -65,43 +94,68 @@ class RewardModel(ForgeActor):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model.config.pad_token_id = self.tokenizer.pad_token_id  # where HF pools: the last non-pad token
         self.max_batch, self.window_s = max_batch, batch_window_ms / 1000
+        self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or self.tokenizer.model_max_length)
         self.pending: list[_Request] = []
         self.batcher: asyncio.Task | None = None
-        self.forwards = self.sequences = 0
+        self.forwards = self.sequences = self.expired = self.largest_forward = 0
         self.busy_s = 0.0
 
     def render(self, prompts: list, completions: list[str]) -> list[str]:
-        return [self.tokenizer.apply_chat_template(as_messages(p) + [{"role": "assistant", "content": c}],
-                                                   tokenize=False) for p, c in zip(prompts, completions)]
+        """Each (prompt, completion) as a chat whose last turn is the completion, cut to the model's context."""
+        def chat(prompt) -> Callable[[str], str]:
+            return lambda c: self.tokenizer.apply_chat_template(
+                as_messages(prompt) + [{"role": "assistant", "content": c}], tokenize=False)
+
+        return [fit_completion(chat(p), c, self.tokenizer, self.context) for p, c in zip(prompts, completions)]
 
     @concurrent_endpoint  # groups arrive concurrently and are batched together
-    async def score(self, prompts: list, completions: list[str]) -> list[float]:
-        """The reward of each completion of its prompt: the logit (one label) or p(label 1) (two)."""
+    async def score(self, prompts: list, completions: list[str], timeout_s: float | None = None) -> list[float]:
+        """The reward of each completion of its prompt: the logit (one label) or p(label 1) (two). Not run at
+        all once `timeout_s` has passed (TimeoutError): its caller has given up on it."""
         if len(prompts) != len(completions):
             raise ValueError(f"score: {len(prompts)} prompts for {len(completions)} completions")
-        request = _Request(self.render(prompts, completions), asyncio.get_running_loop().create_future())
+        deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+        request = _Request(self.render(prompts, completions), asyncio.get_running_loop().create_future(), deadline)
         self.pending.append(request)
         if self.batcher is None or self.batcher.done():
             self.batcher = asyncio.create_task(self._run_batches())
         return await request.done
 
     async def _run_batches(self) -> None:
-        """Wait a window for more requests, then run whole requests in forwards of at most max_batch sequences."""
+        """Wait a window for more requests, then run those still wanted, whole, in forwards of at most
+        max_batch sequences (a request longer than that alone, in several)."""
         while self.pending:
             await asyncio.sleep(self.window_s)
             batch, size = [], 0
             while self.pending and (not batch or size + len(self.pending[0].texts) <= self.max_batch):
-                batch.append(self.pending.pop(0))
-                size += len(batch[-1].texts)
-            try:
-                scores = await asyncio.to_thread(self._forward, [t for r in batch for t in r.texts])
-            except Exception as e:  # every request of the batch learns why
-                for r in batch:
-                    r.done.set_exception(e)
-                continue
+                request = self.pending.pop(0)
+                if request.deadline is not None and time.monotonic() > request.deadline:
+                    self.expired += 1
+                    request.done.set_exception(TimeoutError("the request's deadline passed before its forward"))
+                    continue
+                batch.append(request)
+                size += len(request.texts)
+            if batch:
+                await self._score_batch(batch)
+
+    async def _score_batch(self, batch: list[_Request]) -> None:
+        """Every request of `batch` gets its scores; when the batched forward fails, each is retried alone, so
+        only the request that fails learns why."""
+        try:
+            scores = await asyncio.to_thread(self._forward_all, [t for r in batch for t in r.texts])
+        except Exception as e:
+            if len(batch) == 1:
+                batch[0].done.set_exception(e)
+                return
             for r in batch:
-                r.done.set_result(scores[:len(r.texts)])
-                scores = scores[len(r.texts):]
+                await self._score_batch([r])
+            return
+        for r in batch:
+            r.done.set_result(scores[:len(r.texts)])
+            scores = scores[len(r.texts):]
+
+    def _forward_all(self, texts: list[str]) -> list[float]:
+        return [v for i in range(0, len(texts), self.max_batch) for v in self._forward(texts[i:i + self.max_batch])]
 
     def _forward(self, texts: list[str]) -> list[float]:
         start = time.perf_counter()
@@ -111,28 +165,12 @@ class RewardModel(ForgeActor):
         scores = logits[:, 0] if logits.shape[1] == 1 else torch.softmax(logits, -1)[:, 1]
         self.forwards += 1
         self.sequences += len(texts)
+        self.largest_forward = max(self.largest_forward, len(texts))
         self.busy_s += time.perf_counter() - start
         return scores.tolist()
 
     @endpoint
     async def stats(self) -> dict:
-        return dict(forwards=self.forwards, sequences=self.sequences, busy_s=self.busy_s,
+        return dict(forwards=self.forwards, sequences=self.sequences, busy_s=self.busy_s, expired=self.expired,
+                    largest_forward=self.largest_forward,
                     mean_batch=self.sequences / self.forwards if self.forwards else 0.0)
-
-
-def judge_score(text: str, parser: str, scale: float) -> float | None:
-    """The judge's verdict as a number (times `scale`), or None when `parser` finds none."""
-    import re
-
-    from forge_rl.rewards.workers import import_function
-
-    if re.fullmatch(r"[\w.]+:\w+", parser):  # "package.module:function"
-        value = import_function(parser)(text)
-    else:
-        match = re.search(parser, text)
-        value = match.group(1) if match and match.groups() else (match.group(0) if match else None)
-    try:
-        number = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return number * scale if number is not None and math.isfinite(number) else None

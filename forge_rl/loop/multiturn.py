@@ -182,7 +182,7 @@ async def rollout_env_group(example, prompt_ids: list[int], generator, make_env,
                             env_cfg: EnvConfig, group_size: int, max_tokens: int, stats,
                             scale_advantages_by_std: bool = True) -> Group | None:
     """A group of `group_size` trajectories, rewarded by the environment, with group-relative advantages.
-    None when an environment or a generation failed: the group is dropped, counted and logged (forge_rl/loop/rollout.DropLog)."""
+    None when an environment or a generation failed: the group is dropped, counted and logged (rollout.DropLog)."""
     try:
         trajectories = await play_group(example, prompt_ids, generator, make_env, renderer, env_cfg, group_size,
                                         max_tokens)

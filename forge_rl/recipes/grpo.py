@@ -37,7 +37,7 @@ from forge_rl.actors.dataset import PromptDataset
 from forge_rl.actors.generator import Generator
 from forge_rl.actors.reference import Reference
 from forge_rl.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
-from forge_rl.actors.reward import RewardActor, RewardRoleDied
+from forge_rl.actors.reward import RewardActor, RewardRoleDied, judge_engine_args
 from forge_rl.actors.reward_model import RewardModel
 from forge_rl.actors.trainer import Trainer
 from forge_rl.loop.checkpoint import complete_checkpoints, resume_from_checkpoint, resume_requested, save_checkpoint
@@ -219,7 +219,8 @@ class GRPORun:
 
     async def _start_reward_models(self) -> dict:
         """Each reward model of `rewards` on procs of its own (forge_rl/actors/reward_model.py): a classifier's
-        RewardModel actor, or a judge's vLLM Generator (greedy, one replica). Name -> actor, for the reward actor."""
+        RewardModel actor, or a judge's vLLM Generator (greedy, one replica, on its own rewards[i].engine_args with
+        TP 1, and no weight store: it serves its own checkpoint). Name -> actor, for the reward actor."""
         models = {}
         for spec in (s for s in self.cfg.rewards if s.model is not None):
             options = self._reward_model_options(len(models))
@@ -229,9 +230,9 @@ class GRPORun:
                     spec.model, spec.max_batch, spec.batch_window_ms)
             else:
                 models[spec.name] = await Generator.options(mesh_name=f"Judge-{len(models)}", **options).as_actor(
-                    resolve_model_path(spec.model), engine_args=dict(self.cfg.generator.engine_args),
+                    resolve_model_path(spec.model), engine_args=judge_engine_args(spec),
                     sampling=dict(temperature=0.0, max_tokens=spec.max_tokens), seed=self.cfg.seed,
-                    weight_store=self.cfg.weight_store, log_level=self.cfg.generator.log_level)
+                    policy_weights=False, log_level=self.cfg.generator.log_level)
             self.console.print(f"reward model {spec.name} ({spec.kind}, {spec.model}) started")
         return models
 
