@@ -23,7 +23,7 @@ def hostile_run(out_dir) -> tuple[dict, float]:
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", [
         f"steps={STEPS}", "batch_groups=4", "group_size=4", "rollout_tasks=2", "eval_size=16", "eval_every=0",
         "buffer.capacity=8", "generator.sampling.max_tokens=6", "buffer.drop_zero_advantage=false",
-        f"output_dir={out_dir}", "reward_timeout_s=2", "reward_workers=2", "reward_memory_mb=1024", HOSTILE])
+        f"output_dir={out_dir}", "reward_timeout_s=2", "reward_workers=2", "reward_memory_mb=384", HOSTILE])
     start = time.perf_counter()
     summary = asyncio.run(main(cfg))
     return summary, time.perf_counter() - start
