@@ -134,10 +134,13 @@ def test_a_failing_reward_does_not_zero_another_rewards_evaluation():
     async def body():
         async with provisioned():
             reward = await RewardActor.as_actor([RewardSpec("exact_match"), RewardSpec("tests.hostile_rewards:raises")])
-            return await evaluate_task(generator, reward, examples, "exact_match")
+            return (await evaluate_task(generator, reward, examples, "exact_match"),
+                    await evaluate_task(generator, reward, examples, "tests.hostile_rewards:raises"))
 
     assert wrong not in right
-    assert run(body())["accuracy"] == 0.75  # exact match's own score, whatever the other reward does
+    scored, failed = run(body())
+    assert scored["accuracy"] == 0.75  # exact match's own score, whatever the other reward does
+    assert failed["accuracy"] == 0.0 and failed["reward"] == 0.75  # the failed one scores 0; the total keeps the other
 
 
 def test_a_dead_reward_model_stops_the_run_named_not_counted_as_drops():

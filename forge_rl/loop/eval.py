@@ -18,6 +18,8 @@ from forge_rl.data.arithmetic import Problem, chat_prompt
 from forge_rl.rewards.exact_match import exact_match
 from forge_rl.actors.reward import RewardRoleDied
 
+RETRY_PROBE = 8  # examples a failed eval reward is retried on alone before the rest are tried too
+
 
 async def greedy_completions(
     generator, tokenizer, problems: list[Problem], max_tokens: int = 8, concurrency: int = 64,
@@ -114,9 +116,14 @@ async def _score_each_reward(reward, examples, completions, names: list[str],
 
 
 async def _one_reward_each(reward, examples, completions, names: list[str], name: str) -> list[float | None]:
-    """Reward `name` on each example alone: its value, or None where it failed."""
+    """Reward `name` on each example alone: its value, or None where it failed. When it fails on each of the first
+    RETRY_PROBE examples, the rest are not tried (a reward that hangs would cost reward_timeout_s per example)."""
     async def one(e, c):
         values = (await _score_each_reward(reward, [e], [c], names, [name]))[name]
         return None if isinstance(values, str) else values[0]
 
-    return list(await asyncio.gather(*(one(e, c) for e, c in zip(examples, completions))))
+    probe = list(await asyncio.gather(*(one(e, c) for e, c in zip(examples[:RETRY_PROBE], completions))))
+    if all(v is None for v in probe):
+        return probe + [None] * (len(examples) - len(probe))
+    rest = await asyncio.gather(*(one(e, c) for e, c in zip(examples[RETRY_PROBE:], completions[RETRY_PROBE:])))
+    return probe + list(rest)
