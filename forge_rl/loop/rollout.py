@@ -61,6 +61,8 @@ class DropLog:
         message = message.strip().splitlines()[0][:200] if message.strip() else "no message"
         if reason not in self.seen:
             self.seen.add(reason)
+            if not self.pending:  # the next summary counts from here, not from the start of the run
+                self.last_summary = time.monotonic()
             self.write(f"dropped group {group_id} ({reason}): {message} (further {reason} drops are counted, "
                        f"summarised every {self.interval_s:.0f} s)")
             return
