@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from forge_rl.recipes.grpo_config import GRPOConfig
-from forge_rl.loop.checkpoint import APP_STATE, complete_checkpoints, latest_checkpoint, save_checkpoint
+from forge_rl.loop.checkpoint import APP_STATE, complete_checkpoints, save_checkpoint
 from forge_rl.loop.train_loop import Run
 
 
@@ -51,7 +51,7 @@ def test_a_failed_save_leaves_earlier_checkpoints_and_keep_last_prunes(tmp_path)
     dataset = SimpleNamespace(state_dict=endpoint(lambda: {"position": 7}))
 
     async def save(step, trainer, keep_last=0):
-        return await save_checkpoint(run, trainer, buffer, dataset, step, tmp_path, keep_last)
+        return await save_checkpoint(run, trainer, buffer, dataset, step, tmp_path, keep_last, run_id="run-a")
 
     for step in (1, 2, 3):
         asyncio.run(save(step, trainer_that(), keep_last=2))
@@ -62,7 +62,7 @@ def test_a_failed_save_leaves_earlier_checkpoints_and_keep_last_prunes(tmp_path)
         asyncio.run(save(4, trainer_that(fail=True), keep_last=2))
     with pytest.raises(OSError, match="No space left"):  # and while step 3 is written again
         asyncio.run(save(3, trainer_that(fail=True), keep_last=2))
-    assert latest_checkpoint(tmp_path).name == "step-3"
+    assert complete_checkpoints(tmp_path, "run-a")[-1].name == "step-3"
     assert (tmp_path / "step-3" / ".metadata").read_bytes() == before
     assert torch.load(tmp_path / "step-3" / APP_STATE, weights_only=False)["dataset"] == {"position": 7}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2", "step-3"]  # no partial directory left

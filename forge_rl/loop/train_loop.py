@@ -36,9 +36,10 @@ class RoleDied(RuntimeError):
     names the role and the checkpoint a rerun can continue from."""
 
 
-def role_died(error: BaseException, checkpoint_dir: str | Path, log_dir: str | Path | None = None) -> RoleDied:
+def role_died(error: BaseException, checkpoint_dir: str | Path, log_dir: str | Path | None = None,
+              run_id: str | None = None) -> RoleDied:
     """A RoleDied for Monarch's SupervisionError `error`: which actor died, where its last words are (the
-    procs' logs under `log_dir`, when the run keeps them) and where to resume."""
+    procs' logs under `log_dir`, when the run keeps them) and where to resume (run `run_id`'s checkpoints)."""
     message = str(error)
     # Monarch names the failed actor as "<root>.<package.module.Class Class{...}>"
     actor = re.search(r"<[\w.]*?\.(\w+) \1\{", message)
@@ -46,19 +47,19 @@ def role_died(error: BaseException, checkpoint_dir: str | Path, log_dir: str | P
     # ... and ends with why its process failed: "...running on failed: Killed(sig=9)"
     reason = message.strip().splitlines()[-1].rsplit("failed:", 1)[-1].strip() if message.strip() else "no reason"
     logs = f"; its output is in {log_dir}/" if log_dir else ""
-    return RoleDied(f"the {role} process died ({reason}){logs}; {resume_hint(checkpoint_dir)}")
+    return RoleDied(f"the {role} process died ({reason}){logs}; {resume_hint(checkpoint_dir, run_id)}")
 
 
-def resume_hint(checkpoint_dir: str | Path) -> str:
-    """Where a rerun of a stopped run continues from."""
+def resume_hint(checkpoint_dir: str | Path, run_id: str | None = None) -> str:
+    """Where a rerun of a stopped run continues from: the newest complete checkpoint of run `run_id`."""
     from forge_rl.loop.checkpoint import complete_checkpoints
 
-    checkpoints = complete_checkpoints(Path(checkpoint_dir))
+    checkpoints = complete_checkpoints(Path(checkpoint_dir), run_id)
     if checkpoints:
         return (f"the last complete checkpoint is {checkpoints[-1]}: continue from it with resume=true "
                 "(or resume=auto)")
     return (f"no complete checkpoint under {checkpoint_dir} yet (checkpoint_every saves every N steps): a "
-            "rerun starts from the beginning")
+            "rerun with resume=auto (or overwrite=true) starts it again from the beginning")
 
 
 class Run:

@@ -4,11 +4,13 @@ explicitly, so a run started in the background (nohup, CI, a Slurm batch step) s
 
 import asyncio
 import os
+import sys
 from collections.abc import Awaitable, Callable
 
 from forge_rl.config import ConfigError, parse_args
 from forge_rl.launch.signals import handle_stop_signals
 from forge_rl.loop.rollout import RewardFailing
+from forge_rl.loop.run_folder import RunFinished, RunFolderError
 from forge_rl.loop.train_loop import RoleDied
 
 
@@ -19,6 +21,12 @@ def run_from_command_line(schema: type, main: Callable[[object], Awaitable[dict]
     handle_stop_signals()
     try:
         summary = asyncio.run(main(config))
+    except RunFolderError as e:  # the output folder or the checkpoint to resume: bad input, status 2
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    except RunFinished as e:  # resumed at `steps`: nothing to do, and nothing wrong
+        print(e)
+        return
     except (ConfigError, RoleDied, RewardFailing) as e:
         raise SystemExit(f"error: {e}")
     except KeyboardInterrupt:

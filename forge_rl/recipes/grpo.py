@@ -40,7 +40,7 @@ from forge_rl.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
 from forge_rl.actors.reward import RewardActor, RewardRoleDied, judge_engine_args
 from forge_rl.actors.reward_model import RewardModel
 from forge_rl.actors.trainer import Trainer
-from forge_rl.loop.checkpoint import complete_checkpoints, resume_from_checkpoint, resume_requested, save_checkpoint
+from forge_rl.loop.checkpoint import resume_from_checkpoint, save_checkpoint
 from forge_rl.config import to_yaml
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.launch.launcher import LauncherConfig, run_hosts, weight_server
@@ -49,6 +49,7 @@ from forge_rl.envs import env_factory
 from forge_rl.loop.eval import evaluate_task
 from forge_rl.models import resolve_model_path
 from forge_rl.loop.multiturn import TurnRenderer, evaluate_env, rollout_env_from_dataset
+from forge_rl.loop.run_folder import RunClaim, claim_output_dir
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.observability.timeline import Timeline
 from forge_rl.recipes.grpo_config import GRPOConfig, check_config, check_task, dp_size, max_prompt_tokens
@@ -77,6 +78,8 @@ class GRPORun:
         self.checkpoint_dir = Path(cfg.trainer.checkpoint_dir)
         self.evals: list[tuple[int, float, float]] = []  # (step, training seconds so far, held-out accuracy)
         self.start_step = 0
+        self.saved_step: int | None = None  # the step of the newest checkpoint written or resumed from
+        self.claim: RunClaim | None = None  # this run's id and the checkpoint it resumes from (run_folder.py)
         self.state: Run | None = None
         self.log: MetricsLogger | None = None
         self.trainer = self.generator = self.buffer = self.reward = self.dataset = self.reference = None
@@ -140,7 +143,8 @@ class GRPORun:
         return self
 
     def prepare(self) -> None:
-        """Everything that needs no actor: config checks, the model's path, the output directory, the task's data."""
+        """Everything that needs no actor: config checks, the model's path, the task's data, the output directory
+        (claimed for this run, or refused) and the checkpoint to resume from (verified)."""
         from transformers import AutoTokenizer
 
         cfg = self.cfg
@@ -150,10 +154,14 @@ class GRPORun:
         check_config(cfg)
         self.model_dir = resolve_model_path(cfg.model)
         cfg.trainer.model = self.model_dir
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.yaml").write_text(to_yaml(cfg))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         check_task(cfg)
+        self.claim = claim_output_dir(self.out, self.checkpoint_dir, algorithm=self.algorithm().lower(),
+                                      resume=cfg.resume, overwrite=cfg.overwrite, steps=cfg.steps,
+                                      export_dir=cfg.export_dir)
+        for note in self.claim.notes:
+            self.console.print(f"[yellow]{note}[/yellow]")
+        (self.out / "config.yaml").write_text(to_yaml(cfg))
         self.buffer_cfg = ReplayBufferConfig(**asdict(cfg.buffer), max_policy_age=cfg.max_policy_age,
                                              dp_size=dp_size(cfg), pad_id=self.tokenizer.pad_token_id or 0,
                                              seed=cfg.seed, temperature=cfg.trainer.temperature)
@@ -279,15 +287,15 @@ class GRPORun:
             max_model_len=engine_args.get("max_model_len"), max_num_seqs=engine_args.get("max_num_seqs"))
 
     async def _resume(self) -> None:
-        cfg = self.cfg
-        resumed = resume_requested(cfg.resume, self.checkpoint_dir)
-        if resumed:
-            self.start_step, path = await resume_from_checkpoint(self.state, self.trainer, self.generator,
-                                                                 self.buffer, self.dataset, self.checkpoint_dir,
-                                                                 self.other_trained())
-            self.console.print(f"resumed from {path} at step {self.start_step} (policy version {self.state.version})")
+        cfg, path = self.cfg, self.claim.resume_from
+        if path is not None:  # chosen and verified by claim_output_dir, before any actor started
+            self.start_step = await resume_from_checkpoint(self.state, self.trainer, self.generator, self.buffer,
+                                                           self.dataset, path, self.other_trained())
+            self.saved_step = self.start_step
+            self.console.print(f"resumed run {self.claim.run_id} from {path} at step {self.start_step} "
+                               f"(policy version {self.state.version})")
         self.log = MetricsLogger(self.out, cfg.wandb_project, config=asdict(cfg),
-                                 resume_step=self.start_step if resumed else None)
+                                 resume_step=self.start_step if path is not None else None)
 
     # ---- the steps ------------------------------------------------------------------------------------
 
@@ -356,24 +364,34 @@ class GRPORun:
                                "skipped on resume[/yellow]")
         try:
             with self.timeline.span("trainer", "checkpoint", step=self.step):
-                path = await save_checkpoint(self.state, self.trainer, self.buffer, self.dataset, self.step,
-                                             self.checkpoint_dir, self.cfg.checkpoint_keep_last, self.other_trained())
+                path = await self._save()
         finally:
             await self.state.admission.pause(False)
-        self._checkpointed = (self.step, path)
         return path
 
-    async def save_on_interrupt(self) -> Path:
+    async def _save(self) -> Path:
+        path = await save_checkpoint(self.state, self.trainer, self.buffer, self.dataset, self.step,
+                                     self.checkpoint_dir, self.cfg.checkpoint_keep_last, self.other_trained(),
+                                     run_id=self.claim.run_id)
+        self.saved_step, self._checkpointed = self.step, (self.step, path)
+        return path
+
+    async def save_on_interrupt(self) -> Path | None:
         """SIGTERM, Ctrl-C, a time limit: the step in flight finishes (its version and the trainer's agree), the
-        rollouts in flight get a moment to land in the buffer, and a final checkpoint is written."""
-        self.console.print(f"[yellow]interrupted at step {self.step}: saving a final checkpoint[/yellow]")
+        rollouts in flight get a moment to land in the buffer, and a final checkpoint is written, unless nothing
+        was trained since the last one (or since the start: interrupted in the first evaluation)."""
         if self._step_task is not None and not self._step_task.done():
             with contextlib.suppress(Exception):
                 await self._step_task
+        if self.step == (self.saved_step or 0):
+            since = f"checkpoint step-{self.step}" if self.saved_step is not None else "the start"
+            self.console.print(f"[yellow]interrupted at step {self.step}: nothing trained since {since}, "
+                               "so no checkpoint is written[/yellow]")
+            return None
+        self.console.print(f"[yellow]interrupted at step {self.step}: saving a final checkpoint[/yellow]")
         await self.state.admission.quiesce(timeout_s=10)
         await self._stop_rollouts()
-        return await save_checkpoint(self.state, self.trainer, self.buffer, self.dataset, self.step,
-                                     self.checkpoint_dir, self.cfg.checkpoint_keep_last, self.other_trained())
+        return await self._save()
 
     async def finish(self) -> dict:
         """End of training: the generators take the final weights, a last evaluation, a checkpoint, the HF
@@ -392,18 +410,18 @@ class GRPORun:
         gen_busy_s = (await self.generator.stats.route())["busy_s"] - self._gen_busy_start - self._eval_busy_s
         if self.step > self.start_step:
             await self.evaluate()
-        await self.checkpoint()
+        checkpoint = await self.checkpoint()
         if cfg.export_dir:
             await self.trainer.export_hf.call(cfg.export_dir)  # with LoRA: merged into the base
             if cfg.trainer.lora.enabled:  # and the adapter alone, as PEFT saves one
                 await self.trainer.export_adapter.call(str(Path(cfg.export_dir) / "adapter"))
-        summary = await self._summary(wall, gen_busy_s)
+        summary = dict(await self._summary(wall, gen_busy_s), run_id=self.claim.run_id, checkpoint=str(checkpoint))
         summary["busy_fraction"] = {lane: round(f, 3) for lane, f in self.timeline.role_busy_fractions().items()}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         png = plot_run(self.out / "metrics.jsonl", self.out / "curves.png", title=f"{self.algorithm()} {cfg.model}")
         self.timeline.write(self.out)
         self.console.print(summary_block(summary, self.eval_reward_name(), self.out, png,
-                                         complete_checkpoints(self.checkpoint_dir)[-1], cfg.export_dir,
+                                         checkpoint, cfg.export_dir,
                                          cfg.trainer.lora.enabled, self.log_dir))
         return summary
 
@@ -436,11 +454,11 @@ class GRPORun:
                  f"{cfg.launcher.slurm.generator_nodes})" if cfg.launcher.kind == "slurm"
                  else f"the roles run on host {socket.gethostname()}")
         logs = f", their output in {self.log_dir}/" if self.log_dir else ""
-        return f"{hosts}{logs}; {resume_hint(self.checkpoint_dir)}"
+        return f"{hosts}{logs}; {resume_hint(self.checkpoint_dir, self.claim.run_id if self.claim else None)}"
 
     def role_died(self, error: BaseException):
         """The error a dead role's SupervisionError becomes: the role, its logs and the checkpoint to resume from."""
-        return role_died(error, self.checkpoint_dir, self.log_dir)
+        return role_died(error, self.checkpoint_dir, self.log_dir, self.claim.run_id if self.claim else None)
 
     def training_s(self) -> float:
         """Seconds of training so far: from the first step on, start-up and evaluations excluded."""
@@ -644,34 +662,42 @@ def _tuples(lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:
 
 async def train(run: GRPORun) -> dict:
     """The loop `make demo` runs: evaluate, then train step by step with evaluations and checkpoints on their
-    schedule, then finish. An interrupt saves a final checkpoint; a dead role becomes an error naming it."""
-    cfg = run.cfg
+    schedule, then finish. An interrupt (in the first evaluation too) saves a final checkpoint when anything was
+    trained since the last; a dead role becomes an error naming it."""
     try:
         async with run:
-            run.console.print(f"held-out greedy accuracy at step {run.step}: "
-                              f"{(await run.evaluate())['eval/accuracy']:.1%} ({len(run.held_out)} prompts, "
-                              f"{run.eval_reward_name()})")
-            # no bar without a terminal (nohup, CI, a batch step): the step lines say it all
-            with tqdm(total=cfg.steps, initial=run.step, desc="GRPO steps", unit="step", dynamic_ncols=True,
-                      disable=None) as bar:
-                try:
-                    while run.step < cfg.steps:
-                        line = await run.train_step()
-                        if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step != cfg.steps:
-                            line.update(await run.evaluate())
-                        if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
-                            await run.checkpoint()
-                        bar.update(1)
-                        bar.set_postfix(reward=shown_reward(line), acc=f"{run.evals[-1][2]:.0%}")
-                        tqdm.write(console_line(run.step, line))
-                except (KeyboardInterrupt, asyncio.CancelledError):
-                    await run.save_on_interrupt()
-                    raise
+            try:
+                if run.held_out:
+                    run.console.print(f"evaluating step {run.step} on {len(run.held_out)} held-out prompts ...")
+                run.console.print(f"held-out greedy accuracy at step {run.step}: "
+                                  f"{(await run.evaluate())['eval/accuracy']:.1%} ({len(run.held_out)} prompts, "
+                                  f"{run.eval_reward_name()})")
+                await train_steps(run)
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                await run.save_on_interrupt()
+                raise
             return await run.finish()
     except SupervisionError as e:  # a role's process died: name it and the checkpoint to resume from
         raise run.role_died(e) from e
     except RewardRoleDied as e:  # a reward model's or judge's process died (the reward actor names it)
         raise RoleDied(f"{e}; {resume_hint(run.checkpoint_dir)}") from e
+
+
+async def train_steps(run: GRPORun) -> None:
+    """Steps up to cfg.steps, each with its evaluation and checkpoint when they are due."""
+    cfg = run.cfg
+    # no bar without a terminal (nohup, CI, a batch step): the step lines say it all
+    with tqdm(total=cfg.steps, initial=run.step, desc="GRPO steps", unit="step", dynamic_ncols=True,
+              disable=None) as bar:
+        while run.step < cfg.steps:
+            line = await run.train_step()
+            if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step != cfg.steps:
+                line.update(await run.evaluate())
+            if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
+                await run.checkpoint()
+            bar.update(1)
+            bar.set_postfix(reward=shown_reward(line), acc=f"{run.evals[-1][2]:.0%}")
+            tqdm.write(console_line(run.step, line))
 
 
 CONFIG = GRPOConfig  # what the command line and `forge_rl.launch submit --recipe grpo` read

@@ -91,7 +91,12 @@ class GRPOConfig:
     checkpoint_keep_last: int = 3  # complete checkpoints kept (older ones removed); 0 = all
     export_dir: str | None = "${output_dir}/hf"  # the final policy as an HF model directory (vLLM, transformers); null = none
     no_batch_timeout_s: float = 300.0  # stop, saying why, when no batch could be sampled for this long
-    resume: bool | str = False  # true: continue from the newest checkpoint; auto: if there is one, else start
+    # true: continue the output_dir's run from its newest intact checkpoint (damaged ones are passed over, named);
+    # auto: the same when it has one, else start afresh. A run already at `steps` has nothing to do (exit 0)
+    resume: bool | str = False
+    # a run owns output_dir (its id in output_dir/run.json): a new run there, or where trainer.checkpoint_dir holds
+    # checkpoints, is refused unless resumed or overwrite=true, which first removes the earlier run's files
+    overwrite: bool = False
     output_dir: str = "outputs/grpo"
     # false: the role processes' output (vLLM, TorchTitan, Monarch) goes to output_dir/logs/<role>.log and the
     # console shows the run's progress; true (or --verbose): everything on the console

@@ -13,7 +13,8 @@ a vLLM generator service, scored by the task's rewards as GRPO scores it.
 Data: `dataset: arithmetic` generates "a+b=" -> "c" problems in code (held-out questions excluded); or a
 path to a local .jsonl file or HF dataset directory (forge_rl/data/jsonl.py, docs/sft.md). Outputs in
 output_dir: config.yaml, metrics.jsonl, loss.png, summary.json; DCP checkpoints in trainer.checkpoint_dir
-(resume=true continues from the newest); an HF export in export_dir at the end.
+(resume=true continues from the newest intact one; output_dir belongs to one run: docs/checkpoints.md); an HF
+export in export_dir at the end.
 """
 
 import asyncio
@@ -37,7 +38,9 @@ from forge_rl.launch.launcher import LauncherConfig, run_hosts, weight_server
 from forge_rl.runtime.provisioner import visible_gpus
 from forge_rl.data.sft_sources import make_source, train_batches
 from forge_rl.data.task import TaskConfig, TaskRows, render
+from forge_rl.loop.checkpoint import commit_checkpoint
 from forge_rl.loop.eval import evaluate_task
+from forge_rl.loop.run_folder import claim_output_dir
 from forge_rl.models import resolve_model_path
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.observability.plots import SFT_PANELS
@@ -64,7 +67,8 @@ class SFTConfig:
     eval_max_tokens: int = 8
     engine_args: dict[str, Any] = field(default_factory=lambda: dict(max_model_len=128))  # vLLM, for evaluation
     save_every: int = 0  # DCP checkpoint every N steps (and always at the end); 0 = only at the end
-    resume: bool = False  # continue from the newest checkpoint in trainer.checkpoint_dir
+    resume: bool = False  # continue the output_dir's run from its newest intact checkpoint in trainer.checkpoint_dir
+    overwrite: bool = False  # a new run where another run's outputs or checkpoints lie replaces them (else refused)
     output_dir: str = "outputs/sft"
     # local, or a Slurm allocation: the trainer on launcher.slurm.trainer_nodes, the evaluation generator on a
     # generator node (docs/slurm.md)
@@ -135,10 +139,13 @@ class SFTRun:
         self.trainer_cfg = replace(cfg.trainer, model=self.model_dir, loss="sft")
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         max_len = json.loads((Path(self.model_dir) / "config.json").read_text()).get("max_position_embeddings")
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.yaml").write_text(to_yaml(cfg))
         self.source = make_source(cfg.dataset, self.tokenizer, cfg.seed, max_len)
         self.held_out = self._held_out() if cfg.eval_size else []
+        self.claim = claim_output_dir(self.out, Path(cfg.trainer.checkpoint_dir), algorithm="sft", resume=cfg.resume,
+                                      overwrite=cfg.overwrite, steps=cfg.steps, export_dir=cfg.export_dir)
+        for note in self.claim.notes:
+            self.console.print(f"[yellow]{note}[/yellow]")
+        (self.out / "config.yaml").write_text(to_yaml(cfg))
         self.t_start = time.perf_counter()
 
     def _held_out(self) -> list:
@@ -163,11 +170,12 @@ class SFTRun:
         self.console.print(f"starting the trainer ({cfg.procs} proc(s), dp={self.dp}) on {self.model_dir} ...")
         self.trainer = await Trainer.options(procs=cfg.procs, spmd=True, gpus=self.use_gpus,
                                              host_mesh="trainer").as_actor(self.trainer_cfg)
-        if cfg.resume:
-            self.step = self.start_step = self.saved_at = (await self.trainer.load.call()).get(0)
-            self.console.print(f"resumed from {self.trainer_cfg.checkpoint_dir}/step-{self.step}")
-        self.summary["start_step"] = self.start_step
-        self.log = MetricsLogger(self.out, resume_step=self.start_step if cfg.resume else None)
+        path = self.claim.resume_from  # chosen and verified by claim_output_dir
+        if path is not None:
+            self.step = self.start_step = self.saved_at = (await self.trainer.load.call(str(path))).get(0)
+            self.console.print(f"resumed run {self.claim.run_id} from {path}")
+        self.summary.update(run_id=self.claim.run_id, start_step=self.start_step)
+        self.log = MetricsLogger(self.out, resume_step=self.start_step if path is not None else None)
         self.t_train = time.perf_counter()
 
     async def train_step(self) -> dict[str, float]:
@@ -217,9 +225,15 @@ class SFTRun:
         return record
 
     async def checkpoint(self) -> str:
-        path = (await self.trainer.save.call()).get(0)
-        self.saved_at = self.step
-        return path
+        """The trainer's DCP checkpoint as trainer.checkpoint_dir/step-N, whole or not at all, with its manifest."""
+        step = self.step
+
+        async def write(partial: Path) -> None:
+            await self.trainer.save.call(step, str(partial))
+
+        path = await commit_checkpoint(Path(self.trainer_cfg.checkpoint_dir), step, self.claim.run_id, write)
+        self.saved_at = step
+        return str(path)
 
     async def finish(self, interrupted: bool = False) -> dict[str, Any]:
         """A checkpoint of the last step; unless interrupted, the final evaluation and the HF export. Writes

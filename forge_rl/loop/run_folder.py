@@ -1,0 +1,173 @@
+"""A run owns its output folder and its checkpoints.
+
+    claim = claim_output_dir(out, checkpoint_dir, algorithm="grpo", resume=cfg.resume, overwrite=cfg.overwrite,
+                             steps=cfg.steps, export_dir=cfg.export_dir)
+    claim.run_id         # this run's id, recorded in out/run.json and in every checkpoint's manifest
+    claim.resume_from    # the verified checkpoint to continue from (None: a fresh start)
+    claim.notes          # what the run should say: checkpoints skipped and why, a run replaced
+
+It runs before any actor starts. A fresh run in a folder that holds another run's metrics, summary or
+checkpoints is refused (RunFolderError, one line naming the ways out) unless `overwrite=true`, which removes
+that run's files first. `resume` continues the folder's own run (the id in run.json) from its newest intact
+checkpoint, passing over damaged ones and saying which and why; a run already at `steps` has nothing to do
+(RunFinished), and a `steps` below its checkpoint is refused.
+"""
+
+import json
+import secrets
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forge_rl.config import ConfigError
+from forge_rl.loop.checkpoint import complete_checkpoints, newest_intact, step_dirs, step_of
+
+RUN_FILE = "run.json"
+# what a run leaves in its output folder, besides checkpoints: removed by overwrite=true
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "curves.png", "loss.png", "timeline.json", "timeline.png",
+               "eval_model", RUN_FILE)
+
+
+class RunFolderError(ConfigError):
+    """The output folder or the checkpoint to resume from cannot serve this run; the message says what to do."""
+
+
+class RunFinished(Exception):
+    """Resuming a run whose newest checkpoint is already at `steps`: there is nothing to train."""
+
+
+@dataclass
+class RunClaim:
+    run_id: str
+    resume_from: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def resume_step(self) -> int:
+        return step_of(self.resume_from) if self.resume_from else 0
+
+
+def claim_output_dir(out: Path, checkpoint_dir: Path, *, algorithm: str, resume: bool | str, overwrite: bool,
+                     steps: int, export_dir: str | None = None) -> RunClaim:
+    out, checkpoint_dir = Path(out), Path(checkpoint_dir)
+    writable_dir(out, "output_dir")
+    writable_dir(checkpoint_dir, "trainer.checkpoint_dir")
+    record = read_record(out)
+    if resume in (True, "auto"):
+        claim = resume_claim(out, checkpoint_dir, record, resume, algorithm, steps)
+        if claim is not None:
+            record.setdefault("resumes", []).append(dict(at=_now(), step=claim.resume_step, command=_command()))
+            write_record(out, record)
+            return claim
+    notes = []
+    held = held_by_another_run(out, checkpoint_dir, record)
+    if held:
+        # resume=auto with nothing to resume replaces a run that never saved a checkpoint (a restarted attempt)
+        if not (overwrite or (resume == "auto" and not step_dirs(checkpoint_dir))):
+            where = ("output_dir" if checkpoint_dir.resolve().is_relative_to(out.resolve())
+                     else "output_dir / trainer.checkpoint_dir")
+            resumable = resume is False and bool(complete_checkpoints(checkpoint_dir, record.get("id") or "?"))
+            ways = ("continue it with resume=auto, replace it" if resumable else "replace it")
+            raise RunFolderError(f"{where} {out} already holds {held}: {ways} with overwrite=true, or choose "
+                                 "another output_dir")
+        remove_run(out, checkpoint_dir, export_dir)
+        notes.append(f"replaced {held} in {out} ({'overwrite=true' if overwrite else 'resume=auto, none to resume'})")
+    record = dict(id=f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}", algorithm=algorithm,
+                  started=_now(), command=_command(), output_dir=str(out.resolve()),
+                  checkpoint_dir=str(checkpoint_dir.resolve()))
+    write_record(out, record)
+    return RunClaim(record["id"], None, notes)
+
+
+def resume_claim(out: Path, checkpoint_dir: Path, record: dict, resume: bool | str, algorithm: str,
+                 steps: int) -> RunClaim | None:
+    """The claim of a resumed run: the folder's run, from its newest intact checkpoint. None: resume=auto and
+    the folder's run has no checkpoint (a fresh start follows)."""
+    run_id = record.get("id")
+    path, skipped = newest_intact(checkpoint_dir, run_id) if run_id else (None, [])
+    if path is None:
+        if resume is True or skipped:
+            whose = f"run {run_id}" if run_id else f"a run (no {RUN_FILE} in {out})"
+            why = f"; passed over {'; '.join(skipped)}" if skipped else ""
+            raise RunFolderError(f"resume={str(resume).lower()}: no intact checkpoint of {whose} under "
+                                 f"trainer.checkpoint_dir {checkpoint_dir}{why}. Start afresh with resume=false "
+                                 f"(plus overwrite=true to replace what is there) or choose another output_dir")
+        return None
+    if record.get("algorithm") not in (None, algorithm):
+        raise RunFolderError(f"output_dir {out} holds a {record['algorithm']} run ({run_id}); this is a "
+                             f"{algorithm} run: choose another output_dir, or overwrite=true with resume=false")
+    step = step_of(path)
+    if step > steps:
+        raise RunFolderError(f"steps={steps} is below run {run_id}'s checkpoint {path} (step {step}): set steps "
+                             f"above {step} to train on, or start a new run with overwrite=true or another output_dir")
+    if step == steps:
+        raise RunFinished(f"run {run_id} in {out} is complete: its checkpoint {path} is at steps={steps}, so there "
+                          "is nothing to train (raise steps to train further)")
+    notes = [f"resume: passed over {'; '.join(skipped)}; resuming from {path.name}"] if skipped else []
+    return RunClaim(run_id, path, notes)
+
+
+def held_by_another_run(out: Path, checkpoint_dir: Path, record: dict) -> str:
+    """What of another run the folders hold ('run X's checkpoints step-10, step-20 and metrics'); '' if none."""
+    found = [p.name for p in (out / "metrics.jsonl", out / "summary.json")
+             if p.is_file() and p.stat().st_size > 0]
+    steps = [p.name for p in step_dirs(checkpoint_dir)]
+    if steps:
+        shown = ", ".join(steps[-3:] if len(steps) <= 3 else ["...", *steps[-2:]])
+        found.insert(0, f"checkpoints in {checkpoint_dir} ({shown})")
+    if not found:
+        return ""
+    whose = f"run {record['id']}'s" if record.get("id") else "another run's"
+    return f"{whose} {' and '.join(found)}"
+
+
+def remove_run(out: Path, checkpoint_dir: Path, export_dir: str | None) -> None:
+    """overwrite=true: the replaced run's outputs, checkpoints (finished or not) and export under `out`."""
+    doomed = [out / name for name in RUN_OUTPUTS]
+    doomed += [p for p in checkpoint_dir.glob("step-*")] + [p for p in checkpoint_dir.glob(".step-*")]
+    if export_dir and Path(export_dir).resolve().is_relative_to(out.resolve()):
+        doomed.append(Path(export_dir))
+    for path in doomed:
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def writable_dir(path: Path, key: str) -> None:
+    """Create `path` if need be and check a file can be written there; RunFolderError naming `key` if not."""
+    if path.exists() and not path.is_dir():
+        raise RunFolderError(f"{key}={path} is a file, not a directory: choose a directory for {key}")
+    probe = path / f".forge_rl-write-test-{secrets.token_hex(4)}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise RunFolderError(f"{key}={path} cannot be written ({e.strerror or e}): choose a writable directory "
+                             f"for {key}") from None
+
+
+def read_record(out: Path) -> dict:
+    """out/run.json ({} when absent or unreadable: the folder's run is then unknown)."""
+    try:
+        record = json.loads((out / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def write_record(out: Path, record: dict) -> None:
+    tmp = out / f".{RUN_FILE}.tmp"
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.rename(out / RUN_FILE)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _command() -> str:
+    return " ".join([Path(sys.executable).name, *sys.argv])
