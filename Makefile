@@ -1,4 +1,7 @@
 # `make demo` and `make test` set up .venv on first use (quick no-op afterwards), then run.
+# A demo run replaces the previous one in its output_dir (overwrite=true; ARGS=overwrite=false keeps the
+# check that refuses a new run in a folder holding another run, ARGS=resume=auto continues the last run).
+DEMO := overwrite=true
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
@@ -11,22 +14,22 @@ $(STAMP): pyproject.toml scripts/setup_env.sh
 	touch $(STAMP)
 
 demo: setup
-	$(PY) -m apps.grpo.main --config configs/grpo/tiny.yaml $(ARGS)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny.yaml $(DEMO) $(ARGS)
 
 demo-ppo: setup  # PPO with a critic, one sample per prompt (configs/ppo/tiny.yaml)
-	$(PY) -m apps.ppo.main --config configs/ppo/tiny.yaml $(ARGS)
+	$(PY) -m apps.ppo.main --config configs/ppo/tiny.yaml $(DEMO) $(ARGS)
 
 demo-rm: setup  # GRPO scored only by a learned reward model, tiny-rm, never the answer (configs/grpo/tiny_rm.yaml)
-	$(PY) -m apps.grpo.main --config configs/grpo/tiny_rm.yaml $(ARGS)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny_rm.yaml $(DEMO) $(ARGS)
 
 demo-multiturn: setup  # addition with a retry after feedback: a multi-turn environment (configs/grpo/tiny_retry.yaml)
-	$(PY) -m apps.grpo.main --config configs/grpo/tiny_retry.yaml $(ARGS)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny_retry.yaml $(DEMO) $(ARGS)
 
 demo-distill: setup  # on-policy distillation of tiny-warm from tiny-teacher (configs/distill/tiny.yaml)
-	$(PY) -m apps.distill.main --config configs/distill/tiny.yaml $(ARGS)
+	$(PY) -m apps.distill.main --config configs/distill/tiny.yaml $(DEMO) $(ARGS)
 
 demo-lora: setup  # GRPO training LoRA adapters, adapter-only weight sync (configs/grpo/tiny_lora.yaml)
-	$(PY) -m apps.grpo.main --config configs/grpo/tiny_lora.yaml $(ARGS)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny_lora.yaml $(DEMO) $(ARGS)
 
 test: setup
 	$(PY) -m pytest $(ARGS)

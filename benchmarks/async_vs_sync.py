@@ -51,10 +51,10 @@ def cli() -> None:
     common = [f"steps={args.steps}", "eval_every=0", "checkpoint_every=0", "rollout_tasks=16",
               "rewards=[{name: exact_match, weight: 1.0}, {name: format, weight: 0.1}, "
               "{name: 'benchmarks.async_vs_sync:slow_verifier', weight: 0.0}]", *args.overrides]
-    runs = [("synchronous", common + ["async_mode=false", "max_policy_age=0", "output_dir=outputs/bench/sync"])]
+    runs = [("synchronous", common + ["async_mode=false", "max_policy_age=0", "output_dir=outputs/bench/sync", "overwrite=true"])]
     for age in args.ages.split(","):
         runs.append((f"async, max_policy_age {age}",
-                     common + ["async_mode=true", f"max_policy_age={age}", f"output_dir=outputs/bench/async{age}"]))
+                     common + ["async_mode=true", f"max_policy_age={age}", f"output_dir=outputs/bench/async{age}", "overwrite=true"]))
     results = [(label, run_one(args.config, overrides, label)) for label, overrides in runs]
     base = results[0][1]["steps_per_min"]
     table = Table(title=f"GRPO {args.steps} steps, slow heavy-tailed verifier ({args.config})")

@@ -46,7 +46,7 @@ def main() -> None:
     plain = json.loads((out / "plain.json").read_text())
     print(f"forge_rl demo ({args.steps} steps) ...", flush=True)
     forge_wall = timed([sys.executable, "-m", "apps.grpo.main", "--config", "configs/grpo/tiny.yaml",
-                        f"steps={args.steps}", f"output_dir={out / 'forge_rl'}", *args.overrides], out / "forge_rl.log")
+                        f"steps={args.steps}", f"output_dir={out / 'forge_rl'}", "overwrite=true", *args.overrides], out / "forge_rl.log")
     forge = json.loads((out / "forge_rl" / "summary.json").read_text())
     forge["train_s"] = forge["wall_s"]
     equal = min(plain["train_s"], forge["train_s"])

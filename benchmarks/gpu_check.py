@@ -81,7 +81,7 @@ def grpo_rows(name: str, model: Path, out: Path, overrides: list[str], recipe: s
     sampler.start()
     start = time.perf_counter()
     cmd = [sys.executable, "-m", "forge_rl.recipes", recipe, "--config", config, f"model={model}",
-           f"output_dir={run_dir}", *GPU_RUN, *overrides]
+           f"output_dir={run_dir}", "overwrite=true", *GPU_RUN, *overrides]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     sampler.done.set()
     if proc.returncode != 0:

@@ -53,7 +53,7 @@ def cli() -> None:
         for label, extra in runs:
             Console().rule(label)
             out = f"output_dir=outputs/bench/placement_83m/{label.replace(', ', '_')}"
-            cfg = load_config(GRPOConfig, "configs/grpo/tiny.yaml", common + extra + [out])
+            cfg = load_config(GRPOConfig, "configs/grpo/tiny.yaml", common + extra + [out, "overwrite=true"])
             results.append((label, asyncio.run(main(cfg))))
     # the baseline: the faster of the two synchronous placements, as a user would set sync up
     base = max(s["steps_per_min"] for label, s in results if label.startswith("sync"))

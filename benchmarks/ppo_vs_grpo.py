@@ -73,7 +73,7 @@ def cli() -> None:
     for label, run_cls, schema, config in RUNS:
         Console().rule(label)
         name = "ppo" if run_cls is PPORun else "grpo"
-        cfg = load_config(schema, config, ["steps=100000", "eval_every=0", f"output_dir={args.out}/{name}"])
+        cfg = load_config(schema, config, ["steps=100000", "eval_every=0", f"output_dir={args.out}/{name}", "overwrite=true"])
         results.append((label, asyncio.run(train_for(run_cls(cfg), args.budget_s, args.eval_every))))
     marks = [args.budget_s * f for f in (0.25, 0.5, 0.75)]
     table = Table(title=f"PPO against GRPO on the demo task, {args.budget_s:.0f} s of training each")

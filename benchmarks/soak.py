@@ -91,7 +91,7 @@ def soak(steps: int, kill_every: int, out: Path, overrides: list[str] = (), samp
     out.mkdir(parents=True, exist_ok=True)
     shm = RunShm()
     cmd = [sys.executable, "-m", "apps.grpo.main", "--config", "configs/grpo/tiny.yaml", f"steps={steps}",
-           f"output_dir={out}", "eval_every=0", *overrides]
+           f"output_dir={out}", "overwrite=true", "eval_every=0", *overrides]
     warm_step = max(1, min(kill_every // 2, steps // 2))
     rss_warm: dict[str, float] | None = None
     rss_end: dict[str, float] = {}

@@ -160,12 +160,8 @@ def test_trainer_killed_mid_run_then_resumed(tmp_path):
     assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
 
 
-def test_resume_auto_starts_afresh_without_a_checkpoint_and_resume_true_says_why_it_cannot(tmp_path):
-    from forge_rl.loop.checkpoint import resume_requested
-
-    assert resume_requested("auto", tmp_path) is False
-    assert resume_requested(False, tmp_path) is False
-    assert resume_requested(True, tmp_path) is True  # resume_from_checkpoint then names the empty directory
+def test_resume_takes_true_false_or_auto():
+    """What each does with a folder's checkpoints: tests/test_run_folder.py."""
     with pytest.raises(ConfigError, match="resume='sometimes'"):
         load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", ["resume=sometimes"])
 

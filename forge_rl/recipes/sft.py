@@ -13,7 +13,7 @@ a vLLM generator service, scored by the task's rewards as GRPO scores it.
 Data: `dataset: arithmetic` generates "a+b=" -> "c" problems in code (held-out questions excluded); or a
 path to a local .jsonl file or HF dataset directory (forge_rl/data/jsonl.py, docs/sft.md). Outputs in
 output_dir: config.yaml, metrics.jsonl, loss.png, summary.json; DCP checkpoints in trainer.checkpoint_dir
-(resume=true continues from the newest intact one; output_dir belongs to one run: docs/checkpoints.md); an HF
+(resume=true continues from the newest intact one; output_dir belongs to one run: docs/sft.md); an HF
 export in export_dir at the end.
 """
 
