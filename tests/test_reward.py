@@ -145,7 +145,8 @@ def test_a_failing_reward_does_not_zero_another_rewards_evaluation():
 
 def test_a_dead_reward_model_stops_the_run_named_not_counted_as_drops():
     """SIGKILL a reward model's proc: scoring raises RewardRoleDied naming it (not a RewardError, so not a drop),
-    and a rollout group propagates it instead of dropping the group."""
+    and a rollout group propagates it instead of dropping the group; then the reward actor's own proc: its
+    SupervisionError ends the rollout too."""
     import os
     import signal
 
@@ -153,13 +154,14 @@ def test_a_dead_reward_model_stops_the_run_named_not_counted_as_drops():
 
     from forge_rl.actors.reward import RewardRoleDied
     from forge_rl.actors.reward_model import RewardModel
+    from forge_rl.deps.monarch import SupervisionError
     from forge_rl.loop.rollout import RolloutStats, rollout_group
 
     async def body():
         async with provisioned():
             rm = await RewardModel.options(mesh_name="DoomedRM").as_actor("tiny-rm")
             spec = RewardSpec(model="tiny-rm")
-            reward = await RewardActor.as_actor([spec], 30.0, models={spec.name: rm})
+            reward = await RewardActor.options(mesh_name="DoomedRA").as_actor([spec], 30.0, models={spec.name: rm})
 
             async def score(completions):
                 return await reward.score.call_one(["1+2="] * len(completions), [c.text for c in completions],
@@ -177,6 +179,14 @@ def test_a_dead_reward_model_stops_the_run_named_not_counted_as_drops():
                 await rollout_group(prompt_id="p", prompt="1+2=", generator=scripted_generator(["3", "4"]),
                                     score=score, group_size=2, stats=stats)
             assert time.perf_counter() - start < 25  # not the reward timeout (30 s), nor no_batch_timeout_s
+            assert sum(stats.drops.values()) == 0
+            # the reward actor itself killed: Monarch's SupervisionError ends the rollout (the run names the role)
+            actor = next(p for p in psutil.Process().children() if p.name() == "forge:DoomedRA")  # (15 chars at most)
+            os.kill(actor.pid, signal.SIGKILL)
+            actor.wait(10)
+            with pytest.raises(SupervisionError):
+                await rollout_group(prompt_id="p", prompt="1+2=", generator=scripted_generator(["3", "4"]),
+                                    score=score, group_size=2, stats=stats)
             assert sum(stats.drops.values()) == 0
 
     run(body())

@@ -261,6 +261,16 @@ def test_a_judges_unparsable_or_stuck_parser_fails_its_groups_named(loop):
     assert not isinstance(parts["ok"], str) and math.isfinite(parts["ok"][0]), parts
     assert parts["never"].startswith("RewardUnparsable: judge 'never': no number in its verdict")
     assert parts["stuck"].startswith("RewardTimeout") and "'stuck'" in parts["stuck"], parts["stuck"]
+    # a judge serves its own checkpoint: it has no weight store to load the policy's versions from
+    with pytest.raises(Exception, match="serves its own checkpoint"):
+        loop.run_until_complete(judge.update_weights.call_one(1))
+    # a request past its deadline is aborted in the engine (vLLM aborts a cancelled stream), and the engine goes on
+    start = time.perf_counter()
+    with pytest.raises(Exception, match="not finished within 0.2 s; aborted"):
+        loop.run_until_complete(judge.generate.call_one("1+1=", n=1, max_tokens=400, ignore_eos=True, timeout_s=0.2))
+    assert time.perf_counter() - start < 10
+    assert loop.run_until_complete(judge.stats.call_one())["tokens_generated_in_flight"] == 0
+    assert len(loop.run_until_complete(judge.generate.call_one("1+1=", n=1))) == 1
     for actor in (reward, judge):
         loop.run_until_complete(stop_actor(actor))
 
