@@ -9,6 +9,7 @@ import torch
 
 from forge_rl.recipes.grpo import GRPOConfig, main
 from forge_rl.config import ConfigError, load_config
+from forge_rl.models import resolve_model_path
 from forge_rl.observability.metrics import read_jsonl
 from tests.conftest import REPO
 
@@ -184,7 +185,7 @@ def test_multi_turn_grpo_masks_the_environments_tokens(tmp_path):
     assert any(r.get("reward/turns", 0) > 1 for r in rows)  # some trajectories took a second turn
     assert "eval/first_turn" in rows[0] and rows[0]["eval/accuracy"] >= rows[0]["eval/first_turn"]
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.trainer.model)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))
     groups = [g for p in sorted((tmp_path / "checkpoints").glob("step-*"))
               for g, _ in torch.load(p / "app_state.pt", weights_only=False)["buffer"]["entries"]]
     episodes = [e for g in groups for e in g.episodes if e.completion.env_mask.any()]

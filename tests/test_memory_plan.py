@@ -165,10 +165,10 @@ def test_the_grpo_run_sets_and_checks_gpu_memory_utilization_when_colocated_on_g
     args = run._engine_args(shared=True)
     assert args["gpu_memory_utilization"] == 0.876 and args["enable_sleep_mode"] is True
     assert "gpu_memory_utilization" not in run._engine_args(shared=False)
-    cfg.generator.engine_args["gpu_memory_utilization"] = 0.95
+    run.cfg.generator.engine_args["gpu_memory_utilization"] = 0.95  # the run's own copy of the config
     with pytest.raises(ConfigError, match=r"0\.95 .* at most 0\.876"):
         run._engine_args(shared=True)
-    cfg.generator.engine_args["gpu_memory_utilization"] = 0.85  # the shipped config's value fits
+    run.cfg.generator.engine_args["gpu_memory_utilization"] = 0.85  # the shipped config's value fits
     assert run._engine_args(shared=True)["gpu_memory_utilization"] == 0.85
 
 
@@ -185,4 +185,4 @@ def test_a_trainer_sharing_its_gpu_gives_its_cached_memory_back_after_each_step(
         cfg.resources.placement = placement
         run = grpo.GRPORun(cfg)
         run._place({})
-        assert cfg.trainer.release_memory_after_step is expected, (gpus, placement)
+        assert run.cfg.trainer.release_memory_after_step is expected, (gpus, placement)  # the run's own copy
