@@ -15,13 +15,13 @@ own names (vLLM engine arguments, sampling parameters).
 
 import argparse
 import dataclasses
-import difflib
+import math
 import types
 import typing
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import (
     ConfigKeyError,
     InterpolationKeyError,
@@ -30,11 +30,9 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from forge_rl.errors import ConfigError, did_you_mean, one_line
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config problem, with a message that names the key and its source."""
 
 
 def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
@@ -51,8 +49,14 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
             merged = OmegaConf.merge(merged, layer)
         except ValidationError as e:
             raise ConfigError(_type_message(schema, e, source)) from None
+        except OmegaConfBaseException as e:  # what the key checks above do not foresee
+            raise ConfigError(f"{source}: {str(e).splitlines()[0]}") from None
         for key in _missing_keys(layer):  # merge keeps the default under "???"; the file means "required"
             OmegaConf.update(merged, key, "???", merge=False)
+    try:  # before the dataclasses' own checks, which a NaN slips through (every comparison with it is false)
+        _refuse_nan(OmegaConf.to_container(merged, resolve=True), "")
+    except OmegaConfBaseException:
+        pass  # an interpolation that does not resolve: to_object below names it
     try:
         return OmegaConf.to_object(merged)
     except MissingMandatoryValue as e:
@@ -68,19 +72,32 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
         raise ConfigError(str(e)) from None
 
 
-def parse_args(schema: type[T], argv: Sequence[str] | None = None, description: str | None = None) -> T:
-    """`prog --config FILE key=value ...` -> a `schema` instance; config errors exit with the message."""
+def command_line(schema: type, description: str | None = None) -> argparse.ArgumentParser:
+    """The apps' parser: `--config FILE`, `key=value` overrides, `--debug`, and `--verbose` where the schema has
+    the key. `overrides(args)` gives the overrides it read."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", type=Path, help="YAML config file")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.lr=1e-4")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, show its traceback too (also: FORGE_RL_DEBUG=1)")
     if "verbose" in _field_types(schema):
         parser.add_argument("--verbose", action="store_true", help="same as verbose=true")
+    return parser
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    return [*args.overrides, *(["verbose=true"] if getattr(args, "verbose", False) else [])]
+
+
+def parse_args(schema: type[T], argv: Sequence[str] | None = None, description: str | None = None) -> T:
+    """`prog --config FILE key=value ...` -> a `schema` instance; a config error exits with status 2 and its
+    message on one line."""
+    parser = command_line(schema, description)
     args = parser.parse_args(argv)
-    overrides = [*args.overrides, *(["verbose=true"] if getattr(args, "verbose", False) else [])]
     try:
-        return load_config(schema, args.config, overrides)
+        return load_config(schema, args.config, overrides(args))
     except ConfigError as e:
-        parser.exit(2, f"config error: {e}\n")
+        parser.exit(2, f"forge_rl: {one_line(e)}\n")
 
 
 def to_yaml(cfg: Any) -> str:
@@ -132,8 +149,11 @@ def _check_keys(schema: type, node: DictConfig, prefix: str, source: str) -> Non
     for key in node.keys():
         full_key = f"{prefix}{key}"
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=3, cutoff=0.5)
-            hint = f"did you mean {', '.join(repr(prefix + c) for c in close)}?" if close else (
+            name, colon, value = str(key).partition(":")
+            if colon and name in fields:  # {name:x} in YAML flow style is one key, "name:x"
+                raise ConfigError(f"config key '{prefix}{name}' in {source} is written '{key}': YAML needs a space "
+                                  f"after the colon ('{name}: {value}'; quote a value that has colons of its own)")
+            hint = did_you_mean(str(key), fields, prefix) or (
                 f"valid keys here: {', '.join(repr(prefix + f) for f in fields)}"
             )
             raise ConfigError(f"unknown config key '{full_key}' in {source}; {hint}")
@@ -144,6 +164,23 @@ def _check_keys(schema: type, node: DictConfig, prefix: str, source: str) -> Non
             continue  # an interpolation: checked when resolved
         if dataclasses.is_dataclass(child_type) and isinstance(child, DictConfig):
             _check_keys(child_type, child, f"{full_key}.", source)
+        item_type = (typing.get_args(child_type) or [None])[0]
+        if typing.get_origin(child_type) is list and dataclasses.is_dataclass(item_type) and isinstance(child, ListConfig):
+            for i, item in enumerate(child):  # e.g. rewards: a list of RewardSpec
+                if isinstance(item, DictConfig):
+                    _check_keys(item_type, item, f"{full_key}[{i}].", source)
+
+
+def _refuse_nan(node: Any, key: str) -> None:
+    """A NaN in any float of the config (`lr=nan`) is refused: no setting means "not a number"."""
+    if isinstance(node, float) and math.isnan(node):
+        raise ConfigError(f"config key '{key}' is nan: give a number")
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _refuse_nan(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _refuse_nan(v, f"{key}[{i}]")
 
 
 def _unwrap_optional(tp: Any) -> Any:

@@ -93,6 +93,19 @@ def test_vllm_names():
     assert vllm.engine_context().name == "ENGINE_CONTEXT"
 
 
+def test_the_engine_args_checked_without_vllm_are_vllms():
+    """The names a config's engine_args may use without vLLM being imported to check them are all engine
+    arguments; a misspelt one is refused with the right name."""
+    from forge_rl.deps import vllm
+    from forge_rl.errors import ConfigError
+
+    assert vllm.COMMON_ENGINE_ARGS <= vllm.engine_arg_names(), f"not AsyncEngineArgs fields: {RECHECK}"
+    vllm.check_engine_args({"max_model_len": 128, "max_logprobs": 1}, "generator.engine_args")
+    with pytest.raises(ConfigError, match=r"generator\.engine_args\.max_model_length is not a vLLM engine argument; "
+                                          r"did you mean 'max_model_len'"):
+        vllm.check_engine_args({"max_model_length": 128}, "generator.engine_args")
+
+
 def test_pytorch_names(tmp_path):
     """A DTensor sharded over a one-rank mesh: its shard is the whole tensor, at offset 0."""
     import torch.distributed as dist

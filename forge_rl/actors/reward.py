@@ -36,6 +36,7 @@ from typing import Any, Callable
 from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_rl.deps.monarch import SupervisionError
+from forge_rl.errors import RunStopped
 from forge_rl.rewards.judge import PARSE_TARGET
 from forge_rl.rewards.workers import (DEFAULT_MEMORY_MB, RewardCrash, RewardError,  # noqa: F401 (re-exported)
                                       RewardOutOfMemory, RewardPool, RewardTimeout, default_reward_workers)
@@ -181,7 +182,7 @@ class RewardUnparsable(RewardError):
     reason = "reward_unparsable"
 
 
-class RewardRoleDied(RuntimeError):
+class RewardRoleDied(RunStopped):
     """A reward model's or judge's actor died (its proc was killed, ran out of memory, crashed): the run's
     failure, not a group's."""
 

@@ -57,6 +57,17 @@ class OptimizerConfig:
     decay_steps: int = 0  # cosine decay to min_lr_ratio * lr over these steps after warm-up; 0 = constant
     min_lr_ratio: float = 0.0
 
+    def __post_init__(self) -> None:  # the trainer's (trainer.optim) or the critic's (critic.optim)
+        if not (math.isfinite(self.lr) and self.lr >= 0):
+            raise ValueError(f"optim.lr={self.lr}: the learning rate must be a finite number >= 0")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError(f"optim.beta1={self.beta1}, optim.beta2={self.beta2}: each must be in [0, 1)")
+        for name in ("eps", "weight_decay", "max_grad_norm", "warmup_steps", "decay_steps"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
 
 def process_group_backend(device_type: str) -> str:
     """The trainer's torch.distributed backend: gloo on CPU; on CUDA, NCCL for CUDA tensors and gloo for CPU
@@ -123,6 +134,9 @@ class TrainerConfig:
             raise ValueError(f"trainer.publish_from={self.publish_from!r}; choose 'auto' or 'rank0'")
         if self.publish_block_mb <= 0:
             raise ValueError(f"trainer.publish_block_mb must be > 0, got {self.publish_block_mb}")
+        if self.micro_batch_size < 0:
+            raise ValueError(f"trainer.micro_batch_size must be >= 0 (0: a rank's whole batch at once), got "
+                             f"{self.micro_batch_size}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"trainer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
         if self.temperature is not None and self.temperature <= 0:

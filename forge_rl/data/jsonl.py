@@ -26,7 +26,7 @@ from forge_rl.data.sources import DataError, read_jsonl
 ROLES = ("system", "user", "assistant", "tool")
 
 
-class DatasetFormatError(ValueError):
+class DatasetFormatError(DataError):
     """A dataset record that is not one of the accepted formats; the message names file and line."""
 
 
@@ -78,7 +78,8 @@ def read_records(path: str | Path) -> list[tuple[str, list[dict[str, str]]]]:
     """(where, messages) for every record of a JSONL file or an HF dataset directory, validated."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"dataset {path}: no such file or directory")
+        raise DatasetFormatError(f"dataset {path}: no such file or directory; give a .jsonl file, an HF dataset "
+                                 "directory or 'arithmetic'")
     if path.is_dir():
         return _read_hf_dir(path)
     try:

@@ -24,11 +24,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from forge_rl.errors import DataError
+
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
-
-
-class DataError(ValueError):
-    """A source or row that cannot be read; the message names the file (and line, row, column)."""
+__all__ = ["DataError", "FILE_SUFFIXES", "is_callable_source", "read_jsonl", "read_rows"]
 
 
 def is_callable_source(source: str) -> bool:
@@ -52,7 +51,15 @@ def read_rows(source: str, split: str | None = None, seed: int = 0) -> list[tupl
     if split is not None:
         raise DataError(f"data source {path}: a single file has no splits (split={split!r}); give the held-out "
                         "rows as their own file or use held_out_fraction")
-    rows = {".jsonl": read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}[path.suffix](path)
+    read = {".jsonl": read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}[path.suffix]
+    try:
+        rows = read(path)
+    except UnicodeDecodeError as e:
+        raise DataError(f"data source {path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+    except csv.Error as e:  # a NUL byte, a field larger than csv's limit
+        raise DataError(f"data source {path}: not a readable CSV file ({e})") from None
+    except OSError as e:  # unreadable: permissions, a broken mount
+        raise DataError(f"data source {path}: cannot be read ({e.strerror or e})") from None
     if not rows:
         raise DataError(f"data source {path}: no rows (the file is empty)")
     return rows
@@ -60,7 +67,7 @@ def read_rows(source: str, split: str | None = None, seed: int = 0) -> list[tupl
 
 def read_jsonl(path: Path) -> list[tuple[str, dict]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not part of the first row
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -75,7 +82,7 @@ def read_jsonl(path: Path) -> list[tuple[str, dict]]:
 
 def _read_json(path: Path) -> list[tuple[str, dict]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     if not isinstance(data, list):
@@ -94,7 +101,8 @@ def _read_parquet(path: Path) -> list[tuple[str, dict]]:
 
 
 def _read_csv(path: Path) -> list[tuple[str, dict]]:
-    with path.open(encoding="utf-8", newline="") as f:
+    # -sig: a byte-order mark (Excel writes one) is not part of the first column's name
+    with path.open(encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f)
         rows = []
         for row in reader:

@@ -252,6 +252,29 @@ class TaskRows:
         return sorted(to_example(row, where, 0, self.cfg).columns)
 
 
+# prompts of a training stream whose lengths are checked at start (not all: a source may have millions)
+PROMPTS_CHECKED = 64
+
+
+def first_prompts(rows: TaskRows, n: int = PROMPTS_CHECKED) -> list[TaskExample]:
+    """The first `n` examples of the training stream, leaving `rows` where it is."""
+    if not rows.streamed:
+        return rows.examples[:n]
+    fresh = TaskRows(rows.cfg, rows.seed)
+    return [fresh.next() for _ in range(n)]
+
+
+def check_prompts_fit(what: str, examples: list[TaskExample], tokenizer, task: TaskConfig, limit: int, why: str,
+                      **chat_template_kwargs) -> None:
+    """DataError when none of `examples` (`what`: "task.source 'x'") is at most `limit` tokens once rendered: each
+    would be skipped, one by one (`why`: where the limit comes from, what to change)."""
+    n = [len(tokenizer(render(tokenizer, e, task, **chat_template_kwargs), add_special_tokens=False)["input_ids"])
+         for e in examples]
+    if n and min(n) > limit:
+        raise DataError(f"{what}: none of its first {len(n)} prompts fits in {limit} tokens (the shortest has "
+                        f"{min(n)}): {why}")
+
+
 def _looks_like_path(source: str) -> bool:
     from pathlib import Path
 

@@ -25,3 +25,44 @@ def engine_context():
     from vllm.usage.usage_lib import UsageContext
 
     return UsageContext.ENGINE_CONTEXT
+
+
+# Engine arguments the configs and docs use, known to be AsyncEngineArgs fields (tests/test_deps.py checks them):
+# a config that uses only these is checked without importing vLLM (~5 s on a small CPU); any other name is
+# looked up among AsyncEngineArgs' fields.
+COMMON_ENGINE_ARGS = frozenset({
+    "max_model_len", "dtype", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
+    "logprobs_mode", "enforce_eager", "max_num_seqs", "max_num_batched_tokens", "enable_sleep_mode",
+    "distributed_executor_backend", "enable_prefix_caching", "enable_chunked_prefill", "kv_cache_dtype",
+    "quantization", "seed", "trust_remote_code", "enable_lora", "max_lora_rank", "max_loras", "block_size",
+    "cpu_offload_gb", "enable_return_routed_experts",
+})
+
+
+def engine_arg_names() -> frozenset[str]:
+    """Every keyword AsyncEngineArgs takes. vLLM's import-time warnings (no Triton CPU backend, before its logging is
+    configured) are not shown: they would add lines to a run's one-line error."""
+    import dataclasses
+    import logging
+
+    logging.disable(logging.WARNING)
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+    finally:
+        logging.disable(logging.NOTSET)
+    return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+
+
+def check_engine_args(engine_args: dict, key: str) -> None:
+    """A name in `engine_args` (the config key `key`) that vLLM's engine does not take fails here, before any
+    engine starts, naming the closest ones."""
+    from forge_rl.errors import ConfigError, did_you_mean
+
+    unknown = sorted(set(engine_args) - COMMON_ENGINE_ARGS)
+    if not unknown:
+        return
+    names = engine_arg_names()
+    for name in unknown:
+        if name not in names:
+            hint = did_you_mean(name, names) or "see vLLM's engine arguments (vllm serve --help)"
+            raise ConfigError(f"{key}.{name} is not a vLLM engine argument; {hint}")

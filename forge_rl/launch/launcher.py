@@ -200,13 +200,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", help="YAML config file")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. launcher.slurm.partition=gpu")
     args = parser.parse_intermixed_args(argv)  # options before, between or after the key=value overrides
-    from forge_rl.config import ConfigError, load_config
+    from forge_rl.config import load_config
+    from forge_rl.errors import ConfigError, one_line
 
     schema = recipe(args.recipe).CONFIG
     try:
         cfg = load_config(schema, args.config, [*args.overrides, "launcher.kind=slurm"])
     except ConfigError as e:
-        parser.exit(2, f"config error: {e}\n")
+        parser.exit(2, f"forge_rl: {one_line(e)}\n")
     job_id = submit(args.recipe, args.config, args.overrides, cfg.launcher, cfg.output_dir)
     print(f"submitted Slurm job {job_id}: workers on {cfg.launcher.slurm.trainer_nodes} trainer + "
           f"{cfg.launcher.slurm.generator_nodes} generator nodes; the app's output: "

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.deps.monarch import SupervisionError
+from forge_rl.errors import RunStopped
 from forge_rl.runtime.replies import replies
 from forge_rl.losses.advantages import group_advantages
 from forge_rl.rewards.overlong import OverlongConfig, overlong_penalty
@@ -41,7 +42,7 @@ FAIL_FAST_GROUPS = 8  # a reward that fails on each of its first 8 groups, never
 DROP_SUMMARY_S = 30.0  # repeated drops: one line per interval, each reason counted
 
 
-class RewardFailing(RuntimeError):
+class RewardFailing(RunStopped):
     """A reward failed on every one of its first FAIL_FAST_GROUPS groups: the run stops with its error."""
 
 

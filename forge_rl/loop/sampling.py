@@ -21,6 +21,8 @@ an episode the trainer could not reproduce (`untrainable`), whoever called the g
 
 from typing import Any
 
+from forge_rl.errors import ConfigError, did_you_mean
+
 REPRODUCED = frozenset({
     "temperature", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "seed",
     "detokenize", "skip_special_tokens", "spaces_between_special_tokens", "stream_interval", "skip_clone",
@@ -61,22 +63,25 @@ def refusal(option: str, value: Any) -> str | None:
         return (f"{option}={value!r} changes the sampling distribution in a way the trainer does not reproduce, so "
                 f"the importance ratios against the recorded behaviour logprobs would be wrong; remove it or set it "
                 f"to {NEUTRAL[option][0]!r} ({TRAINS_ON})")
+    close = did_you_mean(option, [*REPRODUCED, *NEUTRAL, *SET_BY_GENERATOR])
     return (f"{option} is not a vLLM SamplingParams option forge_rl has classified, so whether the trainer "
-            f"reproduces it is unknown (forge_rl/loop/sampling.py; reproduced: {sorted(REPRODUCED)})")
+            f"reproduces it is unknown; " + (close or f"(forge_rl/loop/sampling.py; reproduced: {sorted(REPRODUCED)})"))
 
 
 def behaviour_temperature(sampling: dict[str, Any], key: str = "generator.sampling") -> float:
     """The temperature of the behaviour policy that `sampling` (vLLM SamplingParams options) defines.
 
-    Raises ValueError naming the option when the trainer could not reproduce the distribution."""
+    Raises ConfigError naming the option when the trainer could not reproduce the distribution."""
     for option, value in sampling.items():
         if why := refusal(option, value):
-            raise ValueError(f"{key}.{why}")
-    temperature = float(sampling.get("temperature", 1.0))
-    if temperature <= 0:
-        raise ValueError(f"{key}.temperature={temperature}: training needs sampling with temperature > 0 "
-                         "(greedy decoding has no logprobs to train on)")
-    return temperature
+            raise ConfigError(f"{key}.{why}")
+    temperature = sampling.get("temperature", 1.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ConfigError(f"{key}.temperature={temperature!r}: give a number > 0")
+    if not temperature > 0:
+        raise ConfigError(f"{key}.temperature={temperature}: training needs sampling with temperature > 0 "
+                          "(greedy decoding has no logprobs to train on; evaluation is greedy already)")
+    return float(temperature)
 
 
 def untrainable(sampling: dict[str, Any] | None, temperature: float | None) -> str | None:

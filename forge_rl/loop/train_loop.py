@@ -19,6 +19,7 @@ import torch
 
 from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.deps.monarch import SupervisionError
+from forge_rl.errors import RunStopped
 from forge_rl.loop.rollout import Admission, RewardFailing, RolloutStats
 from forge_rl.runtime.timeouts import within
 from forge_rl.types import BatchShape, TrainBatch
@@ -27,11 +28,11 @@ from forge_rl.types import BatchShape, TrainBatch
 SAMPLE_WAIT_S = 0.1
 
 
-class NoBatchError(RuntimeError):
+class NoBatchError(RunStopped):
     """The train loop waited `no_batch_timeout_s` without a batch; the message says why."""
 
 
-class RoleDied(RuntimeError):
+class RoleDied(RunStopped):
     """A role's process died under the run (killed, out of memory, a crash in native code). The message
     names the role and the checkpoint a rerun can continue from."""
 

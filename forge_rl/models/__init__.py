@@ -1,8 +1,12 @@
 """Models: the embedded tiny model and the Qwen3 family in TorchTitan (forge_rl.models.qwen3)."""
 
+import json
 from pathlib import Path
 
+from forge_rl.errors import ConfigError
+
 TINY_MODEL_DIR = Path(__file__).parent / "tiny"
+EMBEDDED = ("tiny", "tiny-warm", "tiny-teacher", "tiny-rm")
 
 
 def resolve_model_path(model: str) -> str:
@@ -23,3 +27,41 @@ def resolve_model_path(model: str) -> str:
             "forge_rl never downloads weights at run time, so pass a local path"
         )
     return str(path)
+
+
+def model_path(model: str, key: str = "model") -> str:
+    """`resolve_model_path` for a config's `key`, checked before any actor loads it: a directory with an HF model
+    config and weights. What is wrong is a ConfigError naming the key and what to give instead."""
+    where = f"{key}={model!r}"
+    fix = f"give a local HF model directory (config.json and weights) or one of {', '.join(EMBEDDED)}"
+    if model not in EMBEDDED:
+        path = Path(model).expanduser()
+        if not path.exists():
+            raise ConfigError(f"{where}: no such directory; {fix} (forge_rl never downloads weights at run time)")
+        if not path.is_dir():
+            raise ConfigError(f"{where} is a file, not a model directory; {fix}")
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{where}: no config.json in {path}, so not an HF model directory; {fix}")
+    path = Path(resolve_model_path(model))
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{where}: {path / 'config.json'} is not readable JSON ({e}); {fix}") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ConfigError(f"{where}: {path / 'config.json'} has no model_type, so it is not an HF model config; {fix}")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise ConfigError(f"{where}: {path} has no weights (*.safetensors); {fix}")
+    return str(path)
+
+
+def load_tokenizer(model_dir: str, key: str = "model"):
+    """The model's tokenizer (transformers), or a ConfigError naming `key` when the directory has none."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        why = " ".join(str(e).split())[:200]
+        raise ConfigError(f"{key}: no tokenizer transformers can load in {model_dir} ({type(e).__name__}: {why}); "
+                          "an HF model directory holds its tokenizer files (tokenizer.json, tokenizer_config.json)"
+                          ) from None

@@ -21,7 +21,7 @@ trainer's cores costs no step rate there. A vLLM teacher was not built to compar
 from dataclasses import dataclass
 
 from forge_rl.config import ConfigError
-from forge_rl.models import resolve_model_path
+from forge_rl.models import load_tokenizer, model_path
 from forge_rl.recipes.grpo import GRPORun, train
 from forge_rl.recipes.grpo_config import GRPOConfig
 
@@ -33,9 +33,7 @@ class DistillConfig(GRPOConfig):
 
 def check_same_tokenizer(student: str, teacher: str) -> None:
     """Teacher logprobs are of token ids: both models must cut text into the same ids."""
-    from transformers import AutoTokenizer
-
-    s, t = AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher)
+    s, t = load_tokenizer(student, "model"), load_tokenizer(teacher, "teacher")
     if s.get_vocab() != t.get_vocab():
         only_s = len(set(s.get_vocab().items()) - set(t.get_vocab().items()))
         raise ConfigError(f"teacher={teacher!r} has another tokenizer than model={student!r} ({len(t)} tokens "
@@ -50,11 +48,8 @@ class DistillRun(GRPORun):
 
     def prepare(self) -> None:
         cfg = self.cfg
-        try:
-            self.teacher = resolve_model_path(cfg.teacher)
-        except FileNotFoundError as e:
-            raise ConfigError(f"teacher: {e}") from None
-        check_same_tokenizer(resolve_model_path(cfg.model), self.teacher)
+        self.teacher = model_path(cfg.teacher, "teacher")
+        check_same_tokenizer(model_path(cfg.model), self.teacher)
         if cfg.trainer.grpo.distill_coef <= 0:
             raise ConfigError(f"trainer.grpo.distill_coef={cfg.trainer.grpo.distill_coef}: distillation needs > 0")
         if cfg.buffer.drop_zero_advantage:
@@ -63,6 +58,9 @@ class DistillRun(GRPORun):
                                "teacher's signal[/yellow]")
             cfg.buffer.drop_zero_advantage = False
         super().prepare()
+
+    def group_advantages(self) -> bool:
+        return self.cfg.trainer.grpo.reward_coef > 0  # the teacher's part is per token, the reward's per group
 
     def reference_model(self) -> str:
         return self.teacher

@@ -47,12 +47,13 @@ from forge_rl.launch.launcher import LauncherConfig, run_hosts, weight_server
 from forge_rl.runtime.provisioner import visible_gpus
 from forge_rl.envs import env_factory
 from forge_rl.loop.eval import evaluate_task
-from forge_rl.models import resolve_model_path
+from forge_rl.models import load_tokenizer, model_path, resolve_model_path
 from forge_rl.loop.multiturn import TurnRenderer, evaluate_env, rollout_env_from_dataset
 from forge_rl.loop.run_folder import RunClaim, claim_output_dir
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.observability.timeline import Timeline
-from forge_rl.recipes.grpo_config import GRPOConfig, check_config, check_task, dp_size, max_prompt_tokens
+from forge_rl.recipes.grpo_config import (GRPOConfig, check_config, check_group_size, check_prompt_lengths, check_task,
+                                          dp_size, max_prompt_tokens)
 from forge_rl.recipes.grpo_report import (StepRecord, batch_rewards, console_line, drops, shown_reward, step_metrics,
                                           summary_block)
 from forge_rl.runtime.memory_plan import ModelShape, gpu_total_bytes, plan_memory
@@ -105,6 +106,10 @@ class GRPORun:
         it (trainer.grpo.kl_coef > 0); a distillation run returns its teacher."""
         return self.cfg.trainer.model if self.cfg.trainer.grpo.kl_coef > 0 else None
 
+    def group_advantages(self) -> bool:
+        """Whether the advantage is relative to the group of a prompt's samples (it needs group_size >= 2)."""
+        return True
+
     def algorithm(self) -> str:
         """The run's name on the console and its plots: GRPO, PPO, Distill."""
         return type(self).__name__.removesuffix("Run")
@@ -145,17 +150,18 @@ class GRPORun:
     def prepare(self) -> None:
         """Everything that needs no actor: config checks, the model's path, the task's data, the output directory
         (claimed for this run, or refused) and the checkpoint to resume from (verified)."""
-        from transformers import AutoTokenizer
-
         cfg = self.cfg
         if not cfg.async_mode and cfg.max_policy_age != 0:
             self.console.print("[yellow]async_mode: false runs a synchronous loop; max_policy_age is set to 0[/yellow]")
             cfg.max_policy_age = 0
         check_config(cfg)
-        self.model_dir = resolve_model_path(cfg.model)
+        if self.group_advantages():
+            check_group_size(cfg, self.algorithm())
+        self.model_dir = model_path(cfg.model)
         cfg.trainer.model = self.model_dir
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        check_task(cfg)
+        rows = check_task(cfg)  # before the tokenizer: importing transformers takes seconds
+        self.tokenizer = load_tokenizer(self.model_dir)
+        check_prompt_lengths(cfg, rows, self.tokenizer, self.model_dir)
         self.claim = claim_output_dir(self.out, self.checkpoint_dir, algorithm=self.algorithm().lower(),
                                       resume=cfg.resume, overwrite=cfg.overwrite, steps=cfg.steps,
                                       export_dir=cfg.export_dir)

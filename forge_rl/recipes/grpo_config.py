@@ -7,17 +7,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forge_rl.actors.generator import SWAP_MODES
 from forge_rl.actors.reward import RewardSpec, check_reward_columns, reward_model_errors
 from forge_rl.actors.trainer import TrainerConfig
 from forge_rl.config import ConfigError
+from forge_rl.deps.vllm import check_engine_args
 from forge_rl.launch.launcher import LauncherConfig
-from forge_rl.data.task import TaskConfig, TaskRows
+from forge_rl.data.task import TaskConfig, TaskRows, check_prompts_fit, first_prompts
+from forge_rl.errors import UserError
 from forge_rl.envs import EnvConfig, env_factory
 from forge_rl.runtime.placement import ResourcesConfig
 from forge_rl.runtime.timeouts import TimeoutsConfig
 from forge_rl.rewards.overlong import OverlongConfig
 from forge_rl.loop.sampling import behaviour_temperature
-from forge_rl.models import resolve_model_path
+from forge_rl.models import model_path
 from forge_rl.weights import WeightStoreConfig
 
 
@@ -31,6 +34,12 @@ class GeneratorSection:
     # cannot reproduce (top_p, top_k, min_p, penalties, ...: forge_rl/loop/sampling.py) are refused at start.
     sampling: dict[str, Any] = field(default_factory=lambda: dict(temperature=1.0, max_tokens=8))
 
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"generator.replicas must be >= 1, got {self.replicas}")
+        if self.swap_mode not in SWAP_MODES:
+            raise ValueError(f"generator.swap_mode={self.swap_mode!r}; choose one of {SWAP_MODES}")
+
 
 @dataclass
 class BufferSection:
@@ -42,6 +51,15 @@ class BufferSection:
     max_resample: int = 1  # times a group may be trained on
     min_fresh_groups: int = 1
     drop_zero_advantage: bool = True
+
+    def __post_init__(self) -> None:
+        if self.order not in ("oldest", "random"):
+            raise ValueError(f"buffer.order={self.order!r}; choose 'oldest' or 'random'")
+        for name in ("capacity", "max_resample"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"buffer.{name} must be >= 1, got {getattr(self, name)}")
+        if self.min_fresh_groups < 0:
+            raise ValueError(f"buffer.min_fresh_groups must be >= 0, got {self.min_fresh_groups}")
 
 
 @dataclass
@@ -108,8 +126,12 @@ class GRPOConfig:
         for name in ("steps", "group_size", "batch_groups", "rollout_tasks", "trainer_procs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_policy_age < 0:
-            raise ValueError(f"max_policy_age must be >= 0, got {self.max_policy_age}")
+        for name in ("max_policy_age", "eval_every", "eval_size", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("reward_timeout_s", "reward_workers", "reward_memory_mb"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 (or null), got {getattr(self, name)}")
         if self.checkpoint_keep_last < 0:
             raise ValueError(f"checkpoint_keep_last must be >= 0 (0 keeps all), got {self.checkpoint_keep_last}")
         if self.resume not in (True, False, "auto"):
@@ -120,13 +142,8 @@ class GRPOConfig:
 
 def check_config(cfg: GRPOConfig) -> None:
     """Settings that only make sense together; errors name the keys."""
-    temperature = behaviour_temperature(cfg.generator.sampling)
-    if cfg.trainer.temperature is not None and cfg.trainer.temperature != temperature:
-        raise ConfigError(
-            f"trainer.temperature={cfg.trainer.temperature} differs from generator.sampling.temperature="
-            f"{temperature}: the trainer must reproduce the sampling policy; set only generator.sampling.temperature"
-        )
-    cfg.trainer.temperature = temperature
+    check_sampling(cfg)
+    check_engine_args(cfg.generator.engine_args, "generator.engine_args")  # before an engine start finds it
     cfg.trainer.collective_timeout_s = cfg.timeouts.collective_s  # the trainer's process group
     if cfg.trainer.publish_dtype is None and cfg.generator.engine_args.get("dtype") in ("float32", "bfloat16"):
         cfg.trainer.publish_dtype = cfg.generator.engine_args["dtype"]  # push weights as the engine holds them
@@ -157,15 +174,43 @@ def check_config(cfg: GRPOConfig) -> None:
         check_slurm_sizes(cfg)
     for i, spec in enumerate(cfg.rewards):
         if spec.model is not None:  # a reward model's checkpoint must be there before any actor starts
-            try:
-                resolve_model_path(spec.model)
-            except FileNotFoundError as e:
-                raise ConfigError(f"rewards[{i}].model: {e}") from None
+            model_path(spec.model, f"rewards[{i}].model")
             if errors := reward_model_errors(spec):
                 raise ConfigError("; ".join(f"rewards[{i}].{error}" for error in errors))
     names = [r.name for r in cfg.rewards]
     if cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
+
+
+def check_sampling(cfg: GRPOConfig) -> None:
+    """The behaviour policy (generator.sampling): options the trainer reproduces, a temperature > 0 that the trainer
+    takes, and room for at least one response token."""
+    temperature = behaviour_temperature(cfg.generator.sampling)
+    if cfg.trainer.temperature is not None and cfg.trainer.temperature != temperature:
+        raise ConfigError(
+            f"trainer.temperature={cfg.trainer.temperature} differs from generator.sampling.temperature="
+            f"{temperature}: the trainer must reproduce the sampling policy; set only generator.sampling.temperature"
+        )
+    cfg.trainer.temperature = temperature
+    max_tokens = cfg.generator.sampling.get("max_tokens", 16)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ConfigError(f"generator.sampling.max_tokens={max_tokens!r}: a response needs at least one token; "
+                          "give an integer >= 1")
+
+
+def check_group_size(cfg: GRPOConfig, algorithm: str) -> None:
+    """For an advantage relative to the group (each reward minus its group's mean): one sample per prompt has
+    advantage 0 always, and nothing would be learned (the buffer drops every such group)."""
+    if cfg.group_size >= 2:
+        return
+    if cfg.trainer.grpo.distill_coef > 0:
+        raise ConfigError(f"group_size={cfg.group_size}: the reward's part of distillation's advantage "
+                          f"(trainer.grpo.reward_coef={cfg.trainer.grpo.reward_coef}) is relative to the group, so 0 "
+                          "with one sample per prompt; set group_size >= 2, or trainer.grpo.reward_coef=0 to learn "
+                          "from the teacher alone")
+    raise ConfigError(f"group_size={cfg.group_size}: {algorithm}'s advantage is each reward minus its group's mean, "
+                      "0 with one sample per prompt, so nothing would be learned; set group_size >= 2 (e.g. 8), or "
+                      "use PPO (python -m apps.ppo.main), whose critic needs no group")
 
 
 def check_slurm_sizes(cfg: GRPOConfig) -> None:
@@ -187,22 +232,41 @@ def check_slurm_sizes(cfg: GRPOConfig) -> None:
                               f"per node; launcher.slurm.gpus_per_node={s.gpus_per_node}")
 
 
-def check_task(cfg: GRPOConfig) -> None:
-    """Read the task's data and match it to the rewards before any actor starts: a bad row or a missing column
-    fails in seconds, naming the file, the row and the column."""
+def check_task(cfg: GRPOConfig) -> TaskRows:
+    """Read the task's data, its held-out set included, and match it to the rewards before any actor starts: a bad
+    row or a missing column fails in seconds, naming the file, the row and the column. Returns the rows."""
     try:
         rows = TaskRows(cfg.task, cfg.seed)
+        if cfg.eval_size:
+            rows.held_out()
         if cfg.env.name is None:  # an environment scores trajectories itself
             check_reward_columns(cfg.rewards, rows.columns())
-    except ValueError as e:  # DataError included
+    except UserError:
+        raise
+    except ValueError as e:  # a reward that cannot be imported or does not fit the columns
         raise ConfigError(str(e)) from None
+    return rows
+
+
+def check_prompt_lengths(cfg: GRPOConfig, rows: TaskRows, tokenizer, model_dir: str) -> None:
+    """Prompts too long for the engine are skipped one by one (and counted); a task where none fits is an error
+    here, not an endless skip later, nor an evaluation of nothing."""
+    model_len, room = model_len_and_room(cfg, model_dir)
+    budget = "env.max_total_tokens" if cfg.env.name is not None else "generator.sampling.max_tokens"
+    why = (f"the engine's max_model_len {model_len} minus {budget}={response_budget(cfg)}: raise "
+           "generator.engine_args.max_model_len or shorten the prompts")
+    task, kwargs = rows.cfg, cfg.chat_template_kwargs
+    check_prompts_fit(f"task.source {task.source!r}", first_prompts(rows), tokenizer, task, room, why, **kwargs)
+    if cfg.eval_size:
+        check_prompts_fit(f"task.held_out {task.held_out!r}", rows.held_out()[:cfg.eval_size], tokenizer, task, room,
+                          why, **kwargs)
 
 
 def dp_size(cfg: GRPOConfig) -> int:
     p = cfg.trainer.parallel
     dp = cfg.trainer_procs // p.tp if p.dp_shard == -1 else p.dp_shard
     if dp < 1 or cfg.batch_groups % dp:
-        raise ValueError(f"batch_groups={cfg.batch_groups} must be a multiple of the data-parallel size {dp}")
+        raise ConfigError(f"batch_groups={cfg.batch_groups} must be a multiple of the data-parallel size {dp}")
     return dp
 
 
@@ -213,6 +277,11 @@ def response_budget(cfg: GRPOConfig) -> int:
 
 def max_prompt_tokens(cfg: GRPOConfig, model_dir: str) -> int:
     """Prompt tokens that leave room for max_tokens in the engine's max_model_len (default: the model's)."""
+    return model_len_and_room(cfg, model_dir)[1]
+
+
+def model_len_and_room(cfg: GRPOConfig, model_dir: str) -> tuple[int, int]:
+    """The engine's max_model_len (default: the model's) and the prompt tokens it leaves beside a response."""
     limit = cfg.generator.engine_args.get("max_model_len")
     if limit is None:
         model_config = json.loads((Path(model_dir) / "config.json").read_text())
@@ -221,7 +290,7 @@ def max_prompt_tokens(cfg: GRPOConfig, model_dir: str) -> int:
     if room < 1:
         raise ConfigError(f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens')} leaves no room "
                           f"for a prompt in max_model_len={limit} (generator.engine_args.max_model_len)")
-    return room
+    return int(limit), room
 
 
 def check_reference(cfg: GRPOConfig) -> None:

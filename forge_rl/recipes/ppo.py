@@ -23,7 +23,7 @@ from forge_rl.actors.trainer import OptimizerConfig, TrainerConfig
 from forge_rl.config import ConfigError
 from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, data_shards
 from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, whiten
-from forge_rl.models import resolve_model_path
+from forge_rl.models import model_path
 from forge_rl.models.lora import LoRAConfig
 from forge_rl.recipes.grpo import GRPORun, fill_reference, publish, train, train_policy
 from forge_rl.recipes.grpo_config import GRPOConfig
@@ -108,10 +108,10 @@ class PPORun(GRPORun):
                                "critic at train time[/yellow]")
             cfg.buffer.drop_zero_advantage = False
         super().prepare()
-        try:
-            self.critic_model = resolve_model_path(cfg.critic.model or cfg.model)
-        except FileNotFoundError as e:
-            raise ConfigError(f"critic.model: {e}") from None
+        self.critic_model = model_path(cfg.critic.model or cfg.model, "critic.model" if cfg.critic.model else "model")
+
+    def group_advantages(self) -> bool:
+        return False  # the critic is the baseline: one sample per prompt is enough
 
     def critic_parameters(self) -> int:
         return ModelShape.from_config(self.critic_model).parameters()

@@ -37,11 +37,13 @@ from forge_rl.config import ConfigError, to_yaml
 from forge_rl.launch.launcher import LauncherConfig, run_hosts, weight_server
 from forge_rl.runtime.provisioner import visible_gpus
 from forge_rl.data.sft_sources import make_source, train_batches
-from forge_rl.data.task import TaskConfig, TaskRows, render
+from forge_rl.data.task import TaskConfig, TaskRows, check_prompts_fit, render
+from forge_rl.deps.vllm import check_engine_args
+from forge_rl.errors import UserError
 from forge_rl.loop.checkpoint import commit_checkpoint
 from forge_rl.loop.eval import evaluate_task
 from forge_rl.loop.run_folder import claim_output_dir
-from forge_rl.models import resolve_model_path
+from forge_rl.models import load_tokenizer, model_path
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.observability.plots import SFT_PANELS
 
@@ -76,6 +78,14 @@ class SFTConfig:
     verbose: bool = False  # true (or --verbose): the procs' output (TorchTitan, vLLM) on the console, not output_dir/logs
     export_dir: str | None = "${output_dir}/hf"  # HF export at the end (empty = none)
 
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "procs", "eval_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "eval_size", "save_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
 
 def dp_size(cfg: SFTConfig) -> int:
     p = cfg.trainer.parallel
@@ -92,8 +102,7 @@ def dp_size(cfg: SFTConfig) -> int:
 def check_config(cfg: SFTConfig) -> None:
     if cfg.trainer.model not in ("tiny", cfg.model):
         raise ConfigError(f"set the model with `model`, not trainer.model ({cfg.trainer.model!r})")
-    if cfg.steps < 1 or cfg.batch_size < 1:
-        raise ConfigError(f"steps and batch_size must be >= 1, got steps={cfg.steps}, batch_size={cfg.batch_size}")
+    check_engine_args(cfg.engine_args, "engine_args")  # before the evaluation's engine start finds it
     names = [r.name for r in cfg.rewards]
     if cfg.eval_size and cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
@@ -129,18 +138,16 @@ class SFTRun:
         return self
 
     def prepare(self) -> None:
-        """Checks, the model's path, the output directory, the data and the held-out set: no actor yet."""
-        from transformers import AutoTokenizer
-
+        """Checks, the model's path, the data and the held-out set, the output directory: no actor yet."""
         cfg = self.cfg
         check_config(cfg)
         self.dp = dp_size(cfg)
-        self.model_dir = resolve_model_path(cfg.model)
+        self.model_dir = model_path(cfg.model)
         self.trainer_cfg = replace(cfg.trainer, model=self.model_dir, loss="sft")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir)
         max_len = json.loads((Path(self.model_dir) / "config.json").read_text()).get("max_position_embeddings")
         self.source = make_source(cfg.dataset, self.tokenizer, cfg.seed, max_len)
-        self.held_out = self._held_out() if cfg.eval_size else []
+        self.held_out = self._held_out(max_len) if cfg.eval_size else []
         self.claim = claim_output_dir(self.out, Path(cfg.trainer.checkpoint_dir), algorithm="sft", resume=cfg.resume,
                                       overwrite=cfg.overwrite, steps=cfg.steps, export_dir=cfg.export_dir)
         for note in self.claim.notes:
@@ -148,16 +155,26 @@ class SFTRun:
         (self.out / "config.yaml").write_text(to_yaml(cfg))
         self.t_start = time.perf_counter()
 
-    def _held_out(self) -> list:
-        """The task's first eval_size held-out examples, rendered with the model's chat template."""
+    def _held_out(self, max_len: int | None) -> list:
+        """The task's first eval_size held-out examples, rendered with the model's chat template; checked to fit
+        the evaluation engine's max_model_len beside eval_max_tokens."""
+        cfg = self.cfg
         try:
-            rows = TaskRows(self.cfg.task, self.cfg.seed)
+            rows = TaskRows(cfg.task, cfg.seed)
+        except UserError:
+            raise
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        examples = [e for _, e in zip(range(self.cfg.eval_size), rows.held_out())]
+        examples = [e for _, e in zip(range(cfg.eval_size), rows.held_out())]
         if not examples:
-            raise ConfigError(f"task.source={self.cfg.task.source!r} has no held-out set (task.held_out, "
+            raise ConfigError(f"task.source={cfg.task.source!r} has no held-out set (task.held_out, "
                               "task.held_out_fraction); set eval_size=0 for none")
+        model_len = int(cfg.engine_args.get("max_model_len") or max_len or 0)
+        if model_len:
+            check_prompts_fit(f"task.held_out {rows.cfg.held_out!r}", examples, self.tokenizer, rows.cfg,
+                              model_len - cfg.eval_max_tokens, f"engine_args.max_model_len {model_len} minus "
+                              f"eval_max_tokens={cfg.eval_max_tokens}: raise engine_args.max_model_len or shorten "
+                              "the prompts")
         return [replace(e, text=render(self.tokenizer, e, rows.cfg)) for e in examples]
 
     async def _start_trainer(self, hosts: dict) -> None:

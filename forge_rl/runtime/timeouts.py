@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Awaitable
 
+from forge_rl.errors import RunStopped
+
 # A test-only fault: "operation:rank:step" (e.g. "train_step:1:2") makes that trainer rank hang in that
 # operation at that step, so a test can check the error arrives within the timeout. Never set in a real run.
 HANG_ENV = "FORGE_RL_TEST_HANG"
@@ -31,7 +33,7 @@ class TimeoutsConfig:
                 raise ValueError(f"timeouts.{name} must be > 0 seconds, got {value}")
 
 
-class StepTimeout(RuntimeError):
+class StepTimeout(RunStopped):
     """A call on the training path outlived its timeout; the run stops (the message names the role, the
     operation, the version, the host and where to resume)."""
 
