@@ -16,7 +16,7 @@ TINY_MODEL = REPO / "forge_rl" / "models" / "tiny"
 # Test files that start real processes (Monarch procs, a vLLM engine, TorchTitan ranks, Slurm, a notebook
 # kernel): their tests are marked `integration`, and `make test-fast` leaves them out (CONTRIBUTING.md).
 INTEGRATION_TESTS = {
-    "test_checkpoint.py", "test_critic.py", "test_reward_model.py", "test_distill.py", "test_ppo_app.py", "test_generator.py", "test_grpo_app.py", "test_logprobs_tp.py",
+    "test_bad_inputs.py", "test_checkpoint.py", "test_critic.py", "test_reward_model.py", "test_distill.py", "test_ppo_app.py", "test_generator.py", "test_grpo_app.py", "test_logprobs_tp.py",
     "test_gpu_placement.py", "test_lora.py", "test_mismatch.py", "test_notebooks.py", "test_provisioner.py",
     "test_qwen3_template.py", "test_timeouts.py", "test_replay_buffer.py", "test_reward.py", "test_reward_workers.py",
     "test_hostile_verifiers.py", "test_rollout.py", "test_service.py", "test_sft_app.py",

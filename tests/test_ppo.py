@@ -127,6 +127,21 @@ def test_ppo_config_errors_name_the_key(change, message, tmp_path):
         PPOSection(gamma=0.0)
 
 
+def test_one_sample_per_prompt_is_ppos_default_and_refused_for_grpo(tmp_path):
+    """PPO's baseline is the critic, so group_size=1 is fine; GRPO's is the group's mean, so it learns nothing."""
+    from omegaconf import OmegaConf
+
+    from forge_rl.recipes.grpo import GRPOConfig, GRPORun
+
+    ppo = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PPOConfig), {"output_dir": str(tmp_path / "p")}))
+    assert ppo.group_size == 1
+    PPORun(ppo).prepare()
+    grpo = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GRPOConfig),
+                                               {"output_dir": str(tmp_path / "g"), "group_size": 1}))
+    with pytest.raises(ConfigError, match=r"group_size=1: GRPO's advantage .* set group_size >= 2"):
+        GRPORun(grpo).prepare()
+
+
 def test_the_critic_takes_the_trainers_placement_settings_and_its_own_optimizer():
     from omegaconf import OmegaConf
 

@@ -164,6 +164,19 @@ def test_bad_data_is_named_by_file_line_and_column(tmp_path):
         TaskConfig(held_out_fraction=1.5)
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
+    """Excel and Notepad save UTF-8 with a byte-order mark; the header's first name is still 'prompt'."""
+    (tmp_path / "bom.csv").write_bytes("prompt,answer\n1+1=,2\n".encode("utf-8-sig"))
+    (tmp_path / "bom.jsonl").write_bytes('{"prompt": "1+1=", "answer": "2"}\n'.encode("utf-8-sig"))
+    (tmp_path / "bom.json").write_bytes('[{"prompt": "1+1=", "answer": "2"}]'.encode("utf-8-sig"))
+    for name in ("bom.csv", "bom.jsonl", "bom.json"):
+        rows = TaskRows(TaskConfig(source=str(tmp_path / name)))
+        assert rows.examples[0].prompt == "1+1=" and rows.examples[0].answer == "2", name
+    (tmp_path / "latin1.jsonl").write_bytes('{"prompt": "caf\xe9", "answer": "1"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.jsonl: not UTF-8 text"):
+        TaskRows(TaskConfig(source=str(tmp_path / "latin1.jsonl")))
+
+
 def test_math_answers_match_in_equivalent_forms():
     from forge_rl.rewards.math import math_answer, math_format
 
