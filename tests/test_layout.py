@@ -20,6 +20,7 @@ LAYERS = (
     {"forge_rl.weights", "forge_rl.losses", "forge_rl.rewards", "forge_rl.data", "forge_rl.models",
      "forge_rl.observability"},
     {"forge_rl.types", "forge_rl.config", "forge_rl.deps"},
+    {"forge_rl.errors"},
 )
 # The imports that go up a layer, each named in docs/design.md with its reason: (file, the module it imports).
 UPWARD = {
