@@ -3,8 +3,8 @@
 
 Each case must exit with status 2 and no traceback, its error one line on stderr that starts with `forge_rl:` and
 names the key or the file. A case checkable before any actor starts must be found there, in seconds: its stderr is
-that one line and nothing else. The one case only an actor can find (a bad row deep in a streamed source) ends
-with the same kind of line, after the actors' start-up. The cases run two at a time; the table (case, exit status,
+that one line and nothing else. The cases only an actor can find (a bad row deep in a streamed source, an engine
+argument vLLM's own validation refuses) end with the same kind of line, after the actors' start-up. The cases run two at a time; the table (case, exit status,
 seconds, line) is printed at the end, and docs/getting_started.md shows it to users.
 """
 
@@ -65,6 +65,10 @@ def cases(d: Path) -> list[Case]:
         Case("max_tokens=0", GRPO, ["generator.sampling.max_tokens=0"], ["generator.sampling.max_tokens=0"]),
         Case("misspelt engine arg", GRPO, ["generator.engine_args.max_model_length=64"],
              ["generator.engine_args.max_model_length", "did you mean 'max_model_len'"]),
+        Case("engine arg of the wrong type", GRPO, ["generator.engine_args.max_model_len=abc"],
+             ["generator.engine_args.max_model_len='abc'", "integer >= 1"]),
+        Case("engine arg vLLM refuses", GRPO, ["generator.engine_args.dtype=float64"],
+             ["generator.engine_args.dtype='float64'", "'float32'"], before_actors=False),
         Case("model path missing", GRPO, [f"model={d}/no_model"], [f"model='{d}/no_model'", "no such directory"]),
         Case("model path not a model", GRPO, ["model=configs"], ["model='configs'", "no config.json"]),
         Case("model without weights", GRPO, [f"model={d}/config_only"], [f"model='{d}/config_only'", "no weights"]),

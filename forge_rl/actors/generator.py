@@ -14,6 +14,7 @@ vLLM and torch a second time.
 """
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -27,6 +28,7 @@ import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_rl.deps.vllm import async_llm, engine_context, engine_dead_error
+from forge_rl.errors import ConfigError
 from forge_rl.runtime import ForgeActor
 from forge_rl.runtime.reaper import reap_descendants_on_exit
 from forge_rl.models.lora import LoRAConfig
@@ -66,6 +68,7 @@ class Generator(ForgeActor):
         log_level: str = "WARNING",  # vLLM's console output (forge_rl/observability/vllm_logs.py)
         lora: LoRAConfig | None = None,  # the trainer trains LoRA adapters: versions are adapters, not weights
         policy_weights: bool = True,  # False (a judge): serves its own checkpoint, never opens the run's weight store
+        engine_args_key: str = "generator.engine_args",  # the config key of `engine_args`, for its errors
     ):
         if swap_mode not in SWAP_MODES:
             raise ValueError(f"generator.swap_mode={swap_mode!r}; choose one of {SWAP_MODES}")
@@ -74,7 +77,7 @@ class Generator(ForgeActor):
         self.store_cfg, self.weight_source = weight_store, weight_source
         self.policy_weights = policy_weights
         self.model = str(model)
-        self.engine_args = dict(engine_args or {})
+        self.engine_args, self.engine_args_key = dict(engine_args or {}), engine_args_key
         self.sampling = dict(sampling or {})
         self.seed = seed
         self.policy_version = 0
@@ -114,7 +117,8 @@ class Generator(ForgeActor):
         args.update(self.engine_args)
         if not cuda:
             args = cpu_engine_env(args)
-        self.engine = start_engine(AsyncEngineArgs(**args), engine_start_method(cuda))
+        with engine_args_refused(self.engine_args, self.engine_args_key):
+            self.engine = start_engine(AsyncEngineArgs(**args), engine_start_method(cuda))
         # The engine's processes must not outlive this proc if it is killed (they would be orphaned).
         self._reaper = reap_descendants_on_exit()
         self._engine_watch = asyncio.create_task(self._watch_engine())
@@ -483,6 +487,23 @@ def engine_start_method(cuda: bool, environ: dict | None = None) -> str | None:
     if "VLLM_WORKER_MULTIPROC_METHOD" in environ:
         return None
     return "spawn" if cuda else "fork"
+
+
+@contextlib.contextmanager
+def engine_args_refused(engine_args: dict, key: str):
+    """vLLM's validation of the engine config (pydantic: a value of the wrong type or out of range, a max_model_len
+    beyond the model's) as a ConfigError naming the user's `key`.<arg> where vLLM names one of them."""
+    from pydantic import ValidationError
+
+    try:
+        yield
+    except ValidationError as e:
+        why: dict[str | None, str] = {}  # the first of each argument's errors (a union type gives one per member)
+        for error in e.errors():
+            name = next((str(part) for part in reversed(error.get("loc", ())) if str(part) in engine_args), None)
+            text = error.get("msg", "").removeprefix("Value error, ").split(". ")[0]
+            why.setdefault(name, f"{key}.{name}={engine_args[name]!r}: {text}" if name else f"{key}: {text}")
+        raise ConfigError(f"vLLM refuses the engine arguments: {'; '.join(why.values())}") from None
 
 
 def start_engine(engine_args, start_method: str | None):

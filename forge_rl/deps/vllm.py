@@ -39,6 +39,11 @@ COMMON_ENGINE_ARGS = frozenset({
 })
 
 
+# Engine arguments forge_rl itself reads as numbers (prompt room, placement): checked here, whatever vLLM says later.
+POSITIVE_INT_ENGINE_ARGS = ("max_model_len", "tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs",
+                            "max_num_batched_tokens")
+
+
 def engine_arg_names() -> frozenset[str]:
     """Every keyword AsyncEngineArgs takes. vLLM's import-time warnings (no Triton CPU backend, before its logging is
     configured) are not shown: they would add lines to a run's one-line error."""
@@ -58,6 +63,15 @@ def check_engine_args(engine_args: dict, key: str) -> None:
     engine starts, naming the closest ones."""
     from forge_rl.errors import ConfigError, did_you_mean
 
+    for name in POSITIVE_INT_ENGINE_ARGS:
+        value = engine_args.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{key}.{name}={value!r}: give an integer >= 1")
+    utilization = engine_args.get("gpu_memory_utilization")
+    if utilization is not None and (isinstance(utilization, bool) or not isinstance(utilization, (int, float))
+                                    or not 0 < utilization <= 1):
+        raise ConfigError(f"{key}.gpu_memory_utilization={utilization!r}: give the fraction of the GPU's memory "
+                          "for the engine, in (0, 1]")
     unknown = sorted(set(engine_args) - COMMON_ENGINE_ARGS)
     if not unknown:
         return

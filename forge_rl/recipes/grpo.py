@@ -246,7 +246,8 @@ class GRPORun:
                 models[spec.name] = await Generator.options(mesh_name=f"Judge-{len(models)}", **options).as_actor(
                     resolve_model_path(spec.model), engine_args=judge_engine_args(spec),
                     sampling=dict(temperature=0.0, max_tokens=spec.max_tokens), seed=self.cfg.seed,
-                    policy_weights=False, log_level=self.cfg.generator.log_level)
+                    policy_weights=False, log_level=self.cfg.generator.log_level,
+                    engine_args_key=f"rewards[{self.cfg.rewards.index(spec)}].engine_args")
             self.console.print(f"reward model {spec.name} ({spec.kind}, {spec.model}) started")
         return models
 

@@ -229,7 +229,8 @@ class SFTRun:
             self.exported = eval_dir if final else None
             self.generator, self.reward = await asyncio.gather(
                 Generator.options(replicas=1, gpus=self.use_gpus, host_mesh="generator").as_service(
-                    eval_dir, engine_args=cfg.engine_args, seed=cfg.seed, weight_source=self.weight_source),
+                    eval_dir, engine_args=cfg.engine_args, seed=cfg.seed, weight_source=self.weight_source,
+                    engine_args_key="engine_args"),
                 RewardActor.as_actor(cfg.rewards))
         else:
             await self.trainer.push_weights.call(self.step)
