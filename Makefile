@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 
-.PHONY: setup setup-slurm demo demo-ppo demo-rm demo-multiturn demo-distill demo-lora test test-fast gpu-check clean
+.PHONY: setup setup-slurm demo demo-ppo demo-rm demo-multiturn demo-distill demo-lora test test-fast gpu-check wheelhouse clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -37,8 +37,13 @@ test: setup
 test-fast: setup  # unit tests only (no procs, engines or ranks): what to run while developing (CONTRIBUTING.md)
 	$(PY) -m pytest -m "not integration" $(ARGS)
 
-gpu-check: setup  # the GPU path in one command (<= 10 min on one H100); on CPU: its CPU checks, and says the GPU part did not run
+gpu-check: setup  # the GPU path in one command (<= 10 min on one H100): says which tiers run here and why not the others, runs them; on CPU: its logic checks
 	$(PY) -m benchmarks.gpu_check $(ARGS)
+
+# For a GPU host with a site PyTorch and no network (docs/getting_started.md); needs pip and `packaging`, not the venv.
+PYTHON_VERSION ?= 3.12
+wheelhouse:  # the no-vLLM tier's wheels for PYTHON_VERSION, manylinux x86_64, without torch or vLLM, in parts of <= 60 MB under wheelhouse/
+	python3 scripts/wheelhouse.py --python $(PYTHON_VERSION) $(ARGS)
 
 setup-slurm:  # Debian's Slurm and munge, for tests/test_slurm.py (a real cluster in network namespaces; root)
 	apt-get install -y -q slurm-wlm munge || (apt-get update -q && apt-get install -y -q slurm-wlm munge)

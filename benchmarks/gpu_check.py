@@ -1,21 +1,27 @@
 """`make gpu-check`: one command that proves the GPU path, in at most ~10 minutes on one H100.
 
-    python -m benchmarks.gpu_check [--steps 20] [--out outputs/gpu_check]
+    python -m benchmarks.gpu_check [--steps 20] [--out outputs/gpu_check] [--cpu-only]
 
-1. The CPU tests of the CUDA-only logic (backend, start method, placement, memory plan) — everywhere.
-2. Without a CUDA device it stops there and says, in its table and last line, that the GPU part did not run.
-3. With one: the `gpu` test tier (`pytest -m gpu`: a FSDP2 bf16 step of a Qwen3-0.6B-shaped model with fp32
-   master weights; vLLM's behaviour logprobs against the trainer's bf16 forward), then GRPO runs of that model
-   (random weights, the real vocabulary size) on one GPU, colocated (the engine sleeps while the trainer steps):
-   steps/min, peak GPU memory per role (nvidia-smi, sampled), time to sleep, wake and load weights per step,
-   versions advancing, staleness held; a LoRA run (adapter swap, and adapters still applied after a wake: the
-   trainer's approx KL to the behaviour policy stays at bf16 noise); a PPO run (its critic trained on the same
-   GPU); with 2+ GPUs, the same with 2 replicas.
+It first says which tiers this host can run and why not the others (benchmarks/gpu_tiers.py), then runs them:
+1. CPU logic: the CPU tests of the CUDA-only logic (backend, start method, placement, memory plan) — everywhere.
+2. no-vLLM (tests/test_gpu.py, with vLLM made unimportable for every process it starts): a FSDP2 bf16 step of a
+   Qwen3-0.6B-shaped model with fp32 master weights over NCCL and its peak GPU memory against the memory plan,
+   both publish paths from CUDA, the critic. It needs no vLLM, so a host with a site PyTorch of another version
+   and a wheelhouse install runs it (docs/getting_started.md). Without CUDA it runs on CPU with a small model as
+   a logic check of the same code, and says the GPU part did not run.
+3. vLLM, where CUDA is visible and vLLM imports with this torch (vLLM pins one torch): vLLM's behaviour logprobs
+   against the trainer's bf16 forward (tests/test_gpu_vllm.py), then GRPO runs of that model (random weights,
+   the real vocabulary size) on one GPU, colocated (the engine sleeps while the trainer steps): steps/min, peak
+   GPU memory per role (nvidia-smi, sampled), time to sleep, wake and load weights per step, versions advancing,
+   staleness held; a LoRA run (adapter swap, and adapters still applied after a wake: the trainer's approx KL to
+   the behaviour policy stays at bf16 noise); a PPO run (its critic trained on the same GPU); with 2+ GPUs, the
+   same with 2 replicas.
 The table goes to the console and to OUT/gpu_check.md (copy it into docs/benchmarks.md with the date and GPU).
 """
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,11 +29,12 @@ import threading
 import time
 from pathlib import Path
 
-import torch
+from benchmarks.gpu_tiers import Tier, decide, describe, host_facts
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_LOGIC_TESTS = ["tests/test_gpu_logic.py", "tests/test_resources.py", "tests/test_gpu_placement.py",
-                   "tests/test_memory_plan.py"]
+                   "tests/test_memory_plan.py", "tests/test_gpu_tiers.py"]
+NO_VLLM = REPO / "benchmarks" / "no_vllm"  # first on PYTHONPATH in the no-vLLM tier: `import vllm` fails there
 QWEN3_0_6B_SHAPE = dict(hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, vocab_size=151936,
                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
                         max_position_embeddings=4096, torch_dtype="bfloat16")
@@ -38,10 +45,10 @@ GPU_RUN = ["generator.engine_args.dtype=bfloat16", "generator.engine_args.max_mo
            "export_dir=null"]
 
 
-def pytest_row(what: str, args: list[str]) -> tuple[str, str]:
+def pytest_row(what: str, args: list[str], env: dict[str, str] | None = None) -> tuple[str, str]:
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=REPO,
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env={**os.environ, **(env or {})})
     tail = [line for line in out.stdout.splitlines() if " passed" in line or " failed" in line or "error" in line]
     verdict = "ok" if out.returncode == 0 else "FAILED"
     return what, f"{verdict}: {tail[-1] if tail else out.stdout[-300:]} ({time.perf_counter() - start:.0f} s)"
@@ -111,40 +118,65 @@ def grpo_rows(name: str, model: Path, out: Path, overrides: list[str], recipe: s
     ]
 
 
+def no_vllm_rows(tier: Tier, out: Path) -> list[tuple[str, str]]:
+    """The no-vLLM tier in a pytest of its own, vLLM unimportable in it and every proc it starts; its tests add
+    their figures (train step, peak memory against the plan, publish, critic) as rows."""
+    report = out / "no_vllm_tier.jsonl"
+    report.unlink(missing_ok=True)
+    env = {"FORGE_GPU_CHECK_REPORT": str(report),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(NO_VLLM), os.environ.get("PYTHONPATH")) if p)}
+    if tier.on == "cpu":
+        env["FORGE_GPU_TIER_ON_CPU"] = "1"
+    where = "on CUDA" if tier.on == "cuda" else "on CPU, a logic check"
+    rows = [pytest_row(f"no-vLLM tier ({where}; tests/test_gpu.py)", ["-m", "gpu", "tests/test_gpu.py"], env)]
+    if report.exists():
+        rows += [tuple(json.loads(line)) for line in report.read_text().splitlines()]
+    return rows
+
+
+def vllm_rows(args, facts) -> list[tuple[str, str]]:
+    from forge_rl.models.build_tiny import build
+
+    rows = [pytest_row("vLLM tier: logprobs vs the trainer (tests/test_gpu_vllm.py)",
+                       ["-m", "gpu", "tests/test_gpu_vllm.py"])]
+    model = build(args.out / "qwen3-0.6b-shape", **QWEN3_0_6B_SHAPE)
+    rows += grpo_rows("colocated, 1 GPU", model, args.out, [f"steps={args.steps}"])
+    rows += grpo_rows("LoRA colocated, sync", model, args.out,
+                      ["steps=5", "trainer.lora.rank=16", "async_mode=false", "max_policy_age=0"])
+    # PPO: the critic (a second trained model: value head, AdamW) time-shares the GPU with trainer and engine
+    rows += grpo_rows("PPO colocated, critic", model, args.out,
+                      ["steps=5", "group_size=1", "batch_groups=32", "rollout_tasks=32", "buffer.capacity=64"],
+                      recipe="ppo", config="configs/ppo/tiny.yaml")
+    if facts.cuda_devices >= 2:
+        rows += grpo_rows("colocated, 2 replicas", model, args.out, [f"steps={args.steps // 2}", "generator.replicas=2"])
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=REPO / "outputs/gpu_check")
-    ap.add_argument("--cpu-only", action="store_true", help="the CPU checks alone, even where a GPU is visible")
+    ap.add_argument("--cpu-only", action="store_true", help="as if no GPU were visible (the CPU checks alone)")
     args = ap.parse_args()
-    cuda = torch.cuda.is_available() and not args.cpu_only
+    facts = host_facts(args.cpu_only)
+    tiers = {t.name: t for t in decide(facts)}
+    print(describe(facts, list(tiers.values())), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [pytest_row("CPU tests of the CUDA-only logic", CPU_LOGIC_TESTS)]
-    if not cuda:
-        why = "--cpu-only" if args.cpu_only else "no CUDA device is visible here (torch.cuda.is_available() is False)"
-        rows.append(("GPU part", f"NOT RUN: {why}"))
+    rows += no_vllm_rows(tiers["no-vLLM"], args.out)
+    if tiers["vLLM"].runs:
+        rows.append(("device", f"{facts.cuda_devices} x {facts.device_name}, torch {facts.torch}, vLLM {facts.vllm}"))
+        rows += vllm_rows(args, facts)
     else:
-        from forge_rl.models.build_tiny import build
-
-        rows.append(("device", f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"))
-        rows.append(pytest_row("gpu test tier (pytest -m gpu)", ["-m", "gpu", "tests/test_gpu.py"]))
-        model = build(args.out / "qwen3-0.6b-shape", **QWEN3_0_6B_SHAPE)
-        rows += grpo_rows("colocated, 1 GPU", model, args.out, [f"steps={args.steps}"])
-        rows += grpo_rows("LoRA colocated, sync", model, args.out,
-                          ["steps=5", "trainer.lora.rank=16", "async_mode=false", "max_policy_age=0"])
-        # PPO: the critic (a second trained model: value head, AdamW) time-shares the GPU with trainer and engine
-        rows += grpo_rows("PPO colocated, critic", model, args.out,
-                          ["steps=5", "group_size=1", "batch_groups=32", "rollout_tasks=32", "buffer.capacity=64"],
-                          recipe="ppo", config="configs/ppo/tiny.yaml")
-        if torch.cuda.device_count() >= 2:
-            rows += grpo_rows("colocated, 2 replicas", model, args.out,
-                              [f"steps={args.steps // 2}", "generator.replicas=2"])
+        rows.append(("vLLM tier", f"NOT RUN: {tiers['vLLM'].why}"))
+    if not facts.cuda_devices:
+        rows.append(("GPU part", f"NOT RUN: {tiers['no-vLLM'].why.split(': ', 1)[-1]}"))
     width = max(len(k) for k, _ in rows)
     table = "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
     (args.out / "gpu_check.md").write_text(f"| check | result |\n|---|---|\n{table}\n")
     print(table)
     failed = any(v.startswith("FAILED") for _, v in rows)
-    if not cuda:
+    if not facts.cuda_devices:
         print("gpu-check: the GPU part was NOT run. Run `make gpu-check` on a machine with an "
               "NVIDIA GPU for the rest.")
     print(f"gpu-check: {'FAILED' if failed else 'ok'}; table in {args.out / 'gpu_check.md'}")

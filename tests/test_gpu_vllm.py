@@ -1,0 +1,33 @@
+"""The vLLM GPU tier (`pytest -m gpu tests/test_gpu_vllm.py`, run by `make gpu-check` where vLLM imports with this
+host's torch on CUDA): vLLM on CUDA against the trainer. The trainer-only tier, which needs no vLLM, is
+tests/test_gpu.py."""
+
+import asyncio
+
+import pytest
+import torch
+
+from forge_rl.actors.generator import Generator
+from forge_rl.actors.trainer import Trainer
+from forge_rl.types import Completion, Episode, TrainBatch
+from tests.test_gpu import _trainer_config, model_0_6b  # noqa: F401 (a fixture)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.integration]
+
+
+def test_vllm_behaviour_logprobs_match_the_trainers_bf16_forward(loop, model_0_6b, tmp_path):
+    """The same tokens under the same weights: vLLM's sampled-token logprobs (bf16 engine) against the trainer's
+    bf16 forward. bf16 rounding sets the gap, reported and bounded loosely."""
+    trainer, generator = loop.run_until_complete(asyncio.gather(
+        Trainer.options(procs=1, spmd=True, gpus=1, share_gpus=True).as_actor(_trainer_config(model_0_6b, tmp_path)),
+        Generator.options(replicas=1, gpus=1, share_gpus=True).as_service(
+            str(model_0_6b), engine_args=dict(dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=512),
+            sampling=dict(temperature=1.0, max_tokens=32)),
+    ))
+    group: list[Completion] = loop.run_until_complete(generator.generate.route([5, 6, 7, 8, 9, 10], n=8))
+    batch = TrainBatch.collate([Episode(c, advantage=0.0) for c in group], pad_id=0)
+    trainer_lp = loop.run_until_complete(trainer.logprobs.call(batch)).get(0)
+    gap = (trainer_lp - batch.behaviour_logprobs)[batch.response_mask].abs()
+    print(f"vLLM (bf16, CUDA) vs trainer (bf16) logprobs over {int(batch.response_mask.sum())} tokens: "
+          f"mean |gap| {gap.mean():.4f}, max {gap.max():.4f} nats")
+    assert gap.mean() < 0.05 and gap.max() < 1.0
