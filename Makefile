@@ -42,7 +42,7 @@ gpu-check: setup  # the GPU path in one command (<= 10 min on one H100): says wh
 
 # For a GPU host with a site PyTorch and no network (docs/getting_started.md); needs pip and `packaging`, not the venv.
 PYTHON_VERSION ?= 3.12
-wheelhouse:  # the no-vLLM tier's wheels for PYTHON_VERSION, manylinux x86_64, without torch or vLLM, in parts of <= 60 MB under wheelhouse/
+wheelhouse:  # the no-vLLM tier's wheels for PYTHON_VERSION, manylinux x86_64, without torch or vLLM (ARGS="--with-vllm --glibc 2.35" adds it), in parts of <= 60 MB under wheelhouse/
 	python3 scripts/wheelhouse.py --python $(PYTHON_VERSION) $(ARGS)
 
 setup-slurm:  # Debian's Slurm and munge, for tests/test_slurm.py (a real cluster in network namespaces; root)

@@ -163,14 +163,18 @@ def main() -> int:
     print(describe(facts, list(tiers.values())), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [pytest_row("CPU tests of the CUDA-only logic", CPU_LOGIC_TESTS)]
-    rows += no_vllm_rows(tiers["no-vLLM"], args.out)
+    if tiers["no-vLLM"].runs:
+        rows += no_vllm_rows(tiers["no-vLLM"], args.out)
+    else:  # the install is broken for this torch: a failure, not a host without a GPU
+        rows.append(("no-vLLM tier", f"FAILED: {tiers['no-vLLM'].why}"))
     if tiers["vLLM"].runs:
         rows.append(("device", f"{facts.cuda_devices} x {facts.device_name}, torch {facts.torch}, vLLM {facts.vllm}"))
         rows += vllm_rows(args, facts)
     else:
         rows.append(("vLLM tier", f"NOT RUN: {tiers['vLLM'].why}"))
     if not facts.cuda_devices:
-        rows.append(("GPU part", f"NOT RUN: {tiers['no-vLLM'].why.split(': ', 1)[-1]}"))
+        rows.append(("GPU part", "NOT RUN: " + ("--cpu-only was given" if args.cpu_only else
+                                                "no CUDA device visible (torch.cuda.is_available() is False)")))
     width = max(len(k) for k, _ in rows)
     table = "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
     (args.out / "gpu_check.md").write_text(f"| check | result |\n|---|---|\n{table}\n")

@@ -30,6 +30,7 @@ class HostFacts:
     vllm_torch_pin: str | None = None  # the torch version that vLLM requires (==), installed or the gpu extra's
     vllm_wanted: str = ""  # the gpu extra's vLLM requirement, e.g. "vllm==0.32.0"
     vllm_import_error: str | None = None  # the last line of `import vllm`'s failure, where it was tried
+    stack_import_error: str | None = None  # the same for the trainer's stack (Monarch, TorchTitan's Qwen3)
     cpu_only_asked: bool = False
 
 
@@ -52,6 +53,9 @@ def decide(facts: HostFacts) -> list[Tier]:
     no_cuda = ("--cpu-only was given" if facts.cpu_only_asked else
                "no CUDA device visible (torch.cuda.is_available() is False)")
     tiers = [Tier("CPU logic", True, "cpu", "CPU tests of the CUDA-only logic")]
+    if facts.stack_import_error:
+        broken = f"forge_rl's trainer stack does not import with torch {facts.torch}: {facts.stack_import_error}"
+        return tiers + [Tier("no-vLLM", False, "", broken), Tier("vLLM", False, "", broken)]
     if cuda:
         tiers.append(Tier("no-vLLM", True, "cuda", f"{facts.cuda_devices} x {facts.device_name}, torch {facts.torch}"))
     else:
@@ -101,10 +105,16 @@ def vllm_facts() -> tuple[str | None, str | None, str]:
     return None, torch_pin_of(project["dependencies"]), wanted
 
 
-def vllm_import_error() -> str | None:
-    """`import vllm` in a child process (a torch mismatch can crash it): None when it imports."""
-    out = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=600)
+def import_error(statement: str) -> str | None:
+    """`statement` run in a child process (a torch mismatch can crash it): None when it imports, else the last
+    line of its error."""
+    out = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True, timeout=600, cwd=REPO)
     return None if out.returncode == 0 else ((out.stderr.strip().splitlines() or ["exit %d" % out.returncode])[-1])
+
+
+# What the no-vLLM tier's trainer imports first: Monarch, and TorchTitan's Qwen3 (which needs a torch as new as
+# TorchTitan 0.3.0's: with torch 2.11 it fails on torch.distributed.fsdp.DataParallelMeshDims).
+STACK_IMPORTS = "import monarch.actor, forge_rl.deps.torchtitan"
 
 
 def host_facts(cpu_only: bool) -> HostFacts:
@@ -116,7 +126,7 @@ def host_facts(cpu_only: bool) -> HostFacts:
     vllm, pin, wanted = vllm_facts()
     facts = HostFacts(python=platform.python_version(), torch=torch.__version__, cuda_devices=cuda,
                       device_name=torch.cuda.get_device_name(0) if cuda else "", vllm=vllm, vllm_torch_pin=pin,
-                      vllm_wanted=wanted, cpu_only_asked=cpu_only)
+                      vllm_wanted=wanted, cpu_only_asked=cpu_only, stack_import_error=import_error(STACK_IMPORTS))
     if decide(facts)[-1].runs:  # only where nothing else rules the tier out: importing vLLM takes ~10 s
-        facts = HostFacts(**{**facts.__dict__, "vllm_import_error": vllm_import_error()})
+        facts = HostFacts(**{**facts.__dict__, "vllm_import_error": import_error("import vllm")})
     return facts

@@ -115,7 +115,8 @@ def main() -> int:
     ap.add_argument("--python", required=True, help="the host's Python as X.Y, e.g. 3.12")
     ap.add_argument("--out", type=Path, default=None, help="default: wheelhouse/cpXY")
     ap.add_argument("--glibc", default="2.28", help="the host's glibc at least (`ldd --version`); default 2.28")
-    ap.add_argument("--with-vllm", action="store_true", help="vLLM too (its tier needs torch 2.13.0 on the host)")
+    ap.add_argument("--with-vllm", action="store_true",
+                    help="vLLM too (its tier needs torch 2.13.0 on the host; its llguidance needs --glibc 2.35)")
     ap.add_argument("--part-mb", type=float, default=PART_BYTES / 1e6, help="largest part in MB (1e6 bytes)")
     args = ap.parse_args()
     if not re.fullmatch(r"3\.\d+", args.python):

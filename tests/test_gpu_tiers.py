@@ -60,3 +60,11 @@ def test_torch_pins_are_read_from_requirements_and_this_environments_vllm():
     assert release("2.11.0+cu130") == "2.11.0"
     version, pin, wanted = vllm_facts()  # from metadata, vLLM not imported
     assert wanted == "vllm==0.32.0" and pin == "2.13.0"
+
+
+def test_a_trainer_stack_that_does_not_import_with_this_torch_rules_out_both_gpu_tiers_and_says_why():
+    got = tiers(**H100, torch="2.11.0+cu130", vllm=None, vllm_torch_pin="2.13.0",
+                stack_import_error="ImportError: cannot import name 'DataParallelMeshDims' from 'torch.distributed.fsdp'")
+    assert got["CPU logic"].runs and not got["no-vLLM"].runs and not got["vLLM"].runs
+    assert got["no-vLLM"].why == ("forge_rl's trainer stack does not import with torch 2.11.0+cu130: ImportError: "
+                                  "cannot import name 'DataParallelMeshDims' from 'torch.distributed.fsdp'")
