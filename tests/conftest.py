@@ -22,6 +22,7 @@ INTEGRATION_TESTS = {
     "test_hostile_verifiers.py", "test_rollout.py", "test_service.py", "test_sft_app.py",
     "test_shutdown.py", "test_slurm.py", "test_soak.py", "test_tiny_model.py", "test_trainer.py", "test_vllm_logs.py",
     "test_weight_store.py", "test_reference.py", "test_run_ownership.py",
+    "test_gpu_check.py",  # make gpu-check's CPU part in a subprocess: its tiers start trainer ranks (minutes)
 }
 
 
