@@ -121,3 +121,32 @@ def test_pytorch_names(tmp_path):
         assert local_shape_and_global_offset(d) == ((3, 4), (0, 0))
     finally:
         dist.destroy_process_group()
+
+
+def test_pytorch_names_of_the_rehearsal():
+    """What forge_rl/rehearsal runs a rank with: the fake process group (rank 3 of 8, collectives that move
+    nothing), fake tensors whose storages count their bytes, the storages of a DTensor, DTensor's caches, and the
+    name activation checkpointing adds to parameters."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from forge_rl.deps import pytorch
+
+    dist.init_process_group(pytorch.FAKE_BACKEND, store=pytorch.fake_store(), rank=3, world_size=8)
+    try:
+        assert (dist.get_rank(), dist.get_world_size()) == (3, 8)
+        with pytorch.fake_tensor_mode():
+            t = torch.empty(1000, 1000)
+            dist.all_reduce(t)
+        assert pytorch.is_fake(t) and not pytorch.is_fake(torch.empty(1))
+        assert {s.nbytes() for s in pytorch.untyped_storages(t)} == {4_000_000}
+        d = distribute_tensor(torch.zeros(16, 4), init_device_mesh("cpu", (8,)), [Shard(0)])
+        assert [s.nbytes() for s in pytorch.untyped_storages(d)] == [2 * 4 * 4]  # rank 3's two rows
+        pytorch.forget_dtensor_caches()
+    finally:
+        dist.destroy_process_group()
+    wrapped = torch.nn.Sequential(checkpoint_wrapper(torch.nn.Linear(2, 2)))
+    names = [pytorch.state_dict_name(n) for n, _ in wrapped.named_parameters()]
+    assert names == list(wrapped.state_dict()) == ["0.weight", "0.bias"]

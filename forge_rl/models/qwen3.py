@@ -75,6 +75,10 @@ def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
     for layer in layers:
         layer.attention.inner_attention = MaskedSDPA.Config()
         layer.attention_norm.eps = layer.ffn_norm.eps = hf.get("rms_norm_eps", 1e-6)
+        # Every weight is then read from the checkpoint, so the initial values never matter; TorchTitan's fused
+        # q/k/v init draws whole q, k, v and the whole fused weight on every rank, then keeps its shard (0.4 GB a
+        # layer per rank at Qwen3-32B: forge_rl/rehearsal). Each rank draws its own shard, as for the other linears.
+        layer.attention.qkv_linear.wqkv.param_init = LINEAR_INIT
     return Qwen3Model.Config(
         vocab_size=vocab,
         dim=dim,

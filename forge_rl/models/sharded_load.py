@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from forge_rl.deps.pytorch import local_shape_and_global_offset
+from forge_rl.deps.pytorch import local_shape_and_global_offset, state_dict_name
 from forge_rl.models import fused_qkv
 from forge_rl.weights.layout import dtype_of
 from forge_rl.weights.shards import row_blocks
@@ -88,7 +88,8 @@ def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
     extra = extra or {}
     _check_names(model, names, extra, model_dir)
     with torch.no_grad():
-        for name, param in model.named_parameters():  # a tied weight once
+        for module_path, param in model.named_parameters():  # a tied weight once
+            name = state_dict_name(module_path)  # the checkpoint's names are the state dict's
             shape, offset = _local_block(param)
             if name not in extra and not name.endswith(fused_qkv.SUFFIX) \
                     and checkpoint.shape(names[name]) != tuple(param.shape):
@@ -102,7 +103,7 @@ def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
                     block = extra[name][tuple(slice(o, o + n) for o, n in zip(at, rows))]
                 elif name.endswith(fused_qkv.SUFFIX):
                     block = _read_fused_qkv(checkpoint, names,
-                                            model.get_submodule(name[: -len(fused_qkv.SUFFIX) - 1]),
+                                            model.get_submodule(module_path[: -len(fused_qkv.SUFFIX) - 1]),
                                             name[: -len(fused_qkv.SUFFIX)], rows, at)
                 else:
                     block = checkpoint.read(names[name], at, rows)
@@ -139,7 +140,8 @@ def _check_names(model: torch.nn.Module, names: dict[str, str], extra: dict, mod
     """Every parameter has its tensor(s) in the checkpoint (or in `extra`), and every checkpoint tensor a
     parameter (the state-dict names: a fused q/k/v parameter stands for wq, wk and wv)."""
     wanted = set()
-    for name, _ in model.named_parameters(remove_duplicate=False):
+    for module_path, _ in model.named_parameters(remove_duplicate=False):
+        name = state_dict_name(module_path)
         if name.endswith(fused_qkv.SUFFIX):
             wanted |= {name[: -len(fused_qkv.SUFFIX)] + w + ".weight" for w in fused_qkv.PARTS}
         else:
