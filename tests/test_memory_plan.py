@@ -119,8 +119,14 @@ def test_the_users_gpu_memory_utilization_is_checked_against_the_plan():
     assert four.trainer_resident_gb == pytest.approx(16 * PARAMS["Qwen3-1.7B"] / 4 / GB + 1)  # 7.88 GB
     assert four.gpu_memory_utilization == 0.876  # (80 - 7.88 - 2) / 80 = 0.8765
     four.check(0.85)
-    # FSDP ranks make the logits whole: 16*2048 tokens * 151936 * 6 bytes = 29.9 GB beside 6.0 GB of layer activations
-    assert four.activations_gb == pytest.approx(16 * 2048 * (2048 * 90 + 151936 * 6) / GB)
+    # FSDP ranks fuse the lm_head into the logprobs (no logits): 6.0 GB of layer activations, and the embedding's
+    # FSDP unit made whole for its forward and backward (bf16 weight + fp32 gradient: 6 x 151936 x 2048 = 1.9 GB);
+    # with TP 2 each rank holds half the layers' activations (sequence parallelism), its half of the vocabulary's
+    # logits in bf16 (16*2048 tokens * 75968 * 2 bytes = 5.0 GB) and half the unit
+    unit = 6 * 151936 * 2048
+    assert four.activations_gb == pytest.approx((16 * 2048 * 2048 * 90 + unit) / GB)
+    tp = plan_memory(shape("Qwen3-1.7B"), 80e9, trainer_ranks=4, trainer_tp=2, micro_batch=16, seq_len=2048)
+    assert tp.activations_gb == pytest.approx((16 * 2048 * (2048 * 90 // 2 + 151936 // 2 * 2) + unit // 2) / GB)
 
 
 def test_activation_formula_and_margin():

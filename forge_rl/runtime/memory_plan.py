@@ -24,7 +24,14 @@ h, L, I, V, a, k, d = hidden, layers, intermediate, vocabulary, attention heads,
   Korthikanti et al. 2022), tokens = micro_batch * seq_len:
       without activation checkpointing: tokens * h * 34 * L
       with activation checkpointing:    tokens * h * (2*L + 34)   (each layer's bf16 input, one layer recomputed)
-  plus, when the lm_head is not fused (FSDP or TP ranks), the logits: tokens * V * 6 (bf16 + fp32 log-softmax).
+  divided by tp under tensor parallelism (TorchTitan shards the activations between layers over the TP ranks:
+  sequence parallelism, Korthikanti et al.'s 34 s b h / t), plus, when the lm_head is not fused (TP ranks, or
+  trainer.fused_lm_head off), the rank's vocabulary shard of the logits in bf16: tokens * V/tp * 2 (the
+  log-softmax runs blockwise: forge_rl/losses/logprobs.py). FSDP ranks fuse the head: the rehearsal
+  (forge_rl/rehearsal) shows no rank making the logits.
+  Plus, under FSDP (n / tp > 1), its largest unit made whole for the unit's forward and backward: parameters in bf16
+  and their fp32 gradient before the reduce-scatter, 6 * max(V*h, one layer's parameters) / tp (the head's at
+  Qwen3's sizes: 3.7 GB at 8B on one TP rank, 0.6 GB at 32B over TP 8).
 - engine per GPU: weights P * dtype bytes / t, ENGINE_OVERHEAD_GB (profile activations, CUDA graphs, sampler);
   KV cache per token (a whole replica): 2 * L * k * d * dtype bytes.
 - gpu_memory_utilization = (GPU - trainer resident - margin) / GPU;
@@ -91,21 +98,28 @@ class ModelShape:
             max_position_embeddings=int(config.get("max_position_embeddings") or 0),
         )
 
-    def parameters(self) -> int:
+    def layer_parameters(self) -> int:
         h, d, a, k = self.hidden_size, self.head_dim, self.num_attention_heads, self.num_key_value_heads
         attention = h * a * d + 2 * h * k * d + a * d * h + ((a + 2 * k) * d if self.attention_bias else 0)
-        layer = attention + 3 * h * self.intermediate_size + 2 * h + (2 * d if self.qk_norm else 0)
-        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return embeddings + h + self.num_hidden_layers * layer
+        return attention + 3 * h * self.intermediate_size + 2 * h + (2 * d if self.qk_norm else 0)
+
+    def parameters(self) -> int:
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return embeddings + self.hidden_size + self.num_hidden_layers * self.layer_parameters()
+
+    def fsdp_unit_bytes(self, tp: int = 1) -> int:
+        """FSDP2's largest unit made whole on a rank for its forward and backward (its TP shard): the parameters in
+        bf16 and their fp32 gradient before the reduce-scatter, of the embedding or head (V x h) or one layer."""
+        return 6 * max(self.vocab_size * self.hidden_size, self.layer_parameters()) // tp
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
 
-    def activation_bytes(self, tokens: int, checkpointing: bool, logits: bool) -> int:
-        """The trainer's activations for `tokens` tokens on one rank (the module's formula)."""
+    def activation_bytes(self, tokens: int, checkpointing: bool, logits: bool, vocab_shards: int = 1) -> int:
+        """The trainer's activations for `tokens` tokens on one rank of `vocab_shards` TP ranks (the module's formula)."""
         h, layers = self.hidden_size, self.num_hidden_layers
         per_token = h * (2 * layers + 34) if checkpointing else h * 34 * layers
-        return tokens * (per_token + (self.vocab_size * 6 if logits else 0))
+        return tokens * (per_token // vocab_shards + (self.vocab_size // vocab_shards * 2 if logits else 0))
 
 
 @dataclass
@@ -172,7 +186,7 @@ class MemoryPlan:
 
 
 def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, micro_batch: int = 1,
-                seq_len: int = 2048, activation_checkpointing: bool = True, fused_lm_head: bool = True,
+                seq_len: int = 2048, activation_checkpointing: bool = True, fused_lm_head: bool = True, trainer_tp: int = 1,
                 offload_optimizer: bool = False, lora: bool = False, reference_params: int = 0, critic_params: int = 0,
                 engine_dtype: str = "bfloat16", tensor_parallel_size: int = 1, max_model_len: int | None = None,
                 max_num_seqs: int | None = None, margin_gb: float = MARGIN_GB) -> MemoryPlan:
@@ -186,7 +200,7 @@ def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, 
     resident = fp32_gb if lora or offload_optimizer else states
     step = resident + (fp32_gb if offload_optimizer and not lora else 0.0)
     extra = (4 * reference_params + 16 * critic_params) / n / GB + TRAINER_OVERHEAD_GB
-    logits = not fused_lm_head or n > 1  # the trainer fuses the lm_head only when it is whole on its rank
+    logits = not fused_lm_head or trainer_tp > 1  # the trainer fuses the lm_head unless TP splits its vocabulary
     engine_bytes = DTYPE_BYTES.get(str(engine_dtype).replace("torch.", ""), 2)
     max_len = max_model_len or shape.max_position_embeddings or seq_len
     min_kv, what = ((max_len * max_num_seqs, f"max_model_len={max_len} x max_num_seqs={max_num_seqs}")
@@ -195,7 +209,8 @@ def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, 
     plan = MemoryPlan(
         model=shape.name, params=params, gpu_gb=gpu_gb, trainer_ranks=n, offload_optimizer=offload_optimizer,
         trainer_states_gb=states, trainer_resident_gb=resident + extra, trainer_step_gb=step + extra,
-        activations_gb=shape.activation_bytes(micro_batch * seq_len, activation_checkpointing, logits) / GB,
+        activations_gb=(shape.activation_bytes(micro_batch * seq_len, activation_checkpointing, logits, trainer_tp)
+                        + (shape.fsdp_unit_bytes(trainer_tp) if n // max(trainer_tp, 1) > 1 else 0)) / GB,
         engine_weights_gb=params * engine_bytes / t / GB, kv_bytes_per_token=shape.kv_bytes_per_token(engine_bytes),
         tensor_parallel_size=t, gpu_memory_utilization=utilization, kv_tokens=0, min_kv_tokens=min_kv,
         min_kv_what=what, margin_gb=margin_gb)
@@ -281,6 +296,8 @@ QWEN3_SHAPES = {
                        tie_word_embeddings=True),
     "Qwen3-8B": dict(_QWEN3, hidden_size=4096, num_hidden_layers=36, intermediate_size=12288, num_attention_heads=32,
                      tie_word_embeddings=False),
+    "Qwen3-32B": dict(_QWEN3, hidden_size=5120, num_hidden_layers=64, intermediate_size=25600, num_attention_heads=64,
+                      tie_word_embeddings=False),
 }
 
 
@@ -288,7 +305,7 @@ def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(prog="python -m forge_rl.runtime.memory_plan",
                                 description="One GPU shared by the trainer and a vLLM engine: the memory plan.")
     p.add_argument("--model-config", action="append", default=[],
-                   help="an HF config.json (or its directory); repeatable; none: Qwen3 0.6B, 1.7B and 8B")
+                   help="an HF config.json (or its directory); repeatable; none: Qwen3 0.6B, 1.7B, 8B and 32B")
     p.add_argument("--gpu-gb", type=float, default=80.0, help="GPU memory in GB (1e9 bytes)")
     p.add_argument("--trainer-ranks", type=int, default=1)
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward on a rank")
