@@ -1,0 +1,66 @@
+"""What a rehearsed rank may hold in each phase, from the memory plan (forge_rl/runtime/memory_plan.py), and the
+rehearsal's findings against it.
+
+- The plan per phase, per rank: in a train step, the plan's states 16P/W (fp32 params, grads, AdamW's moments),
+  one RoPE cache, activations for one micro-batch and FSDP's largest unit made whole; in every other phase, the states and one block. (Loading
+  holds 4P/W of parameters but builds TorchTitan's RoPE cache once per layer before they are shared
+  (forge_rl/models/qwen3.share_rope_caches): L caches, 2.7 GB at Qwen3-32B, for a moment; within the states.) No CUDA context or NCCL buffers (TRAINER_OVERHEAD_GB): a rehearsal has none.
+- Beyond its state, a rank may make no tensor larger than one block or its own largest shard (in fp32): a
+  publish, checkpoint or export that holds a whole sharded parameter breaks that (the train step's FSDP all-gathers
+  of one layer are its design, and are not held to it).
+- Every element of every published and exported tensor is written exactly once, over all ranks.
+"""
+
+from dataclasses import dataclass, replace
+
+from forge_rl.runtime.memory_plan import ModelShape, plan_memory
+
+TOLERANCE = 0.10  # a rank's peak may exceed the plan by this much (the agreement asked of plan, docs and rehearsal)
+BOUNDED_PHASES = ("load", "publish_shm", "publish_rank0", "save", "restore", "export")
+
+
+@dataclass
+class PhasePlan:
+    bytes: dict[str, float]  # per phase
+    block: int  # trainer.publish_block_mb in bytes
+    states: float  # fp32 params, grads and AdamW's moments, and the RoPE cache
+
+
+def phase_plan(hf_config: dict, cfg, world: int, seq_len: int, critic: bool = False) -> PhasePlan:
+    """The plan's bytes per rank in each phase, for the trainer (or PPO's critic) of `cfg` over `world` ranks."""
+    shape = model = ModelShape.from_config(hf_config, "model")
+    params, tp = shape.parameters(), cfg.parallel.tp
+    if critic:  # the head is one value per position (and the embedding its own even if the policy ties them)
+        h, vocab = shape.hidden_size, shape.vocab_size
+        params += h - (0 if shape.tie_word_embeddings else vocab * h)
+        shape = replace(shape, vocab_size=1)  # its "logits" are one per token
+    plan = plan_memory(shape, 1e15, trainer_ranks=world, micro_batch=cfg.micro_batch_size or 1, seq_len=seq_len,
+                       activation_checkpointing=cfg.parallel.activation_checkpointing,
+                       fused_lm_head=cfg.fused_lm_head and not critic, trainer_tp=tp)
+    step = plan.activations_gb * 1e9
+    if critic and world // tp > 1:  # its largest FSDP unit is still the embedding
+        step += model.fsdp_unit_bytes(tp) - shape.fsdp_unit_bytes(tp)
+    block = int(cfg.publish_block_mb * 2**20)
+    rope = hf_config["max_position_embeddings"] * 2 * shape.head_dim * 4  # one fp32 cos and sin per position
+    states = 16 * params / world + rope
+    out = dict(first_step=states + step, train=states + step)
+    for phase in BOUNDED_PHASES:
+        out[phase] = states + block
+    return PhasePlan(out, block, states)
+
+
+def findings(result, plan: PhasePlan) -> list[str]:
+    """Every way the rehearsal's ranks broke the plan: a peak above it (by more than TOLERANCE), a transient above one block or shard, a
+    tensor not written exactly once. Empty when none."""
+    out = [f"{phase}: {problem}" for phase, problems in result.coverage_problems().items() for problem in problems]
+    for rank, phases in sorted(result.ranks.items()):
+        bound = max(plan.block, result.shard_bytes.get(rank, 0))
+        for phase, m in phases.items():
+            if m.peak_bytes > (1 + TOLERANCE) * plan.bytes[phase]:
+                out.append(f"rank {rank} {phase}: peak {m.peak_bytes / 1e6:.3f} MB > plan {plan.bytes[phase] / 1e6:.3f} MB "
+                           f"+ {TOLERANCE:.0%}")
+            if phase in BOUNDED_PHASES and m.largest.nbytes > bound:
+                out.append(f"rank {rank} {phase}: made a {m.largest.dtype} tensor {list(m.largest.shape)} of "
+                           f"{m.largest.nbytes / 1e6:.3f} MB > one block or its largest shard ({bound / 1e6:.3f} MB) "
+                           f"at {m.largest.where}")
+    return out

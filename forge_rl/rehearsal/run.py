@@ -1,0 +1,231 @@
+"""Rehearse a W-rank trainer on one CPU machine: every rank runs the Trainer's own endpoints, one rank after another,
+with fake tensors (forge_rl/rehearsal/fake_memory.py) and a fake process group (fake_ranks.py), and each phase's
+memory is recorded per rank.
+
+    result = rehearse(Rehearsal(model_dir, TrainerConfig(...), world=32, seq_len=4096))
+    result.ranks[r]["train"].peak_bytes; result.coverage_problems()
+
+Phases (a Trainer's): load (`setup`: build, parallelise, sharded load), first_step and train (two `train_step`s of
+one micro-batch per rank: forward, backward, optimizer; the first makes AdamW's moments, the second steps with them
+as every later step does), publish_shm (`push_weights` with the ranks on one host: each writes its
+shards), publish_rank0 (`push_weights` from rank 0: every rank streams blocks to it), save and restore (`save` and
+`load`: DCP, each rank its own plan), export (`export_hf`). A critic (PPO) runs load, the two steps, save and restore.
+
+Object collectives carry decisions between ranks (which rank sends which block), so the ranks run twice: a first
+pass that records what each rank says in them (its tensor phases skipped: they say nothing; a phase that fails
+because the rank heard only the ranks before it ends there), then the measured pass, in which each rank hears what
+every other rank said.
+"""
+
+import asyncio
+import contextlib
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from forge_rl.deps.monarch import endpoint_function
+from forge_rl.rehearsal.fake_memory import FakeMemory, Largest
+from forge_rl.rehearsal.fake_ranks import ObjectExchange, fake_rank
+from forge_rl.rehearsal.recording import (Coverage, RecordingStorage, RecordingStore, RecordingWriter,
+                                          recorded_save_file)
+from forge_rl.rehearsal.sparse_checkpoint import fake_reads
+from forge_rl.types import BatchShape, TrainBatch
+
+# first_step makes AdamW's moments; train is the step after it, with them: a run's every step
+TRAINER_PHASES = ("load", "first_step", "train", "publish_shm", "publish_rank0", "save", "restore", "export")
+CRITIC_PHASES = ("load", "first_step", "train", "save", "restore")
+TALKING_PHASES = ("load", "publish_shm", "publish_rank0", "export")  # the first pass runs these (object collectives)
+
+
+@dataclass
+class Rehearsal:
+    model_dir: Path
+    cfg: object  # TrainerConfig
+    world: int
+    seq_len: int
+    critic: bool = False
+    ranks: list[int] | None = None  # which ranks to measure (default all; every rank runs the first pass)
+    where_above: int = 1 << 20  # name the line that made a phase's largest tensor when it is at least this big
+
+
+@dataclass
+class PhaseMemory:
+    before_bytes: int  # live when the phase started
+    peak_bytes: int
+    after_bytes: int
+    largest: Largest
+    host_block: int  # the largest block read from the checkpoint or handed to a writer
+
+
+@dataclass
+class Result:
+    ranks: dict[int, dict[str, PhaseMemory]] = field(default_factory=dict)
+    coverage: dict[str, Coverage] = field(default_factory=dict)  # publish_shm, publish_rank0, export
+    shard_bytes: dict[int, int] = field(default_factory=dict)  # each rank's largest parameter shard, in fp32
+
+    def coverage_problems(self) -> dict[str, list[str]]:
+        return {name: c.problems() for name, c in self.coverage.items() if c.problems()}
+
+
+def call(actor, name: str, *args):
+    """Run endpoint `name` of `actor` as Monarch would, on this plain instance."""
+    return asyncio.run(endpoint_function(getattr(type(actor), name))(actor, *args))
+
+
+def batches_for(trainer, micro_batch: int, seq_len: int, critic: bool) -> list[TrainBatch | BatchShape]:
+    """One micro-batch of distinct prompts (nothing for prompt sharing to pack) of `seq_len` tokens, half prompt, for
+    this rank's data shard; the other shards' counts. Made from numpy arrays: real data even inside FakeMemory, which
+    makes floating-point tensors made out of nothing fake."""
+    import numpy as np
+
+    rng = np.random.default_rng(trainer.dp_rank)
+    mask = np.zeros((micro_batch, seq_len), dtype=bool)
+    mask[:, seq_len // 2:] = True
+    per_token = (rng.standard_normal((micro_batch, seq_len)) * mask).astype(np.float32)
+    t = torch.from_numpy
+    batch = TrainBatch(t(rng.integers(3, trainer.vocab_size, (micro_batch, seq_len))), t(mask),
+                       t((-rng.random((micro_batch, seq_len)) * mask).astype(np.float32)),
+                       t(np.where(mask, 0, -1).astype(np.int64)),
+                       t(per_token) if critic else t(rng.standard_normal(micro_batch).astype(np.float32)),
+                       values=t(per_token) if critic else None, returns=t(per_token.copy()) if critic else None)
+    return [batch if r == trainer.dp_rank else batch.shape_only() for r in range(trainer.dp_size)]
+
+
+class _Run:
+    """What every rank shares: the object exchange, the recording stores, the DCP storages, a scratch directory."""
+
+    def __init__(self, spec: Rehearsal, scratch: Path):
+        self.spec, self.scratch = spec, scratch
+        self.exchange = ObjectExchange(spec.world)
+        self.result = Result()
+
+    def rank(self, rank: int, phases: tuple[str, ...], measure: bool) -> None:
+        memory = FakeMemory(where_above=self.spec.where_above)
+        coverage = self.result.coverage if measure else {}
+        with fake_rank(rank, self.spec.world, self.exchange), fake_reads(memory), _dcp_through(memory), \
+                _export_through(coverage, memory), memory:
+            trainer = self._trainer()
+            trainer.store = RecordingStore(memory)
+            out = {}
+            for phase in phases:
+                self.exchange.start(rank, phase)
+                memory.phase()
+                before = memory.live_bytes
+                try:
+                    self._phase(trainer, phase, coverage, memory)
+                except Exception:
+                    if measure:
+                        raise
+                    # the first pass: a rank hears only the ranks before it, and what it decides from the others'
+                    # words may fail; what it said up to there is recorded, which is what this pass is for
+                out[phase] = PhaseMemory(before, memory.peak_bytes, memory.live_bytes, memory.largest, memory.host_block)
+                if phase == "load" and measure:
+                    self.result.shard_bytes[rank] = _largest_shard(trainer.model)
+            del trainer
+        if measure:
+            self.result.ranks[rank] = out
+
+    def _trainer(self):
+        from forge_rl.actors.critic import Critic
+        from forge_rl.actors.trainer import Trainer
+
+        cfg = replace(self.spec.cfg, model=str(self.spec.model_dir), checkpoint_dir=str(self.scratch / "ckpt"))
+        return Critic(cfg) if self.spec.critic else Trainer(cfg)
+
+    def _phase(self, trainer, phase: str, coverage: dict, memory: FakeMemory) -> None:
+        if phase == "load":
+            call(trainer, "setup")
+        elif phase in ("first_step", "train"):
+            batches = batches_for(trainer, trainer.cfg.micro_batch_size or 1, self.spec.seq_len, self.spec.critic)
+            call(trainer, "train_step", batches)
+        elif phase.startswith("publish"):
+            trainer.cfg.publish_from = "auto" if phase == "publish_shm" else "rank0"
+            version = 1 if phase == "publish_shm" else 2
+            call(trainer, "push_weights", version)
+            if version in trainer.store.versions:
+                coverage[phase] = _merged(coverage.get(phase), trainer.store.versions.pop(version))
+        elif phase == "save":
+            call(trainer, "save", 1, str(self.scratch / "ckpt" / "step-1"))
+        elif phase == "restore":
+            call(trainer, "load", str(self.scratch / "ckpt" / "step-1"))
+        elif phase == "export":
+            call(trainer, "export_hf", str(self.scratch / "export"))
+
+
+def _largest_shard(model) -> int:
+    return max(getattr(p, "_local_tensor", p).numel() * 4 for p in model.parameters())
+
+
+def _merged(into: Coverage | None, more: Coverage) -> Coverage:
+    if into is None:
+        return more
+    into.expect(more.spec)
+    for name, boxes in more.boxes.items():
+        into.boxes.setdefault(name, []).extend(boxes)
+    into.largest_piece = max(into.largest_piece, more.largest_piece)
+    return into
+
+
+@contextlib.contextmanager
+def _dcp_through(memory: FakeMemory):
+    """DCP's save and load with a recording storage, each rank its own plan (no_dist): the state dict, the planners
+    and the per-item reads and writes run; the plans' exchange between ranks, which moves no tensor, does not."""
+    import torch.distributed.checkpoint as dcp
+
+    storage = RecordingStorage(memory)
+    real_save, real_load = dcp.save, dcp.load
+
+    def save(state_dict, *, checkpoint_id=None, **kwargs):
+        return real_save(state_dict, checkpoint_id=checkpoint_id, storage_writer=storage, no_dist=True)
+
+    def load(state_dict, *, checkpoint_id=None, **kwargs):
+        return real_load(state_dict, checkpoint_id=checkpoint_id, storage_reader=storage, no_dist=True)
+
+    dcp.save, dcp.load = save, load
+    try:
+        yield
+    finally:
+        dcp.save, dcp.load = real_save, real_load
+
+
+@contextlib.contextmanager
+def _export_through(coverage: dict, memory: FakeMemory):
+    """The HF export's writes recorded: safetensors' save_file (an export that writes whole tensors) and the
+    Trainer's `_open_export` writer (one that streams blocks), whichever the trainer uses."""
+    import safetensors.torch
+
+    from forge_rl.actors.trainer import Trainer
+
+    exported = coverage.setdefault("export", Coverage()) if coverage is not None else Coverage()
+    real_save_file = safetensors.torch.save_file
+    own = Trainer.__dict__.get("_open_export")  # else inherited (or absent: an export through save_file)
+    safetensors.torch.save_file = recorded_save_file(exported, memory)
+    Trainer._open_export = lambda self, out_dir, spec: RecordingWriter(exported, spec, memory)
+    try:
+        yield
+    finally:
+        safetensors.torch.save_file = real_save_file
+        if own is None:
+            del Trainer._open_export
+        else:
+            Trainer._open_export = own
+
+
+def rehearse(spec: Rehearsal, progress=None) -> Result:
+    """Both passes over the ranks (see the module's docstring). `progress(rank, pass)` is called before each rank."""
+    phases = CRITIC_PHASES if spec.critic else TRAINER_PHASES
+    measured = spec.ranks if spec.ranks is not None else list(range(spec.world))
+    with tempfile.TemporaryDirectory(prefix="rehearsal-") as tmp:
+        run = _Run(spec, Path(tmp))
+        talking = tuple(p for p in phases if p in TALKING_PHASES)
+        for rank in range(spec.world):
+            if progress:
+                progress(rank, 1)
+            run.rank(rank, talking, measure=False)
+        for rank in measured:
+            if progress:
+                progress(rank, 2)
+            run.rank(rank, phases, measure=True)
+    return run.result

@@ -1,0 +1,55 @@
+"""The rehearsal (forge_rl/rehearsal): a 4-rank trainer (FSDP2 2 x TP 2, the 32B config's layout in miniature) and
+PPO's critic run every phase with fake tensors and a fake process group, and each rank stays within the memory
+plan: no phase but the train step makes a tensor larger than one publish block or the rank's own largest shard,
+every published and exported tensor is written exactly once, and each phase's peak is within the plan.
+
+The model is Qwen3-shaped but small (two layers, a 128-token vocabulary) so that a whole fused q/k/v or MLP weight
+(32 KB) is larger than any rank's shard of any parameter (8 KB) and the 4 KB block: a phase that gathers a whole
+parameter shows."""
+
+import pytest
+
+from forge_rl.actors.trainer import ParallelConfig, TrainerConfig
+from forge_rl.rehearsal.bounds import findings, phase_plan
+from forge_rl.rehearsal.run import CRITIC_PHASES, TRAINER_PHASES, Rehearsal, rehearse
+from forge_rl.rehearsal.sparse_checkpoint import hf_config, write_sparse_checkpoint
+
+SHAPE = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=False)
+CFG = TrainerConfig(dtype="bfloat16", publish_dtype="bfloat16", micro_batch_size=2, publish_block_mb=4 / 1024,
+                    parallel=ParallelConfig(dp_shard=2, tp=2, activation_checkpointing=True))
+SEQ = 16
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["trainer", "critic"])
+def rehearsed(request, tmp_path_factory):
+    cfg = hf_config(SHAPE)
+    model_dir = write_sparse_checkpoint(tmp_path_factory.mktemp("model"), cfg)
+    critic = request.param
+    result = rehearse(Rehearsal(model_dir, CFG, world=4, seq_len=SEQ, critic=critic, where_above=16 << 10))
+    return result, phase_plan(cfg, CFG, 4, SEQ, critic=critic), critic
+
+
+def test_every_rank_stays_within_the_plan_in_every_phase(rehearsed):
+    result, plan, critic = rehearsed
+    assert sorted(result.ranks) == [0, 1, 2, 3]
+    assert all(tuple(phases) == (CRITIC_PHASES if critic else TRAINER_PHASES) for phases in result.ranks.values())
+    assert findings(result, plan) == []
+
+
+def test_the_rehearsal_sees_the_state_and_the_step(rehearsed):
+    """What the bounds are checked against is there: after loading each rank holds its fp32 shard of the model,
+    the first step adds AdamW's moments (the gradients are freed after it), the second step starts with them and
+    peaks no lower, the loader read in blocks, and a trainer's publishes and export wrote every tensor."""
+    result, plan, critic = rehearsed
+    for rank, phases in result.ranks.items():
+        loaded, trained = phases["load"].after_bytes, phases["train"].after_bytes
+        assert loaded >= 0.9 * plan.states / 4, (rank, loaded)  # fp32 params: 4 of the states' 16 bytes
+        assert trained >= 2.5 * loaded, (rank, loaded, trained)  # + AdamW's two moments (grads freed)
+        assert phases["train"].peak_bytes > trained
+        assert phases["train"].before_bytes == phases["first_step"].after_bytes
+        assert phases["train"].peak_bytes >= 0.99 * phases["first_step"].peak_bytes
+        assert 0 < phases["load"].host_block <= plan.block
+    if not critic:
+        assert sorted(result.coverage) == ["export", "publish_rank0", "publish_shm"]
+        assert all(c.spec and c.largest_piece > 0 for c in result.coverage.values())
