@@ -228,7 +228,8 @@ class GRPORun:
             self.shards["reference"] = await data_shards(self.reference)
         self.held_out = await self.dataset.held_out.call_one(cfg.eval_size)
         if not self.held_out:
-            self.console.print("[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): "
+            self.console.print("[yellow]eval_size=0: no held-out evaluations[/yellow]" if not cfg.eval_size else
+                               "[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): "
                                "no evaluations[/yellow]")
 
     async def _start_reward_models(self) -> dict:
@@ -676,9 +677,10 @@ async def train(run: GRPORun) -> dict:
             try:
                 if run.held_out:
                     run.console.print(f"evaluating step {run.step} on {len(run.held_out)} held-out prompts ...")
-                run.console.print(f"held-out greedy accuracy at step {run.step}: "
-                                  f"{(await run.evaluate())['eval/accuracy']:.1%} ({len(run.held_out)} prompts, "
-                                  f"{run.eval_reward_name()})")
+                accuracy = (await run.evaluate())["eval/accuracy"]
+                if run.held_out:  # none: said at start, and not as "nan%"
+                    run.console.print(f"held-out greedy accuracy at step {run.step}: {accuracy:.1%} "
+                                      f"({len(run.held_out)} prompts, {run.eval_reward_name()})")
                 await train_steps(run)
             except (KeyboardInterrupt, asyncio.CancelledError):
                 await run.save_on_interrupt()
