@@ -408,7 +408,7 @@ def test_push_weights_into_a_full_tmpfs_fails_by_name_and_the_trainer_goes_on(lo
 def test_bf16_compute_keeps_fp32_masters_so_tiny_updates_land(loop, tmp_path, procs, parallel):
     """trainer.dtype=bfloat16 computes in bf16 but steps fp32 master weights: one AdamW step at lr 1e-6
     moves each weight by ~lr (Adam's first step is lr * sign(grad)), an update far below bf16's resolution
-    near 0.02 (~1e-4) that a bf16 parameter would round away. Published weights are bf16."""
+    near 0.02 (~1e-4) that a bf16 parameter would round away. Published weights and the default export are bf16."""
     from safetensors.torch import load_file
 
     from forge_rl.runtime import stop_actor
@@ -418,11 +418,14 @@ def test_bf16_compute_keeps_fp32_masters_so_tiny_updates_land(loop, tmp_path, pr
     cfg = config(tmp_path, **parallel)
     cfg.dtype, cfg.optim = "bfloat16", OptimizerConfig(lr=lr, max_grad_norm=0.0)
     trainer = spawn(loop, cfg, procs=procs)
-    before = load_file(loop.run_until_complete(trainer.export_hf.call(str(tmp_path / "before"))).item(procs=0)
-                       + "/model.safetensors")
+    masters = lambda out: load_file(  # noqa: E731 -- the fp32 masters, exported as they are
+        loop.run_until_complete(trainer.export_hf.call(str(tmp_path / out), "float32")).item(procs=0)
+        + "/model.safetensors")
+    before = masters("before")
     steps(loop, trainer, procs, seeds=(0,))
-    after = load_file(loop.run_until_complete(trainer.export_hf.call(str(tmp_path / "after"))).item(procs=0)
-                      + "/model.safetensors")
+    after = masters("after")
+    default = loop.run_until_complete(trainer.export_hf.call(str(tmp_path / "default"))).item(procs=0)
+    assert all(t.dtype == torch.bfloat16 for t in load_file(default + "/model.safetensors").values())
     store = ShmWeightStore()
     try:
         loop.run_until_complete(trainer.push_weights.call(1))

@@ -614,10 +614,11 @@ class Trainer(TrainerWeights, ForgeActor):
         return str(out)
 
     @endpoint
-    async def export_hf(self, out_dir: str) -> str:
-        """Write an HF model directory (sharded safetensors in the publish dtype + config + tokenizer) that
-        transformers and vLLM load, streamed to rank 0 a block at a time. With LoRA, the adapters are merged in."""
-        return self._export_hf(out_dir)
+    async def export_hf(self, out_dir: str, dtype: str | None = None) -> str:
+        """Write an HF model directory (sharded safetensors + config + tokenizer) that transformers and vLLM load,
+        streamed to rank 0 a block at a time, in `dtype` (default: the publish dtype; "float32": the fp32 masters).
+        With LoRA, the adapters are merged in."""
+        return self._export_hf(out_dir, dtype)
 
     # ---- checkpoints ----------------------------------------------------------------------------
 

@@ -159,11 +159,13 @@ class TrainerWeights:
 
     # ---- export ---------------------------------------------------------------------------------
 
-    def _export_hf(self, out_dir: str) -> str:
-        """An HF model directory in the publish dtype (sharded safetensors + config + tokenizer), streamed to rank 0
-        a block at a time; with LoRA the adapters merged in."""
-        self._stream_to_rank0(lambda spec: self._open_export(out_dir, spec), self._publish_dtype(),
-                              f"the HF export {out_dir}")
+    def _export_hf(self, out_dir: str, dtype: str | None = None) -> str:
+        """An HF model directory in `dtype` (default: the publish dtype) of sharded safetensors + config + tokenizer,
+        streamed to rank 0 a block at a time; with LoRA the adapters merged in."""
+        if dtype is not None and dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"export_hf: dtype={dtype!r}; choose 'float32' or 'bfloat16' (or leave it unset)")
+        self._stream_to_rank0(lambda spec: self._open_export(out_dir, spec),
+                              getattr(torch, dtype) if dtype else self._publish_dtype(), f"the HF export {out_dir}")
         return str(out_dir)
 
     def _open_export(self, out_dir: str, spec) -> HFExportWriter:
