@@ -275,3 +275,16 @@ def test_lora_grpo_on_shared_cores_with_a_kl_penalty_learns_and_syncs_only_the_a
     assert all(r["sync/hold_s"] >= 0 and r["sync/release_s"] >= 0 for r in rows)  # timed every step
     accounting = summary["buffer"]
     assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
+
+
+def test_a_grpo_run_with_a_kl_to_a_moving_anchor_records_each_steps_reference_version(tmp_path):
+    """reference.follow_every=1, follow_lag=1 (the Reference's own test: tests/test_reference.py): steps 1 and 2 are
+    scored by the starting policy (after step 1 the anchor would be version 0 again), step 3 by version 1, step 4 by
+    version 2; the metrics say so."""
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
+                      SMALL + ["steps=4", f"output_dir={tmp_path}", "trainer.grpo.kl_coef=0.1", "export_dir=null",
+                               "reference.follow_every=1", "reference.follow_lag=1"])
+    asyncio.run(main(cfg))
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]
+    assert [r["reference/version"] for r in rows] == [0, 0, 1, 2]
+    assert all(r["trainer/kl_ref"] >= 0 for r in rows)

@@ -177,7 +177,7 @@ def test_a_missing_reward_model_or_a_bad_setting_is_refused_at_start_naming_the_
 
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
                       [f"output_dir={tmp_path}", "rewards=[{name: exact_match}, {model: /nonexistent/rm}]"])
-    with pytest.raises(ConfigError, match=r"rewards\[1\].model: model '/nonexistent/rm'"):
+    with pytest.raises(ConfigError, match=r"rewards\[1\].model='/nonexistent/rm': no such directory"):
         check_config(cfg)
     bad = "{model: tiny-warm, kind: judge, template: 'Rate {answer}', parser: '(\\\\d+', max_concurrency: 0}"
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",

@@ -300,8 +300,8 @@ class GRPORun:
             self.start_step = await resume_from_checkpoint(self.state, self.trainer, self.generator, self.buffer,
                                                            self.dataset, path, self.other_trained())
             self.saved_step = self.start_step
-            self.console.print(f"resumed run {self.claim.run_id} from {path} at step {self.start_step} "
-                               f"(policy version {self.state.version})")
+            self.console.print(f"resumed from {path} at step {self.start_step} (policy version {self.state.version}, "
+                               f"run {self.claim.run_id})")
         self.log = MetricsLogger(self.out, cfg.wandb_project, config=asdict(cfg),
                                  resume_step=self.start_step if path is not None else None)
 
