@@ -37,6 +37,8 @@ if str(REPO) not in sys.path:
 
 from monarch.actor import Actor, endpoint  # noqa: E402
 
+from forge_rl.rehearsal.sparse_checkpoint import checkpoint_tensors  # noqa: E402  Qwen3's HF tensor shapes
+
 # Qwen3 shapes (hidden, layers, q heads, kv heads, head dim, MLP, vocab); tied embeddings as Qwen3-0.6B/1.7B/4B.
 SIZES = {
     "1b": (2048, 14, 16, 8, 128, 6144, 151936),  # Qwen3-1.7B's widths, 14 of its 28 layers: 1.02e9 parameters
@@ -55,21 +57,6 @@ def hf_config(size: str) -> dict:
                 attention_bias=False, torch_dtype="bfloat16", eos_token_id=2, pad_token_id=0)
 
 
-def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    h, hd, inter = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
-    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-    shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], h), "model.norm.weight": (h,)}
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                   p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-                   p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-                   p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                   p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,),
-                   p + "post_attention_layernorm.weight": (h,)}
-    return shapes
-
-
 def write_checkpoint(out: Path, size: str) -> int:
     """Random bf16 weights (norms 1), a file per 4 layers so that writing never holds the model; returns P."""
     import torch
@@ -80,7 +67,7 @@ def write_checkpoint(out: Path, size: str) -> int:
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     g = torch.Generator().manual_seed(0)
     files: dict[str, dict[str, tuple[int, ...]]] = {}
-    for name, shape in tensor_shapes(cfg).items():
+    for name, shape in checkpoint_tensors(cfg).items():
         layer = name.split(".")[2] if ".layers." in name else "x"
         files.setdefault("x" if layer == "x" else str(int(layer) // 4), {})[name] = shape
     total = 0
@@ -306,7 +293,7 @@ def memory_needed(size: str, train: bool) -> float:
     written twice) on the trainer's node and the reader's copy, and about 0.6 GB per process (the ranks, the reader,
     the weight server, the controller)."""
     cfg = hf_config(size)
-    params = sum(math.prod(s) for s in tensor_shapes(cfg).values())
+    params = sum(math.prod(s) for s in checkpoint_tensors(cfg).values())
     version = 2 * params + 2 * cfg["vocab_size"] * cfg["hidden_size"]
     return (16 + 2 * 0.7 * 4 if train else 4) * params + 2 * version + 5 * 0.6e9
 
