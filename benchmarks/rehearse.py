@@ -1,4 +1,4 @@
-"""Rehearse a config's trainer (or PPO's critic) at full size on this CPU machine: each of its W ranks runs the
+"""Rehearse a config's trainer (or PPO's critic, or its reference policy) at full size on this CPU machine: each of its W ranks runs the
 Trainer's own code with fake tensors and a fake process group (forge_rl/rehearsal), and each phase's memory per
 rank is printed beside the memory plan's.
 
@@ -6,6 +6,7 @@ rank is printed beside the memory plan's.
     python -m benchmarks.rehearse --config configs/grpo/qwen3_32b.yaml --model Qwen3-8B \\
         trainer_procs=8 trainer.parallel.dp_shard=8 trainer.parallel.tp=1                  # Qwen3-8B, 8 ranks
     python -m benchmarks.rehearse --config configs/grpo/qwen3_32b.yaml --critic             # PPO's critic
+    python -m benchmarks.rehearse --config configs/grpo/qwen3_32b.yaml --reference          # the KL reference
 
 The model's shape is a published Qwen3's (forge_rl/runtime/memory_plan.py QWEN3_SHAPES); its checkpoint is a sparse
 safetensors file with a real header and no data. The train step is one micro-batch per rank (trainer.micro_batch_size
@@ -40,9 +41,13 @@ def spec_of(args, model_dir: Path):
 
     cfg = load_config(PPOConfig, args.config, [*args.overrides, "model=rehearsal"])
     trainer = replace(cfg.trainer, model=str(model_dir))
-    return cfg, Rehearsal(model_dir, trainer, world=cfg.trainer_procs, critic=args.critic,
+    return cfg, Rehearsal(model_dir, trainer, world=cfg.trainer_procs, role=role_of(args),
                           seq_len=int(cfg.generator.engine_args.get("max_model_len") or 4096),
                           ranks=[int(r) for r in args.ranks.split(",")] if args.ranks else None)
+
+
+def role_of(args) -> str:
+    return "critic" if args.critic else "reference" if args.reference else "trainer"
 
 
 def summary(result, plan, spec) -> str:
@@ -69,7 +74,7 @@ def run_at(args, layers: int | None):
         model_dir = write_sparse_checkpoint(Path(tmp), hf)
         cfg, spec = spec_of(args, model_dir)
         p, start = cfg.trainer.parallel, time.time()
-        print(f"{args.model}{' critic' if args.critic else ''}, {hf['num_hidden_layers']} layers, {spec.world} ranks "
+        print(f"{args.model} {spec.role}, {hf['num_hidden_layers']} layers, {spec.world} ranks "
               f"(dp_shard {p.dp_shard} x tp {p.tp}), {cfg.trainer.dtype} compute, micro-batch "
               f"{cfg.trainer.micro_batch_size} x {spec.seq_len} tokens, activation checkpointing "
               f"{p.activation_checkpointing}, publish block {cfg.trainer.publish_block_mb} MB", flush=True)
@@ -101,7 +106,10 @@ def main() -> None:
     ap.add_argument("--model", choices=sorted(QWEN3_SHAPES), default="Qwen3-32B")
     ap.add_argument("--layers", default="", help="decoder layers (default: the model's); two, e.g. 2,4: run both "
                                                  "and extrapolate each rank's bytes to the model's layers")
-    ap.add_argument("--critic", action="store_true", help="PPO's critic instead of the policy's trainer")
+    roles = ap.add_mutually_exclusive_group()
+    roles.add_argument("--critic", action="store_true", help="PPO's critic instead of the policy's trainer")
+    roles.add_argument("--reference", action="store_true", help="the reference policy (KL penalty, distillation "
+                                                               "teacher): load, score, follow")
     ap.add_argument("--ranks", default="", help="comma-separated ranks to measure (default all)")
     ap.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = ap.parse_args()
@@ -112,7 +120,7 @@ def main() -> None:
     if len(layers) == 2:
         result = extrapolated([r[3] for r in runs], layers, full)
         print(f"\nextrapolated from {layers[0]} and {layers[1]} layers to {full}")
-    plan = phase_plan(hf_config(QWEN3_SHAPES[args.model]), spec.cfg, spec.world, spec.seq_len, critic=args.critic)
+    plan = phase_plan(hf_config(QWEN3_SHAPES[args.model]), spec.cfg, spec.world, spec.seq_len, role=spec.role)
     print("\n| rank | phase | before GB | peak GB | plan GB | largest tensor made | where | host block MB |")
     print("|---|---|---|---|---|---|---|---|")
     for rank, phases in sorted(result.ranks.items()):

@@ -255,12 +255,13 @@ def test_lora_grpo_on_shared_cores_with_a_kl_penalty_learns_and_syncs_only_the_a
     from safetensors.torch import load_file
 
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny_lora.yaml",
-                      ["steps=40", "eval_every=40", "eval_size=500", f"output_dir={tmp_path}",
+                      ["steps=60", "eval_every=60", "eval_size=500", f"output_dir={tmp_path}",
                        "resources.placement=colocated", "trainer.grpo.kl_coef=0.01"])
     summary = asyncio.run(main(cfg))
-    assert summary["trainer_version"] == 40 and summary["generator_version"] == 40
+    assert summary["trainer_version"] == 60 and summary["generator_version"] == 60
     assert summary["max_staleness"] <= 1
-    # measured: 38.2% -> 48.2% and 51.2% in two runs at step 40 (it starts slowly: B = 0 at first)
+    # It starts slowly (B = 0 at first) and how much it learns by a given step varies with the async schedule:
+    # at step 40, 38.2% -> 48.2% and 51.2% in two runs, 42.4% in a third; so 60 steps.
     first, last = summary["evals"][0][2], summary["evals"][-1][2]
     assert last > first + 0.05, summary["evals"]
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]

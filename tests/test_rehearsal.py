@@ -11,7 +11,7 @@ import pytest
 
 from forge_rl.actors.trainer import ParallelConfig, TrainerConfig
 from forge_rl.rehearsal.bounds import findings, phase_plan
-from forge_rl.rehearsal.run import CRITIC_PHASES, TRAINER_PHASES, Rehearsal, rehearse
+from forge_rl.rehearsal.run import PHASES, Rehearsal, rehearse
 from forge_rl.rehearsal.sparse_checkpoint import hf_config, write_sparse_checkpoint
 
 SHAPE = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
@@ -21,27 +21,31 @@ CFG = TrainerConfig(dtype="bfloat16", publish_dtype="bfloat16", micro_batch_size
 SEQ = 16
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["trainer", "critic"])
+@pytest.fixture(scope="module", params=["trainer", "critic", "reference"])
 def rehearsed(request, tmp_path_factory):
     cfg = hf_config(SHAPE)
     model_dir = write_sparse_checkpoint(tmp_path_factory.mktemp("model"), cfg)
-    critic = request.param
-    result = rehearse(Rehearsal(model_dir, CFG, world=4, seq_len=SEQ, critic=critic, where_above=16 << 10))
-    return result, phase_plan(cfg, CFG, 4, SEQ, critic=critic), critic
+    role = request.param
+    result = rehearse(Rehearsal(model_dir, CFG, world=4, seq_len=SEQ, role=role, where_above=16 << 10))
+    return result, phase_plan(cfg, CFG, 4, SEQ, role=role), role
 
 
 def test_every_rank_stays_within_the_plan_in_every_phase(rehearsed):
-    result, plan, critic = rehearsed
+    result, plan, role = rehearsed
     assert sorted(result.ranks) == [0, 1, 2, 3]
-    assert all(tuple(phases) == (CRITIC_PHASES if critic else TRAINER_PHASES) for phases in result.ranks.values())
+    assert all(tuple(phases) == PHASES[role] for phases in result.ranks.values())
     assert findings(result, plan) == []
 
 
 def test_the_rehearsal_sees_the_state_and_the_step(rehearsed):
     """What the bounds are checked against is there: after loading each rank holds its fp32 shard of the model,
     the first step adds AdamW's moments (the gradients are freed after it), the second step starts with them and
-    peaks no lower, the loader read in blocks, and a trainer's publishes and export wrote every tensor."""
-    result, plan, critic = rehearsed
+    peaks no lower, the loader read in blocks, and a trainer's publishes and export wrote every tensor. A reference
+    holds its fp32 shard only, its forward makes activations and keeps none, and following a version reads it in
+    blocks into the same parameters."""
+    result, plan, role = rehearsed
+    if role == "reference":
+        return the_reference_holds_its_parameters_only(result, plan)
     for rank, phases in result.ranks.items():
         loaded, trained = phases["load"].after_bytes, phases["train"].after_bytes
         assert loaded >= 0.9 * plan.states / 4, (rank, loaded)  # fp32 params: 4 of the states' 16 bytes
@@ -50,6 +54,16 @@ def test_the_rehearsal_sees_the_state_and_the_step(rehearsed):
         assert phases["train"].before_bytes == phases["first_step"].after_bytes
         assert phases["train"].peak_bytes >= 0.99 * phases["first_step"].peak_bytes
         assert 0 < phases["load"].host_block <= plan.block
-    if not critic:
+    if role == "trainer":
         assert sorted(result.coverage) == ["export", "publish_rank0", "publish_shm"]
         assert all(c.spec and c.largest_piece > 0 for c in result.coverage.values())
+
+
+def the_reference_holds_its_parameters_only(result, plan):
+    for rank, phases in result.ranks.items():
+        loaded = phases["load"].after_bytes
+        assert 0.9 * plan.states <= loaded <= 1.1 * plan.states, (rank, loaded, plan.states)  # 4P/W, no moments
+        assert phases["score"].peak_bytes > loaded and phases["score"].after_bytes <= 1.01 * loaded, rank
+        assert phases["follow"].after_bytes <= 1.01 * loaded, rank  # read into the same parameters
+        assert 0 < phases["follow"].host_block <= plan.block and 0 < phases["load"].host_block <= plan.block
+    assert not any(c.boxes for c in result.coverage.values())  # it publishes and exports nothing

@@ -49,6 +49,7 @@ class Reference(Trainer):
                     continue
                 logprobs, _ = self._forward(batch.tokens, response_mask=batch.response_mask)
                 out.append(dataclasses.replace(batch, ref_logprobs=logprobs.cpu()))
+        reshard(self.model)
         return out
 
     @endpoint
@@ -71,3 +72,15 @@ class Reference(Trainer):
     @endpoint
     async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
         raise RuntimeError("the reference policy is frozen: train_step is the Trainer's")
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free every FSDP unit's gathered parameters. TorchTitan's last unit (final norm and LM head) is not resharded
+    after its forward, as the backward that would reshard it needs it: a reference never runs one, so without this it
+    would hold the whole LM head (1.2 GB at Qwen3-8B) from its first scoring on, and `follow` would load into that
+    gathered copy instead of the shards (the rehearsal's reference found both)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

@@ -340,10 +340,7 @@ class Trainer(TrainerWeights, ForgeActor):
             skip_dp=dims.dp_shard == 1,
         )
         self._sum_gradients_over_ranks(model)
-        model.to_empty(device=self.device)
-        with torch.no_grad():
-            model.init_states(buffer_device=self.device)
-        qwen3.share_rope_caches(model)
+        qwen3.materialise(model, self.device)  # one RoPE cache for all layers
         lora.add_dropout(model, self.cfg.lora.dropout)
         adapter = Qwen3StateDictAdapter(config, str(self.model_dir))
         # each rank reads only its shards of the checkpoint (forge_rl/models/sharded_load.py)

@@ -3,10 +3,14 @@
 - `use_cpu_without_accelerator()`: `torchtitan.tools.utils.device_type` falls back to "cuda" when torch
   reports no accelerator, and several TorchTitan modules copy it at import time; on a CPU-only machine it must
   be "cpu" before any `torchtitan.models` / `torchtitan.distributed` import. Importing this module does it.
+- `buffers_left_uninitialised(modules)`: `init_states` leaves those modules' own buffers alone (TorchTitan's
+  per-module `_init_self_buffers` hook), so that one RoPE cache can stand for every layer's.
 - `build_qwen3_layers`, `qwen3_norm`, `EMBEDDING_INIT`, `LINEAR_INIT`: how TorchTitan's own Qwen3 configs are
   built (per-layer block configs, the RMSNorm config, its initialisers). forge_rl builds a Qwen3 config from
   any HF config.json with them instead of copying their code; TorchTitan exports only fixed model flavours.
 """
+
+import contextlib
 
 import torch
 import torchtitan.tools.utils as _utils
@@ -24,4 +28,18 @@ from torchtitan.models.qwen3 import _LINEAR_INIT as LINEAR_INIT  # noqa: E402
 from torchtitan.models.qwen3 import _build_qwen3_layers as build_qwen3_layers  # noqa: E402
 from torchtitan.models.qwen3 import _qwen3_norm as qwen3_norm  # noqa: E402
 
-__all__ = ["EMBEDDING_INIT", "LINEAR_INIT", "build_qwen3_layers", "qwen3_norm", "use_cpu_without_accelerator"]
+
+
+@contextlib.contextmanager
+def buffers_left_uninitialised(modules):
+    for module in modules:
+        module._init_self_buffers = lambda **_: None  # shadows the class's hook on this instance
+    try:
+        yield
+    finally:
+        for module in modules:
+            del module._init_self_buffers
+
+
+__all__ = ["EMBEDDING_INIT", "LINEAR_INIT", "buffers_left_uninitialised", "build_qwen3_layers", "qwen3_norm",
+           "use_cpu_without_accelerator"]

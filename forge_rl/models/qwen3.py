@@ -98,9 +98,7 @@ def build_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype
     config = titan_config(model_dir)
     with torch.device("meta"):
         model = config.build()
-    model.to_empty(device=device)
-    with torch.no_grad():
-        model.init_states(buffer_device=torch.device(device))  # rope buffers and weight tying
+    materialise(model, torch.device(device))  # rope buffers and weight tying
     adapter = Qwen3StateDictAdapter(config, str(model_dir))
     load_sharded(model, adapter, model_dir)  # every parameter from the checkpoint, or a named error
     model = model.to(dtype)
@@ -108,22 +106,54 @@ def build_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype
     return model, adapter
 
 
-def share_rope_caches(model: torch.nn.Module) -> int:
-    """Point every layer's RoPE cache at the first layer's; returns the bytes freed.
+def materialise(model: torch.nn.Module, device: torch.device) -> None:
+    """`model.to_empty(device)` and `init_states`, with one RoPE cache made for all the layers that share a RoPE config.
 
     TorchTitan gives each attention layer its own cos/sin cache of max_position_embeddings x 2 head_dim floats, and
     they are all equal: with Qwen3's 40,960 positions that is 42 MB a layer, 1.5 GB for Qwen3-8B's 36 layers and
-    2.7 GB for 32B's 64, on every rank of the trainer, the reference and the critic. The cache is a non-persistent
-    buffer (in no checkpoint), so sharing it changes nothing but memory."""
+    2.7 GB for 32B's 64, on every rank of the trainer, the reference and the critic. Making them all and sharing
+    them afterwards held them all for a moment (a reference's load, which holds nothing else, went 65% over its
+    plan in the rehearsal); here the other layers' caches are never made."""
+    from forge_rl.deps.torchtitan import buffers_left_uninitialised
+
+    followers = _rope_followers(model)
+    for module in followers:
+        module.cache = None  # nothing for to_empty to allocate
+    with buffers_left_uninitialised(followers):
+        model.to_empty(device=device)
+        with torch.no_grad():
+            model.init_states(buffer_device=device)
+    share_rope_caches(model)
+
+
+def _rope_followers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every RoPE module but the first of each RoPE config."""
+    from torchtitan.models.common.rope import RoPE
+
+    seen, out = set(), []
+    for module in model.modules():
+        if isinstance(module, RoPE):
+            key = repr(module.config)
+            if key in seen:
+                out.append(module)
+            seen.add(key)
+    return out
+
+
+def share_rope_caches(model: torch.nn.Module) -> int:
+    """Point every layer's RoPE cache at the first layer's of the same config (see `materialise`); returns the bytes
+    freed. The cache is a non-persistent buffer (in no checkpoint), so sharing it changes nothing but memory; a
+    `model.to(dtype)` makes each layer's its own again."""
     from torchtitan.models.common.rope import RoPE
 
     first, freed = {}, 0
     for module in model.modules():
-        if isinstance(module, RoPE) and module.cache is not None:
-            key = (repr(module.config), module.cache.device, module.cache.dtype)
-            if key not in first:
-                first[key] = module.cache
-            elif module.cache is not first[key]:
-                freed += module.cache.nbytes
-                module.cache = first[key]
+        if not isinstance(module, RoPE):
+            continue
+        key = repr(module.config)
+        if key not in first:
+            first[key] = module.cache
+        elif module.cache is not first[key]:
+            freed += module.cache.nbytes if module.cache is not None else 0
+            module.cache = first[key]
     return freed

@@ -2,13 +2,15 @@
 rehearsal's findings against it.
 
 - The plan per phase, per rank: in a train step, the plan's states 16P/W (fp32 params, grads, AdamW's moments),
-  one RoPE cache, activations for one micro-batch and FSDP's largest unit made whole; in every other phase, the states and one block. (Loading
-  holds 4P/W of parameters but builds TorchTitan's RoPE cache once per layer before they are shared
-  (forge_rl/models/qwen3.share_rope_caches): L caches, 2.7 GB at Qwen3-32B, for a moment; within the states.) No CUDA context or NCCL buffers (TRAINER_OVERHEAD_GB): a rehearsal has none.
+  one RoPE cache, activations for one micro-batch and FSDP's largest unit made whole; in every other phase, the
+  states and one block; loading also makes the one RoPE cache all layers share (forge_rl/models/qwen3.materialise),
+  two caches' worth more for a moment. No CUDA context or NCCL buffers (TRAINER_OVERHEAD_GB): a rehearsal has none.
 - Beyond its state, a rank may make no tensor larger than one block or its own largest shard (in fp32): a
   publish, checkpoint or export that holds a whole sharded parameter breaks that (the train step's FSDP all-gathers
   of one layer are its design, and are not held to it).
 - Every element of every published and exported tensor is written exactly once, over all ranks.
+- A reference policy holds its parameters only (4P/W: the plan's "its 4*P/n"), no gradients or moments; its score
+  (a forward without gradients) is held to the parameters and a step's activations, its follow to one block more.
 """
 
 from dataclasses import dataclass, replace
@@ -16,7 +18,7 @@ from dataclasses import dataclass, replace
 from forge_rl.runtime.memory_plan import ModelShape, plan_memory
 
 TOLERANCE = 0.10  # a rank's peak may exceed the plan by this much (the agreement asked of plan, docs and rehearsal)
-BOUNDED_PHASES = ("load", "publish_shm", "publish_rank0", "save", "restore", "export")
+BOUNDED_PHASES = ("load", "publish_shm", "publish_rank0", "save", "restore", "export", "follow")
 
 
 @dataclass
@@ -26,8 +28,10 @@ class PhasePlan:
     states: float  # fp32 params, grads and AdamW's moments, and the RoPE cache
 
 
-def phase_plan(hf_config: dict, cfg, world: int, seq_len: int, critic: bool = False) -> PhasePlan:
-    """The plan's bytes per rank in each phase, for the trainer (or PPO's critic) of `cfg` over `world` ranks."""
+def phase_plan(hf_config: dict, cfg, world: int, seq_len: int, role: str = "trainer") -> PhasePlan:
+    """The plan's bytes per rank in each phase, for the trainer (or PPO's critic, or a reference policy) of `cfg`
+    over `world` ranks."""
+    critic = role == "critic"
     shape = model = ModelShape.from_config(hf_config, "model")
     params, tp = shape.parameters(), cfg.parallel.tp
     if critic:  # the head is one value per position (and the embedding its own even if the policy ties them)
@@ -42,10 +46,11 @@ def phase_plan(hf_config: dict, cfg, world: int, seq_len: int, critic: bool = Fa
         step += model.fsdp_unit_bytes(tp) - shape.fsdp_unit_bytes(tp)
     block = int(cfg.publish_block_mb * 2**20)
     rope = hf_config["max_position_embeddings"] * 2 * shape.head_dim * 4  # one fp32 cos and sin per position
-    states = 16 * params / world + rope
-    out = dict(first_step=states + step, train=states + step)
+    states = (4 if role == "reference" else 16) * params / world + rope
+    out = dict(first_step=states + step, train=states + step, score=states + step)
     for phase in BOUNDED_PHASES:
         out[phase] = states + block
+    out["load"] += 2 * rope  # the one RoPE cache is made while to_empty's uninitialised one is alive, from cos and sin
     return PhasePlan(out, block, states)
 
 

@@ -8,6 +8,7 @@
   tensors of the saved shapes (and the saved bytes of non-tensor items), so DCP's planners run as written.
 """
 
+import contextlib
 import io
 import math
 from pathlib import Path
@@ -82,11 +83,20 @@ class RecordingWriter(VersionWriter):
 
 
 class RecordingStore:
-    """`trainer.store` for a rehearsal: one Coverage per version."""
+    """`trainer.store` for a rehearsal: one Coverage per version written; every version read (a following
+    reference's) is the directory `published`, the rehearsal's checkpoint, which has the publish layout."""
 
-    def __init__(self, memory):
+    def __init__(self, memory, published=None):
         self.memory = memory
+        self.published = published
         self.versions: dict[int, Coverage] = {}
+
+    async def prefetch(self, version: int, timeout: float | None = None) -> None:
+        pass  # on this host already
+
+    @contextlib.contextmanager
+    def pinned(self, version: int):
+        yield self.published
 
     def writer(self, version: int, spec, rank: int = 0, world_size: int = 1) -> RecordingWriter:
         return RecordingWriter(self.versions.setdefault(version, Coverage()), spec, self.memory)

@@ -10,6 +10,9 @@ one micro-batch per rank: forward, backward, optimizer; the first makes AdamW's 
 as every later step does), publish_shm (`push_weights` with the ranks on one host: each writes its
 shards), publish_rank0 (`push_weights` from rank 0: every rank streams blocks to it), save and restore (`save` and
 `load`: DCP, each rank its own plan), export (`export_hf`). A critic (PPO) runs load, the two steps, save and restore.
+A reference policy (KL penalty, distillation teacher) runs load, score (`fill_ref_logprobs`: one forward, no
+gradient) and follow (`follow`: a published version read into its shards, as `reference.follow_every` does; the
+version's file is the rehearsal's checkpoint, which has the publish layout).
 
 Object collectives carry decisions between ranks (which rank sends which block), so the ranks run twice: a first
 pass that records what each rank says in them (its tensor phases skipped: they say nothing; a phase that fails
@@ -36,6 +39,8 @@ from forge_rl.types import BatchShape, TrainBatch
 # first_step makes AdamW's moments; train is the step after it, with them: a run's every step
 TRAINER_PHASES = ("load", "first_step", "train", "publish_shm", "publish_rank0", "save", "restore", "export")
 CRITIC_PHASES = ("load", "first_step", "train", "save", "restore")
+REFERENCE_PHASES = ("load", "score", "follow")
+PHASES = {"trainer": TRAINER_PHASES, "critic": CRITIC_PHASES, "reference": REFERENCE_PHASES}
 TALKING_PHASES = ("load", "publish_shm", "publish_rank0", "export")  # the first pass runs these (object collectives)
 
 
@@ -45,7 +50,7 @@ class Rehearsal:
     cfg: object  # TrainerConfig
     world: int
     seq_len: int
-    critic: bool = False
+    role: str = "trainer"  # "trainer" (the policy's), "critic" (PPO's) or "reference" (frozen, forward only)
     ranks: list[int] | None = None  # which ranks to measure (default all; every rank runs the first pass)
     where_above: int = 1 << 20  # name the line that made a phase's largest tensor when it is at least this big
 
@@ -74,7 +79,7 @@ def call(actor, name: str, *args):
     return asyncio.run(endpoint_function(getattr(type(actor), name))(actor, *args))
 
 
-def batches_for(trainer, micro_batch: int, seq_len: int, critic: bool) -> list[TrainBatch | BatchShape]:
+def batches_for(trainer, micro_batch: int, seq_len: int, critic: bool = False) -> list[TrainBatch | BatchShape]:
     """One micro-batch of distinct prompts (nothing for prompt sharing to pack) of `seq_len` tokens, half prompt, for
     this rank's data shard; the other shards' counts. Made from numpy arrays: real data even inside FakeMemory, which
     makes floating-point tensors made out of nothing fake."""
@@ -107,7 +112,7 @@ class _Run:
         with fake_rank(rank, self.spec.world, self.exchange), fake_reads(memory), _dcp_through(memory), \
                 _export_through(coverage, memory), memory:
             trainer = self._trainer()
-            trainer.store = RecordingStore(memory)
+            trainer.store = RecordingStore(memory, published=self.spec.model_dir)
             out = {}
             for phase in phases:
                 self.exchange.start(rank, phase)
@@ -129,17 +134,23 @@ class _Run:
 
     def _trainer(self):
         from forge_rl.actors.critic import Critic
+        from forge_rl.actors.reference import Reference
         from forge_rl.actors.trainer import Trainer
 
         cfg = replace(self.spec.cfg, model=str(self.spec.model_dir), checkpoint_dir=str(self.scratch / "ckpt"))
-        return Critic(cfg) if self.spec.critic else Trainer(cfg)
+        return {"trainer": Trainer, "critic": Critic, "reference": Reference}[self.spec.role](cfg)
 
     def _phase(self, trainer, phase: str, coverage: dict, memory: FakeMemory) -> None:
         if phase == "load":
             call(trainer, "setup")
         elif phase in ("first_step", "train"):
-            batches = batches_for(trainer, trainer.cfg.micro_batch_size or 1, self.spec.seq_len, self.spec.critic)
+            batches = batches_for(trainer, trainer.cfg.micro_batch_size or 1, self.spec.seq_len,
+                                  self.spec.role == "critic")
             call(trainer, "train_step", batches)
+        elif phase == "score":
+            call(trainer, "fill_ref_logprobs", batches_for(trainer, trainer.cfg.micro_batch_size or 1, self.spec.seq_len))
+        elif phase == "follow":
+            call(trainer, "follow", 1)
         elif phase.startswith("publish"):
             trainer.cfg.publish_from = "auto" if phase == "publish_shm" else "rank0"
             version = 1 if phase == "publish_shm" else 2
@@ -215,7 +226,9 @@ def _export_through(coverage: dict, memory: FakeMemory):
 
 def rehearse(spec: Rehearsal, progress=None) -> Result:
     """Both passes over the ranks (see the module's docstring). `progress(rank, pass)` is called before each rank."""
-    phases = CRITIC_PHASES if spec.critic else TRAINER_PHASES
+    if spec.role not in PHASES:
+        raise ValueError(f"Rehearsal.role={spec.role!r}: one of {sorted(PHASES)}")
+    phases = PHASES[spec.role]
     measured = spec.ranks if spec.ranks is not None else list(range(spec.world))
     with tempfile.TemporaryDirectory(prefix="rehearsal-") as tmp:
         run = _Run(spec, Path(tmp))
