@@ -9,6 +9,10 @@ Token alignment used everywhere: a sequence is `prompt_ids + response_ids`; the 
 and policy version of response token i belong to that token (the logprob of choosing it). In a multi-turn
 response, `env_mask` marks the tokens the environment inserted between the model's turns: they are context,
 not actions, so the loss never sees them (their logprob is 0 and their version the model token's before them).
+
+Truncated sampling (top_p, top_k, min_p) draws each token from its kept set, a subset of the vocabulary; the
+completion records those sets (`kept_ids`, `kept_offsets`: CSR, int32) and the TrainBatch carries them padded
+(`kept`), so the trainer renormalises over the same sets (docs/algorithms.md, "Keep Sampling Mask").
 """
 
 from dataclasses import dataclass, field
@@ -52,6 +56,12 @@ class Completion(_NumpyOnTheWire):
     # the vLLM SamplingParams options it was drawn with (the generator's config and the call's overrides);
     # the replay buffer refuses what the trainer cannot reproduce. None: not made by a generator
     sampling: dict[str, Any] | None = None
+    # truncated sampling: the ids response token i was drawn from are kept_ids[kept_offsets[i]:kept_offsets[i + 1]]
+    # (none: the whole vocabulary, as for an environment's tokens). None: drawn from the whole vocabulary, or
+    # not recorded because `kept_over_cap` of its tokens had more than generator.max_kept_tokens ids
+    kept_ids: torch.Tensor | None = None  # int32 [N]
+    kept_offsets: torch.Tensor | None = None  # int32 [R + 1]
+    kept_over_cap: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -60,6 +70,17 @@ class Completion(_NumpyOnTheWire):
                 raise ValueError(
                     f"Completion.{name} has {len(getattr(self, name))} entries for {n} response tokens"
                 )
+        if (self.kept_ids is None) != (self.kept_offsets is None):
+            raise ValueError("Completion.kept_ids and kept_offsets come together (CSR): give both or neither")
+        if self.kept_offsets is not None and (len(self.kept_offsets) != n + 1 or self.kept_offsets[0] != 0
+                                              or self.kept_offsets[-1] != len(self.kept_ids)):
+            raise ValueError(f"Completion.kept_offsets must hold {n + 1} offsets from 0 to len(kept_ids)="
+                             f"{len(self.kept_ids)}, got {len(self.kept_offsets)}")
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes its recorded kept sets take (0 when none are)."""
+        return 0 if self.kept_ids is None else self.kept_ids.nbytes + self.kept_offsets.nbytes
 
     @property
     def oldest_version(self) -> int:
@@ -122,6 +143,9 @@ class TrainBatch(_NumpyOnTheWire):
     policy_versions: torch.Tensor  # int64 [B, T], -1 outside the response
     advantages: torch.Tensor  # float32 [B] (group-relative), or [B, T] per token (PPO's GAE, 0 outside the response)
     ref_logprobs: torch.Tensor | None = None  # float32 [B, T]
+    # int32 [B, T, K]: the kept set each token was drawn from (truncated sampling), -1 padded; a position
+    # without ids (the prompt, an untruncated sample) is over the whole vocabulary. None: no truncation
+    kept: torch.Tensor | None = None
     rewards: torch.Tensor | None = None  # float32 [B], each episode's total reward (PPO's terminal reward)
     values: torch.Tensor | None = None  # float32 [B, T], PPO: the critic's value of each token before its update
     returns: torch.Tensor | None = None  # float32 [B, T], PPO: the critic's targets (GAE advantage + value)
@@ -164,8 +188,25 @@ class TrainBatch(_NumpyOnTheWire):
             logprobs[b, P : P + R] = c.logprobs
             versions[b, P : P + R] = c.policy_versions
             advantages[b] = ep.advantage
-        return cls(tokens, mask, logprobs, versions, advantages,
+        return cls(tokens, mask, logprobs, versions, advantages, kept=collate_kept(episodes, T),
                    rewards=torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32))
+
+
+def collate_kept(episodes: list[Episode], T: int) -> torch.Tensor | None:
+    """The episodes' kept sets as one [B, T, K] int32 tensor, -1 padded (K: the largest set), aligned with the
+    tokens; None when no episode records any."""
+    recorded = [(b, ep.completion) for b, ep in enumerate(episodes) if ep.completion.kept_offsets is not None]
+    if not recorded:
+        return None
+    K = max([int((c.kept_offsets[1:] - c.kept_offsets[:-1]).max()) for _, c in recorded if len(c.response_ids)] or [1])
+    kept = torch.full((len(episodes), T, max(K, 1)), -1, dtype=torch.int32)
+    for b, c in recorded:
+        offsets = c.kept_offsets.long()
+        sizes = offsets[1:] - offsets[:-1]
+        position = torch.arange(len(sizes)).repeat_interleave(sizes)  # the response token of each id
+        column = torch.arange(len(c.kept_ids)) - offsets[position]
+        kept[b, len(c.prompt_ids) + position, column] = c.kept_ids.int()
+    return kept
 
 
 @dataclass(frozen=True)

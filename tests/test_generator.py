@@ -27,7 +27,9 @@ def generator():
     ctx = provisioned()
     loop.run_until_complete(ctx.__aenter__())
     svc = loop.run_until_complete(
-        Generator.options(replicas=1).as_service(str(TINY_MODEL_DIR), engine_args=dict(max_model_len=128))
+        # kept sets of up to the whole (128-token) vocabulary: this random model's top_p=0.8 keeps ~90 ids
+        Generator.options(replicas=1).as_service(str(TINY_MODEL_DIR), engine_args=dict(max_model_len=128),
+                                                 max_kept_tokens=128)
     )
     yield loop, svc
     loop.run_until_complete(ctx.__aexit__(None, None, None))
@@ -85,16 +87,19 @@ def test_every_completion_records_its_sampling_and_the_buffer_refuses_an_overrid
     plain = loop.run_until_complete(svc.generate.route(PROMPT, n=2, max_tokens=4))
     assert plain[0].sampling == {"max_tokens": 4, "temperature": 1.0}
     assert add(plain)
+    penalised = loop.run_until_complete(svc.generate.route(PROMPT, n=2, max_tokens=4, repetition_penalty=1.2))
+    assert penalised[0].sampling["repetition_penalty"] == 1.2
+    with pytest.raises(ValueError, match="episode 0 cannot be trained on: repetition_penalty=1.2 changes the sampling"):
+        add(penalised)
     truncated = loop.run_until_complete(svc.generate.route(PROMPT, n=2, max_tokens=4, top_p=0.8))
-    assert truncated[0].sampling["top_p"] == 0.8
-    with pytest.raises(ValueError, match="episode 0 cannot be trained on: top_p=0.8 changes the sampling"):
-        add(truncated)
+    assert truncated[0].sampling["top_p"] == 0.8 and truncated[0].kept_offsets is not None
+    assert add(truncated)  # its kept sets are recorded: the trainer reproduces it
     greedy = [loop.run_until_complete(svc.generate.route(PROMPT, n=1, max_tokens=4, temperature=0.0))[0]
               for _ in range(2)]
     assert greedy[0].sampling["temperature"] == 0.0  # evaluation: any sampling
     with pytest.raises(ValueError, match="temperature=0.0 differs from the trainer's 1.0"):
         add(greedy)
-    assert store.present == 2
+    assert store.present == 4
 
 
 def test_stop_strings_still_work_without_vllm_detokenizing_by_default(generator):
@@ -141,6 +146,53 @@ def test_trainer_logprobs_equal_generator_behaviour_logprobs(generator, temperat
     assert gap < 1e-4
     if temperature != 1.0:  # under the untempered policy the same tokens are far off: the check has teeth
         assert (untempered_logprobs(completions[0]) - completions[0].logprobs).abs().max() > 1e-2
+
+
+TRUNCATIONS = [dict(top_p=0.8), dict(top_k=20), dict(min_p=0.05), dict(top_p=0.95, top_k=20)]
+
+
+def test_trainer_reproduces_truncated_sampling_over_the_recorded_kept_sets(generator):
+    """Keep Sampling Mask through the Generator's per-call options: each token carries the ids it was drawn from,
+    and the trainer's logprobs renormalised over them equal the behaviour logprobs (fp32, T=0.7), for each sampler
+    in one batch with an untruncated group. (On this random model min_p=0.05 keeps every id; the GRPO run of
+    tests/test_mismatch.py takes the samplers from the config, on tiny-warm, where it keeps 2-3.)"""
+    from dataclasses import replace
+
+    from forge_rl.actors.trainer import Trainer, TrainerConfig
+    from forge_rl.runtime import stop_actor
+    from forge_rl.types import Episode, TrainBatch
+
+    loop, svc = generator
+    groups = [loop.run_until_complete(svc.generate.route(PROMPT, n=4, temperature=0.7, max_tokens=12, **t))
+              for t in [*TRUNCATIONS, {}]]
+    for t, group in zip(TRUNCATIONS, groups):
+        for c in group:
+            sizes = (c.kept_offsets[1:] - c.kept_offsets[:-1]).tolist()
+            sets = [c.kept_ids[a:b].tolist() for a, b in zip(c.kept_offsets[:-1], c.kept_offsets[1:])]
+            assert all(int(tok) in s for tok, s in zip(c.response_ids, sets)) and c.kept_over_cap == 0
+            assert max(sizes) <= t.get("top_k", 128) and min(sizes) >= 1, (t, sizes)
+    assert groups[-1][0].kept_ids is None  # untruncated: nothing recorded
+    batch = TrainBatch.collate([Episode(c, advantage=0.0) for g in groups for c in g], pad_id=0)
+    cfg = TrainerConfig(model=str(TINY_MODEL_DIR), temperature=0.7)
+    trainer = loop.run_until_complete(Trainer.options(spmd=True).as_actor(cfg))
+    ours = loop.run_until_complete(trainer.logprobs.call_one(batch))
+    full = loop.run_until_complete(trainer.logprobs.call_one(replace(batch, kept=None)))  # the whole vocabulary
+    loop.run_until_complete(stop_actor(trainer))
+    gap, full_gap = (ours - batch.behaviour_logprobs).abs(), (full - batch.behaviour_logprobs).abs()
+    for i, t in enumerate([*TRUNCATIONS, {}]):
+        rows = batch.response_mask[4 * i : 4 * i + 4]
+        assert gap[4 * i : 4 * i + 4][rows].mean() < 1e-4 and gap[4 * i : 4 * i + 4][rows].max() < 1e-3, t
+        if t and t != dict(min_p=0.05):  # the check has teeth: over the whole vocabulary they are far off
+            assert full_gap[4 * i : 4 * i + 4][rows].mean() > 1e-2, t
+    assert loop.run_until_complete(svc.stats.route())["sampling_mask_bytes_per_token"] > 4
+
+
+def test_a_top_k_over_the_cap_is_refused_by_the_generator(generator):
+    from monarch.actor import ActorError
+
+    loop, svc = generator
+    with pytest.raises(ActorError, match="top_k=129 keeps more tokens than the generator records"):
+        loop.run_until_complete(svc.generate.route(PROMPT, n=1, max_tokens=2, top_k=129))
 
 
 def untempered_logprobs(completion) -> torch.Tensor:

@@ -25,6 +25,7 @@ LAYERS = (
 # The imports that go up a layer, each named in docs/design.md with its reason: (file, the module it imports).
 UPWARD = {
     ("forge_rl/actors/replay_buffer.py", "forge_rl.loop.sampling"),  # the behaviour policy's one definition
+    ("forge_rl/actors/generator.py", "forge_rl.loop.sampling"),  # which options truncate: kept sets recorded
     ("forge_rl/launch/launcher.py", "forge_rl.recipes"),  # the `submit` command line names a recipe
     ("forge_rl/rewards/workers.py", "forge_rl.launch.signals"),  # a reward worker dies with its parent
 }

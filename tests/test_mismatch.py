@@ -41,3 +41,16 @@ def test_mismatch_is_near_zero_when_numerics_agree_and_not_when_the_trainer_runs
         assert 0 < r["trainer/is_weight_mean"] <= 2.0 and 0 <= r["trainer/is_corrected_fraction"] < 1
     means = [r["trainer/mismatch_abs_mean"] for r in bf16]
     assert min(means) > 30 * max(r["trainer/mismatch_abs_mean"] for r in same)
+
+
+def test_truncated_sampling_from_the_config_is_reproduced_over_the_kept_sets(tmp_path):
+    """Keep Sampling Mask through the config: a GRPO run sampling with top_p=0.95 and top_k=20 at T=0.7 (Qwen3's
+    recommendation) trains with the trainer's logprobs over each token's recorded kept set (micro-batches, shared
+    prompts, the entropy over the set): |log pi - log mu| as small as untruncated. The per-call samplers:
+    tests/test_generator.py."""
+    steps = _steps(tmp_path, "top_p_top_k", ["generator.sampling.temperature=0.7", "generator.sampling.top_p=0.95",
+                                             "generator.sampling.top_k=20"])
+    for r in steps:
+        assert r["trainer/mismatch_abs_mean"] < 1e-4 and r["trainer/mismatch_abs_max"] < 1e-3
+        assert 4 < r["generator/sampling_mask_bytes_per_token"] <= 4 * 21 + 4  # ids and an offset per token
+        assert r.get("drops/sampling_mask_over_cap", 0) == 0

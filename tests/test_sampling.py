@@ -1,20 +1,21 @@
-"""One behaviour policy: every vLLM sampling option is classified (reproduced by the trainer, set by the
-generator, or allowed only at its neutral value); the run refuses the others at start naming them, and the
-replay buffer refuses episodes drawn with them, whoever called the generator."""
+"""One behaviour policy: every vLLM sampling option is classified (reproduced by the trainer, reproduced over the
+recorded kept set, set by the generator, or allowed only at its neutral value); the run refuses the others at start
+naming them, and the replay buffer refuses episodes drawn with them, whoever called the generator."""
 
 import pytest
 import torch
 
 from forge_rl.actors.replay_buffer import GroupStore, ReplayBufferConfig
 from forge_rl.config import ConfigError, load_config
-from forge_rl.loop.sampling import NEUTRAL, REPRODUCED, SET_BY_GENERATOR, behaviour_temperature, untrainable
+from forge_rl.loop.sampling import (KEPT_SET, NEUTRAL, REPRODUCED, SET_BY_GENERATOR, behaviour_temperature, truncation,
+                                    untrainable)
 from forge_rl.recipes.grpo_config import GRPOConfig, check_config
 from forge_rl.types import Completion, Episode, Group
 from tests.conftest import REPO
 
 # a value of each option that changes the distribution: written here by hand, not read from NEUTRAL
 NOT_REPRODUCED = {
-    "top_p": 0.8, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "presence_penalty": 0.5,
+    "repetition_penalty": 1.1, "presence_penalty": 0.5,
     "frequency_penalty": 0.5, "logit_bias": {5: 2.0}, "allowed_token_ids": [5, 6], "bad_words": ["7"],
     "min_tokens": 3, "structured_outputs": {"regex": "[0-9]+"}, "watermarking": {"key": 1},
     "extra_args": {"logits_processors": ["x"]}, "thinking_token_budget": 64, "repetition_detection": {"window": 4},
@@ -26,7 +27,7 @@ def test_every_vllm_sampling_field_is_classified_once():
     from vllm import SamplingParams
 
     fields = {f for f in SamplingParams.__struct_fields__ if not f.startswith("_")}
-    classes = [REPRODUCED, SET_BY_GENERATOR, set(NEUTRAL)]
+    classes = [REPRODUCED, SET_BY_GENERATOR, set(KEPT_SET), set(NEUTRAL)]
     assert set().union(*classes) == fields, "unclassified: " + str(sorted(fields - set().union(*classes)))
     assert sum(len(c) for c in classes) == len(fields)  # disjoint
     assert set(NOT_REPRODUCED) == set(NEUTRAL)  # every distribution-changing option has a refusal test below
@@ -50,6 +51,16 @@ def test_reproduced_options_pass_and_generator_owned_or_unknown_ones_are_refused
         behaviour_temperature({"logprobs": 5})
     with pytest.raises(ValueError, match=r"generator\.sampling\.top_pp is not a vLLM SamplingParams option"):
         behaviour_temperature({"top_pp": 0.9})
+
+
+@pytest.mark.parametrize("sampling", [{"top_p": 0.8}, {"top_k": 20}, {"min_p": 0.05}, {"top_p": 0.95, "top_k": 20}])
+def test_truncation_is_reproduced_over_the_kept_set_and_a_top_k_over_the_cap_is_refused(sampling):
+    assert behaviour_temperature({"temperature": 0.7, **sampling}, max_kept_tokens=64) == 0.7
+    assert truncation({"temperature": 0.7, "max_tokens": 4, **sampling}) == sampling
+    assert truncation({"top_p": 1.0, "top_k": -1, "min_p": 0.0}) == {}  # their neutral values truncate nothing
+    with pytest.raises(ValueError, match=r"^generator\.sampling\.top_k=65 keeps more tokens than .*"
+                                         r"generator\.max_kept_tokens=64"):
+        behaviour_temperature({"temperature": 0.7, **sampling, "top_k": 65}, max_kept_tokens=64)
 
 
 def test_greedy_sampling_cannot_be_trained_on():
@@ -79,7 +90,7 @@ def test_raw_logprobs_mode_is_refused():
         check_config(cfg)
 
 
-@pytest.mark.parametrize("option", ["top_p", "structured_outputs", "extra_args"])
+@pytest.mark.parametrize("option", ["repetition_penalty", "structured_outputs", "extra_args"])
 def test_an_option_in_the_grpo_config_fails_before_any_actor_starts(option):
     cfg = grpo()
     cfg.generator.sampling[option] = NOT_REPRODUCED[option]
@@ -87,10 +98,10 @@ def test_an_option_in_the_grpo_config_fails_before_any_actor_starts(option):
         check_config(cfg)
 
 
-def group_sampled_with(sampling: dict | None) -> Group:
+def group_sampled_with(sampling: dict | None, **kept) -> Group:
     def episode(advantage: float) -> Episode:
         c = Completion(torch.tensor([1, 2]), torch.tensor([3, 4]), torch.tensor([-1.0, -1.0]), torch.tensor([0, 0]),
-                       "stop", sampling=sampling)
+                       "stop", sampling=sampling, **kept)
         return Episode(c, advantage=advantage)
     return Group("p0", [episode(0.5), episode(-0.5)])
 
@@ -99,14 +110,22 @@ def test_the_buffer_refuses_episodes_drawn_with_what_the_trainer_does_not_reprod
     store = GroupStore(ReplayBufferConfig(temperature=1.0))
     assert store.add(group_sampled_with({"temperature": 1.0, "max_tokens": 8, "stop": ["\n"]}))
     assert store.add(group_sampled_with(None))  # made by hand, not by a generator: nothing to check
-    for sampling, named in [({"temperature": 1.0, "top_p": 0.8}, "top_p=0.8"),
-                            ({"temperature": 0.5}, "temperature=0.5 differs from the trainer's 1.0"),
-                            ({"temperature": 1.0, "extra_args": {"logits_processors": ["x"]}}, "extra_args=")]:
+    kept = dict(kept_ids=torch.tensor([3, 9, 4], dtype=torch.int32), kept_offsets=torch.tensor([0, 2, 3],
+                                                                                                dtype=torch.int32))
+    assert store.add(group_sampled_with({"temperature": 1.0, "top_p": 0.8}, **kept))  # its kept sets recorded
+    for sampling, named, recorded in [
+            ({"temperature": 1.0, "top_p": 0.8}, "it was drawn with top_p=0.8 and carries no sampling mask", {}),
+            ({"temperature": 1.0, "top_k": 20}, "1 of its tokens were drawn \\(top_k=20\\) from more tokens than the "
+             "generator records", dict(kept_over_cap=1)),
+            ({"temperature": 0.5}, "temperature=0.5 differs from the trainer's 1.0", {}),
+            ({"temperature": 1.0, "extra_args": {"logits_processors": ["x"]}}, "extra_args=", {})]:
         with pytest.raises(ValueError, match=rf"group 'p0' episode 0 cannot be trained on: {named}"):
-            store.add(group_sampled_with(sampling))
-    assert store.added == 4 and store.present == 4  # refused groups left nothing behind
+            store.add(group_sampled_with(sampling, **recorded))
+    assert store.added == 6 and store.present == 6  # refused groups left nothing behind
 
 
 def test_untrainable_without_a_trainer_temperature_checks_only_the_options():
     assert untrainable({"temperature": 0.5}, None) is None
     assert "min_p" in untrainable({"temperature": 0.5, "min_p": 0.1}, None)
+    assert untrainable({"temperature": 0.5, "min_p": 0.1}, None, kept_recorded=True) is None
+    assert "repetition_penalty" in untrainable({"temperature": 0.5, "repetition_penalty": 1.1}, None, True)

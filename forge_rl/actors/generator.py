@@ -27,8 +27,10 @@ from typing import Any
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
+from forge_rl.actors.generator_outputs import Child
 from forge_rl.deps.vllm import async_llm, engine_context, engine_dead_error
 from forge_rl.errors import ConfigError
+from forge_rl.loop.sampling import top_k_over_cap, truncation
 from forge_rl.runtime import ForgeActor
 from forge_rl.runtime.reaper import reap_descendants_on_exit
 from forge_rl.models.lora import LoRAConfig
@@ -69,6 +71,7 @@ class Generator(ForgeActor):
         lora: LoRAConfig | None = None,  # the trainer trains LoRA adapters: versions are adapters, not weights
         policy_weights: bool = True,  # False (a judge): serves its own checkpoint, never opens the run's weight store
         engine_args_key: str = "generator.engine_args",  # the config key of `engine_args`, for its errors
+        max_kept_tokens: int = 64,  # truncated sampling: the most ids of a token's kept set recorded (the cap)
     ):
         if swap_mode not in SWAP_MODES:
             raise ValueError(f"generator.swap_mode={swap_mode!r}; choose one of {SWAP_MODES}")
@@ -80,6 +83,8 @@ class Generator(ForgeActor):
         self.engine_args, self.engine_args_key = dict(engine_args or {}), engine_args_key
         self.sampling = dict(sampling or {})
         self.seed = seed
+        self.max_kept_tokens = max_kept_tokens
+        self._kept_bytes = self._kept_tokens = 0  # recorded kept sets, and the response tokens they are of
         self.policy_version = 0
         self._request_ids = itertools.count()
         self._generated_tokens = 0
@@ -87,7 +92,7 @@ class Generator(ForgeActor):
         self._active = 0
         self._max_active = 0  # most requests in the engine at once (shows that calls overlap)
         self._since = time.perf_counter()  # last change of _active or _held_since
-        self._in_flight: dict[str, tuple[int, list[_Child]]] = {}  # request id -> (prompt length, children)
+        self._in_flight: dict[str, tuple[int, list[Child]]] = {}  # request id -> (prompt length, children)
         self._swap_lock: asyncio.Lock | None = None
         self.updates: list[dict] = []  # one record per weight update
         self._held_since: float | None = None  # paused by hold() (colocated placement)
@@ -109,7 +114,9 @@ class Generator(ForgeActor):
         except TypeError as e:
             raise ValueError(f"generator sampling {self.sampling}: {e} (vLLM SamplingParams names)") from None
         cuda = cuda_visible()
-        args = dict(model=self.model, seed=self.seed, disable_log_stats=True, **ENGINE_DEFAULTS)
+        # truncated sampling asks for cap + 1 processed logprobs per token (generator_outputs.py)
+        args = dict(model=self.model, seed=self.seed, disable_log_stats=True, max_logprobs=self.max_kept_tokens + 1,
+                    **ENGINE_DEFAULTS)
         if not cuda:
             args.update(CPU_ENGINE_DEFAULTS)
         if self.lora is not None:
@@ -124,6 +131,8 @@ class Generator(ForgeActor):
         self._engine_watch = asyncio.create_task(self._watch_engine())
         await self.engine.update_weight_version(str(self.policy_version))
         self.max_model_len = self.engine.vllm_config.model_config.max_model_len
+        # logprobs to ask for under truncation: cap + 1, or the whole vocabulary when it is smaller
+        self._kept_logprobs = min(self.max_kept_tokens + 1, self.engine.vllm_config.model_config.get_vocab_size())
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source) if self.policy_weights else None
         # A replica (re)started mid-run must not serve the base weights: it takes the newest version the
@@ -144,7 +153,7 @@ class Generator(ForgeActor):
         prompt_ids = self._prompt_ids(prompt)
         params = self._sampling_params(len(prompt_ids), n, sampling)
         drawn_with = {**self.sampling, **sampling, "temperature": params.temperature}  # recorded on each completion
-        children = [_Child() for _ in range(n)]
+        children = [Child(self.max_kept_tokens if params.logprobs else None) for _ in range(n)]
         request_id = f"{os.getpid()}-{next(self._request_ids)}"
         # LoRA: a request runs to its end on the adapter it started with (vLLM cannot switch a running
         # request's adapter), so every token of it is that version's. None = version 0, the base model.
@@ -190,7 +199,12 @@ class Generator(ForgeActor):
         # We decode the text ourselves, once per completion; vLLM's incremental detokenizer (and its
         # decoding of every logprob's token) is needed only for stop strings.
         merged.setdefault("detokenize", bool(merged.get("stop")))
-        params = SamplingParams(**{**merged, "n": n, "logprobs": 0})
+        # truncated sampling (top_p, top_k, min_p): the kept sets come with the processed logprobs; greedy calls
+        # (evaluation) are never trained on and record none
+        keep = bool(truncation(merged)) and merged.get("temperature", 1.0) != 0
+        if keep and (why := top_k_over_cap(merged, self.max_kept_tokens)):
+            raise ValueError(why)
+        params = SamplingParams(**{**merged, "n": n, "logprobs": self._kept_logprobs if keep else 0})
         max_tokens = params.max_tokens or 0
         if prompt_len + max_tokens > self.max_model_len:
             raise PromptTooLong(
@@ -203,9 +217,15 @@ class Generator(ForgeActor):
         params.output_kind = RequestOutputKind.DELTA
         return params
 
-    def _completion(self, prompt: str | list[int], prompt_ids: list[int], child: "_Child",
+    def _completion(self, prompt: str | list[int], prompt_ids: list[int], child: "Child",
                     sampling: dict[str, Any]) -> Completion:
         self._generated_tokens += len(child.ids)
+        kept = {}
+        if child.cap is not None and not child.over_cap:
+            kept = dict(kept_ids=torch.tensor(child.kept_ids, dtype=torch.int32),
+                        kept_offsets=torch.tensor(child.kept_offsets, dtype=torch.int32))
+            self._kept_bytes += 4 * (len(child.kept_ids) + len(child.kept_offsets))
+            self._kept_tokens += len(child.ids)
         return Completion(
             prompt_ids=torch.tensor(prompt_ids, dtype=torch.long),
             response_ids=torch.tensor(child.ids, dtype=torch.long),
@@ -213,7 +233,7 @@ class Generator(ForgeActor):
             policy_versions=torch.tensor(child.versions, dtype=torch.long),
             finish_reason=child.finish_reason,
             text=self.tokenizer.decode(child.ids, skip_special_tokens=True),
-            prompt=prompt if isinstance(prompt, str) else "", sampling=sampling,
+            prompt=prompt if isinstance(prompt, str) else "", sampling=sampling, kept_over_cap=child.over_cap, **kept,
         )
 
     @concurrent_endpoint  # runs while generate calls keep streaming
@@ -393,6 +413,8 @@ class Generator(ForgeActor):
             policy_version=self.policy_version,
             pid=os.getpid(),
             tokens_per_s=self._generated_tokens / self._busy_s if self._busy_s else 0.0,
+            # Keep Sampling Mask: bytes of the kept sets recorded per response token they are of (CSR, int32)
+            sampling_mask_bytes_per_token=self._kept_bytes / self._kept_tokens if self._kept_tokens else 0.0,
         )
 
     async def _watch_engine(self) -> None:
@@ -540,35 +562,3 @@ def lora_engine_args(rank: int) -> dict[str, Any]:
     if not fits:
         raise ValueError(f"trainer.lora.rank={rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
     return dict(enable_lora=True, max_lora_rank=fits[0], max_loras=3, max_cpu_loras=4)
-
-
-class _Child:
-    """One of the n completions of a request, accumulated from streamed deltas."""
-
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []
-        self.finish_reason: str | None = None
-
-    def extend(self, delta) -> None:
-        new = list(delta.token_ids)
-        self.ids += new
-        self.logprobs += [lp[t].logprob for lp, t in zip(delta.logprobs or [], new)]
-        if delta.finish_reason is not None:
-            self.finish_reason = str(delta.finish_reason)
-            self.versions = versions_from_spans(delta.weight_versions, len(self.ids))
-
-
-def versions_from_spans(spans, n_tokens: int) -> list[int]:
-    """Per-token policy versions from vLLM's weight-version spans ([start, end) of output tokens per label)."""
-    if not n_tokens:
-        return []
-    if not spans:
-        raise RuntimeError("the vLLM engine reported no weight versions for a finished sequence")
-    versions = [-1] * n_tokens
-    for span in spans:
-        versions[span.start : span.end] = [int(span.version)] * (span.end - span.start)
-    if -1 in versions or len(versions) != n_tokens:
-        raise RuntimeError(f"weight-version spans {spans} do not cover the {n_tokens} tokens of a sequence")
-    return versions

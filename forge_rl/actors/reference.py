@@ -47,7 +47,8 @@ class Reference(Trainer):
                 if isinstance(batch, BatchShape):
                     out.append(batch)
                     continue
-                logprobs, _ = self._forward(batch.tokens, response_mask=batch.response_mask)
+                # over the kept sets the tokens were drawn from, as the trainer's: the KL is over the same set
+                logprobs, _ = self._forward(batch.tokens, response_mask=batch.response_mask, kept=batch.kept)
                 out.append(dataclasses.replace(batch, ref_logprobs=logprobs.cpu()))
         reshard(self.model)
         return out

@@ -89,7 +89,8 @@ class GroupStore:
         """Store `group` (the caller waits while full). Returns False when it was dropped on arrival."""
         validate_group(group)
         for i, ep in enumerate(group.episodes):  # whoever called the generator, with whatever overrides
-            if why := untrainable(ep.completion.sampling, self.cfg.temperature):
+            c = ep.completion
+            if why := untrainable(c.sampling, self.cfg.temperature, c.kept_offsets is not None, c.kept_over_cap):
                 raise ValueError(f"group {group.prompt_id!r} episode {i} cannot be trained on: {why}. Only episodes of "
                                  "the behaviour policy the trainer reproduces can be trained on (evaluate with any "
                                  "sampling, but do not add those episodes to the buffer)")

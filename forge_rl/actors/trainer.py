@@ -29,7 +29,7 @@ from forge_rl.models.lora import LoRAConfig, is_adapter_key
 from forge_rl.models.sharded_load import load_sharded
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
 from forge_rl.data.prompt_packing import plan_packing
-from forge_rl.losses.logprobs import VocabShard, hidden_logprobs, selected_logprobs, token_logprobs
+from forge_rl.losses.logprobs import VocabShard, hidden_logprobs, kept_refusal, selected_logprobs, token_logprobs
 from forge_rl.types import BatchShape, TrainBatch
 from forge_rl.actors.trainer_weights import TrainerWeights
 from forge_rl.weights import ShmWeightStore, WeightStoreConfig
@@ -208,6 +208,8 @@ def validate_batches(batches: list[TrainBatch | BatchShape], dp_size: int, vocab
                 _check_tensor(f"{at}.{name}", getattr(b, name), torch.float32, (B, T), like_tokens)
         if b.ref_logprobs is not None:
             _check_tensor(f"{at}.ref_logprobs", b.ref_logprobs, torch.float32, (B, T), like_tokens)
+        if b.kept is not None and (why := kept_refusal(b.kept, b.tokens, b.response_mask, vocab_size)):
+            raise ValueError(f"{at}.kept {why}")
         outside = (b.tokens < 0) | (b.tokens >= vocab_size)  # pad ids too: the model embeds every token
         if outside.any():
             where = tuple(outside.nonzero()[0].tolist())
@@ -375,21 +377,23 @@ class Trainer(TrainerWeights, ForgeActor):
     # ---- training -------------------------------------------------------------------------------
 
     def _forward(self, tokens: torch.Tensor, entropy: str = "none", response_mask: torch.Tensor | None = None,
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob (and entropy) [B, T] of every token, or with `response_mask` of its response tokens
-        only (0 elsewhere), computed on shared-prompt packed rows when that saves tokens."""
+        only (0 elsewhere), computed on shared-prompt packed rows when that saves tokens. `kept` [B, T, K]:
+        each token's kept set (truncated sampling: TrainBatch.kept), the distribution renormalised over it."""
         temperature = self.cfg.temperature or 1.0
         packed = None
         if response_mask is not None and self.cfg.share_prompts:
             packed = plan_packing(tokens, response_mask, self.cfg.pack_max_fraction, self.cfg.pack_max_len)
         self.last_forward_tokens = tokens.numel() if packed is None else packed.num_tokens
         d = self.device
+        kept = kept.to(d) if kept is not None else None
         if packed is None:
             out, shard = self._model_out(tokens)
             if self.fused_lm_head:
-                lp, ent = hidden_logprobs(out, self._lm_head_weight(), tokens.to(d), temperature, entropy)
+                lp, ent = hidden_logprobs(out, self._lm_head_weight(), tokens.to(d), temperature, entropy, kept=kept)
             else:
-                lp, ent = token_logprobs(out, tokens.to(d), temperature, entropy=entropy, shard=shard)
+                lp, ent = token_logprobs(out, tokens.to(d), temperature, entropy=entropy, shard=shard, kept=kept)
             if response_mask is None:
                 return lp, ent
             keep = response_mask.to(d)  # same result either way: 0 outside the responses
@@ -397,13 +401,14 @@ class Trainer(TrainerWeights, ForgeActor):
         out, shard = self._model_out(packed.tokens, positions=packed.positions.to(d),
                                      attention_masks=packed.attention_mask.to(d))
         picked, targets = out.flatten(0, 1)[packed.pred_index.to(d)], packed.targets.to(d)
+        where = (packed.rows.to(d), packed.cols.to(d))  # each target's place in `tokens`
+        kept = kept[where] if kept is not None else None
         if self.fused_lm_head:
             lp, ent = hidden_logprobs(picked[None], self._lm_head_weight(), targets[None], temperature, entropy,
-                                      shift=0)
+                                      shift=0, kept=kept[None] if kept is not None else None)
             lp, ent = lp[0], (ent[0] if ent is not None else None)
         else:
-            lp, ent = selected_logprobs(picked, targets, temperature, entropy=entropy, shard=shard)
-        where = (packed.rows.to(d), packed.cols.to(d))
+            lp, ent = selected_logprobs(picked, targets, temperature, entropy=entropy, shard=shard, kept=kept)
         zeros = torch.zeros(tokens.shape, dtype=lp.dtype, device=d)
         keep = response_mask.to(d)  # packed spans hold an environment's tokens too (multi-turn): 0 for them
         return (zeros.index_put(where, lp).where(keep, 0.0),
@@ -491,7 +496,8 @@ class Trainer(TrainerWeights, ForgeActor):
             mask = batch.response_mask[rows].to(self.device)
             # the entropy is logged (detached), and takes gradient only when an entropy bonus uses it
             logprobs, entropy = self._forward(batch.tokens[rows], "grad" if loss_cfg.entropy_coef else "detached",
-                                              batch.response_mask[rows])
+                                              batch.response_mask[rows], batch.kept[rows] if batch.kept is not None
+                                              else None)
             if cfg.loss == "sft":
                 token_loss, diag = sft_token_loss(logprobs), {"entropy": entropy.detach()}
             else:
@@ -560,7 +566,7 @@ class Trainer(TrainerWeights, ForgeActor):
         """Logprob [B, T] of every token of `batch` under the current weights (every rank, same batch)."""
         self.model.eval()
         with torch.no_grad():
-            logprobs, _ = self._forward(batch.tokens)
+            logprobs, _ = self._forward(batch.tokens, kept=batch.kept)
         return logprobs.cpu()
 
     @endpoint

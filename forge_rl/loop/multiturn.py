@@ -25,6 +25,7 @@ import torch
 
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.envs.base import EnvConfig, Environment
+from forge_rl.loop.rollout import KEPT_OVER_CAP
 from forge_rl.losses.advantages import group_advantages
 from forge_rl.rewards.workers import RewardError
 from forge_rl.runtime.replies import replies
@@ -117,6 +118,35 @@ def drop_reason(error: Exception) -> str:
     return "env_error"  # reset, step, or rendering the environment's messages
 
 
+class KeptSets:
+    """A trajectory's kept sets (truncated sampling), CSR as Completion holds them: each model turn's as recorded,
+    none for the environment's tokens. Not recorded when a turn has none (untruncated) or exceeded the cap."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.offsets: list[int] = [0]
+        self.recorded = True
+        self.over_cap = 0
+
+    def add_turn(self, turn: Completion) -> None:
+        self.over_cap += turn.kept_over_cap
+        if turn.kept_offsets is None:
+            self.recorded = False
+            return
+        self.offsets += (turn.kept_offsets[1:].long() + len(self.ids)).tolist()
+        self.ids += turn.kept_ids.tolist()
+
+    def add_inserted(self, n: int) -> None:
+        self.offsets += [len(self.ids)] * n
+
+    def fields(self) -> dict:
+        """Completion's kept_ids, kept_offsets and kept_over_cap."""
+        if not self.recorded:
+            return dict(kept_over_cap=self.over_cap)
+        return dict(kept_ids=torch.tensor(self.ids, dtype=torch.int32),
+                    kept_offsets=torch.tensor(self.offsets, dtype=torch.int32), kept_over_cap=self.over_cap)
+
+
 @dataclass
 class Trajectory:
     completion: Completion | None  # None: an evaluation's example that failed
@@ -132,6 +162,7 @@ async def play(env: Environment, first: Completion, prompt_ids: list[int], gener
     logprobs: list[float] = []
     versions: list[int] = []
     from_env: list[bool] = []
+    kept = KeptSets()  # truncated sampling: each token's kept set, the environment's tokens none
     history: list[dict[str, str]] = []  # the model's turns and the environment's messages, after the prompt
     turn, reward, solved, turns = first, 0.0, False, 0
     finish = first.finish_reason
@@ -141,6 +172,7 @@ async def play(env: Environment, first: Completion, prompt_ids: list[int], gener
         logprobs += turn.logprobs.tolist()
         versions += turn.policy_versions.tolist()
         from_env += [False] * len(turn.response_ids)
+        kept.add_turn(turn)
         finish = turn.finish_reason
         step = await env.step(turn.text)
         reward += float(step.reward)
@@ -158,12 +190,13 @@ async def play(env: Environment, first: Completion, prompt_ids: list[int], gener
         logprobs += [0.0] * len(inserted)
         versions += [versions[-1] if versions else 0] * len(inserted)
         from_env += [True] * len(inserted)
+        kept.add_inserted(len(inserted))
         turn = (await generate(generator, prompt_ids + ids, n=1, max_tokens=min(max_tokens, room), **sampling))[0]
     completion = Completion(
         prompt_ids=first.prompt_ids, response_ids=torch.tensor(ids, dtype=torch.long),
         logprobs=torch.tensor(logprobs, dtype=torch.float32), policy_versions=torch.tensor(versions, dtype=torch.long),
         finish_reason=finish, text=renderer.tokenizer.decode(ids, skip_special_tokens=True), prompt=first.prompt,
-        env_mask=torch.tensor(from_env, dtype=torch.bool), sampling=first.sampling,
+        env_mask=torch.tensor(from_env, dtype=torch.bool), sampling=first.sampling, **kept.fields(),
     )
     return Trajectory(completion, reward, solved, turns)
 
@@ -194,8 +227,13 @@ async def rollout_env_group(example, prompt_ids: list[int], generator, make_env,
         stats.drops[reason] = stats.drops.get(reason, 0) + (1 if reason == "prompt_too_long" else group_size)
         stats.drop_log.dropped(example.id, reason, f"{type(e).__name__}: {e}")
         return None
-    rewards = [t.reward for t in trajectories]
     stats.generated_tokens += sum(int((~t.completion.env_mask).sum()) for t in trajectories)
+    if over := sum(t.completion.kept_over_cap > 0 for t in trajectories):  # trained whole or not at all
+        stats.drops[KEPT_OVER_CAP] = stats.drops.get(KEPT_OVER_CAP, 0) + group_size
+        stats.drop_log.dropped(example.id, KEPT_OVER_CAP, f"{over} of its {group_size} trajectories drew a token "
+                               "from more tokens than the generator records (generator.max_kept_tokens)")
+        return None
+    rewards = [t.reward for t in trajectories]
     stats.rewards += rewards
     for name, values in (("env", rewards), ("solved", [float(t.solved) for t in trajectories]),
                          ("turns", [float(t.turns) for t in trajectories])):

@@ -39,6 +39,8 @@ from forge_rl.rewards.workers import RewardError
 from forge_rl.types import Episode, Group
 
 FAIL_FAST_GROUPS = 8  # a reward that fails on each of its first 8 groups, never scoring one, stops the run
+# a group with a sample whose kept set (truncated sampling) exceeded generator.max_kept_tokens (episodes)
+KEPT_OVER_CAP = "sampling_mask_over_cap"
 DROP_SUMMARY_S = 30.0  # repeated drops: one line per interval, each reason counted
 
 
@@ -187,7 +189,8 @@ class RolloutStats:
     parts: dict[str, list[float]] = field(default_factory=dict)
     generated_tokens: int = 0
     # reward_* (forge_rl/rewards/workers.py) count episodes; prompt_too_long counts prompts the engine refused;
-    # a multi-turn run adds env_error and generation_error, in episodes (forge_rl/loop/multiturn.py)
+    # a multi-turn run adds env_error and generation_error, in episodes (forge_rl/loop/multiturn.py); truncated
+    # sampling adds sampling_mask_over_cap, in episodes (KEPT_OVER_CAP)
     drops: dict[str, int] = field(default_factory=lambda: {"reward_error": 0, "reward_timeout": 0, "reward_crash": 0,
                                                             "reward_memory": 0, "prompt_too_long": 0})
     drop_log: DropLog = field(default_factory=DropLog)
@@ -228,6 +231,12 @@ async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size:
     """
     completions = await generator.generate.route(prompt, n=group_size)
     stats.generated_tokens += sum(len(c.response_ids) for c in completions)
+    if over := sum(c.kept_over_cap > 0 for c in completions):  # the group is trained whole or not at all
+        stats.drops[KEPT_OVER_CAP] = stats.drops.get(KEPT_OVER_CAP, 0) + len(completions)
+        stats.drop_log.dropped(prompt_id, KEPT_OVER_CAP, f"{over} of its {len(completions)} samples drew a token from "
+                               "more tokens than the generator records (generator.max_kept_tokens), so the trainer "
+                               "could not reproduce them")
+        return None
     try:
         totals, parts = await score(completions)
     except SupervisionError:

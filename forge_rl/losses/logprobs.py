@@ -18,6 +18,12 @@ Under tensor parallelism the lm_head's output is sharded over the vocabulary. `t
 all-reduce of the max and one of [sum of exp, picked logit, sum of p * logit] give the exact log-softmax
 normaliser, the picked logprob and the entropy, so the full logits are never gathered. Backward needs
 no collective: the gradient of a shard's logits depends only on that shard and the saved normaliser.
+
+Truncated sampling (top_p, top_k, min_p) draws each token from a subset of the vocabulary, its kept set, and the
+engine's behaviour logprob is renormalised over it. Every function here takes `kept` [B, T, K] (int, aligned with
+the tokens, -1 padding; a position without ids keeps the whole vocabulary, docs/algorithms.md): each block's
+logits outside the position's set become -inf after the temperature division, so the log-softmax, the entropy
+and the gradient are over the set (a vocabulary shard masks its own columns; the fused head its block's logits).
 """
 
 from dataclasses import dataclass
@@ -47,33 +53,36 @@ class VocabShard:
 
 def token_logprobs(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, entropy: str = "none",
-    block_elements: int = 1 << 24, shard: VocabShard | None = None,
+    block_elements: int = 1 << 24, shard: VocabShard | None = None, kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob [B, T] of each token given its prefix under softmax(logits / temperature) (0 at t=0), and
     the entropy [B, T] of that distribution when `entropy` is "detached" or "grad" (else None). With
-    `shard`, `logits` is this rank's vocabulary shard and the results are those of the whole vocabulary."""
-    return _apply(logits, tokens, temperature, entropy, block_elements, shard, shift=1)
+    `shard`, `logits` is this rank's vocabulary shard and the results are those of the whole vocabulary.
+    With `kept` [B, T, K], each token's distribution is renormalised over its kept set (the module doc)."""
+    return _apply(logits, tokens, temperature, entropy, block_elements, shard, kept, shift=1)
 
 
 def selected_logprobs(
     logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy: str = "none",
-    block_elements: int = 1 << 24, shard: VocabShard | None = None,
+    block_elements: int = 1 << 24, shard: VocabShard | None = None, kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob [M] of targets[m] under softmax(logits[m] / temperature), for logits [M, V] already picked
-    at the predicting positions (shared-prompt packing), and the entropy [M] as in `token_logprobs`."""
-    logprobs, ent = _apply(logits[None], targets[None], temperature, entropy, block_elements, shard, shift=0)
+    at the predicting positions (shared-prompt packing), and the entropy [M] as in `token_logprobs`; `kept`
+    [M, K]: each target's kept set."""
+    kept = kept[None] if kept is not None else None
+    logprobs, ent = _apply(logits[None], targets[None], temperature, entropy, block_elements, shard, kept, shift=0)
     return logprobs[0], (ent[0] if ent is not None else None)
 
 
-def _apply(logits, tokens, temperature, entropy, block_elements, shard, shift):
+def _apply(logits, tokens, temperature, entropy, block_elements, shard, kept, shift):
     if entropy not in ENTROPY:
         raise ValueError(f"entropy={entropy!r}; choose one of {ENTROPY}")
     if shard is not None:
         logprobs, ent = _ShardedTokenLogprobs.apply(logits, tokens, float(temperature), entropy != "none",
-                                                    block_elements, shift, shard)
+                                                    block_elements, shift, shard, kept)
     else:
         logprobs, ent = _TokenLogprobs.apply(logits, tokens, float(temperature), entropy != "none",
-                                             block_elements, shift)
+                                             block_elements, shift, kept)
     if entropy == "detached":
         ent = ent.detach()
     return logprobs, (ent if entropy != "none" else None)
@@ -96,27 +105,52 @@ def _blocks(B: int, T: int, V: int, block_elements: int, shift: int = 1):
             yield slice(b, b + 1), t, min(t + step, end)
 
 
+def keep_only(x: torch.Tensor, kept: torch.Tensor | None, start: int = 0) -> torch.Tensor:
+    """`x` [..., V] with every column outside its position's kept set at -inf. `kept` [..., K]: vocabulary ids,
+    -1 padding (a position with none keeps every column); `start`: the vocabulary id of x's column 0 (a shard's
+    first), so a shard masks its own columns and ignores the ids of others."""
+    if kept is None:
+        return x
+    V = x.shape[-1]
+    local = kept.long() - start
+    inside = (kept >= 0) & (local >= 0) & (local < V)
+    allow = torch.zeros(*x.shape[:-1], V + 1, dtype=torch.bool, device=x.device)
+    allow.scatter_(-1, local.where(inside, V), True)  # ids outside this shard land in the extra column
+    allow = allow[..., :V] | ~(kept >= 0).any(-1, keepdim=True)
+    return x.masked_fill(~allow, float("-inf"))
+
+
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
+    """-sum p log p over the last dimension; columns with p = 0 (outside a kept set: log p = -inf) add 0."""
+    p = logp.exp()
+    return -(p * logp.where(p > 0, 0.0)).sum(-1)
+
+
+def _kept_at(kept, b, lo, hi):
+    return kept[b, lo:hi] if kept is not None else None
+
+
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, tokens, temperature, with_entropy, block_elements, shift):
+    def forward(ctx, logits, tokens, temperature, with_entropy, block_elements, shift, kept):
         # logits[:, t] predict tokens[:, t + shift]; results are placed at t + shift
         B, T, V = logits.shape
         s = shift
         logprobs = torch.zeros(B, T, dtype=torch.float32, device=logits.device)
         ent = torch.zeros(B, T, dtype=torch.float32, device=logits.device)
         for b, lo, hi in _blocks(B, T, V, block_elements, shift):
-            x = logits[b, lo:hi].float() / temperature
+            x = keep_only(logits[b, lo:hi].float() / temperature, _kept_at(kept, b, lo + s, hi + s))
             logp = torch.log_softmax(x, -1)
             logprobs[b, lo + s : hi + s] = logp.gather(-1, tokens[b, lo + s : hi + s, None])[..., 0]
             if with_entropy:
-                ent[b, lo + s : hi + s] = -(logp.exp() * logp).sum(-1)
-        ctx.save_for_backward(logits, tokens, ent)
+                ent[b, lo + s : hi + s] = _entropy(logp)
+        ctx.save_for_backward(logits, tokens, ent, kept)
         ctx.temperature, ctx.block_elements, ctx.shift = temperature, block_elements, shift
         return logprobs, ent
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_ent):
-        logits, tokens, ent = ctx.saved_tensors
+        logits, tokens, ent, kept = ctx.saved_tensors
         B, T, V = logits.shape
         s = shift = ctx.shift
         grad = torch.zeros_like(logits)
@@ -124,23 +158,26 @@ class _TokenLogprobs(torch.autograd.Function):
         for b, lo, hi in _blocks(B, T, V, ctx.block_elements, shift):
             out = (b, slice(lo + s, hi + s))
             g = _logits_grad(logits[b, lo:hi].float(), ctx.temperature, tokens[out], grad_logprobs[out],
-                             ent[out] if use_ent else None, grad_ent[out] if use_ent else None)
+                             ent[out] if use_ent else None, grad_ent[out] if use_ent else None,
+                             kept=_kept_at(kept, b, lo + s, hi + s))
             grad[b, lo:hi] = g.to(grad.dtype)
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
-def _logits_grad(x, temperature, targets, grad_logprobs, ent=None, grad_ent=None, lse=None, owned=None):
+def _logits_grad(x, temperature, targets, grad_logprobs, ent=None, grad_ent=None, lse=None, owned=None, kept=None,
+                 start=0):
     """Gradient with respect to a block of logits x [..., V] of the picked logprobs (and entropy). For a
     vocabulary shard, `lse` is the whole vocabulary's log-normaliser and `owned` marks the targets in it
-    (`targets` then being their local ids)."""
-    x = x / temperature
+    (`targets` then being their local ids, `start` the shard's first id). `kept`: the kept sets (keep_only);
+    the logits outside them get no gradient."""
+    x = keep_only(x / temperature, kept, start)
     logp = torch.log_softmax(x, -1) if lse is None else x - lse[..., None]
     p = logp.exp()
     # d logprob(target) / dx = onehot(target) - p; d entropy / dx = -p * (log p + H)
     g = -p * grad_logprobs[..., None]
     g.scatter_add_(-1, targets[..., None], (grad_logprobs if owned is None else grad_logprobs * owned)[..., None])
     if grad_ent is not None:
-        g -= p * (logp + ent[..., None]) * grad_ent[..., None]
+        g -= p * (logp.where(p > 0, 0.0) + ent[..., None]) * grad_ent[..., None]
     return g / temperature
 
 
@@ -148,7 +185,7 @@ class _ShardedTokenLogprobs(torch.autograd.Function):
     """`_TokenLogprobs` over one rank's vocabulary shard of the logits (loss parallel)."""
 
     @staticmethod
-    def forward(ctx, logits, tokens, temperature, with_entropy, block_elements, shift, shard):
+    def forward(ctx, logits, tokens, temperature, with_entropy, block_elements, shift, shard, kept):
         B, T, V = logits.shape
         s = shift
         local, owned = _local_targets(tokens, shard, V)
@@ -158,25 +195,25 @@ class _ShardedTokenLogprobs(torch.autograd.Function):
         # Blocks sized by the whole vocabulary: every rank must take the same steps (two collectives each).
         for b, lo, hi in _blocks(B, T, shard.vocab, block_elements, shift):
             out = (b, slice(lo + s, hi + s))
-            x = logits[b, lo:hi].float() / temperature
-            m = x.amax(-1)
+            x = keep_only(logits[b, lo:hi].float() / temperature, _kept_at(kept, b, lo + s, hi + s), shard.start)
+            m = x.amax(-1)  # -inf where this shard holds none of a kept set: the other shards' max wins
             dist.all_reduce(m, dist.ReduceOp.MAX, group=shard.group)
             e = (x - m[..., None]).exp()
-            picked = x.gather(-1, local[out][..., None])[..., 0] * owned[out]
-            sums = torch.stack([e.sum(-1), picked, (e * x).sum(-1) if with_entropy else picked])
+            picked = x.gather(-1, local[out][..., None])[..., 0].where(owned[out] > 0, 0.0)
+            sums = torch.stack([e.sum(-1), picked, (e * x.where(e > 0, 0.0)).sum(-1) if with_entropy else picked])
             dist.all_reduce(sums, group=shard.group)
             lse[out] = m + sums[0].log()
             logprobs[out] = sums[1] - lse[out]
             if with_entropy:  # H = lse - E_p[x]
                 ent[out] = lse[out] - sums[2] / sums[0]
-        ctx.save_for_backward(logits, local, owned, ent, lse)
-        ctx.temperature, ctx.block_elements, ctx.shift = temperature, block_elements, shift
+        ctx.save_for_backward(logits, local, owned, ent, lse, kept)
+        ctx.temperature, ctx.block_elements, ctx.shift, ctx.start = temperature, block_elements, shift, shard.start
         return logprobs, ent
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_ent):
         # The loss, and so these upstream gradients, are the same on every rank of the group.
-        logits, local, owned, ent, lse = ctx.saved_tensors
+        logits, local, owned, ent, lse, kept = ctx.saved_tensors
         B, T, V = logits.shape
         s = ctx.shift
         grad = torch.zeros_like(logits)
@@ -185,9 +222,9 @@ class _ShardedTokenLogprobs(torch.autograd.Function):
             out = (b, slice(lo + s, hi + s))
             g = _logits_grad(logits[b, lo:hi].float(), ctx.temperature, local[out], grad_logprobs[out],
                              ent[out] if use_ent else None, grad_ent[out] if use_ent else None,
-                             lse=lse[out], owned=owned[out])
+                             lse=lse[out], owned=owned[out], kept=_kept_at(kept, b, lo + s, hi + s), start=ctx.start)
             grad[b, lo:hi] = g.to(grad.dtype)
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
 def _local_targets(tokens: torch.Tensor, shard: VocabShard, local_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,17 +238,18 @@ def _local_targets(tokens: torch.Tensor, shard: VocabShard, local_vocab: int) ->
 
 def hidden_logprobs(
     hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
-    entropy: str = "none", shift: int = 1, block_elements: int = 1 << 24,
+    entropy: str = "none", shift: int = 1, block_elements: int = 1 << 24, kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_logprobs` (shift 1) or `selected_logprobs` (shift 0) of logits = hidden [B, T, D] @ weight.T
     [V, D], with the lm_head fused in: each block's logits are made, used and dropped, in forward and again
     in backward, so neither the logits nor their gradient ever exist whole. The matmuls run in the compute
     dtype (`hidden`'s: bf16 under mixed precision, the step's largest matmul at a 151,936-wide vocabulary);
-    the log-softmax, the logprobs, the entropy and the weight's gradient accumulate in fp32."""
+    the log-softmax, the logprobs, the entropy and the weight's gradient accumulate in fp32. `kept` [B, T, K]:
+    the kept sets of truncated sampling, as in `token_logprobs`."""
     if entropy not in ENTROPY:
         raise ValueError(f"entropy={entropy!r}; choose one of {ENTROPY}")
     logprobs, ent = _HiddenLogprobs.apply(hidden, weight, tokens, float(temperature), entropy != "none",
-                                          block_elements, shift)
+                                          block_elements, shift, kept)
     if entropy == "detached":
         ent = ent.detach()
     return logprobs, (ent if entropy != "none" else None)
@@ -219,24 +257,25 @@ def hidden_logprobs(
 
 class _HiddenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, block_elements, shift):
+    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, block_elements, shift, kept):
         B, T, _ = hidden.shape
         V, s = weight.shape[0], shift
         w = weight.to(hidden.dtype)  # the compute dtype
         logprobs = torch.zeros(B, T, dtype=torch.float32, device=hidden.device)
         ent = torch.zeros(B, T, dtype=torch.float32, device=hidden.device)
         for b, lo, hi in _blocks(B, T, V, block_elements, shift):
-            logp = torch.log_softmax((hidden[b, lo:hi] @ w.T).float() / temperature, -1)
+            x = keep_only((hidden[b, lo:hi] @ w.T).float() / temperature, _kept_at(kept, b, lo + s, hi + s))
+            logp = torch.log_softmax(x, -1)
             logprobs[b, lo + s : hi + s] = logp.gather(-1, tokens[b, lo + s : hi + s, None])[..., 0]
             if with_entropy:
-                ent[b, lo + s : hi + s] = -(logp.exp() * logp).sum(-1)
-        ctx.save_for_backward(hidden, weight, tokens, ent)
+                ent[b, lo + s : hi + s] = _entropy(logp)
+        ctx.save_for_backward(hidden, weight, tokens, ent, kept)
         ctx.temperature, ctx.block_elements, ctx.shift = temperature, block_elements, shift
         return logprobs, ent
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_ent):
-        hidden, weight, tokens, ent = ctx.saved_tensors
+        hidden, weight, tokens, ent, kept = ctx.saved_tensors
         B, T, _ = hidden.shape
         V, s = weight.shape[0], ctx.shift
         w = weight.to(hidden.dtype)  # the compute dtype
@@ -247,7 +286,26 @@ class _HiddenLogprobs(torch.autograd.Function):
             out = (b, slice(lo + s, hi + s))
             h = hidden[b, lo:hi]
             g = _logits_grad((h @ w.T).float(), ctx.temperature, tokens[out], grad_logprobs[out],
-                             ent[out] if use_ent else None, grad_ent[out] if use_ent else None).to(w.dtype)
+                             ent[out] if use_ent else None, grad_ent[out] if use_ent else None,
+                             kept=_kept_at(kept, b, lo + s, hi + s)).to(w.dtype)
             grad_hidden[b, lo:hi] = (g @ w).to(grad_hidden.dtype)
             grad_weight += (g.flatten(0, -2).T @ h.flatten(0, -2)).float()
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None, None
+
+
+def kept_refusal(kept, tokens: torch.Tensor, response_mask: torch.Tensor, vocab: int) -> str | None:
+    """What is wrong with a TrainBatch's `kept` sets [B, T, K] for its `tokens` [B, T], or None: int32, ids in
+    [-1, vocab), and every response token inside its own set (else its logprob would be -inf)."""
+    B, T = tokens.shape
+    if not isinstance(kept, torch.Tensor) or kept.dtype != torch.int32 or kept.dim() != 3 or kept.shape[:2] != (B, T):
+        what = f"{kept.dtype} {tuple(kept.shape)}" if isinstance(kept, torch.Tensor) else type(kept).__name__
+        return f"is {what}, expected int32 [{B}, {T}, K] (the kept set of each token, -1 padded)"
+    if kept.numel() and (int(kept.min()) < -1 or int(kept.max()) >= vocab):
+        return f"has ids in [{int(kept.min())}, {int(kept.max())}], outside [-1, {vocab}) (-1 pads)"
+    restricted = (kept >= 0).any(-1)
+    outside = restricted & response_mask & ~(kept == tokens[..., None].int()).any(-1)
+    if outside.any():
+        b, t = outside.nonzero()[0].tolist()
+        return (f"does not hold the token at [{b}, {t}] (id {int(tokens[b, t])}) in its kept set "
+                f"({int(outside.sum())} such tokens): a token is always drawn from its kept set")
+    return None

@@ -210,7 +210,7 @@ class GRPORun:
                               gpu_ids=_tuples(placement.generator_gpus)).as_service(
                 self.model_dir, engine_args=engine_args, sampling=cfg.generator.sampling, seed=cfg.seed,
                 swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store, weight_source=weight_source,
-                log_level=cfg.generator.log_level, lora=cfg.trainer.lora,
+                log_level=cfg.generator.log_level, lora=cfg.trainer.lora, max_kept_tokens=cfg.generator.max_kept_tokens,
             ),
             ReplayBuffer.as_actor(self.buffer_cfg),
             RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_memory_mb,

@@ -19,7 +19,7 @@ from forge_rl.envs import EnvConfig, env_factory
 from forge_rl.runtime.placement import ResourcesConfig
 from forge_rl.runtime.timeouts import TimeoutsConfig
 from forge_rl.rewards.overlong import OverlongConfig
-from forge_rl.loop.sampling import behaviour_temperature
+from forge_rl.loop.sampling import behaviour_temperature, truncation
 from forge_rl.models import model_path
 from forge_rl.weights import WeightStoreConfig
 
@@ -31,12 +31,19 @@ class GeneratorSection:
     engine_args: dict[str, Any] = field(default_factory=dict)  # vLLM AsyncEngineArgs
     log_level: str = "WARNING"  # vLLM's console output; INFO shows its per-update lines
     # vLLM SamplingParams: the behaviour policy. The trainer reads its temperature from here; options it
-    # cannot reproduce (top_p, top_k, min_p, penalties, ...: forge_rl/loop/sampling.py) are refused at start.
+    # cannot reproduce (penalties, logit biases, ...: forge_rl/loop/sampling.py) are refused at start. Truncation
+    # (top_p, top_k, min_p) is reproduced: each token's kept set is recorded and the trainer renormalises over it
     sampling: dict[str, Any] = field(default_factory=lambda: dict(temperature=1.0, max_tokens=8))
+    # truncated sampling: the most ids of one token's kept set that are recorded (4 bytes each); a sample with a
+    # larger set is not trained on (drops/sampling_mask_over_cap). docs/algorithms.md, "Keep Sampling Mask"
+    max_kept_tokens: int = 64
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"generator.replicas must be >= 1, got {self.replicas}")
+        cap = self.max_kept_tokens
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"generator.max_kept_tokens={self.max_kept_tokens!r}: give an integer >= 1")
         if self.swap_mode not in SWAP_MODES:
             raise ValueError(f"generator.swap_mode={self.swap_mode!r}; choose one of {SWAP_MODES}")
 
@@ -186,7 +193,12 @@ def check_config(cfg: GRPOConfig) -> None:
 def check_sampling(cfg: GRPOConfig) -> None:
     """The behaviour policy (generator.sampling): options the trainer reproduces, a temperature > 0 that the trainer
     takes, and room for at least one response token."""
-    temperature = behaviour_temperature(cfg.generator.sampling)
+    temperature = behaviour_temperature(cfg.generator.sampling, max_kept_tokens=cfg.generator.max_kept_tokens)
+    max_logprobs, cap = cfg.generator.engine_args.get("max_logprobs"), cfg.generator.max_kept_tokens
+    if truncation(cfg.generator.sampling) and max_logprobs not in (None, -1) and max_logprobs <= cap:
+        raise ConfigError(f"generator.engine_args.max_logprobs={max_logprobs}: truncated sampling reads each token's "
+                          f"kept set from generator.max_kept_tokens + 1 = {cap + 1} logprobs; remove it (the "
+                          "generator sets it) or lower generator.max_kept_tokens")
     if cfg.trainer.temperature is not None and cfg.trainer.temperature != temperature:
         raise ConfigError(
             f"trainer.temperature={cfg.trainer.temperature} differs from generator.sampling.temperature="

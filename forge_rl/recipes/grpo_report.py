@@ -79,6 +79,8 @@ def step_metrics(r: StepRecord) -> dict[str, float]:
         line["sync/prefetch_s"] = max(u["prefetch_s"] for u in r.updates)
         line["sync/pause_s"] = max(u["pause_s"] for u in r.updates)
     line.update({f"drops/{reason}": count for reason, count in r.drops.items()})
+    if r.generator.get("sampling_mask_bytes_per_token"):  # truncated sampling: what the kept sets cost
+        line["generator/sampling_mask_bytes_per_token"] = r.generator["sampling_mask_bytes_per_token"]
     line["data/epoch"] = r.data["epoch"]
     if r.eval_scores is not None:
         line.update(r.eval_scores)

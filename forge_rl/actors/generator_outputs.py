@@ -1,0 +1,60 @@
+"""What the Generator assembles from vLLM's streamed outputs: per completion, the sampled ids, their behaviour
+logprobs and policy versions, and, under truncated sampling (top_p, top_k, min_p), each token's kept set.
+
+The kept set is read from the processed logprobs (logprobs_mode="processed_logprobs"): a request for k logprobs
+returns the k most likely tokens of the distribution the token was drawn from, and every token outside the kept
+set has logprob -inf there. Asked for `cap` + 1, the finite entries are the whole kept set when there are at most
+`cap` of them; with `cap` + 1 finite entries the set is larger than the generator records, and the completion is
+marked (`over_cap`) instead: the trainer could not reproduce it (docs/algorithms.md, "Keep Sampling Mask").
+"""
+
+import math
+
+
+class Child:
+    """One of the n completions of a request, accumulated from streamed deltas. `cap`: record each token's kept set
+    of at most `cap` ids (truncated sampling; the request asked for cap + 1 logprobs), None: record none."""
+
+    def __init__(self, cap: int | None = None) -> None:
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.finish_reason: str | None = None
+        self.cap = cap
+        self.kept_ids: list[int] = []  # CSR: token i's ids are kept_ids[kept_offsets[i]:kept_offsets[i + 1]]
+        self.kept_offsets: list[int] = [0]
+        self.over_cap = 0  # tokens whose kept set had more than `cap` ids
+
+    def extend(self, delta) -> None:
+        new = list(delta.token_ids)
+        self.ids += new
+        self.logprobs += [lp[t].logprob for lp, t in zip(delta.logprobs or [], new)]
+        if self.cap is not None:
+            for lp in delta.logprobs or []:
+                self.keep(lp)
+        if delta.finish_reason is not None:
+            self.finish_reason = str(delta.finish_reason)
+            self.versions = versions_from_spans(delta.weight_versions, len(self.ids))
+
+    def keep(self, logprobs: dict) -> None:
+        """Record one token's kept set from its processed logprobs (token id -> Logprob)."""
+        kept = [t for t, lp in logprobs.items() if lp.logprob > -math.inf]
+        if len(kept) > self.cap:
+            self.over_cap += 1
+            kept = []
+        self.kept_ids += kept
+        self.kept_offsets.append(len(self.kept_ids))
+
+
+def versions_from_spans(spans, n_tokens: int) -> list[int]:
+    """Per-token policy versions from vLLM's weight-version spans ([start, end) of output tokens per label)."""
+    if not n_tokens:
+        return []
+    if not spans:
+        raise RuntimeError("the vLLM engine reported no weight versions for a finished sequence")
+    versions = [-1] * n_tokens
+    for span in spans:
+        versions[span.start : span.end] = [int(span.version)] * (span.end - span.start)
+    if -1 in versions or len(versions) != n_tokens:
+        raise RuntimeError(f"weight-version spans {spans} do not cover the {n_tokens} tokens of a sequence")
+    return versions
