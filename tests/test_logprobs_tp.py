@@ -1,6 +1,7 @@
 """Loss-parallel logprobs: two gloo ranks, each holding half of the vocabulary's logits, give the same
 logprobs, entropy and logits gradient as one process with the whole logits (uneven shards, temperature,
-entropy with its gradient, several blocks)."""
+entropy with its gradient, several blocks), with and without kept sets (truncated sampling: each rank masks its own
+columns, and some positions' sets lie wholly in one shard)."""
 
 import os
 import tempfile
@@ -23,6 +24,18 @@ def _inputs():
     return logits, tokens, weights
 
 
+def _kept(tokens):
+    """Sets of 1-4 ids holding each token: the token and the ids after it (mod V), so sets fall in one shard, in
+    the other, or across both; row 2 keeps the whole vocabulary (-1 only)."""
+    kept = torch.full((B, T, 4), -1, dtype=torch.int32)
+    for b in range(B):
+        for t in range(T):
+            size = 1 + (b + t) % 4
+            kept[b, t, :size] = (tokens[b, t] + torch.arange(size) * 2) % V
+    kept[2] = -1
+    return kept
+
+
 def _losses(fn, logits, tokens, weights, **kw):
     lp, ent = fn(logits, tokens, TEMPERATURE, entropy="grad", block_elements=2 * V, **kw)  # several blocks
     return lp, ent, (lp * weights[0]).sum() + (ent * weights[1]).sum()
@@ -37,7 +50,10 @@ def _rank(rank: int, init_file: str, results: dict) -> None:
     loss.backward()
     flat = mine.detach().flatten(0, 1)[:, None].squeeze(1)
     slp, sent = selected_logprobs(flat, tokens.flatten(), TEMPERATURE, entropy="detached", shard=shard)
-    results[rank] = (lp.detach(), ent.detach(), mine.grad, slp, sent)
+    masked = mine.detach().clone().requires_grad_()
+    klp, kent, kloss = _losses(token_logprobs, masked, tokens, weights, shard=shard, kept=_kept(tokens))
+    kloss.backward()
+    results[rank] = (lp.detach(), ent.detach(), mine.grad, slp, sent, klp.detach(), kent.detach(), masked.grad)
     dist.destroy_process_group()
 
 
@@ -52,13 +68,20 @@ def test_vocab_sharded_logprobs_match_whole_logits():
         mp.start_processes(_rank, args=(os.path.join(d, "init"), results), nprocs=2, start_method="spawn")
         results = dict(results)
     grads = torch.cat([results[0][2], results[1][2]], dim=-1)
+    kept = logits.clone().requires_grad_()
+    klp, kent, kloss = _losses(token_logprobs, kept, tokens, weights, kept=_kept(tokens))
+    kloss.backward()
     for rank in (0, 1):
-        r_lp, r_ent, _, r_slp, r_sent = results[rank]
+        r_lp, r_ent, _, r_slp, r_sent, r_klp, r_kent, _ = results[rank]
+        torch.testing.assert_close(r_klp, klp.detach(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(r_kent, kent.detach(), atol=1e-5, rtol=0)
         torch.testing.assert_close(r_lp, lp.detach(), atol=1e-5, rtol=0)
         torch.testing.assert_close(r_ent, ent.detach(), atol=1e-5, rtol=0)
         torch.testing.assert_close(r_slp, slp, atol=1e-5, rtol=0)
         torch.testing.assert_close(r_sent, sent, atol=1e-5, rtol=0)
     torch.testing.assert_close(grads, full.grad, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat([results[0][7], results[1][7]], dim=-1), kept.grad, atol=1e-5, rtol=0)
+    assert (klp.detach() - lp.detach())[:2, 1:].min() > 0  # renormalised over sets smaller than the vocabulary
 
 
 def test_sharded_logprobs_reject_token_ids_outside_the_vocabulary():
