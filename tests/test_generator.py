@@ -113,6 +113,47 @@ def test_stop_strings_still_work_without_vllm_detokenizing_by_default(generator)
         assert c.text.index("4") == len(c.text) - 1  # generation ended at the first "4"
 
 
+def test_filler_after_eos_runs_every_response_to_max_tokens_and_masks_the_filler(generator):
+    """generator.lengths' requests run to max_tokens whatever the model emits; the text ends at the first
+    end-of-sequence token and the tokens after it are masked (tests/test_lengths.py checks that split on a model
+    that ends its answers); the engine's occupancy counts the request's 4 sequences all along."""
+    loop, svc = generator
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+
+    async def body():
+        before = await svc.stats.route()
+        sampled = await svc.generate.route(PROMPT, n=4, temperature=1.0, max_tokens=40, filler_after_eos=True)
+        return sampled, before, await svc.stats.route()
+
+    sampled, before, after = loop.run_until_complete(body())
+    for c in sampled:
+        ids = c.response_ids.tolist()
+        assert len(ids) == 40 and c.sampling["ignore_eos"] is True
+        first = ids.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in ids else None
+        if first is None:
+            assert c.finish_reason == "length" and c.env_mask is None
+        else:
+            assert c.finish_reason == "stop" and c.text == tokenizer.decode(ids[:first], skip_special_tokens=True)
+            assert (c.env_mask is None and first == 39) or c.env_mask.tolist() == [i > first for i in range(40)]
+    occupancy = (after["sequence_s"] - before["sequence_s"]) / (after["busy_s"] - before["busy_s"])
+    assert abs(occupancy - 4.0) < 1e-3 and after["running_sequences"] == 0  # the 4 finish in one delta
+
+
+def test_occupancy_falls_while_a_long_request_runs_alone(generator):
+    loop, svc = generator
+
+    async def body():
+        before = await svc.stats.route()
+        await asyncio.gather(svc.generate.route(PROMPT, n=2, max_tokens=8, ignore_eos=True),
+                             svc.generate.route(PROMPT, n=2, max_tokens=100, ignore_eos=True))
+        return before, await svc.stats.route()
+
+    before, after = loop.run_until_complete(body())
+    occupancy = (after["sequence_s"] - before["sequence_s"]) / (after["busy_s"] - before["busy_s"])
+    assert 2.0 < occupancy < 3.0, occupancy  # 4 sequences for 8 of 100 tokens, then 2
+    assert after["running_sequences"] == 0
+
+
 def test_concurrent_generate_calls_share_the_engine(generator):
     loop, svc = generator
 
@@ -450,3 +491,32 @@ def test_version_tags_are_exact_under_load_across_repeated_swaps(generator, stor
             assert (expected[mine] - c.logprobs[mine]).abs().max() < 1e-4, (v, versions)
         seen |= set(versions)
     assert len(seen) >= 3, f"swaps should land mid-sequence; saw versions {sorted(seen)}"
+
+
+def test_a_request_older_than_max_age_is_aborted_at_the_swap_and_the_others_finish(generator, store):
+    """stale_in_flight "requeue": loading version u + max_age + 1 aborts a request started under u in the engine
+    (SequenceTooOld, with the tokens it had made); a request allowed one more version, or no limit, finishes."""
+    from forge_rl.actors.generator import SequenceTooOld
+
+    loop, svc = generator
+
+    async def body():
+        base = await svc.version.route()
+        store.publish(base + 1, load_tiny())
+        long = dict(n=2, temperature=1.0, max_tokens=100, ignore_eos=True)
+        aged, kept, free = (asyncio.ensure_future(svc.generate.route(PROMPT, **long, **age))
+                            for age in ({"max_age": 0}, {"max_age": 1}, {}))
+        while (await svc.stats.route())["tokens_generated_in_flight"] < 30:
+            await asyncio.sleep(0.005)
+        await svc.update_weights.call_all(base + 1)
+        results = await asyncio.gather(aged, kept, free, return_exceptions=True)
+        return base, results, await svc.stats.route()
+
+    base, (aged, kept, free), stats = loop.run_until_complete(body())
+    error = getattr(aged, "exception", aged)
+    assert isinstance(error, SequenceTooOld) and 0 < error.tokens < 200, aged
+    for out in (kept, free):
+        assert [len(c.response_ids) for c in out] == [100, 100]
+        assert all(c.policy_versions[0] == base and c.policy_versions[-1] == base + 1 for c in out)
+    assert stats["aborted_too_old"] == 1
+    assert stats["unfinished_requests"] == 0 and stats["running_sequences"] == 0  # nothing left in the engine

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
-from forge_rl.actors.generator_outputs import Child
+from forge_rl.actors.generator_outputs import Child, filler_completion
 from forge_rl.deps.vllm import async_llm, engine_context, engine_dead_error
 from forge_rl.errors import ConfigError
 from forge_rl.loop.sampling import top_k_over_cap, truncation
@@ -55,6 +55,15 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 class PromptTooLong(ValueError):
     """A prompt that cannot fit the engine's max_model_len (with max_tokens): callers skip and count it."""
+
+
+class SequenceTooOld(RuntimeError):
+    """A request aborted because it outlived its `max_age` (see `generate`): no batch could train its tokens any
+    more. `tokens` is what its sequences had generated when it was aborted (work thrown away)."""
+
+    def __init__(self, message: str, tokens: int = 0):
+        super().__init__(message)
+        self.tokens = tokens
 
 
 class Generator(ForgeActor):
@@ -91,6 +100,11 @@ class Generator(ForgeActor):
         self._busy_s = 0.0  # wall time with at least one request in the engine, not held for another role
         self._active = 0
         self._max_active = 0  # most requests in the engine at once (shows that calls overlap)
+        self._sequences = 0  # sequences in the engine (a request of n completions is n until each finishes)
+        self._sequence_s = 0.0  # integral of _sequences over busy time: / _busy_s = the mean batch occupancy
+        self._too_old: dict[str, tuple[int, asyncio.Task]] = {}  # request id -> (last version it may see, stream)
+        self._aborting: set[str] = set()  # requests being aborted for their max_age
+        self.aborted_too_old = 0  # requests aborted for their max_age, ever
         self._since = time.perf_counter()  # last change of _active or _held_since
         self._in_flight: dict[str, tuple[int, list[Child]]] = {}  # request id -> (prompt length, children)
         self._swap_lock: asyncio.Lock | None = None
@@ -143,14 +157,23 @@ class Generator(ForgeActor):
 
     @concurrent_endpoint  # calls overlap, so the engine batches many groups (continuous batching)
     async def generate(self, prompt: str | list[int], n: int = 1, timeout_s: float | None = None,
+                       max_age: int | None = None, filler_after_eos: bool = False,
                        **sampling: Any) -> list[Completion]:
         """Sample `n` completions of `prompt` (text, or token ids). `sampling` overrides the config's
         vLLM SamplingParams for this call (e.g. temperature=0, max_tokens=16). Past `timeout_s` the request is
         aborted in the engine (no more tokens computed for it) and TimeoutError raised: a caller that gives up
-        (a judge's reward_timeout_s) leaves no work behind."""
-        from vllm.inputs import TokensPrompt
+        (a judge's reward_timeout_s) leaves no work behind.
 
+        `max_age`: a request started under version u is aborted (SequenceTooOld) when this generator loads a
+        version v > u + max_age: a batch sampled at v or later cannot train its oldest tokens (the replay buffer
+        would drop them as stale), so they are not finished. None: every request runs to its end.
+
+        `filler_after_eos`: every completion runs to max_tokens (ignore_eos); its text ends at the first
+        end-of-sequence token, and the tokens after it are filler, marked in `env_mask` (no loss; see
+        `filler_completion`). A workload of given response lengths (forge_rl/loop/lengths.py)."""
         prompt_ids = self._prompt_ids(prompt)
+        if filler_after_eos:
+            sampling = {**sampling, "ignore_eos": True}
         params = self._sampling_params(len(prompt_ids), n, sampling)
         drawn_with = {**self.sampling, **sampling, "temperature": params.temperature}  # recorded on each completion
         children = [Child(self.max_kept_tokens if params.logprobs else None) for _ in range(n)]
@@ -160,32 +183,79 @@ class Generator(ForgeActor):
         version = self.policy_version
         adapter = self._adapters.get(version)
         self._adapter_users[version] = self._adapter_users.get(version, 0) + 1
-        self._enter()
+        self._enter(n)
         self._in_flight[request_id] = (len(prompt_ids), children)
+        stream = asyncio.ensure_future(self._stream(prompt_ids, params, request_id, adapter, children, timeout_s))
+        if max_age is not None:
+            self._too_old[request_id] = (version + max_age, stream)
         try:
-            async with asyncio.timeout(timeout_s):  # cancelling vLLM's stream aborts the request in the engine
-                async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id,
-                                                      lora_request=adapter):
-                    for c in out.outputs:
-                        children[c.index].extend(c)
-        except TimeoutError:
-            raise TimeoutError(f"engine request {request_id} not finished within {timeout_s} s; aborted") from None
-        except engine_dead_error():
-            self._engine_died()
+            await stream
+        except asyncio.CancelledError:
+            if request_id not in self._aborting:  # the call itself was cancelled
+                raise
+            tokens = sum(len(c.ids) for c in children)
+            raise SequenceTooOld(f"engine request {request_id} started under version {version} was aborted at "
+                                 f"version {self.policy_version} (max_age {max_age}) after {tokens} tokens",
+                                 tokens) from None
         finally:
-            del self._in_flight[request_id]
-            self._leave()
-            self._adapter_users[version] -= 1
-            if not self._adapter_users[version]:
-                del self._adapter_users[version]
-            if self.lora is not None:
-                await self._drop_unused_adapters()
+            await self._request_done(request_id, stream, version, children)
         if any(c.finish_reason is None for c in children):
             raise RuntimeError(f"engine request {request_id} ended with unfinished completions")
         if self.lora is not None:
             for child in children:
                 child.versions = [version] * len(child.ids)
-        return [self._completion(prompt, prompt_ids, child, drawn_with) for child in children]
+        completions = [self._completion(prompt, prompt_ids, child, drawn_with) for child in children]
+        if filler_after_eos:
+            completions = [filler_completion(c, self._eos_ids(), self.tokenizer) for c in completions]
+        return completions
+
+    async def _request_done(self, request_id: str, stream: asyncio.Task, version: int,
+                            children: list["Child"]) -> None:
+        """Whatever way a request ended: its stream stopped, the books closed, an unused LoRA adapter dropped."""
+        if not stream.done():
+            stream.cancel()
+        self._too_old.pop(request_id, None)
+        self._aborting.discard(request_id)
+        del self._in_flight[request_id]
+        self._leave(sum(c.finish_reason is None for c in children))
+        self._adapter_users[version] -= 1
+        if not self._adapter_users[version]:
+            del self._adapter_users[version]
+        if self.lora is not None:
+            await self._drop_unused_adapters()
+
+    async def _stream(self, prompt_ids: list[int], params, request_id: str, adapter, children: list["Child"],
+                      timeout_s: float | None) -> None:
+        """Run one request in the engine, its deltas into `children`. Cancelled, it aborts the request in the
+        engine (cancelling vLLM's stream does)."""
+        from vllm.inputs import TokensPrompt
+
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id,
+                                                      lora_request=adapter):
+                    for c in out.outputs:
+                        children[c.index].extend(c)
+                        if c.finish_reason is not None:
+                            self._sequence_done()
+        except TimeoutError:
+            raise TimeoutError(f"engine request {request_id} not finished within {timeout_s} s; aborted") from None
+        except engine_dead_error():
+            self._engine_died()
+
+    def _abort_too_old(self) -> None:
+        """Abort every request that may not see the version just loaded (generate's max_age)."""
+        for request_id, (last, stream) in list(self._too_old.items()):
+            if self.policy_version > last and not stream.done():
+                self.aborted_too_old += 1
+                self._aborting.add(request_id)
+                stream.cancel()
+
+    def _eos_ids(self) -> set[int]:
+        """The tokens that end a response: the tokenizer's end-of-sequence and the model config's."""
+        hf_config = getattr(self.engine.vllm_config.model_config, "hf_config", None)
+        ids = getattr(hf_config, "eos_token_id", None)
+        return (set(ids if isinstance(ids, list) else [ids]) | {self.tokenizer.eos_token_id}) - {None}
 
     def _sampling_params(self, prompt_len: int, n: int, sampling: dict[str, Any]):
         """vLLM SamplingParams of one call: the config's, with this call's overrides. Refuses a prompt that leaves
@@ -270,6 +340,7 @@ class Generator(ForgeActor):
                 # No pause: requests in flight finish on their adapter, new ones take this one.
                 loading = time.perf_counter()
                 await self._load(version)
+                self._abort_too_old()
                 record = dict(version=version, mode="adapter", prefetch_s=prefetched - start, drain_wait_s=0.0,
                               pause_s=0.0, adapter_load_s=time.perf_counter() - loading,
                               requests_in_flight=sum(len(c) for _, c in self._in_flight.values()), tokens_in_flight=0)
@@ -286,6 +357,7 @@ class Generator(ForgeActor):
                     await self.engine.reset_prefix_cache()
             finally:
                 await self.engine.resume_generation()
+            self._abort_too_old()
         done = time.perf_counter()
         record = dict(
             version=version, mode=mode, prefetch_s=prefetched - start,
@@ -402,11 +474,18 @@ class Generator(ForgeActor):
             busy_s=self._busy_s,  # requests in the engine and not held: the time it generated
             held_s=self._held_s,  # paused for another role (colocated)
             max_concurrent_requests=self._max_active,
+            # sequences in the engine (running or queued) over the time it generated: its mean batch occupancy
+            sequence_s=self._sequence_s,
+            running_sequences=self._sequences,
+            mean_running_sequences=self._sequence_s / self._busy_s if self._busy_s else 0.0,
+            aborted_too_old=self.aborted_too_old,
             unfinished_requests=self.engine.get_num_unfinished_requests(),
             tokens_generated_in_flight=sum(len(c.ids) for _, cs in self._in_flight.values() for c in cs),
             weight_updates=len(self.updates),
             pause_s_total=sum(u["pause_s"] for u in self.updates),
             drain_wait_s_total=sum(u["drain_wait_s"] for u in self.updates),
+            # prompt + generated tokens whose KV cache a recompute_kv swap threw away (recomputed by the new weights)
+            recomputed_tokens_total=sum(u["tokens_in_flight"] for u in self.updates if u["mode"] == "recompute_kv"),
             prefetch_s_total=sum(u["prefetch_s"] for u in self.updates),
             # over Monarch RDMA (forge_rl/weights/rdma.py); a judge (policy_weights=False) has no store
             weights_fetched_from_other_host=self.store.remote_fetches if self.store is not None else 0,
@@ -437,16 +516,24 @@ class Generator(ForgeActor):
         now = time.perf_counter()
         if self._active and self._held_since is None:
             self._busy_s += now - self._since
+            self._sequence_s += self._sequences * (now - self._since)
         self._since = now
 
-    def _enter(self) -> None:
+    def _enter(self, sequences: int) -> None:
         self._tick()
         self._active += 1
+        self._sequences += sequences
         self._max_active = max(self._max_active, self._active)
 
-    def _leave(self) -> None:
+    def _sequence_done(self) -> None:
+        self._tick()
+        self._sequences -= 1
+
+    def _leave(self, unfinished: int) -> None:
+        """A request left the engine; `unfinished`: its sequences that never finished (aborted, timed out)."""
         self._tick()
         self._active -= 1
+        self._sequences -= unfinished
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -8,7 +8,12 @@ set has logprob -inf there. Asked for `cap` + 1, the finite entries are the whol
 marked (`over_cap`) instead: the trainer could not reproduce it (docs/algorithms.md, "Keep Sampling Mask").
 """
 
+import dataclasses
 import math
+
+import torch
+
+from forge_rl.types import Completion
 
 
 class Child:
@@ -58,3 +63,17 @@ def versions_from_spans(spans, n_tokens: int) -> list[int]:
     if -1 in versions or len(versions) != n_tokens:
         raise RuntimeError(f"weight-version spans {spans} do not cover the {n_tokens} tokens of a sequence")
     return versions
+
+
+def filler_completion(c: Completion, eos_ids: set[int], tokenizer) -> Completion:
+    """A completion that ran past its end (ignore_eos) as a response of that length: its text ends at the first
+    end-of-sequence token (finish_reason "stop"; "length" when it has none) and the tokens after that token are
+    filler, marked in env_mask: generated, and forwarded by the trainer, but out of the loss, so that what is
+    learned is what the same response without filler teaches."""
+    ids = c.response_ids.tolist()
+    end = next((i for i, t in enumerate(ids) if t in eos_ids), None)
+    if end is None:
+        return dataclasses.replace(c, finish_reason="length")
+    filler = torch.arange(len(ids)) > end
+    return dataclasses.replace(c, text=tokenizer.decode(ids[:end], skip_special_tokens=True), finish_reason="stop",
+                               env_mask=filler if bool(filler.any()) else None)
