@@ -154,3 +154,26 @@ def test_a_group_stored_while_the_buffer_is_counted_still_counts():
         assert adm.buffered == 0 and adm.capacity == 0
 
     asyncio.run(run())
+
+
+def test_no_more_is_admitted_than_the_remaining_steps_can_train():
+    """A run of 3 steps of 4 groups: whatever max_policy_age allows, pending groups never exceed what the steps
+    left can take (a group generated beyond the last batch would be work for nothing), and the last step's
+    zero-advantage drops still free their slots."""
+
+    async def body():
+        adm = Admission(max_policy_age=2, batch_groups=4, steps=3)
+        assert adm.capacity == 12
+        await adm.sampled(buffered_groups=0, sample_version=2)  # steps 1 and 2 taken or running
+        await adm.generators_at(2)
+        assert adm.capacity == 4  # one batch left, where age 2 alone would allow 12
+        for _ in range(4):
+            await adm.acquire()
+        assert not adm.can_admit()
+        await adm.finish(stored=False)  # a zero-advantage group: dropped, so another may start
+        assert adm.can_admit()
+        await adm.sampled(buffered_groups=0, sample_version=3)
+        assert adm.capacity == 0 and not adm.can_admit()
+        assert Admission(max_policy_age=2, batch_groups=4).capacity == 12  # no steps given: no end
+
+    asyncio.run(body())

@@ -289,3 +289,24 @@ def test_a_grpo_run_with_a_kl_to_a_moving_anchor_records_each_steps_reference_ve
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]
     assert [r["reference/version"] for r in rows] == [0, 0, 1, 2]
     assert all(r["trainer/kl_ref"] >= 0 for r in rows)
+
+
+def test_long_tailed_lengths_with_requeue_in_a_short_async_run(tmp_path):
+    """generator.lengths + stale_in_flight=requeue end to end: every group runs to its drawn length (the filler
+    reaches the trainer), the engine's occupancy and the partial rollouts are in the summary, requeued groups are
+    ones the generators aborted, and the held-out evaluation still ends at the model's own end of answer."""
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
+                      SMALL + ["steps=4", "eval_size=16", f"output_dir={tmp_path}", "rollout_tasks=4",
+                               "generator.sampling.max_tokens=64", "generator.engine_args.max_model_len=128",
+                               "generator.lengths.median=12", "generator.lengths.min_tokens=6",
+                               "stale_in_flight=requeue"])
+    summary = asyncio.run(main(cfg))
+    p, gen = summary["partial_rollouts"], summary["generator_stats"]
+    # responses of 6-64 drawn tokens (mean ~19) where the demo's answers are 2-4 tokens and end
+    assert p["sequences"] >= 4 * 4 * 4 and gen["generated_tokens"] / p["sequences"] > 10, (p, gen)
+    assert 0 < summary["mean_running_sequences"] <= 4 * 4  # at most rollout_tasks groups of 4 in the engine
+    assert p["requeued_groups"] <= gen["aborted_too_old"] and summary["trainer_version"] == 4
+    steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]
+    # the trainer forwarded the filler: far more tokens per episode than prompt + answer
+    assert all(r["trainer/tokens_per_s"] * r["trainer/step_s"] / 16 > 30 for r in steps)
+    assert 0.0 < summary["evals"][-1][-1] <= 1.0

@@ -155,6 +155,20 @@ def test_groups_in_a_batch_stay_whole_and_in_order():
     assert [ep_prompt(b1, i) for i in range(6)] == ["p2"] * 3 + ["p3"] * 3
 
 
+def test_a_straggler_that_arrives_late_is_trained_before_groups_started_after_it():
+    """order "oldest": the group whose tokens are oldest goes first, so a long response started under version 0
+    that arrives after version-1 groups is trained at version 1 instead of being dropped as stale at version 2."""
+    store = GroupStore(ReplayBufferConfig(capacity=8, max_policy_age=1))
+    for i in range(3):
+        store.add(make_group(f"p{i}", [1, 1]))
+    store.add(make_group("p9", [0, 1]))  # the straggler
+    store.add(make_group("p3", [1, 1]))
+    (b,) = store.sample(1, 2)
+    assert [ep_prompt(b, i) for i in (0, 2)] == ["p9", "p0"]
+    (b,) = store.sample(2, 3)
+    assert [ep_prompt(b, i) for i in (0, 2, 4)] == ["p1", "p2", "p3"] and store.dropped["stale"] == 0
+
+
 def test_random_order_split_is_deterministic_given_seed():
     def split(seed):
         store = GroupStore(ReplayBufferConfig(capacity=16, dp_size=2, order="random", seed=seed))

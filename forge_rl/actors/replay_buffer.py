@@ -38,7 +38,7 @@ class ReplayBufferConfig:
     capacity: int = 64  # groups
     max_policy_age: int = 1
     dp_size: int = 1
-    order: str = "oldest"  # "oldest" | "random"
+    order: str = "oldest"  # "oldest" (oldest tokens first, then arrival) | "random"
     max_resample: int = 1  # times a group may be trained on
     min_fresh_groups: int = 1  # per batch, groups never trained on before (matters when max_resample > 1)
     drop_zero_advantage: bool = True  # groups whose advantages are all zero carry no signal
@@ -63,6 +63,10 @@ class ReplayBufferConfig:
 class _Entry:
     group: Group
     uses: int = 0
+    oldest: int = field(init=False)  # the oldest policy version of any of its tokens
+
+    def __post_init__(self) -> None:
+        self.oldest = min(e.oldest_version for e in self.group.episodes)
 
 
 @dataclass
@@ -105,8 +109,7 @@ class GroupStore:
         """Drop every group with an episode older than max_policy_age, whole (see the module doc)."""
         keep = []
         for entry in self.entries:
-            oldest = min(e.oldest_version for e in entry.group.episodes)
-            if policy_version - oldest <= self.cfg.max_policy_age:
+            if policy_version - entry.oldest <= self.cfg.max_policy_age:
                 keep.append(entry)
             else:
                 self.dropped["stale"] += len(entry.group)
@@ -145,7 +148,12 @@ class GroupStore:
         ]
 
     def _order(self, entries: list[_Entry]) -> list[_Entry]:
-        return self.rng.sample(entries, len(entries)) if self.cfg.order == "random" else entries
+        """"oldest": the groups with the oldest tokens first, then in arrival order. A straggler (a long response
+        started under an older version) that arrives after groups started later is trained first, before it is too
+        old; in arrival order it would wait behind them and could be dropped as stale."""
+        if self.cfg.order == "random":
+            return self.rng.sample(entries, len(entries))
+        return sorted(entries, key=lambda e: e.oldest)  # stable: arrival order within a version
 
     def _retire(self, entries: list[_Entry]) -> None:
         gone = {id(e) for e in entries}

@@ -116,7 +116,8 @@ async def resume_from_checkpoint(run: Run, trainer, generator, buffer, dataset, 
     state = torch.load(path / APP_STATE, weights_only=False)
     run.version = state["version"]
     run.drops.update(state["drops"])
-    run.admission = Admission(run.cfg.max_policy_age, run.cfg.batch_groups, run.version)
+    run.admission = Admission(run.cfg.max_policy_age, run.cfg.batch_groups, run.version,
+                              getattr(run.cfg, "steps", None))
     await buffer.load_state_dict.call_one(state["buffer"])
     await dataset.load_state_dict.call_one(state["dataset"])
     run.admission.buffered = (await buffer.stats.call_one())["groups"]

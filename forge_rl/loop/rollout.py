@@ -11,10 +11,16 @@ generators' version `g` or newer. So the rule is
 where `pending` = rollouts in flight + groups in the buffer, `sample_version` = the trainer version at
 which the next batch will be sampled (one ahead while a step is running) and `g` = the version every
 generator replica has loaded. With `max_policy_age: 0` this is the synchronous loop: exactly one batch is
-generated with the current weights, nothing runs while the trainer steps and the generators swap.
+generated with the current weights, nothing runs while the trainer steps and the generators swap. Nor is more
+admitted than the run's remaining steps can train (`steps`): at the end of a run, a group generated beyond its
+last batch would be work for nothing (in an asynchronous run of a few steps, up to a sixth of its generation).
 
-Only a straggler that completes after groups admitted later can still arrive too old; the buffer drops
-it and counts it (the safety net), so stale drops are rare rather than routine.
+Only a straggler that completes after groups admitted later can still arrive too old. What happens to it is
+`stale_in_flight` (docs/replay_buffer.md): "finish" (the default) lets it run to its end, its later tokens made by
+the newer weights the generators load meanwhile (each token keeps its version), and the buffer drops the group if
+its oldest token is still too old when a batch is sampled (counted as stale); "requeue" aborts it in the engine as
+soon as the generators load a version that no batch could train it at any more, and its prompt is generated again
+from the start by the next rollout (counted in `RolloutStats.requeued_*`).
 
 A group whose reward fails is dropped and counted under the failure's reason (reward_error, reward_timeout,
 ...). The first drop of each reason is printed in full; later ones are summarised per reason every
@@ -33,6 +39,7 @@ from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.errors import RunStopped
 from forge_rl.runtime.replies import replies
+from forge_rl.loop.lengths import LengthDraws
 from forge_rl.losses.advantages import group_advantages
 from forge_rl.rewards.overlong import OverlongConfig, overlong_penalty
 from forge_rl.rewards.workers import RewardError
@@ -86,11 +93,12 @@ class DropLog:
 class Admission:
     """Counts pending groups and admits a rollout only while it can be trained within max_policy_age."""
 
-    def __init__(self, max_policy_age: int, batch_groups: int, version: int = 0):
+    def __init__(self, max_policy_age: int, batch_groups: int, version: int = 0, steps: int | None = None):
         if max_policy_age < 0 or batch_groups < 1:
             raise ValueError(f"Admission: max_policy_age={max_policy_age} must be >= 0 and "
                              f"batch_groups={batch_groups} >= 1")
         self.max_policy_age, self.batch_groups = max_policy_age, batch_groups
+        self.steps = steps  # the run's last step: no more groups are admitted than the steps left can train
         self.sample_version = version  # trainer version at the next sample
         self.generator_version = version  # the version every generator replica has loaded
         self.in_flight = 0
@@ -104,7 +112,10 @@ class Admission:
     @property
     def capacity(self) -> int:
         lag = self.sample_version - self.generator_version
-        return max(0, (self.max_policy_age + 1 - lag) * self.batch_groups)
+        capacity = (self.max_policy_age + 1 - lag) * self.batch_groups
+        if self.steps is not None:  # groups the run's remaining batches can take; more would never be trained
+            capacity = min(capacity, (self.steps - self.sample_version) * self.batch_groups)
+        return max(0, capacity)
 
     @property
     def pending(self) -> int:
@@ -196,6 +207,30 @@ class RolloutStats:
     drop_log: DropLog = field(default_factory=DropLog)
     rewards_working: set[str] = field(default_factory=set)  # rewards that have scored a group, ever
     reward_failures: dict[str, int] = field(default_factory=dict)  # groups each reward failed on, ever
+    # partial rollouts, ever: sequences generated, those that saw a weight swap mid-way, and their tokens made by
+    # a newer version than the one that made the sequence's first token
+    sequences: int = 0
+    swapped_sequences: int = 0
+    swapped_tokens: int = 0
+    # stale_in_flight "requeue": groups aborted in the engine as too old, the tokens they had made, and the
+    # examples waiting to be generated again (taken before the dataset's next)
+    requeued_groups: int = 0
+    requeued_tokens: int = 0
+    requeue: list = field(default_factory=list)
+
+    def count_versions(self, completions) -> None:
+        """Count the completions' tokens made under a newer version than their sequence's first token."""
+        for c in completions:
+            v = c.policy_versions
+            self.sequences += 1
+            if len(v) and int(v.max()) > int(v[0]):
+                self.swapped_sequences += 1
+                self.swapped_tokens += int((v > v[0]).sum())
+
+    def partial_rollouts(self) -> dict[str, int]:
+        return dict(sequences=self.sequences, swapped_sequences=self.swapped_sequences,
+                    swapped_tokens=self.swapped_tokens, requeued_groups=self.requeued_groups,
+                    requeued_tokens=self.requeued_tokens)
 
     def reward_failed(self, prompt_id: str, failure: Exception, episodes: int) -> None:
         """Count and log a group dropped for `failure`; raises RewardFailing when the reward that failed has
@@ -221,16 +256,18 @@ class RolloutStats:
 
 async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size: int, stats: RolloutStats,
                         scale_advantages_by_std: bool = True, metadata=None,
-                        overlong: OverlongConfig | None = None, max_tokens: int = 0) -> Group | None:
+                        overlong: OverlongConfig | None = None, max_tokens: int = 0,
+                        generate_args: dict | None = None) -> Group | None:
     """Generate a group of `group_size` completions of `prompt`, score it and compute group advantages.
 
     `score(completions) -> (totals, parts)` is awaited once per group. `overlong` (with the sampling's
     `max_tokens`) adds DAPO's length penalty to the totals and/or zeroes the advantage of truncated
-    completions. Returns None (counted in `stats.drops`) when scoring fails; any other error propagates and
-    ends the caller's loop.
+    completions. `generate_args`: the generate call's own (a drawn length, max_age). Returns None (counted in
+    `stats.drops`) when scoring fails; any other error propagates and ends the caller's loop.
     """
-    completions = await generator.generate.route(prompt, n=group_size)
+    completions = await generator.generate.route(prompt, n=group_size, **(generate_args or {}))
     stats.generated_tokens += sum(len(c.response_ids) for c in completions)
+    stats.count_versions(completions)
     if over := sum(c.kept_over_cap > 0 for c in completions):  # the group is trained whole or not at all
         stats.drops[KEPT_OVER_CAP] = stats.drops.get(KEPT_OVER_CAP, 0) + len(completions)
         stats.drop_log.dropped(prompt_id, KEPT_OVER_CAP, f"{over} of its {len(completions)} samples drew a token from "
@@ -280,28 +317,39 @@ async def rollout_loop(admission: Admission, stop: asyncio.Event, rollout_once: 
 
 async def rollout_from_dataset(*, dataset, generator, reward, buffer, group_size: int, stats: RolloutStats,
                                scale_advantages_by_std: bool = True, overlong: OverlongConfig | None = None,
-                               max_tokens: int = 0) -> bool:
+                               max_tokens: int = 0, lengths: LengthDraws | None = None,
+                               max_age: int | None = None) -> bool:
     """One group of a task: the dataset actor's next example (`forge_rl.actors.dataset.PromptDataset`), G
     completions, the reward actor's scores with the example's columns, advantages, the buffer. True if stored.
-    A prompt the engine refuses as too long is counted (drops["prompt_too_long"]) and skipped."""
-    from forge_rl.actors.generator import PromptTooLong
+    A prompt the engine refuses as too long is counted (drops["prompt_too_long"]) and skipped. `lengths`: the
+    group's response length is drawn (forge_rl/loop/lengths.py). `max_age` (stale_in_flight "requeue"): a group
+    the generators abort as too old is counted and its example queued to be generated again."""
+    from forge_rl.actors.generator import PromptTooLong, SequenceTooOld
 
     calls = replies()  # not call_one: Monarch keeps ~1.2 KB per call_one in the caller (runtime/replies.py)
-    example = await calls.call(dataset, "next")
+    example = stats.requeue.pop(0) if stats.requeue else await calls.call(dataset, "next")
 
     async def score(completions):
         n = len(completions)
         return await calls.call(reward, "score", [example.prompt] * n, [c.text for c in completions],
                                 [c.finish_reason for c in completions], {k: [v] * n for k, v in example.columns.items()})
 
+    generate_args = {**(lengths.sampling(example.id) if lengths is not None else {}),
+                     **({"max_age": max_age} if max_age is not None else {})}
     try:
         group = await rollout_group(
             prompt_id=example.id, prompt=example.text, generator=generator, score=score, group_size=group_size,
             stats=stats, scale_advantages_by_std=scale_advantages_by_std,
-            metadata={"example": example.id}, overlong=overlong, max_tokens=max_tokens,
+            metadata={"example": example.id}, overlong=overlong, max_tokens=max_tokens, generate_args=generate_args,
         )
     except Exception as e:
-        if not isinstance(getattr(e, "exception", e), PromptTooLong):
+        failure = getattr(e, "exception", e)
+        if isinstance(failure, SequenceTooOld):
+            stats.requeued_groups += 1
+            stats.requeued_tokens += failure.tokens
+            stats.requeue.append(example)
+            return False
+        if not isinstance(failure, PromptTooLong):
             raise
         stats.drops["prompt_too_long"] += 1
         return False

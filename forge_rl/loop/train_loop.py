@@ -71,7 +71,7 @@ class Run:
         self.cfg = cfg
         self.version = version  # policy version = trainer steps taken
         self.rollouts = RolloutStats()
-        self.admission = Admission(cfg.max_policy_age, cfg.batch_groups, version)
+        self.admission = Admission(cfg.max_policy_age, cfg.batch_groups, version, getattr(cfg, "steps", None))
         self.trainer_busy_s = 0.0  # train_step + push_weights, as the controller waits for them
         self.staleness_sum, self.staleness_steps = 0.0, 0
         self.max_staleness = 0  # over every batch trained on: must stay <= max_policy_age

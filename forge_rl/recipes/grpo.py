@@ -59,6 +59,7 @@ from forge_rl.recipes.grpo_report import (StepRecord, batch_rewards, console_lin
 from forge_rl.runtime.memory_plan import ModelShape, gpu_total_bytes, plan_memory
 from forge_rl.runtime.placement import Placement, plan_placement, plan_reward_models
 from forge_rl.runtime.timeouts import TimeoutsConfig, within
+from forge_rl.loop.lengths import LengthDraws
 from forge_rl.loop.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.loop.train_loop import (
     RoleDied, Run, batch_staleness, batches_for_ranks, call_each_rank, data_shards, raise_if_failed, resume_hint,
@@ -90,7 +91,8 @@ class GRPORun:
         self._step_task: asyncio.Future | None = None
         self._started: float | None = None  # the training clock: from the first step (evaluations move it on)
         self._stopped: float | None = None  # ... to the end of the last step
-        self._gen_busy_start = self._eval_busy_s = 0.0
+        self._gen_busy_start = self._eval_busy_s = self._occupancy = 0.0
+        self._gen_at_start: dict = {}
         self._checkpointed: tuple[int, Path] | None = None  # (step, path) of the last checkpoint this run wrote
         self._reference_version = 0  # the policy version the reference's weights are (reference.follow_every)
         self._reference_follow: asyncio.Task | None = None  # its load of a newer one, started after a publish
@@ -415,7 +417,9 @@ class GRPORun:
             self.console.print("[yellow]a generator replica is still down after 300 s; evaluating without it[/yellow]")
         await update_generators(self.state, self.generator, self.state.version, cfg.timeouts.weight_load_s,
                                 self._where())
-        gen_busy_s = (await self.generator.stats.route())["busy_s"] - self._gen_busy_start - self._eval_busy_s
+        gen_stats = await self.generator.stats.route()
+        gen_busy_s = gen_stats["busy_s"] - self._gen_busy_start - self._eval_busy_s
+        self._occupancy = occupancy(self._gen_at_start, gen_stats)
         if self.step > self.start_step:
             await self.evaluate()
         checkpoint = await self.checkpoint()
@@ -489,8 +493,12 @@ class GRPORun:
                       stats=self.state.rollouts, scale_advantages_by_std=cfg.scale_advantages_by_std)
         max_tokens = cfg.generator.sampling.get("max_tokens", 16)
         if cfg.env.name is None:
+            single = dict(lengths=LengthDraws(cfg.generator.lengths, max_tokens) if cfg.generator.lengths.enabled
+                          else None, max_age=cfg.max_policy_age if cfg.stale_in_flight == "requeue" else None)
+
             def rollout_once():
-                return rollout_from_dataset(reward=self.reward, overlong=cfg.overlong, max_tokens=max_tokens, **actors)
+                return rollout_from_dataset(reward=self.reward, overlong=cfg.overlong, max_tokens=max_tokens,
+                                            **single, **actors)
         else:
             turns = dict(make_env=env_factory(cfg.env, cfg), env_cfg=cfg.env, max_tokens=max_tokens,
                          renderer=TurnRenderer(self.tokenizer, **cfg.chat_template_kwargs))
@@ -498,7 +506,8 @@ class GRPORun:
             def rollout_once():
                 return rollout_env_from_dataset(**turns, **actors)
         tasks = cfg.rollout_tasks if cfg.async_mode else max(cfg.rollout_tasks, cfg.batch_groups)
-        self._gen_busy_start = (await self.generator.stats.route())["busy_s"]
+        self._gen_at_start = await self.generator.stats.route()
+        self._gen_busy_start = self._gen_at_start["busy_s"]
         def timed(lane: str):
             return lambda: self._timed(lane, "rollout", rollout_once())
 
@@ -611,6 +620,7 @@ class GRPORun:
             generator_idle_fraction=1 - gen_busy_s / wall if wall else 0.0,
             generator_stats=await self.generator.stats.route(), admission_wait_s=s.admission.wait_s,
             placement=self.placement.describe(), stale_fraction=final_buffer["dropped"]["stale"] / max(generated, 1),
+            mean_running_sequences=self._occupancy, partial_rollouts=s.rollouts.partial_rollouts(),
             buffer=final_buffer, drops=drops(final_buffer, s.drops, data), data=data,
         )
 
@@ -654,6 +664,15 @@ async def publish(state: Run, trainer, t: TimeoutsConfig, where: str) -> dict:
                          f"the Trainer's push_weights of version {version}", where)).get(0)
     state.version = version
     return push
+
+
+def occupancy(before: dict, after: dict) -> float:
+    """The engine's mean batch occupancy between two Generator.stats of one replica: sequences in it (running or
+    queued), averaged over the time it generated (evaluations in between included)."""
+    if not before:  # no rollout started
+        return 0.0
+    busy = after["busy_s"] - before["busy_s"]
+    return (after["sequence_s"] - before["sequence_s"]) / busy if busy > 0 else 0.0
 
 
 def host_placement(launcher: LauncherConfig, node_gpus: int) -> Placement:

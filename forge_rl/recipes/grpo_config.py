@@ -19,9 +19,13 @@ from forge_rl.envs import EnvConfig, env_factory
 from forge_rl.runtime.placement import ResourcesConfig
 from forge_rl.runtime.timeouts import TimeoutsConfig
 from forge_rl.rewards.overlong import OverlongConfig
+from forge_rl.loop.lengths import ResponseLengths
 from forge_rl.loop.sampling import behaviour_temperature, truncation
 from forge_rl.models import model_path
 from forge_rl.weights import WeightStoreConfig
+
+
+STALE_IN_FLIGHT = ("finish", "requeue")
 
 
 @dataclass
@@ -37,6 +41,8 @@ class GeneratorSection:
     # truncated sampling: the most ids of one token's kept set that are recorded (4 bytes each); a sample with a
     # larger set is not trained on (drops/sampling_mask_over_cap). docs/algorithms.md, "Keep Sampling Mask"
     max_kept_tokens: int = 64
+    # drawn, long-tailed response lengths (a workload, e.g. reasoning models' tails): forge_rl/loop/lengths.py
+    lengths: ResponseLengths = field(default_factory=ResponseLengths)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -88,6 +94,9 @@ class GRPOConfig:
     rollout_tasks: int = 4  # concurrent rollouts at most (admission may allow fewer)
     async_mode: bool = True  # false (+ max_policy_age 0): the synchronous baseline
     max_policy_age: int = 1  # a token made by version u is trained on at version v only if v - u <= this
+    # a sequence still generating when no batch could train its oldest token any more: "finish" it under the newer
+    # weights (the buffer drops its group as stale), or "requeue" (abort it, generate its prompt again)
+    stale_in_flight: str = "finish"
     trainer_procs: int = 1
     scale_advantages_by_std: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false}
@@ -145,6 +154,8 @@ class GRPOConfig:
             raise ValueError(f"resume={self.resume!r}: use true, false or auto")
         if self.no_batch_timeout_s <= 0:
             raise ValueError(f"no_batch_timeout_s must be > 0, got {self.no_batch_timeout_s}")
+        if self.stale_in_flight not in STALE_IN_FLIGHT:
+            raise ValueError(f"stale_in_flight={self.stale_in_flight!r}; choose one of {STALE_IN_FLIGHT}")
 
 
 def check_config(cfg: GRPOConfig) -> None:
@@ -170,6 +181,7 @@ def check_config(cfg: GRPOConfig) -> None:
     if cfg.overlong.penalty_cache_len >= cfg.generator.sampling.get("max_tokens", 16):
         raise ConfigError(f"overlong.penalty_cache_len={cfg.overlong.penalty_cache_len} must be smaller than "
                           f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens', 16)}")
+    check_single_turn_options(cfg)
     if cfg.env.name is not None:
         try:
             env_cls = env_factory(cfg.env)  # an unknown name or arguments fail here, naming env.name / env.args
@@ -188,6 +200,18 @@ def check_config(cfg: GRPOConfig) -> None:
     names = [r.name for r in cfg.rewards]
     if cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
+
+
+def check_single_turn_options(cfg: GRPOConfig) -> None:
+    """generator.lengths and stale_in_flight "requeue" act on single-turn rollouts (one request per group)."""
+    lengths = cfg.generator.lengths
+    lengths.check(cfg.generator.sampling.get("max_tokens", 16))
+    if lengths.enabled and (cfg.overlong.filter or cfg.overlong.penalty_cache_len):
+        raise ConfigError("generator.lengths draws every response's length (its tokens after the end are filler): "
+                          "overlong.* would judge the drawn lengths; turn one of them off")
+    for name, on in (("generator.lengths", lengths.enabled), ("stale_in_flight=requeue", cfg.stale_in_flight == "requeue")):
+        if on and cfg.env.name is not None:
+            raise ConfigError(f"{name} applies to single-turn rollouts; env.name={cfg.env.name!r} is multi-turn")
 
 
 def check_sampling(cfg: GRPOConfig) -> None:
