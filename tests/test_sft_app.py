@@ -50,6 +50,11 @@ def test_sft_smoke_loss_falls_and_outputs_are_written(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert (tmp_path / "config.yaml").read_text().startswith("model: tiny")
     assert (tmp_path / "loss.png").stat().st_size > 1000
+    # the timeline: each step's trainer span and the checkpoints, a PNG, and the summary's busy fractions
+    trace = json.loads((tmp_path / "timeline.json").read_text())["traceEvents"]
+    assert sum(e["name"] == "train step" for e in trace if e["ph"] == "X") == 8
+    assert sum(e["name"] == "checkpoint" for e in trace if e["ph"] == "X") == 2
+    assert (tmp_path / "timeline.png").stat().st_size > 5_000 and 0 < summary["busy_fraction"]["trainer"] < 1
     assert {p.name for p in (tmp_path / "checkpoints").iterdir()} == {"step-4", "step-8"}
     from safetensors import safe_open
 

@@ -12,7 +12,8 @@ a vLLM generator service, scored by the task's rewards as GRPO scores it.
 
 Data: `dataset: arithmetic` generates "a+b=" -> "c" problems in code (held-out questions excluded); or a
 path to a local .jsonl file or HF dataset directory (forge_rl/data/jsonl.py, docs/sft.md). Outputs in
-output_dir: config.yaml, metrics.jsonl, loss.png, summary.json; DCP checkpoints in trainer.checkpoint_dir
+output_dir: config.yaml, metrics.jsonl, loss.png, summary.json, timeline.json and timeline.png (what each role did
+when); DCP checkpoints in trainer.checkpoint_dir
 (resume=true continues from the newest intact one; output_dir belongs to one run: docs/sft.md); an HF
 export in export_dir at the end.
 """
@@ -45,6 +46,7 @@ from forge_rl.loop.eval import evaluate_task
 from forge_rl.loop.run_folder import claim_output_dir
 from forge_rl.models import load_tokenizer, model_path
 from forge_rl.observability import MetricsLogger, plot_run
+from forge_rl.observability.timeline import Timeline
 from forge_rl.observability.plots import SFT_PANELS
 
 
@@ -124,6 +126,7 @@ class SFTRun:
         self.saved_at: int | None = None
         self.train_s = 0.0
         self._stack: contextlib.AsyncExitStack | None = None
+        self.timeline = Timeline()  # what the controller, trainer and evaluation did when: timeline.{json,png}
 
     async def start(self) -> "SFTRun":
         self.prepare()
@@ -198,14 +201,20 @@ class SFTRun:
     async def train_step(self) -> dict[str, float]:
         """One optimizer step on batch `step` (one TrainBatch per data-parallel rank); logged and returned. An
         interrupt lets the step in flight finish and logs it before the CancelledError goes on."""
-        batches = train_batches(self.source, self.step, self.cfg.batch_size, self.dp, self.tokenizer.pad_token_id)
-        call = asyncio.ensure_future(self.trainer.train_step.call(batches))
+        with self.timeline.span("controller", "batch", step=self.step + 1):
+            batches = train_batches(self.source, self.step, self.cfg.batch_size, self.dp, self.tokenizer.pad_token_id)
+        call = asyncio.ensure_future(self._timed("trainer", "train step", self.trainer.train_step.call(batches),
+                                                 step=self.step + 1))
         try:
             m = (await asyncio.shield(call)).get(0)
         except asyncio.CancelledError:
             self._log_step((await call).get(0))
             raise
         return self._log_step(m)
+
+    async def _timed(self, lane: str, name: str, work, **args):
+        with self.timeline.span(lane, name, **args):
+            return await work
 
     def _log_step(self, m: dict) -> dict[str, float]:
         self.step = int(m["step"])
@@ -214,6 +223,7 @@ class SFTRun:
                 "train/tokens_per_s": m["tokens_per_s"], "train/step_s": m["step_s"],
                 "train/elapsed_s": time.perf_counter() - self.t_train}
         self.log.log(self.step, line)
+        self.timeline.mark(f"step {self.step}")
         return line
 
     async def evaluate(self, final: bool = False) -> dict[str, Any]:
@@ -236,8 +246,9 @@ class SFTRun:
             await self.trainer.push_weights.call(self.step)
             await self.generator.update_weights.call_all(self.step)
         eval_reward = cfg.task.eval_reward or cfg.rewards[0].name
-        result = await evaluate_task(self.generator, self.reward, self.held_out, eval_reward,
-                                     max_tokens=cfg.eval_max_tokens)
+        with self.timeline.span("generator", "evaluate", step=self.step):
+            result = await evaluate_task(self.generator, self.reward, self.held_out, eval_reward,
+                                         max_tokens=cfg.eval_max_tokens)
         record = dict(**result, eval_s=time.perf_counter() - t0)
         self.log.log(self.step, {f"eval/{k}": v for k, v in record.items()})
         return record
@@ -247,7 +258,8 @@ class SFTRun:
         step = self.step
 
         async def write(partial: Path) -> None:
-            await self.trainer.save.call(step, str(partial))
+            with self.timeline.span("trainer", "checkpoint", step=step):
+                await self.trainer.save.call(step, str(partial))
 
         path = await commit_checkpoint(Path(self.trainer_cfg.checkpoint_dir), step, self.claim.run_id, write)
         self.saved_at = step
@@ -280,8 +292,10 @@ class SFTRun:
             final_loss=self.losses[-1] if self.losses else math.nan,
             train_s=self.train_s, s_per_step=self.train_s / max(done, 1), wall_s=time.perf_counter() - self.t_start,
             checkpoint=checkpoint, export_dir=(cfg.export_dir or "") if not interrupted else "",
+            busy_fraction={lane: round(f, 3) for lane, f in self.timeline.role_busy_fractions().items()},
         )
         self.log.close()
+        self.timeline.write(self.out)
         plot_run(self.log.path, self.out / "loss.png", f"SFT {cfg.model} on {Path(cfg.dataset).name}",
                  panels=SFT_PANELS)
         (self.out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
@@ -291,7 +305,8 @@ class SFTRun:
         for k, v in self.summary.items():
             table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
         self.console.print(table)
-        self.console.print(f"wrote {self.out / 'summary.json'}, {self.out / 'metrics.jsonl'}, {self.out / 'loss.png'}")
+        self.console.print(f"wrote {self.out / 'summary.json'}, {self.out / 'metrics.jsonl'}, {self.out / 'loss.png'}, "
+                           f"{self.out / 'timeline.png'} and {self.out / 'timeline.json'} (Perfetto)")
         return self.summary
 
     async def stop(self) -> None:
