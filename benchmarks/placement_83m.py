@@ -7,8 +7,12 @@ MLP 2304, random init, the tiny model's character tokenizer), G=8, 4 groups per 
 (`ignore_eos`: every response is exactly 64 tokens, so every step and both loops do the same work), the
 zero-advantage filter off (a random model earns almost no reward: the steps still do all their work). On the 2-core CPU machine generation and training
 each take seconds per step, so where the roles' time goes decides the loop's speed. Each run is
-apps/grpo/main.py in this process, one after the other; prints steps/min (training phase), the trainer's
-and the generator's idle fractions and the stale drops, and each run against the best synchronous one.
+apps/grpo/main.py in this process, one after the other (per placement, sync then async); prints steps/min
+(training phase), the trainer's and the generator's idle fractions, the stale drops, each run against the best
+synchronous one, and where async's extra work goes: tokens generated per token trained (groups generated but
+never trained: stale, or still in flight or buffered at the end), tokens whose KV cache a weight swap threw
+away (recompute_kv), and the time the engine spent paused for swaps. Each run's timeline.png is in its output
+folder.
 
 The baseline is the synchronous loop as a user would run it best. Pinned one core per role (disaggregated)
 each role idles while the other works; colocated, each role gets both cores in turn. On two shared cores with
@@ -36,6 +40,7 @@ SHAPE_83M = dict(hidden_size=768, intermediate_size=2304, num_hidden_layers=12, 
 def cli() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--placements", default="disaggregated,colocated")
     ap.add_argument("overrides", nargs="*", help="apps.grpo.main overrides for every run")
     args = ap.parse_args()
     results = []
@@ -48,8 +53,8 @@ def cli() -> None:
                   "no_batch_timeout_s=900", *args.overrides]
         sync, asynchronous = ["async_mode=false", "max_policy_age=0"], ["async_mode=true", "max_policy_age=1"]
         runs = [(f"{loop}, {where}", mode + [f"resources.placement={where}"])
-                for loop, mode in (("sync", sync), ("async", asynchronous))
-                for where in ("disaggregated", "colocated")]
+                for where in args.placements.split(",")  # sync then async per placement: each pair shares conditions
+                for loop, mode in (("sync", sync), ("async", asynchronous))]
         for label, extra in runs:
             Console().rule(label)
             out = f"output_dir=outputs/bench/placement_83m/{label.replace(', ', '_')}"
@@ -58,12 +63,18 @@ def cli() -> None:
     # the baseline: the faster of the two synchronous placements, as a user would set sync up
     base = max(s["steps_per_min"] for label, s in results if label.startswith("sync"))
     table = Table(title=f"GRPO on an 83M-parameter Qwen3 shape, {args.steps} steps, G=8 x 4 groups x 64 tokens")
-    for col in ("loop", "steps/min", "s/step", "vs best sync", "trainer idle", "generator idle", "stale drops"):
+    for col in ("loop", "steps/min", "s/step", "vs best sync", "trainer idle", "generator idle", "stale drops",
+                "generated / trained", "recomputed at swaps", "swap pauses"):
         table.add_column(col, justify="right")
     for label, s in results:
+        g = s["generator_stats"]
+        trained = args.steps * 4 * 8 * 64  # every response is 64 tokens
+        evaluated = 2 * 8 * 64  # the evaluations before and after: 8 prompts, 64 tokens each
         table.add_row(label, f"{s['steps_per_min']:.2f}", f"{60 / s['steps_per_min']:.1f}",
                       f"{s['steps_per_min'] / base:.2f}x", f"{s['trainer_idle_fraction']:.0%}",
-                      f"{s['generator_idle_fraction']:.0%}", f"{s['stale_fraction']:.1%}")
+                      f"{s['generator_idle_fraction']:.0%}", f"{s['stale_fraction']:.1%}",
+                      f"{(g['generated_tokens'] - evaluated) / trained:.2f}",
+                      f"{g['recomputed_tokens_total']:,} tokens", f"{g['pause_s_total']:.1f} s")
     Console(width=160).print(table)
 
 
