@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from forge_rl.actors.generator import filler_completion
+from forge_rl.actors.generator_outputs import filler_completion
 from forge_rl.errors import ConfigError
 from forge_rl.loop.lengths import LengthDraws, ResponseLengths
 from forge_rl.loop.rollout import RolloutStats
