@@ -136,7 +136,8 @@ def test_filler_after_eos_runs_every_response_to_max_tokens_and_masks_the_filler
             assert c.finish_reason == "stop" and c.text == tokenizer.decode(ids[:first], skip_special_tokens=True)
             assert (c.env_mask is None and first == 39) or c.env_mask.tolist() == [i > first for i in range(40)]
     occupancy = (after["sequence_s"] - before["sequence_s"]) / (after["busy_s"] - before["busy_s"])
-    assert abs(occupancy - 4.0) < 1e-3 and after["running_sequences"] == 0  # the 4 finish in one delta
+    # 4 all along; the 4 finish in one engine step, but their outputs may reach the actor a moment apart
+    assert 3.9 < occupancy <= 4.0 and after["running_sequences"] == 0
 
 
 def test_occupancy_falls_while_a_long_request_runs_alone(generator):
