@@ -78,6 +78,13 @@ def test_trainer_reads_the_sampling_temperature():
     assert cfg.trainer.temperature == 0.7
 
 
+@pytest.mark.parametrize("truncated", [["top_p=0.8"], ["top_k=20"], ["min_p=0.05"], ["top_p=0.95", "top_k=20"]])
+def test_truncated_sampling_in_the_grpo_config_passes_its_check(truncated):
+    cfg = grpo("generator.sampling.temperature=0.7", *(f"generator.sampling.{t}" for t in truncated))
+    check_config(cfg)
+    assert cfg.trainer.temperature == 0.7 and cfg.generator.max_kept_tokens == 64
+
+
 def test_a_second_temperature_that_disagrees_is_an_error_naming_both_keys():
     cfg = grpo("generator.sampling.temperature=0.7", "trainer.temperature=1.0")
     with pytest.raises(ConfigError, match=r"trainer\.temperature=1\.0.*generator\.sampling\.temperature=0\.7"):
