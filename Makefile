@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 
-.PHONY: setup setup-slurm demo demo-ppo demo-rm demo-multiturn demo-distill demo-lora test test-fast gpu-check wheelhouse clean
+.PHONY: setup setup-slurm demo demo-ppo demo-rm demo-multiturn demo-distill demo-lora demo-moe test test-fast gpu-check wheelhouse clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -30,6 +30,9 @@ demo-distill: setup  # on-policy distillation of tiny-warm from tiny-teacher (co
 
 demo-lora: setup  # GRPO training LoRA adapters, adapter-only weight sync (configs/grpo/tiny_lora.yaml)
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny_lora.yaml $(DEMO) $(ARGS)
+
+demo-moe: setup  # GRPO on a mixture-of-experts model, tiny-moe (Qwen3-MoE in TorchTitan and vLLM; configs/grpo/tiny_moe.yaml)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny_moe.yaml $(DEMO) $(ARGS)
 
 test: setup
 	$(PY) -m pytest $(ARGS)

@@ -21,7 +21,7 @@ INTEGRATION_TESTS = {
     "test_qwen3_template.py", "test_timeouts.py", "test_replay_buffer.py", "test_reward.py", "test_reward_workers.py",
     "test_hostile_verifiers.py", "test_rollout.py", "test_service.py", "test_sft_app.py",
     "test_shutdown.py", "test_slurm.py", "test_soak.py", "test_tiny_model.py", "test_trainer.py", "test_vllm_logs.py",
-    "test_weight_store.py", "test_reference.py", "test_run_ownership.py", "test_rehearsal.py",
+    "test_weight_store.py", "test_reference.py", "test_run_ownership.py", "test_rehearsal.py", "test_moe.py", "test_moe_grpo.py",
     "test_gpu_check.py",  # make gpu-check's CPU part in a subprocess: its tiers start trainer ranks (minutes)
 }
 

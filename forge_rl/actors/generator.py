@@ -28,7 +28,7 @@ import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_rl.actors.generator_outputs import Child, filler_completion
-from forge_rl.deps.vllm import async_llm, engine_context, engine_dead_error
+from forge_rl.deps.vllm import RELOAD_EXTENSION, async_llm, engine_context, engine_dead_error
 from forge_rl.errors import ConfigError
 from forge_rl.loop.sampling import top_k_over_cap, truncation
 from forge_rl.runtime import ForgeActor
@@ -138,6 +138,9 @@ class Generator(ForgeActor):
         args.update(self.engine_args)
         if not cuda:
             args = cpu_engine_env(args)
+            args.setdefault("worker_extension_cls", RELOAD_EXTENSION)  # CPU MoE reloads (forge_rl/deps/vllm.py)
+        self.reload_method = ("forge_rl_reload_weights" if args.get("worker_extension_cls") == RELOAD_EXTENSION
+                              else "reload_weights")
         with engine_args_refused(self.engine_args, self.engine_args_key):
             self.engine = start_engine(AsyncEngineArgs(**args), engine_start_method(cuda))
         # The engine's processes must not outlive this proc if it is killed (they would be orphaned).
@@ -373,7 +376,7 @@ class Generator(ForgeActor):
         if self.lora is not None:
             return await self._load_adapter(version)
         with self.store.pinned(version) as path:  # the writers must not recycle it mid-reload
-            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+            await self.engine.collective_rpc(self.reload_method, kwargs={"weights_path": str(path)})
         # The engine labels every step after this one with the new version (see generate).
         await self.engine.update_weight_version(str(version))
         self.policy_version = version

@@ -41,6 +41,9 @@ DTYPES = ("float32", "bfloat16")
 class ParallelConfig:
     dp_shard: int = -1  # FSDP2 degree; -1 = all ranks not used by tp
     tp: int = 1  # tensor-parallel degree
+    # expert-parallel degree (Qwen3-MoE): each expert lives on ep of the ranks' share, tokens travel to their
+    # experts by all-to-all. EP borrows ranks from FSDP (and TP): dp_shard * tp must be a multiple of ep
+    ep: int = 1
     activation_checkpointing: bool = False
     compile: bool = False
 
@@ -297,12 +300,14 @@ class Trainer(TrainerWeights, ForgeActor):
 
         p = self.cfg.parallel
         parallelism = ParallelismConfig(
-            data_parallel_shard_degree=p.dp_shard, tensor_parallel_degree=p.tp, spmd_backend="partial_dtensor",
+            data_parallel_shard_degree=p.dp_shard, tensor_parallel_degree=p.tp, expert_parallel_degree=p.ep,
+            spmd_backend="partial_dtensor",
         )
         try:
             dims = ParallelDims.from_config(parallelism, self.world)
-        except AssertionError as e:
-            raise ValueError(f"trainer.parallel (dp_shard={p.dp_shard}, tp={p.tp}) does not fit {self.world} procs: {e}")
+        except (AssertionError, ValueError) as e:
+            raise ValueError(f"trainer.parallel (dp_shard={p.dp_shard}, tp={p.tp}, ep={p.ep}) does not fit "
+                             f"{self.world} procs: {e}")
         dist_utils.set_spmd_backend("partial_dtensor")
         dims.build_mesh()
         return parallelism, dims
@@ -556,7 +561,12 @@ class Trainer(TrainerWeights, ForgeActor):
 
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.cfg.optim.max_grad_norm or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        if self.parallel_dims.ep_enabled:  # experts' gradients live on the EP mesh, the others on the FSDP mesh
+            from torchtitan.distributed.utils import clip_grad_norm_
+
+            norm = clip_grad_norm_(params, max_norm, foreach=True, ep_enabled=True)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         return float(norm)

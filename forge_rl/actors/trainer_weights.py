@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from forge_rl.models import fused_qkv, lora
+from forge_rl.models import fused_qkv, lora, qwen3_moe
 from forge_rl.models.lora import is_adapter_key
 from forge_rl.weights import ShmWeightStore, sharded_publish, spec_of
 from forge_rl.weights.hf_export import HFExportWriter
@@ -119,6 +119,9 @@ class TrainerWeights:
         targets = {}
         for name, param in self.model.named_parameters():  # a tied weight once
             if is_adapter_key(name):
+                continue
+            if qwen3_moe.expert_param(name) is not None:  # one HF tensor per expert
+                targets[name] = {sharded_publish.EXPERTS: qwen3_moe.expert_names(name, param.shape[0])}
                 continue
             if name.endswith(fused_qkv.SUFFIX):
                 prefix = name[: -len(fused_qkv.SUFFIX)]

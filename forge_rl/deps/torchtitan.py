@@ -5,8 +5,8 @@
   be "cpu" before any `torchtitan.models` / `torchtitan.distributed` import. Importing this module does it.
 - `buffers_left_uninitialised(modules)`: `init_states` leaves those modules' own buffers alone (TorchTitan's
   per-module `_init_self_buffers` hook), so that one RoPE cache can stand for every layer's.
-- `build_qwen3_layers`, `qwen3_norm`, `EMBEDDING_INIT`, `LINEAR_INIT`: how TorchTitan's own Qwen3 configs are
-  built (per-layer block configs, the RMSNorm config, its initialisers). forge_rl builds a Qwen3 config from
+- `build_qwen3_layers`, `build_qwen3_moe_layers`, `qwen3_norm`, `EMBEDDING_INIT`, `LINEAR_INIT`: how TorchTitan's
+  own Qwen3 configs are built (per-layer block configs, the RMSNorm config, its initialisers). forge_rl builds a Qwen3 config from
   any HF config.json with them instead of copying their code; TorchTitan exports only fixed model flavours.
 """
 
@@ -26,8 +26,8 @@ use_cpu_without_accelerator()  # before the model imports below, which copy the 
 from torchtitan.models.qwen3 import _EMBEDDING_INIT as EMBEDDING_INIT  # noqa: E402
 from torchtitan.models.qwen3 import _LINEAR_INIT as LINEAR_INIT  # noqa: E402
 from torchtitan.models.qwen3 import _build_qwen3_layers as build_qwen3_layers  # noqa: E402
+from torchtitan.models.qwen3 import _build_qwen3_moe_layers as build_qwen3_moe_layers  # noqa: E402
 from torchtitan.models.qwen3 import _qwen3_norm as qwen3_norm  # noqa: E402
-
 
 
 @contextlib.contextmanager
@@ -41,5 +41,5 @@ def buffers_left_uninitialised(modules):
             del module._init_self_buffers
 
 
-__all__ = ["EMBEDDING_INIT", "LINEAR_INIT", "buffers_left_uninitialised", "build_qwen3_layers", "qwen3_norm",
-           "use_cpu_without_accelerator"]
+__all__ = ["EMBEDDING_INIT", "LINEAR_INIT", "buffers_left_uninitialised", "build_qwen3_layers",
+           "build_qwen3_moe_layers", "qwen3_norm", "use_cpu_without_accelerator"]

@@ -6,7 +6,32 @@
 - `EngineDeadError` (vllm.v1.engine.exceptions): what a request raises when the EngineCore process died.
 - `UsageContext` (vllm.usage.usage_lib): needed to build an engine config before the engine
   (`AsyncEngineArgs.create_engine_config`), which forge_rl does to choose the EngineCore's start method.
+- `MoEWeightReload` (a worker extension, `worker_extension_cls`): vLLM 0.32's in-place reload leaves a CPU
+  mixture-of-experts layer's expert weights in checkpoint layout: on a weight update `UnquantizedFusedMoEMethod`
+  skips `fused_experts.process_weights_after_loading`, which on CPU prepacks them for `cpu_fused_moe`, so the
+  reloaded experts compute garbage (measured: |log p| off by 3.6 after reloading the very same weights). Its
+  `forge_rl_reload_weights` reloads, then runs that step for each CPU expert layer (`CPUUnquantizedExperts`).
 """
+
+RELOAD_EXTENSION = "forge_rl.deps.vllm.MoEWeightReload"
+
+
+class MoEWeightReload:
+    """Mixed into vLLM's CPU worker (worker_extension_cls): `reload_weights`, then the CPU experts' prepacking
+    that a weight update skips. Returns the number of expert layers prepacked (0 for a dense model)."""
+
+    def forge_rl_reload_weights(self, weights_path: str) -> int:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+        self.reload_weights(weights_path=weights_path)
+        fixed = 0
+        for module in self.model_runner.get_model().modules():
+            kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+            experts = getattr(kernel, "fused_experts", None)
+            if isinstance(experts, CPUUnquantizedExperts):
+                experts.process_weights_after_loading(module)
+                fixed += 1
+        return fixed
 
 
 def async_llm():

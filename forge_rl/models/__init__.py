@@ -6,11 +6,11 @@ from pathlib import Path
 from forge_rl.errors import ConfigError
 
 TINY_MODEL_DIR = Path(__file__).parent / "tiny"
-EMBEDDED = ("tiny", "tiny-warm", "tiny-teacher", "tiny-rm")
+EMBEDDED = ("tiny", "tiny-warm", "tiny-teacher", "tiny-rm", "tiny-moe")
 
 
 def resolve_model_path(model: str) -> str:
-    """"tiny", "tiny-warm", "tiny-teacher", "tiny-rm" -> the embedded models; anything else must be a local HF model
+    """"tiny", "tiny-warm", "tiny-teacher", "tiny-rm", "tiny-moe" -> the embedded models; anything else must be a local HF model
     directory (nothing is downloaded at run time)."""
     if model == "tiny":
         return str(TINY_MODEL_DIR)
@@ -18,6 +18,8 @@ def resolve_model_path(model: str) -> str:
         return str(Path(__file__).parent / "tiny_warm")
     if model == "tiny-rm":  # a reward model, p(the sum is right): forge_rl/models/build_tiny_rm.py, docs/tiny_model.md
         return str(Path(__file__).parent / "tiny_rm")
+    if model == "tiny-moe":  # tiny-warm made a Qwen3-MoE (4 experts, top 2): forge_rl/models/build_tiny_moe.py
+        return str(Path(__file__).parent / "tiny_moe")
     if model == "tiny-teacher":  # tiny-warm after `make demo`'s GRPO run: a stronger teacher for apps/distill
         return str(Path(__file__).parent / "tiny_teacher")
     path = Path(model).expanduser()

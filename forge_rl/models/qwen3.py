@@ -50,28 +50,46 @@ def read_hf_config(model_dir: str | Path) -> dict:
 
 
 def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
-    """TorchTitan Qwen3 config matching the HF config in `model_dir`.
+    """TorchTitan Qwen3 config matching the HF config in `model_dir`: dense Qwen3 (`qwen3`) or Qwen3-MoE
+    (`qwen3_moe`, forge_rl/models/qwen3_moe.py).
 
     Attention is SDPA: it runs forward and backward on CPU and CUDA, while flex attention has no CPU
     backward. Right-padded batches need no mask (causal); packed rows pass a dense one (MaskedSDPA).
     """
     hf = read_hf_config(model_dir)
+    if hf.get("model_type") == "qwen3_moe":
+        from forge_rl.models import qwen3_moe
+
+        return qwen3_moe.titan_config(model_dir, hf)
     if hf.get("model_type") != "qwen3":
-        raise ValueError(f"{model_dir}/config.json: model_type is {hf.get('model_type')!r}, expected 'qwen3'")
-    dim, vocab = hf["hidden_size"], hf["vocab_size"]
-    head_dim = hf.get("head_dim") or dim // hf["num_attention_heads"]
-    rope = hf.get("rope_parameters") or {}
-    theta = rope.get("rope_theta", hf.get("rope_theta", 1_000_000.0))
+        raise ValueError(f"{model_dir}/config.json: model_type is {hf.get('model_type')!r}, expected 'qwen3' "
+                         "or 'qwen3_moe'")
+    head_dim, rope = attention_shape(hf)
     layers = build_qwen3_layers(
         n_layers=hf["num_hidden_layers"],
-        dim=dim,
+        dim=hf["hidden_size"],
         n_heads=hf["num_attention_heads"],
         n_kv_heads=hf["num_key_value_heads"],
         head_dim=head_dim,
         hidden_dim=hf["intermediate_size"],
         attn_backend="flex",  # replaced below; the builder only accepts masked backends
-        rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=hf["max_position_embeddings"], theta=theta),
+        rope=rope,
     )
+    return model_config(hf, layers)
+
+
+def attention_shape(hf: dict) -> tuple[int, CosSinRoPE.Config]:
+    """(head_dim, RoPE config) of an HF Qwen3 config."""
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    rope = hf.get("rope_parameters") or {}
+    theta = rope.get("rope_theta", hf.get("rope_theta", 1_000_000.0))
+    return head_dim, CosSinRoPE.Config(dim=head_dim, max_seq_len=hf["max_position_embeddings"], theta=theta)
+
+
+def model_config(hf: dict, layers: list) -> Qwen3Model.Config:
+    """The whole model's config around `layers`, each layer's attention made SDPA and its norms the checkpoint's
+    eps."""
+    dim, vocab = hf["hidden_size"], hf["vocab_size"]
     for layer in layers:
         layer.attention.inner_attention = MaskedSDPA.Config()
         layer.attention_norm.eps = layer.ffn_norm.eps = hf.get("rms_norm_eps", 1e-6)

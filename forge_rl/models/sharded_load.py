@@ -65,9 +65,27 @@ def checkpoint_names(adapter, checkpoint: SafetensorsCheckpoint, ignore: tuple[s
     """The model's state-dict name -> the checkpoint tensor holding it, through the model's own state-dict
     adapter (TorchTitan's), fed placeholders so that nothing is read. `ignore`: checkpoint tensors that are not
     the model's (a sequence classifier's score head, when a critic starts from a reward model)."""
-    placeholders = {name: torch.empty(0) for name in checkpoint.names if name not in ignore}
+    placeholders = {name: torch.empty(0) for name in checkpoint.names if name not in ignore and not _is_expert(name)}
     source = {id(t): name for name, t in placeholders.items()}
     return {model_name: source[id(t)] for model_name, t in adapter.from_hf(placeholders).items()}
+
+
+def _is_expert(name: str) -> bool:
+    """A Qwen3-MoE checkpoint's per-expert tensor: TorchTitan stacks a layer's experts into one parameter, which
+    is read here expert by expert (forge_rl/models/qwen3_moe.py), not through the adapter's concatenation."""
+    return ".mlp.experts." in name
+
+
+def _expert_sources(model: torch.nn.Module, checkpoint: SafetensorsCheckpoint) -> dict[str, list[str]]:
+    """Each grouped expert parameter (state-dict name) -> the checkpoint's per-expert tensors it stacks."""
+    from forge_rl.models import qwen3_moe
+
+    out = {}
+    for module_path, param in model.named_parameters():
+        name = state_dict_name(module_path)
+        if qwen3_moe.expert_param(name) is not None:
+            out[name] = qwen3_moe.expert_names(name, param.shape[0])
+    return out
 
 
 def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
@@ -85,22 +103,24 @@ def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
     names = checkpoint_names(adapter, checkpoint, ignore)
     if "tok_embeddings.weight" in names and "lm_head.weight" not in names:
         names["lm_head.weight"] = names["tok_embeddings.weight"]  # tied: HF checkpoints may omit the head
+    experts = _expert_sources(model, checkpoint)
     extra = extra or {}
-    _check_names(model, names, extra, model_dir)
+    _check_names(model, names, extra, model_dir, experts, checkpoint)
     with torch.no_grad():
         for module_path, param in model.named_parameters():  # a tied weight once
             name = state_dict_name(module_path)  # the checkpoint's names are the state dict's
             shape, offset = _local_block(param)
-            if name not in extra and not name.endswith(fused_qkv.SUFFIX) \
-                    and checkpoint.shape(names[name]) != tuple(param.shape):
-                raise ValueError(f"{model_dir}: {names[name]} has shape {checkpoint.shape(names[name])}, the "
-                                 f"model expects {tuple(param.shape)}")
+            _check_shape(checkpoint, names, experts, extra, name, tuple(param.shape), model_dir)
             local = _local(param)
+            source = experts[name][0] if name in experts else names.get(name)
             # a block of rows at a time: what is read beyond the shard stays at most block_bytes
-            for r0, r1 in row_blocks(shape, checkpoint.itemsize(names.get(name)), block_bytes):
+            for r0, r1 in row_blocks(shape, checkpoint.itemsize(source), block_bytes):
                 at, rows = (offset[0] + r0, *offset[1:]), (r1 - r0, *shape[1:])
                 if name in extra:
                     block = extra[name][tuple(slice(o, o + n) for o, n in zip(at, rows))]
+                elif name in experts:  # rows are experts: each read from its own tensor, this rank's block of it
+                    block = torch.stack([checkpoint.read(experts[name][e], at[1:], rows[1:])
+                                         for e in range(at[0], at[0] + rows[0])])
                 elif name.endswith(fused_qkv.SUFFIX):
                     block = _read_fused_qkv(checkpoint, names,
                                             model.get_submodule(module_path[: -len(fused_qkv.SUFFIX) - 1]),
@@ -110,6 +130,18 @@ def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
                 local[r0:r1].copy_(block)
     return dict(bytes_read=checkpoint.bytes_read, largest_read=checkpoint.largest_read,
                 checkpoint_bytes=sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")))
+
+
+def _check_shape(checkpoint, names, experts, extra, name: str, shape: tuple[int, ...], model_dir) -> None:
+    if name in extra or name.endswith(fused_qkv.SUFFIX):
+        return
+    if name in experts:
+        have = (len(experts[name]), *checkpoint.shape(experts[name][0]))
+        source = f"{experts[name][0]} and the layer's other experts"
+    else:
+        have, source = checkpoint.shape(names[name]), names[name]
+    if have != shape:
+        raise ValueError(f"{model_dir}: {source} has shape {have}, the model expects {shape}")
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
@@ -136,9 +168,17 @@ def _read_fused_qkv(checkpoint: SafetensorsCheckpoint, names: dict[str, str], mo
     return torch.cat(pieces) if pieces else torch.empty(shape)
 
 
-def _check_names(model: torch.nn.Module, names: dict[str, str], extra: dict, model_dir) -> None:
+def _check_names(model: torch.nn.Module, names: dict[str, str], extra: dict, model_dir,
+                 experts: dict[str, list[str]], checkpoint: SafetensorsCheckpoint) -> None:
     """Every parameter has its tensor(s) in the checkpoint (or in `extra`), and every checkpoint tensor a
-    parameter (the state-dict names: a fused q/k/v parameter stands for wq, wk and wv)."""
+    parameter (the state-dict names: a fused q/k/v parameter stands for wq, wk and wv; a grouped expert
+    parameter for its experts' tensors)."""
+    stacked = {source for sources in experts.values() for source in sources}
+    if missing := sorted(stacked - checkpoint.names):
+        raise ValueError(f"{model_dir}: checkpoint lacks {missing[:5]}")
+    if unexpected := sorted(n for n in checkpoint.names if _is_expert(n) and n not in stacked):
+        raise ValueError(f"{model_dir}: checkpoint has tensors the model does not: {unexpected[:5]}")
+    names = {**names, **{name: sources[0] for name, sources in experts.items()}}
     wanted = set()
     for module_path, _ in model.named_parameters(remove_duplicate=False):
         name = state_dict_name(module_path)

@@ -52,8 +52,8 @@ from forge_rl.loop.multiturn import TurnRenderer, evaluate_env, rollout_env_from
 from forge_rl.loop.run_folder import RunClaim, claim_output_dir
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.observability.timeline import Timeline
-from forge_rl.recipes.grpo_config import (GRPOConfig, check_config, check_group_size, check_prompt_lengths, check_task,
-                                          dp_size, max_prompt_tokens)
+from forge_rl.recipes.grpo_config import (GRPOConfig, check_config, check_group_size, check_moe, check_prompt_lengths,
+                                          check_task, dp_size, max_prompt_tokens)
 from forge_rl.recipes.grpo_report import (StepRecord, batch_rewards, console_line, drops, shown_reward, step_metrics,
                                           summary_block)
 from forge_rl.runtime.memory_plan import ModelShape, gpu_total_bytes, plan_memory
@@ -160,6 +160,7 @@ class GRPORun:
         if self.group_advantages():
             check_group_size(cfg, self.algorithm())
         self.model_dir = model_path(cfg.model)
+        check_moe(cfg, self.model_dir)
         cfg.trainer.model = self.model_dir
         rows = check_task(cfg)  # before the tokenizer: importing transformers takes seconds
         self.tokenizer = load_tokenizer(self.model_dir)

@@ -299,6 +299,28 @@ def check_prompt_lengths(cfg: GRPOConfig, rows: TaskRows, tokenizer, model_dir: 
                           why, **kwargs)
 
 
+def check_moe(cfg: GRPOConfig, model_dir: str) -> None:
+    """A mixture-of-experts model (HF model_type qwen3_moe) and the trainer settings that depend on it, before any
+    actor starts: no LoRA (adapters on the grouped experts are not built), expert parallelism only on MoE and over a
+    divisor of the experts."""
+    hf = json.loads((Path(model_dir) / "config.json").read_text())
+    moe = hf.get("model_type") == "qwen3_moe"
+    ep = cfg.trainer.parallel.ep
+    if moe and cfg.trainer.lora.enabled:
+        raise ConfigError(f"trainer.lora.rank={cfg.trainer.lora.rank}: LoRA is not supported on a mixture-of-experts "
+                          f"model ({cfg.model} is {hf.get('architectures', ['Qwen3-MoE'])[0]}); set trainer.lora.rank=0 "
+                          "(full fine-tuning, with trainer.parallel.ep for the experts)")
+    if ep < 1:
+        raise ConfigError(f"trainer.parallel.ep={ep}: give the expert-parallel degree, >= 1")
+    if ep > 1 and not moe:
+        raise ConfigError(f"trainer.parallel.ep={ep}: expert parallelism needs a mixture-of-experts model, and "
+                          f"{cfg.model} is dense (model_type {hf.get('model_type')!r}); set trainer.parallel.ep=1")
+    experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
+    if ep > 1 and (experts % ep or cfg.trainer_procs % ep):
+        raise ConfigError(f"trainer.parallel.ep={ep} must divide the model's {experts} experts and trainer_procs="
+                          f"{cfg.trainer_procs}")
+
+
 def dp_size(cfg: GRPOConfig) -> int:
     p = cfg.trainer.parallel
     dp = cfg.trainer_procs // p.tp if p.dp_shard == -1 else p.dp_shard

@@ -18,7 +18,9 @@ q/k/v block is split into its q, k and v rows as it is written (forge_rl/models/
     held = sharded_publish.stream_to_rank0(model, plan, targets, writer, rank, dtype, device, block_bytes, ...)
 
 `targets` maps each parameter to its HF names: {part: [names]}, part None for a plain tensor or wq / wk / wv for
-TorchTitan's fused q/k/v; a tied embedding also names lm_head.weight.
+TorchTitan's fused q/k/v; a tied embedding also names lm_head.weight. A Qwen3-MoE layer's grouped experts ([E, ...],
+one parameter) map to {EXPERTS: [one name per expert]}: a box of experts e0..e1 is written as each expert's own
+tensor (vLLM's per-expert layout), so no rank holds more experts than its own.
 """
 
 import math
@@ -40,6 +42,7 @@ class Box:
 
 
 Plan = dict[str, list[Box]]
+EXPERTS = "experts"  # the part of a grouped expert parameter: dim 0 is the expert, one HF tensor each
 Targets = dict[str, dict[str | None, list[str]]]
 
 
@@ -88,6 +91,10 @@ def spec(model: torch.nn.Module, targets: Targets, dtype: torch.dtype, heads_per
     out = {}
     for name, param in _published(model, targets):
         whole = torch.empty(param.shape, dtype=dtype, device="meta")
+        if EXPERTS in targets[name]:
+            for hf_name in targets[name][EXPERTS]:
+                out[hf_name] = (dtype, tuple(param.shape[1:]))
+            continue
         parts = fused_qkv.split(whole, heads_per_kv, head_dim) if None not in targets[name] else {None: whole}
         for part, tensor in parts.items():
             for hf_name in targets[name][part]:
@@ -145,7 +152,12 @@ def stream_to_rank0(model: torch.nn.Module, plan: Plan, targets: Targets, writer
 
 def _write(writer, target: dict[str | None, list[str]], block: torch.Tensor, offset: tuple[int, ...],
            heads_per_kv: int, head_dim: int) -> None:
-    """A block of a parameter at `offset` into the version: as is, or a fused q/k/v block's rows into wq/wk/wv."""
+    """A block of a parameter at `offset` into the version: as is, each expert of a grouped expert block into its
+    own tensor, or a fused q/k/v block's rows into wq/wk/wv."""
+    if EXPERTS in target:
+        for i in range(block.shape[0]):
+            writer.write(target[EXPERTS][offset[0] + i], block[i], offset=offset[1:])
+        return
     if None in target:
         for hf_name in target[None]:
             writer.write(hf_name, block, offset=offset)
