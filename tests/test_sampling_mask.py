@@ -213,3 +213,29 @@ def test_a_multi_turn_trajectory_joins_its_turns_sets_with_none_for_the_environm
     unrecorded = KeptSets()
     unrecorded.add_turn(_completion([1], [3], None, kept_over_cap=1))
     assert unrecorded.fields() == {"kept_over_cap": 1}
+
+
+def test_a_group_with_a_sample_over_the_cap_is_dropped_whole_and_counted_before_scoring():
+    """The generator is scripted (one of three samples drew a token from more ids than the cap); the rollout's
+    handling is what is tested: no reward is computed, the group never reaches the buffer, the count is in episodes
+    and the first drop is printed with its reason."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from forge_rl.loop.rollout import DropLog, RolloutStats, rollout_group
+
+    completions = [_completion([1, 2], [3, 4], [[3], [4, 5]]), _completion([1, 2], [3], None, kept_over_cap=1),
+                   _completion([1, 2], [6], [[6, 7]])]
+
+    async def generate(prompt, n):
+        return completions
+
+    async def score(cs):
+        raise AssertionError("a group that cannot be trained on is not scored")
+
+    printed = []
+    stats = RolloutStats(drop_log=DropLog(write=printed.append))
+    group = asyncio.run(rollout_group(prompt_id="p7", prompt="1+1=", generator=SimpleNamespace(
+        generate=SimpleNamespace(route=generate)), score=score, group_size=3, stats=stats))
+    assert group is None and stats.drops["sampling_mask_over_cap"] == 3 and stats.generated_tokens == 4
+    assert printed and "dropped group p7 (sampling_mask_over_cap): 1 of its 3 samples" in printed[0]
