@@ -37,6 +37,34 @@ def test_build_reproduces_the_shipped_files_and_titan_matches_transformers(tmp_p
         assert (titan(tokens) - hf(tokens).logits).abs().max().item() < 1e-4
 
 
+def test_load_balancing_loss_by_hand_and_its_gradient_reaches_every_router():
+    from forge_rl.models.moe_aux import RouterStats, balancing_loss
+    from forge_rl.models.qwen3 import build_model
+
+    scores = torch.tensor([[[0.7, 0.1, 0.1, 0.1], [0.1, 0.7, 0.1, 0.1]]])
+    ids = torch.tensor([[[0, 1], [1, 0]]])  # f = [.5, .5, 0, 0], P = [.4, .4, .1, .1]: 4 x (.2 + .2)
+    assert balancing_loss(scores, ids).item() == pytest.approx(1.6)
+    even = torch.full((1, 4, 4), 0.25)
+    assert balancing_loss(even, torch.tensor([[[0, 1], [2, 3], [0, 1], [2, 3]]])).item() == pytest.approx(1.0)
+    model, _ = build_model(TINY_MOE)
+    stats = RouterStats(model)
+    tokens = torch.randint(3, 99, (2, 16), generator=torch.Generator().manual_seed(0))
+    model.eval()
+    with torch.no_grad():
+        model(tokens)
+    assert stats.records == []  # evaluation forwards add nothing
+    model.train()
+    model(tokens)
+    assert len(stats.records) == 4  # one per MoE layer
+    aux = stats.pop_loss()
+    assert 4.0 <= aux.item() < 8.0 and stats.records == []  # about 1 per layer for near-even routing
+    aux.backward()
+    grads = [m.moe.router.gate.weight.grad for m in model.layers.values()]
+    assert all(g is not None and g.abs().sum() > 0 for g in grads)
+    # the last layer's experts come after every router: the loss does not reach them
+    assert model.layers["3"].moe.routed_experts.inner_experts.w1_EFD.grad is None
+
+
 def _config(tmp_path, **parallel) -> TrainerConfig:
     return TrainerConfig(model=TINY_MOE, parallel=ParallelConfig(**parallel), optim=OptimizerConfig(lr=1e-3),
                          checkpoint_dir=str(tmp_path / "ckpt"), share_prompts=False, publish_block_mb=0.05)
@@ -73,6 +101,28 @@ def test_expert_parallel_ranks_match_one_proc_and_publish_their_own_experts(loop
     for e, g in zip(expected, got):
         assert abs(e["loss"] - g["loss"]) < 1e-5 and abs(e["grad_norm"] - g["grad_norm"]) < 1e-4, (e, g)
     assert expected[0]["loss"] != expected[1]["loss"] and expected[0]["grad_norm"] > 0
+
+
+def test_the_trainer_adds_the_load_balancing_loss_when_asked(loop, tmp_path):
+    """trainer.moe_aux_loss_coef=1: the step's loss is the policy loss plus the routers' balancing loss over the
+    batch (the same forward computed here from the shipped weights)."""
+    from forge_rl.models.moe_aux import RouterStats
+    from forge_rl.models.qwen3 import build_model
+    from forge_rl.runtime import stop_actor
+
+    batch = make_batch(0)
+    losses = []
+    for coef in (0.0, 1.0):
+        cfg = _config(tmp_path / str(coef))
+        cfg.moe_aux_loss_coef = coef
+        trainer = loop.run_until_complete(Trainer.options(procs=1, spmd=True).as_actor(cfg))
+        losses.append(loop.run_until_complete(trainer.train_step.call([batch])).item(procs=0)["loss"])
+        loop.run_until_complete(stop_actor(trainer))
+    model, _ = build_model(TINY_MOE)
+    stats = RouterStats(model.train())
+    with torch.no_grad():
+        model(batch.tokens)
+    assert losses[1] - losses[0] == pytest.approx(stats.pop_loss().item(), abs=1e-4)
 
 
 @pytest.mark.parametrize("overrides, message", [

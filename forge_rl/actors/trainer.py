@@ -26,6 +26,7 @@ from forge_rl.runtime import ForgeActor
 from forge_rl.runtime.timeouts import hang_if_asked
 from forge_rl.models import lora
 from forge_rl.models.lora import LoRAConfig, is_adapter_key
+from forge_rl.models.moe_aux import RouterStats
 from forge_rl.models.sharded_load import load_sharded
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
 from forge_rl.data.prompt_packing import plan_packing
@@ -102,6 +103,9 @@ class TrainerConfig:
     # LoRA (rank > 0): only adapters train; the base stays frozen, is never re-sent to generators, and
     # checkpoints hold the adapters and their optimizer state (forge_rl/models/lora.py).
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    # Mixture of experts: weight of the load-balancing loss added to the policy loss (forge_rl/models/moe_aux.py,
+    # HF Qwen3-MoE's router_aux_loss_coef; 0 = none, the default)
+    moe_aux_loss_coef: float = 0.0
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     # Compute dtype. Master weights, gradients' reduction and optimizer state stay float32 whatever this is:
     # FSDP2's mixed-precision policy casts parameters for compute when dp_shard > 1, torch.autocast does
@@ -142,6 +146,8 @@ class TrainerConfig:
                              f"{self.micro_batch_size}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"trainer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
+        if not self.moe_aux_loss_coef >= 0:
+            raise ValueError(f"trainer.moe_aux_loss_coef must be >= 0, got {self.moe_aux_loss_coef}")
         if self.temperature is not None and self.temperature <= 0:
             raise ValueError(f"trainer.temperature must be > 0, got {self.temperature}")
         if self.dtype not in DTYPES:
@@ -277,6 +283,7 @@ class Trainer(TrainerWeights, ForgeActor):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(self.cfg.seed)
         self.model, self.adapter, self.parallel_dims = self._build(qwen3)
+        self.router_stats = RouterStats(self.model) if self.cfg.moe_aux_loss_coef else None
         hf_config = qwen3.read_hf_config(self.model_dir)
         self.tied = bool(hf_config.get("tie_word_embeddings", False))
         self.head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
@@ -512,6 +519,8 @@ class Trainer(TrainerWeights, ForgeActor):
                     loss_cfg, ref_logprobs=ref, entropy=entropy, mask=mask,
                 )
             loss = reduce_loss(token_loss, mask, normalize, total_seqs, total_tokens, loss_cfg.max_response_len)
+            if self.router_stats is not None:  # this micro-batch's share of the batch's load-balancing loss
+                loss = loss + cfg.moe_aux_loss_coef * self.router_stats.pop_loss() * (mask.shape[0] / total_seqs)
             loss.backward()
             sums[0] += loss.item()
             sums[1] += self.last_forward_tokens

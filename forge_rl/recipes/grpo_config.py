@@ -310,6 +310,9 @@ def check_moe(cfg: GRPOConfig, model_dir: str) -> None:
         raise ConfigError(f"trainer.lora.rank={cfg.trainer.lora.rank}: LoRA is not supported on a mixture-of-experts "
                           f"model ({cfg.model} is {hf.get('architectures', ['Qwen3-MoE'])[0]}); set trainer.lora.rank=0 "
                           "(full fine-tuning, with trainer.parallel.ep for the experts)")
+    if cfg.trainer.moe_aux_loss_coef and not moe:
+        raise ConfigError(f"trainer.moe_aux_loss_coef={cfg.trainer.moe_aux_loss_coef}: a load-balancing loss needs "
+                          f"a mixture-of-experts model, and {cfg.model} is dense; set it to 0")
     if ep < 1:
         raise ConfigError(f"trainer.parallel.ep={ep}: give the expert-parallel degree, >= 1")
     if ep > 1 and not moe:
