@@ -8,7 +8,7 @@ would be. In the synchronous loop (async_mode false, max_policy_age 0) every ste
 group, then the generator idles while the trainer trains and the weights sync. In the async loop
 (max_policy_age 1 and 2) rollout tasks keep generating and scoring while the trainer trains, and the
 replay buffer absorbs the stragglers. The tiny model's answers are 2-4 tokens, so completion-length tails
-are not simulated; the verifier latency is the straggler.
+are not simulated here; the verifier latency is the straggler (benchmarks/long_tail.py simulates length tails).
 
 Prints steps/minute (training phase only), the trainer's and the generator's idle fractions, mean batch
 staleness, and held-out greedy accuracy (500 prompts) after the same number of steps. Target: async

@@ -60,7 +60,8 @@ def row(s: dict, best_sync: float) -> list[str]:
     generated = s["generator_stats"]["generated_tokens"]
     return [s["label"], f"{s['steps_per_min']:.1f}", f"{s['steps_per_min'] / best_sync:.2f}x",
             f"{s['trainer_idle_fraction']:.0%}", f"{s['generator_idle_fraction']:.0%}",
-            f"{s['mean_running_sequences']:.0f}", f"{p['swapped_tokens']:,} ({p['swapped_tokens'] / max(generated, 1):.1%})",
+            f"{s['mean_running_sequences']:.0f}",
+            f"{p['swapped_tokens']:,} ({p['swapped_tokens'] / max(generated, 1):.1%})",
             f"{s['drops'].get('stale', 0)}", f"{p['requeued_groups']}", f"{s['trained_tokens'] / 1e6:.2f}M",
             f"{s['eval_first']:.1%} -> {s['evals'][-1][-1]:.1%}"]
 

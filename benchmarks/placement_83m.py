@@ -41,6 +41,8 @@ def cli() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--placements", default="disaggregated,colocated")
+    ap.add_argument("--async-swap-modes", default="recompute_kv",
+                    help="one async run per generator.swap_mode (keep_kv: no KV recomputed at a swap)")
     ap.add_argument("overrides", nargs="*", help="apps.grpo.main overrides for every run")
     args = ap.parse_args()
     results = []
@@ -52,12 +54,15 @@ def cli() -> None:
                   "buffer.drop_zero_advantage=false", "eval_every=0", "eval_size=8", "checkpoint_every=0",
                   "no_batch_timeout_s=900", *args.overrides]
         sync, asynchronous = ["async_mode=false", "max_policy_age=0"], ["async_mode=true", "max_policy_age=1"]
+        modes = args.async_swap_modes.split(",")
+        loops = [("sync", sync)] + [("async" if m == "recompute_kv" else f"async {m}",
+                                     asynchronous + [f"generator.swap_mode={m}"]) for m in modes]
         runs = [(f"{loop}, {where}", mode + [f"resources.placement={where}"])
-                for where in args.placements.split(",")  # sync then async per placement: each pair shares conditions
-                for loop, mode in (("sync", sync), ("async", asynchronous))]
+                for where in args.placements.split(",")  # sync then async per placement: each set shares conditions
+                for loop, mode in loops]
         for label, extra in runs:
             Console().rule(label)
-            out = f"output_dir=outputs/bench/placement_83m/{label.replace(', ', '_')}"
+            out = f"output_dir=outputs/bench/placement_83m/{label.replace(', ', '_').replace(' ', '_')}"
             cfg = load_config(GRPOConfig, "configs/grpo/tiny.yaml", common + extra + [out, "overwrite=true"])
             results.append((label, asyncio.run(main(cfg))))
     # the baseline: the faster of the two synchronous placements, as a user would set sync up
