@@ -65,6 +65,25 @@ def test_load_balancing_loss_by_hand_and_its_gradient_reaches_every_router():
     assert model.layers["3"].moe.routed_experts.inner_experts.w1_EFD.grad is None
 
 
+def test_activation_checkpointing_records_each_router_once():
+    """Under activation checkpointing a layer's forward runs again in the backward: the routers' records are the
+    forward's only (a recomputed record would join the next micro-batch's loss, whose backward would then reach a
+    graph already freed)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from forge_rl.models.moe_aux import RouterStats
+    from forge_rl.models.qwen3 import build_model
+
+    model, _ = build_model(TINY_MOE)
+    stats = RouterStats(model.train())
+    tokens = torch.randint(3, 99, (2, 16), generator=torch.Generator().manual_seed(0))
+    for _ in range(2):  # two micro-batches
+        out = checkpoint(model, tokens, use_reentrant=False)
+        assert len(stats.records) == 4
+        (out.float().square().mean() + stats.pop_loss()).backward()
+        assert stats.records == []
+
+
 def _config(tmp_path, **parallel) -> TrainerConfig:
     return TrainerConfig(model=TINY_MOE, parallel=ParallelConfig(**parallel), optim=OptimizerConfig(lr=1e-3),
                          checkpoint_dir=str(tmp_path / "ckpt"), share_prompts=False, publish_block_mb=0.05)

@@ -72,3 +72,9 @@ def forget_dtensor_caches() -> None:
     _gen_transform_infos.cache_clear()
     MeshTopoInfo.build_from_mesh.cache_clear()
     torch._C._clear_DTensor_sharding_propagator_cache()
+
+
+def in_backward() -> bool:
+    """Is autograd running a backward pass in this thread (an activation-checkpointed region recomputing its forward
+    is one)?"""
+    return torch._C._current_graph_task_id() != -1

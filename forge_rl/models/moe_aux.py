@@ -15,6 +15,8 @@ each forward's tokens on each rank (padding included): with data parallelism a r
 
 import torch
 
+from forge_rl.deps.pytorch import in_backward
+
 
 class RouterStats:
     """Forward hooks on every MoE router of `model` (TorchTitan's TokenChoiceTopKRouter): each forward's router
@@ -29,6 +31,8 @@ class RouterStats:
 
     def _record(self, module, inputs, outputs) -> None:
         if not module.training:  # the logprobs of an evaluation or a reference: no loss to add
+            return
+        if in_backward():  # activation checkpointing recomputing the layer: its forward was recorded already
             return
         _, topk_ids, scores = outputs
         self.records.append((_local(scores), _local(topk_ids)))
