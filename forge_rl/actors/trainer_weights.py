@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from forge_rl.deps.pytorch import state_dict_name
 from forge_rl.models import fused_qkv, lora, qwen3_moe
 from forge_rl.models.lora import is_adapter_key
 from forge_rl.weights import ShmWeightStore, sharded_publish, spec_of
@@ -120,16 +121,20 @@ class TrainerWeights:
         for name, param in self.model.named_parameters():  # a tied weight once
             if is_adapter_key(name):
                 continue
-            if qwen3_moe.expert_param(name) is not None:  # one HF tensor per expert
-                targets[name] = {sharded_publish.EXPERTS: qwen3_moe.expert_names(name, param.shape[0])}
+            sd_name = state_dict_name(name)  # the adapter's and the checkpoint's name (activation checkpointing)
+            if qwen3_moe.expert_param(sd_name) is not None:  # one HF tensor per expert
+                targets[name] = {sharded_publish.EXPERTS: qwen3_moe.expert_names(sd_name, param.shape[0])}
                 continue
-            if name.endswith(fused_qkv.SUFFIX):
-                prefix = name[: -len(fused_qkv.SUFFIX)]
+            if sd_name.endswith(fused_qkv.SUFFIX):
+                prefix = sd_name[: -len(fused_qkv.SUFFIX)]
                 parts = {part: prefix + part + ".weight" for part in fused_qkv.PARTS}
             else:
-                parts = {None: name}
+                parts = {None: sd_name}
             meta = torch.empty(0, device="meta")
             targets[name] = {part: list(self.adapter.to_hf({tt_name: meta})) for part, tt_name in parts.items()}
+            if unnamed := [parts[part] for part, names in targets[name].items() if not names]:
+                # a weight the generators would never receive: they would serve the checkpoint's forever
+                raise RuntimeError(f"publish: trainer parameter {unnamed[0]} has no Hugging Face name")
             for names in targets[name].values():
                 if self.tied and names[0] == "model.embed_tokens.weight":
                     names.append("lm_head.weight")
