@@ -43,3 +43,30 @@ def buffers_left_uninitialised(modules):
 
 __all__ = ["EMBEDDING_INIT", "LINEAR_INIT", "buffers_left_uninitialised", "build_qwen3_layers",
            "build_qwen3_moe_layers", "qwen3_norm", "use_cpu_without_accelerator"]
+
+
+@contextlib.contextmanager
+def balanced_routing():
+    """Within: every Qwen3-MoE router sends token t's k-th choice to expert (t*K + k) mod E (TorchTitan's own
+    `_debug_force_load_balance`), and an expert-parallel rank's count exchange answers what an evenly loaded EP
+    group would send it (its own counts for its experts, from every peer). For the rehearsal
+    (forge_rl/rehearsal), whose fake tensors carry no scores to route by and whose fake process group moves no
+    data: the routing is then the evenly loaded one, with real token counts and real all-to-all sizes."""
+    from torchtitan.models.common.moe import TokenChoiceTopKRouter
+    from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
+
+    route, exchange = TokenChoiceTopKRouter.forward, AllToAllTokenDispatcher._token_count_exchange
+
+    def balanced_route(self, *args, **kwargs):
+        self._debug_force_load_balance = True
+        return route(self, *args, **kwargs)
+
+    def even_exchange(self, counts_E, pg, ep_size):
+        mine = counts_E.view(ep_size, -1)[self.ep_mesh.get_local_rank()]
+        return mine.expand(ep_size, -1).contiguous()
+
+    TokenChoiceTopKRouter.forward, AllToAllTokenDispatcher._token_count_exchange = balanced_route, even_exchange
+    try:
+        yield
+    finally:
+        TokenChoiceTopKRouter.forward, AllToAllTokenDispatcher._token_count_exchange = route, exchange

@@ -40,7 +40,7 @@ def phase_plan(hf_config: dict, cfg, world: int, seq_len: int, role: str = "trai
         shape = replace(shape, vocab_size=1)  # its "logits" are one per token
     plan = plan_memory(shape, 1e15, trainer_ranks=world, micro_batch=cfg.micro_batch_size or 1, seq_len=seq_len,
                        activation_checkpointing=cfg.parallel.activation_checkpointing,
-                       fused_lm_head=cfg.fused_lm_head and not critic, trainer_tp=tp)
+                       fused_lm_head=cfg.fused_lm_head and not critic, trainer_tp=tp, trainer_ep=cfg.parallel.ep)
     step = plan.activations_gb * 1e9
     if critic and world // tp > 1:  # its largest FSDP unit is still the embedding
         step += model.fsdp_unit_bytes(tp) - shape.fsdp_unit_bytes(tp)

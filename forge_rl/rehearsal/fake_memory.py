@@ -87,12 +87,20 @@ class FakeMemory(TorchDispatchMode):
             return False if tensors[0].dtype == torch.bool else 0
         if func is aten.index.Tensor and is_fake(args[0]):
             args = (args[0], _indices_of_real_masks(args[1]), *args[2:])
+        if func in _LIKE and is_fake(args[0]) and self._small_indices(args[0], kwargs.get("dtype")):
+            args = (torch.empty(args[0].shape, dtype=args[0].dtype, device=args[0].device), *args[1:])  # its shape
+            tensors = [args[0]]
         if all(t.is_meta and not is_fake(t) for t in tensors):  # out of nothing, or of meta tensors (to_empty)
             out = self._made(func, args, kwargs)
         else:
             out = func(*args, **kwargs)
         tree_map_only(torch.Tensor, self._track, out)
         return out
+
+    def _small_indices(self, like: torch.Tensor, dtype: torch.dtype | None) -> bool:
+        """Would a tensor shaped like `like`, of `dtype` (its own if None), be a few integers the code reads?"""
+        dtype = dtype or like.dtype
+        return not (dtype.is_floating_point or dtype.is_complex) and like.numel() * dtype.itemsize <= self.real_below
 
     def _made(self, func, args, kwargs):
         """A tensor made out of nothing: fake, unless it holds a few integers the code reads (a device mesh's
@@ -153,6 +161,11 @@ class FakeMemory(TorchDispatchMode):
     def __exit__(self, *exc):
         torch.UntypedStorage.resize_ = self._real_resize
         return super().__exit__(*exc)
+
+
+# ops that take only their input's shape (and dtype, device): an integer or boolean one made from a fake tensor is
+# made out of nothing, as torch.zeros(shape) would be (a routing map scattered from real expert choices stays real)
+_LIKE = (aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.full_like.default)
 
 
 def _indices_of_real_masks(indices: list) -> list:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from forge_rl.deps.monarch import endpoint_function
+from forge_rl.deps.torchtitan import balanced_routing
 from forge_rl.rehearsal.fake_memory import FakeMemory, Largest
 from forge_rl.rehearsal.fake_ranks import ObjectExchange, fake_rank
 from forge_rl.rehearsal.recording import (Coverage, RecordingStorage, RecordingStore, RecordingWriter,
@@ -69,9 +70,19 @@ class Result:
     ranks: dict[int, dict[str, PhaseMemory]] = field(default_factory=dict)
     coverage: dict[str, Coverage] = field(default_factory=dict)  # publish_shm, publish_rank0, export
     shard_bytes: dict[int, int] = field(default_factory=dict)  # each rank's largest parameter shard, in fp32
+    checkpoint_names: set[str] = field(default_factory=set)  # what a publish or export must hold, at least
 
     def coverage_problems(self) -> dict[str, list[str]]:
-        return {name: c.problems() for name, c in self.coverage.items() if c.problems()}
+        """Per publish and export: tensors not written exactly once, and the checkpoint's tensors it lacks."""
+        out = {}
+        for name, c in self.coverage.items():
+            problems = c.problems()
+            if missing := sorted(self.checkpoint_names - set(c.spec)):
+                problems.append(f"{len(missing)} of the checkpoint's {len(self.checkpoint_names)} tensors are not "
+                                f"in it, e.g. {missing[0]}")
+            if problems:
+                out[name] = problems
+        return out
 
 
 def call(actor, name: str, *args):
@@ -110,7 +121,7 @@ class _Run:
         memory = FakeMemory(where_above=self.spec.where_above)
         coverage = self.result.coverage if measure else {}
         with fake_rank(rank, self.spec.world, self.exchange), fake_reads(memory), _dcp_through(memory), \
-                _export_through(coverage, memory), memory:
+                _export_through(coverage, memory), balanced_routing(), memory:
             trainer = self._trainer()
             trainer.store = RecordingStore(memory, published=self.spec.model_dir)
             out = {}
@@ -163,6 +174,13 @@ class _Run:
             call(trainer, "load", str(self.scratch / "ckpt" / "step-1"))
         elif phase == "export":
             call(trainer, "export_hf", str(self.scratch / "export"))
+
+
+def _checkpoint_names(model_dir: Path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(Path(model_dir) / "model.safetensors"), framework="pt") as f:
+        return set(f.keys())
 
 
 def _largest_shard(model) -> int:
@@ -232,6 +250,8 @@ def rehearse(spec: Rehearsal, progress=None) -> Result:
     measured = spec.ranks if spec.ranks is not None else list(range(spec.world))
     with tempfile.TemporaryDirectory(prefix="rehearsal-") as tmp:
         run = _Run(spec, Path(tmp))
+        if spec.role == "trainer":
+            run.result.checkpoint_names = _checkpoint_names(spec.model_dir)
         talking = tuple(p for p in phases if p in TALKING_PHASES)
         for rank in range(spec.world):
             if progress:
