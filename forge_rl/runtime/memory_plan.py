@@ -14,6 +14,8 @@ h, L, I, V, a, k, d = hidden, layers, intermediate, vocabulary, attention heads,
 
 - P = V*h (+ V*h for an untied lm_head) + h (final norm) + L * [h*a*d (q) + 2*h*k*d (k, v) + a*d*h (o)
   (+ a*d + 2*k*d q/k/v biases) + 3*h*I (gate, up, down) + 2*h (two norms) (+ 2*d: Qwen3's q/k norms)].
+  Mixture of experts (Qwen3-MoE: E experts of intermediate size I_e, top K, every layer sparse): the MLP's 3*h*I
+  is E*3*h*I_e + E*h (the router).
 - trainer states per GPU: 16*P/n bytes: fp32 master params 4, fp32 grads 4, Adam's two fp32 moments 8. With the
   optimizer offloaded (`offload_optimizer=True`: a what-if the sizing table shows; the trainer does not offload
   yet) only the params (4*P/n) would stay while the engine generates, the grads (4*P/n) on the GPU during a
@@ -31,7 +33,12 @@ h, L, I, V, a, k, d = hidden, layers, intermediate, vocabulary, attention heads,
   (forge_rl/rehearsal) shows no rank making the logits.
   Plus, under FSDP (n / tp > 1), its largest unit made whole for the unit's forward and backward: parameters in bf16
   and their fp32 gradient before the reduce-scatter, 6 * max(V*h, one layer's parameters) / tp (the head's at
-  Qwen3's sizes: 3.7 GB at 8B on one TP rank, 0.6 GB at 32B over TP 8).
+  Qwen3's sizes: 3.7 GB at 8B on one TP rank, 0.6 GB at 32B over TP 8). Under expert parallelism (ep) a layer
+  made whole holds its own 1/ep of the experts only: its other parameters + E*3*h*I_e / ep.
+  A mixture-of-experts layer's activations per token: Korthikanti's 34*h less its MLP's 19*h, plus the MoE block:
+  its input 2*h, each token's K copies routed in and out 4*K*h, the K experts' SwiGLU intermediates 8*K*I_e and
+  the router's fp32 logits and scores 8*E (an evenly loaded batch: the rehearsal routes evenly; a skewed one holds
+  more on the ranks whose experts are popular).
 - engine per GPU: weights P * dtype bytes / t, ENGINE_OVERHEAD_GB (profile activations, CUDA graphs, sampler);
   KV cache per token (a whole replica): 2 * L * k * d * dtype bytes.
 - gpu_memory_utilization = (GPU - trainer resident - margin) / GPU;
@@ -73,6 +80,9 @@ class ModelShape:
     attention_bias: bool = False
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head's q and k
     max_position_embeddings: int = 0
+    num_experts: int = 0  # mixture of experts (Qwen3-MoE): 0 = dense
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
 
     @classmethod
     def from_config(cls, config: str | Path | dict, name: str | None = None) -> "ModelShape":
@@ -96,29 +106,47 @@ class ModelShape:
             attention_bias=bool(config.get("attention_bias", False)),
             qk_norm=str(config.get("model_type", "")).startswith("qwen3"),
             max_position_embeddings=int(config.get("max_position_embeddings") or 0),
+            num_experts=int(config.get("num_experts") or config.get("num_local_experts") or 0),
+            num_experts_per_tok=int(config.get("num_experts_per_tok") or 0),
+            moe_intermediate_size=int(config.get("moe_intermediate_size") or 0),
         )
 
-    def layer_parameters(self) -> int:
+    def layer_parameters(self, ep: int = 1) -> int:
+        """One decoder layer's parameters (of a mixture of experts: with 1/ep of its experts)."""
         h, d, a, k = self.hidden_size, self.head_dim, self.num_attention_heads, self.num_key_value_heads
         attention = h * a * d + 2 * h * k * d + a * d * h + ((a + 2 * k) * d if self.attention_bias else 0)
-        return attention + 3 * h * self.intermediate_size + 2 * h + (2 * d if self.qk_norm else 0)
+        mlp = (self.expert_parameters() // ep + self.num_experts * h if self.num_experts else
+               3 * h * self.intermediate_size)
+        return attention + mlp + 2 * h + (2 * d if self.qk_norm else 0)
+
+    def expert_parameters(self) -> int:
+        """One layer's experts (gate, up and down projections of each): 0 for a dense model."""
+        return self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
 
     def parameters(self) -> int:
         embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
         return embeddings + self.hidden_size + self.num_hidden_layers * self.layer_parameters()
 
-    def fsdp_unit_bytes(self, tp: int = 1) -> int:
+    def fsdp_unit_bytes(self, tp: int = 1, ep: int = 1) -> int:
         """FSDP2's largest unit made whole on a rank for its forward and backward (its TP shard): the parameters in
-        bf16 and their fp32 gradient before the reduce-scatter, of the embedding or head (V x h) or one layer."""
-        return 6 * max(self.vocab_size * self.hidden_size, self.layer_parameters()) // tp
+        bf16 and their fp32 gradient before the reduce-scatter, of the embedding or head (V x h) or one layer (its
+        1/ep of the experts under expert parallelism)."""
+        return 6 * max(self.vocab_size * self.hidden_size, self.layer_parameters(ep)) // tp
+
+    def layer_activation_bytes(self) -> int:
+        """What one decoder layer keeps for its backward, per token (the module's formula)."""
+        h, experts, k = self.hidden_size, self.num_experts, self.num_experts_per_tok
+        if not experts:
+            return 34 * h
+        return 15 * h + 2 * h + 4 * k * h + 8 * k * self.moe_intermediate_size + 8 * experts
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
 
     def activation_bytes(self, tokens: int, checkpointing: bool, logits: bool, vocab_shards: int = 1) -> int:
         """The trainer's activations for `tokens` tokens on one rank of `vocab_shards` TP ranks (the module's formula)."""
-        h, layers = self.hidden_size, self.num_hidden_layers
-        per_token = h * (2 * layers + 34) if checkpointing else h * 34 * layers
+        h, layers, layer = self.hidden_size, self.num_hidden_layers, self.layer_activation_bytes()
+        per_token = 2 * h * layers + layer if checkpointing else layer * layers
         return tokens * (per_token // vocab_shards + (self.vocab_size // vocab_shards * 2 if logits else 0))
 
 
@@ -187,6 +215,7 @@ class MemoryPlan:
 
 def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, micro_batch: int = 1,
                 seq_len: int = 2048, activation_checkpointing: bool = True, fused_lm_head: bool = True, trainer_tp: int = 1,
+                trainer_ep: int = 1,
                 offload_optimizer: bool = False, lora: bool = False, reference_params: int = 0, critic_params: int = 0,
                 engine_dtype: str = "bfloat16", tensor_parallel_size: int = 1, max_model_len: int | None = None,
                 max_num_seqs: int | None = None, margin_gb: float = MARGIN_GB) -> MemoryPlan:
@@ -210,7 +239,7 @@ def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, 
         model=shape.name, params=params, gpu_gb=gpu_gb, trainer_ranks=n, offload_optimizer=offload_optimizer,
         trainer_states_gb=states, trainer_resident_gb=resident + extra, trainer_step_gb=step + extra,
         activations_gb=(shape.activation_bytes(micro_batch * seq_len, activation_checkpointing, logits, trainer_tp)
-                        + (shape.fsdp_unit_bytes(trainer_tp) if n // max(trainer_tp, 1) > 1 else 0)) / GB,
+                        + (shape.fsdp_unit_bytes(trainer_tp, trainer_ep) if n // max(trainer_tp, 1) > 1 else 0)) / GB,
         engine_weights_gb=params * engine_bytes / t / GB, kv_bytes_per_token=shape.kv_bytes_per_token(engine_bytes),
         tensor_parallel_size=t, gpu_memory_utilization=utilization, kv_tokens=0, min_kv_tokens=min_kv,
         min_kv_what=what, margin_gb=margin_gb)
@@ -298,6 +327,10 @@ QWEN3_SHAPES = {
                      tie_word_embeddings=False),
     "Qwen3-32B": dict(_QWEN3, hidden_size=5120, num_hidden_layers=64, intermediate_size=25600, num_attention_heads=64,
                       tie_word_embeddings=False),
+    "Qwen3-30B-A3B": dict(_QWEN3, model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48,
+                          intermediate_size=6144, num_attention_heads=32, num_key_value_heads=4,
+                          tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
+                          moe_intermediate_size=768),
 }
 
 
@@ -305,7 +338,7 @@ def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(prog="python -m forge_rl.runtime.memory_plan",
                                 description="One GPU shared by the trainer and a vLLM engine: the memory plan.")
     p.add_argument("--model-config", action="append", default=[],
-                   help="an HF config.json (or its directory); repeatable; none: Qwen3 0.6B, 1.7B, 8B and 32B")
+                   help="an HF config.json (or its directory); repeatable; none: Qwen3 0.6B, 1.7B, 8B, 32B and 30B-A3B")
     p.add_argument("--gpu-gb", type=float, default=80.0, help="GPU memory in GB (1e9 bytes)")
     p.add_argument("--trainer-ranks", type=int, default=1)
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward on a rank")
