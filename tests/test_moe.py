@@ -90,8 +90,8 @@ def _config(tmp_path, **parallel) -> TrainerConfig:
 
 
 def test_expert_parallel_ranks_match_one_proc_and_publish_their_own_experts(loop, tmp_path):
-    """EP 2 (FSDP 2, each rank 2 of the 4 experts, tokens exchanged by gloo all-to-all) against one proc: loss and
-    gradient norm over 3 AdamW steps. Before training, each EP rank writes its own experts into the published
+    """EP 2 (FSDP 2, each rank 2 of the 4 experts, tokens exchanged by gloo all-to-all, activation checkpointing)
+    against one proc: loss and gradient norm over 3 AdamW steps. Before training, each EP rank writes its own experts into the published
     version (HF per-expert names), which equals the checkpoint bit for bit."""
     from forge_rl.runtime import stop_actor
     from forge_rl.weights import ShmWeightStore
@@ -109,7 +109,8 @@ def test_expert_parallel_ranks_match_one_proc_and_publish_their_own_experts(loop
 
     try:
         expected, _ = run(_config(tmp_path / "one"), 1)
-        got, pushed = run(_config(tmp_path / "ep", dp_shard=2, ep=2), 2)
+        # activation checkpointing too: it renames the layers' parameters, which publishing must map to HF names
+        got, pushed = run(_config(tmp_path / "ep", dp_shard=2, ep=2, activation_checkpointing=True), 2)
         published = store.load(2)
         assert set(published) == set(shipped)
         assert all(torch.equal(published[k], shipped[k].float()) for k in shipped)
