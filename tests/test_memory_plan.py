@@ -192,3 +192,21 @@ def test_a_trainer_sharing_its_gpu_gives_its_cached_memory_back_after_each_step(
         run = grpo.GRPORun(cfg)
         run._place({})
         assert run.cfg.trainer.release_memory_after_step is expected, (gpus, placement)  # the run's own copy
+
+
+def test_a_mixture_of_experts_counts_every_expert_and_a_layer_made_whole_holds_its_ep_share():
+    """Qwen3-30B-A3B: 30.5B parameters (its model card), not the 3.3B its dense intermediate_size would give; FSDP
+    makes a layer whole with 1/ep of its experts, so under EP 8 the head is the largest unit again."""
+    from dataclasses import replace
+
+    from forge_rl.models import resolve_model_path
+    from forge_rl.runtime.memory_plan import QWEN3_SHAPES
+
+    shape = ModelShape.from_config(QWEN3_SHAPES["Qwen3-30B-A3B"], "Qwen3-30B-A3B")
+    assert shape.parameters() == pytest.approx(30.5e9, rel=0.005)
+    assert replace(shape, num_experts=0).parameters() < 3.4e9
+    assert shape.fsdp_unit_bytes(ep=1) == 6 * shape.layer_parameters() > 6 * shape.vocab_size * shape.hidden_size
+    assert shape.fsdp_unit_bytes(ep=8) == 6 * shape.vocab_size * shape.hidden_size
+    assert shape.layer_activation_bytes() > replace(shape, num_experts=0).layer_activation_bytes()  # 8 routed copies
+    tiny = ModelShape.from_config(resolve_model_path("tiny-moe"))
+    assert (tiny.num_experts, tiny.num_experts_per_tok, tiny.moe_intermediate_size) == (4, 2, 384)
