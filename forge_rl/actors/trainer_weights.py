@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from forge_rl.deps.pytorch import state_dict_name
-from forge_rl.models import fused_qkv, lora, qwen3_moe
+from forge_rl.models import fused_qkv, lora
 from forge_rl.models.lora import is_adapter_key
 from forge_rl.weights import ShmWeightStore, sharded_publish, spec_of
 from forge_rl.weights.hf_export import HFExportWriter
@@ -117,6 +117,8 @@ class TrainerWeights:
         """Each parameter's HF names: {None: [name]}, or {"wq": [...], "wk": [...], "wv": [...]} for a fused q/k/v;
         the tied embedding also names lm_head.weight (vLLM's reload wants the head even when tied). LoRA's
         adapters are not HF weights: they are published on their own (_push_adapter) or merged (export)."""
+        from forge_rl.models import qwen3_moe  # TorchTitan's MoE: imported where a model is, not by the app's CLI
+
         targets = {}
         for name, param in self.model.named_parameters():  # a tied weight once
             if is_adapter_key(name):
