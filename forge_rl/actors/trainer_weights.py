@@ -145,11 +145,11 @@ class TrainerWeights:
     # ---- LoRA -----------------------------------------------------------------------------------
 
     def _adapter_tensors(self) -> dict[str, torch.Tensor]:
-        """The adapters, whole on every rank, TorchTitan names (a collective: every rank calls it). They are
-        small (rank x the linears' dims)."""
+        """The adapters, whole on every rank, TorchTitan's state-dict names (a collective: every rank calls it).
+        They are small (rank x the linears' dims)."""
         from torch.distributed.tensor import DTensor
 
-        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+        return {state_dict_name(k): (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
                 for k, v in self.model.named_parameters() if is_adapter_key(k)}
 
     def _peft(self, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
