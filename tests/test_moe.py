@@ -91,8 +91,8 @@ def _config(tmp_path, **parallel) -> TrainerConfig:
 
 def test_expert_parallel_ranks_match_one_proc_and_publish_their_own_experts(loop, tmp_path):
     """EP 2 (FSDP 2, each rank 2 of the 4 experts, tokens exchanged by gloo all-to-all, activation checkpointing)
-    against one proc: loss and gradient norm over 3 AdamW steps. Before training, each EP rank writes its own experts into the published
-    version (HF per-expert names), which equals the checkpoint bit for bit."""
+    against one proc: loss and gradient norm over 3 AdamW steps. Before training, each EP rank writes its own
+    experts into the published version (HF per-expert names), which equals the checkpoint bit for bit."""
     from forge_rl.runtime import stop_actor
     from forge_rl.weights import ShmWeightStore
 

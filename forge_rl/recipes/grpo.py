@@ -293,7 +293,8 @@ class GRPORun:
             micro_batch=cfg.trainer.micro_batch_size or -(-cfg.batch_groups * cfg.group_size // dp_size(cfg)),
             seq_len=seq_len, activation_checkpointing=cfg.trainer.parallel.activation_checkpointing,
             fused_lm_head=cfg.trainer.fused_lm_head, trainer_tp=cfg.trainer.parallel.tp,
-            trainer_ep=cfg.trainer.parallel.ep, lora=cfg.trainer.lora.enabled, reference_params=ref_params, critic_params=self.critic_parameters(),
+            trainer_ep=cfg.trainer.parallel.ep, lora=cfg.trainer.lora.enabled, reference_params=ref_params,
+            critic_params=self.critic_parameters(),
             engine_dtype=engine_args.get("dtype", "bfloat16"), tensor_parallel_size=self.generator_gpus,
             max_model_len=engine_args.get("max_model_len"), max_num_seqs=engine_args.get("max_num_seqs"))
 
