@@ -42,10 +42,10 @@ def test_load_balancing_loss_by_hand_and_its_gradient_reaches_every_router():
     from forge_rl.models.qwen3 import build_model
 
     scores = torch.tensor([[[0.7, 0.1, 0.1, 0.1], [0.1, 0.7, 0.1, 0.1]]])
-    ids = torch.tensor([[[0, 1], [1, 0]]])  # f = [.5, .5, 0, 0], P = [.4, .4, .1, .1]: 4 x (.2 + .2)
-    assert balancing_loss(scores, ids).item() == pytest.approx(1.6)
-    even = torch.full((1, 4, 4), 0.25)
-    assert balancing_loss(even, torch.tensor([[[0, 1], [2, 3], [0, 1], [2, 3]]])).item() == pytest.approx(1.0)
+    ids = torch.tensor([[[0, 1], [1, 0]]])  # f = [1, 1, 0, 0] (K = 2 choices a token), P = [.4, .4, .1, .1]
+    assert balancing_loss([(scores, ids)]).item() == pytest.approx(3.2)  # 4 x (.4 + .4)
+    even = torch.full((1, 4, 4), 0.25), torch.tensor([[[0, 1], [2, 3], [0, 1], [2, 3]]])
+    assert balancing_loss([even] * 3).item() == pytest.approx(2.0)  # K for even routing, whatever the layers
     model, _ = build_model(TINY_MOE)
     stats = RouterStats(model)
     tokens = torch.randint(3, 99, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -57,12 +57,39 @@ def test_load_balancing_loss_by_hand_and_its_gradient_reaches_every_router():
     model(tokens)
     assert len(stats.records) == 4  # one per MoE layer
     aux = stats.pop_loss()
-    assert 4.0 <= aux.item() < 8.0 and stats.records == []  # about 1 per layer for near-even routing
+    assert 2.0 <= aux.item() < 3.0 and stats.records == []  # near K = 2 for near-even routing (at most E = 4)
     aux.backward()
     grads = [m.moe.router.gate.weight.grad for m in model.layers.values()]
     assert all(g is not None and g.abs().sum() > 0 for g in grads)
     # the last layer's experts come after every router: the loss does not reach them
     assert model.layers["3"].moe.routed_experts.inner_experts.w1_EFD.grad is None
+
+
+def test_load_balancing_loss_is_transformers_qwen3_moe_term_padding_masked():
+    """The same router logits (3 layers, 2 right-padded rows) through transformers' own `load_balancing_loss_func`
+    (Qwen3-MoE's `router_aux_loss_coef` term) and through ours: the same value, with and without the attention
+    mask, and the padded tokens change neither. `unpadded` is that mask for a TrainBatch's response mask."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    from forge_rl.models.moe_aux import balancing_loss, unpadded
+
+    B, T, E, K = 2, 6, 8, 2
+    logits = torch.randn(3, B * T, E, generator=torch.Generator().manual_seed(0)) * 2
+    response = torch.tensor([[0, 0, 1, 1, 1, 0], [0, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    mask = unpadded(response)
+    assert mask.tolist() == [[True] * 5 + [False], [True] * 3 + [False] * 3]
+
+    def ours(logits, token_mask=None):
+        probs = logits.softmax(-1)
+        return balancing_loss([(p.view(B, T, E), p.topk(K, -1).indices.view(B, T, K)) for p in probs], token_mask)
+
+    for token_mask in (None, mask):
+        theirs = load_balancing_loss_func(tuple(logits), E, K, token_mask.long() if token_mask is not None else None)
+        assert ours(logits, token_mask).item() == pytest.approx(theirs.item(), rel=1e-6)
+    padded_changed = logits.clone().view(3, B, T, E)
+    padded_changed[:, ~mask] = torch.randn(3, int((~mask).sum()), E)
+    assert ours(padded_changed.view(3, B * T, E), mask).item() == pytest.approx(ours(logits, mask).item(), rel=1e-6)
+    assert ours(logits).item() != pytest.approx(ours(logits, mask).item(), rel=1e-6)  # the padding did count
 
 
 def test_activation_checkpointing_records_each_router_once():

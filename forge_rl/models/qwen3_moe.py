@@ -5,7 +5,7 @@ changes so that the trainer computes what the checkpoint and vLLM compute:
 
 - the router has no auxiliary-loss-free bias (`load_balance_coeff=None`): TorchTitan's bias moves the top-k choice
   with a buffer that no HF checkpoint and no inference engine has, so trained and served routing would differ.
-  The load-balancing loss is the trainer's option instead (`trainer.moe.aux_loss_coef`, forge_rl/models/moe_aux.py);
+  The load-balancing loss is the trainer's option instead (`trainer.moe_aux_loss_coef`, forge_rl/models/moe_aux.py);
 - the experts compute in the activations' dtype (`ExactExperts`): TorchTitan's grouped experts always cast to
   bfloat16 for `torch._grouped_mm`, so an fp32 trainer would not match an fp32 engine; the grouped GEMM is kept
   for bfloat16 on CUDA, a loop over the local experts otherwise;
