@@ -96,3 +96,29 @@ def test_a_mixture_of_experts_trainer_with_expert_parallelism(tmp_path):
         assert "model.layers.1.mlp.gate.weight" in result.coverage[phase].spec
     for rank, phases in result.ranks.items():
         assert phases["train"].peak_bytes > phases["train"].before_bytes + plan.states / 4, rank  # grads + tokens
+
+
+def test_balanced_routing_keeps_expert_ids_real_beyond_the_real_integer_limit():
+    """Under the rehearsal's memory, integer tensors made out of nothing stay real only up to a limit (16 MiB: ~2M
+    expert ids at micro-batch x seq x top-k); balanced routing's ids are real past it, so every expert's token
+    count is the even one (with fake ids it would read 0 and the experts' compute would vanish). Here the limit is
+    256 bytes and the ids take 512."""
+    import torch
+
+    from forge_rl.deps.pytorch import is_fake
+    from forge_rl.deps.torchtitan import balanced_routing
+    from forge_rl.models import resolve_model_path
+    from forge_rl.models.qwen3 import build_model
+    from forge_rl.models.qwen3_moe import ExactExperts
+    from forge_rl.rehearsal.fake_memory import FakeMemory
+
+    model, _ = build_model(resolve_model_path("tiny-moe"))  # 4 layers of 4 experts, top 2
+    counts = []
+    for m in model.modules():
+        if isinstance(m, ExactExperts):
+            m.register_forward_pre_hook(lambda module, args: counts.append(args[1]))
+    memory = FakeMemory(real_below=256)
+    with balanced_routing(), memory:
+        model(torch.randint(3, 99, (2, 16)))  # 2 x 16 tokens x 2 choices x 8 bytes
+    assert len(counts) == 4 and not any(is_fake(c) for c in counts)
+    assert [c.tolist() for c in counts] == [[16] * 4] * 4

@@ -48,25 +48,39 @@ __all__ = ["EMBEDDING_INIT", "LINEAR_INIT", "buffers_left_uninitialised", "build
 @contextlib.contextmanager
 def balanced_routing():
     """Within: every Qwen3-MoE router sends token t's k-th choice to expert (t*K + k) mod E (TorchTitan's own
-    `_debug_force_load_balance`), and an expert-parallel rank's count exchange answers what an evenly loaded EP
+    `_debug_force_load_balance` order), and an expert-parallel rank's count exchange answers what an evenly loaded EP
     group would send it (its own counts for its experts, from every peer). For the rehearsal
     (forge_rl/rehearsal), whose fake tensors carry no scores to route by and whose fake process group moves no
-    data: the routing is then the evenly loaded one, with real token counts and real all-to-all sizes."""
+    data: the routing is then the evenly loaded one, with real token counts and real all-to-all sizes.
+
+    The expert ids are made from a numpy array, which no dispatch mode sees: real however many there are (the
+    rehearsal's memory keeps integer tensors made out of nothing real only up to 16 MiB, and fake ids would read as
+    token counts of 0). A clone of them is what the router returns, so that a dispatch mode counts their bytes."""
+    import numpy as np
     from torchtitan.models.common.moe import TokenChoiceTopKRouter
     from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
 
     route, exchange = TokenChoiceTopKRouter.forward, AllToAllTokenDispatcher._token_count_exchange
+    debug_ids = TokenChoiceTopKRouter._debug_force_load_balance_routing
 
     def balanced_route(self, *args, **kwargs):
         self._debug_force_load_balance = True
         return route(self, *args, **kwargs)
+
+    def balanced_ids(self, scores_BLE):
+        B, L, _ = scores_BLE.shape
+        ids = np.arange(B * L * self.top_k, dtype=np.int64).reshape(B, L, self.top_k) % self.num_experts
+        ids_BLK = torch.from_numpy(ids).to(scores_BLE.device).clone()
+        return ids_BLK, scores_BLE.gather(dim=-1, index=ids_BLK)
 
     def even_exchange(self, counts_E, pg, ep_size):
         mine = counts_E.view(ep_size, -1)[self.ep_mesh.get_local_rank()]
         return mine.expand(ep_size, -1).contiguous()
 
     TokenChoiceTopKRouter.forward, AllToAllTokenDispatcher._token_count_exchange = balanced_route, even_exchange
+    TokenChoiceTopKRouter._debug_force_load_balance_routing = balanced_ids
     try:
         yield
     finally:
         TokenChoiceTopKRouter.forward, AllToAllTokenDispatcher._token_count_exchange = route, exchange
+        TokenChoiceTopKRouter._debug_force_load_balance_routing = debug_ids
