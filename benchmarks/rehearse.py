@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from forge_rl.config import load_config  # noqa: E402
+from forge_rl.config import ConfigError, load_config  # noqa: E402
+from forge_rl.recipes.grpo_config import check_moe  # noqa: E402
 from forge_rl.rehearsal.bounds import findings, phase_plan  # noqa: E402
 from forge_rl.rehearsal.run import Rehearsal, rehearse  # noqa: E402
 from forge_rl.rehearsal.sparse_checkpoint import hf_config, write_sparse_checkpoint  # noqa: E402
@@ -69,10 +70,13 @@ def summary(result, plan, spec) -> str:
 
 def run_at(args, layers: int | None):
     """(config, spec, hf config, result) of one rehearsal with `layers` decoder layers (None: the model's)."""
+    from dataclasses import replace
+
     hf = hf_config(QWEN3_SHAPES[args.model], layers)
     with tempfile.TemporaryDirectory(prefix="rehearse-model-") as tmp:
         model_dir = write_sparse_checkpoint(Path(tmp), hf)
         cfg, spec = spec_of(args, model_dir)
+        check_moe(replace(cfg, model=args.model), str(model_dir))  # what a run refuses, the rehearsal does too
         p, start = cfg.trainer.parallel, time.time()
         print(f"{args.model} {spec.role}, {hf['num_hidden_layers']} layers, {spec.world} ranks "
               f"(dp_shard {p.dp_shard} x tp {p.tp}), {cfg.trainer.dtype} compute, micro-batch "
@@ -114,7 +118,10 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = ap.parse_args()
     start, layers = time.time(), [int(n) for n in args.layers.split(",") if n]
-    runs = [run_at(args, n) for n in layers or [None]]
+    try:
+        runs = [run_at(args, n) for n in layers or [None]]
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
     cfg, spec, hf, result = runs[0]
     full = QWEN3_SHAPES[args.model]["num_hidden_layers"]
     if len(layers) == 2:

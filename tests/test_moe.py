@@ -92,10 +92,23 @@ def test_load_balancing_loss_is_transformers_qwen3_moe_term_padding_masked():
     assert ours(logits).item() != pytest.approx(ours(logits, mask).item(), rel=1e-6)  # the padding did count
 
 
+def test_the_token_mask_of_prompt_packed_rows():
+    from forge_rl.data.prompt_packing import plan_packing
+    from forge_rl.models.moe_aux import unpadded_packed
+
+    tokens = torch.arange(3, 3 + 4 * 10).view(4, 10)
+    tokens[1, :4], tokens[3, :4] = tokens[0, :4], tokens[2, :4]  # two groups of two rows, 4-token prompts
+    response = torch.zeros(4, 10, dtype=torch.bool)
+    response[0, 4:7], response[1, 4:9], response[2, 4:6], response[3, 4:5] = True, True, True, True
+    packed = plan_packing(tokens, response, max_fraction=1.0)
+    assert unpadded_packed(packed.attention_mask).sum(1).tolist() == [4 + 3 + 5, 4 + 2 + 1]
+    assert unpadded_packed(packed.attention_mask)[1, 4 + 2 + 1:].any().item() is False
+
+
 def test_activation_checkpointing_records_each_router_once():
     """Under activation checkpointing a layer's forward runs again in the backward: the routers' records are the
     forward's only (a recomputed record would join the next micro-batch's loss, whose backward would then reach a
-    graph already freed)."""
+    graph already freed). Records never popped are the last forward's only."""
     from torch.utils.checkpoint import checkpoint
 
     from forge_rl.models.moe_aux import RouterStats
@@ -109,6 +122,9 @@ def test_activation_checkpointing_records_each_router_once():
         assert len(stats.records) == 4
         (out.float().square().mean() + stats.pop_loss()).backward()
         assert stats.records == []
+    for _ in range(3):  # forwards nobody pops (PPO's critic shares the trainer's config): the last one's records
+        model(tokens).float().mean().backward()
+    assert len(stats.records) == 4
 
 
 def _config(tmp_path, **parallel) -> TrainerConfig:
@@ -119,7 +135,8 @@ def _config(tmp_path, **parallel) -> TrainerConfig:
 def test_expert_parallel_ranks_match_one_proc_and_publish_their_own_experts(loop, tmp_path):
     """EP 2 (FSDP 2, each rank 2 of the 4 experts, tokens exchanged by gloo all-to-all, activation checkpointing)
     against one proc: loss and gradient norm over 3 AdamW steps. Before training, each EP rank writes its own
-    experts into the published version (HF per-expert names), which equals the checkpoint bit for bit."""
+    experts into the published version (HF per-expert names), which equals the checkpoint bit for bit. The EP
+    ranks' DCP checkpoint after step 1, loaded after step 3, gives step 2 again exactly."""
     from forge_rl.runtime import stop_actor
     from forge_rl.weights import ShmWeightStore
 
@@ -129,8 +146,14 @@ def test_expert_parallel_ranks_match_one_proc_and_publish_their_own_experts(loop
     def run(cfg, procs):
         trainer = loop.run_until_complete(Trainer.options(procs=procs, spmd=True).as_actor(cfg))
         pushed = loop.run_until_complete(trainer.push_weights.call(procs)) if procs > 1 else None
-        out = [loop.run_until_complete(trainer.train_step.call(split(make_batch(s), procs))).item(procs=0)
-               for s in (0, 1, 2)]
+        step = lambda s: loop.run_until_complete(trainer.train_step.call(split(make_batch(s), procs))).item(procs=0)
+        out = [step(0)]
+        saved = loop.run_until_complete(trainer.save.call()).item(procs=0)  # DCP, each EP rank its own experts
+        out += [step(1), step(2)]
+        if procs > 1:  # resume: the step-1 state back (weights, AdamW's moments, schedule), the same next step
+            assert loop.run_until_complete(trainer.load.call(saved)).item(procs=0) == 1
+            again = step(1)
+            assert (again["loss"], again["grad_norm"]) == (out[1]["loss"], out[1]["grad_norm"]), (again, out[1])
         loop.run_until_complete(stop_actor(trainer))
         return out, pushed
 
@@ -174,6 +197,8 @@ def test_the_trainer_adds_the_load_balancing_loss_when_asked(loop, tmp_path):
 
 @pytest.mark.parametrize("overrides, message", [
     (["trainer.lora.rank=8"], "trainer.lora.rank=8: LoRA is not supported on a mixture-of-experts model"),
+    (["trainer.parallel.tp=2", "trainer_procs=2"], "trainer.parallel.tp=2: tensor parallelism is not supported on a "
+     "mixture-of-experts model"),
     (["trainer.parallel.ep=3", "trainer_procs=3"], "trainer.parallel.ep=3 must divide the model's 4 experts"),
 ])
 def test_moe_settings_the_trainer_cannot_take_are_refused_by_name(overrides, message):

@@ -13,6 +13,7 @@ parallelism a rank balances its own batch, as HF's term balances its own forward
     stats = RouterStats(model)      # forward hooks on every TorchTitan MoE router
     out = model(tokens)
     aux = stats.pop_loss(unpadded(response_mask))   # this forward's term (a differentiable scalar), records cleared
+    # (prompt-packed rows: unpadded_packed(packed.attention_mask))
 """
 
 import torch
@@ -30,6 +31,13 @@ class RouterStats:
         self.records: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.handles = [m.register_forward_hook(self._record) for m in model.modules()
                         if isinstance(m, TokenChoiceTopKRouter)]
+        # each forward of the model starts a new record, so that a caller that never pops (PPO's critic, which
+        # shares the trainer's config) holds one forward's router scores at most, not every step's
+        self.handles.append(model.register_forward_pre_hook(self._new_forward))
+
+    def _new_forward(self, module, inputs) -> None:
+        if not in_backward():  # a checkpointed model's forward run again by its backward: the same forward
+            self.records.clear()
 
     def _record(self, module, inputs, outputs) -> None:
         if not module.training:  # the logprobs of an evaluation or a reference: no loss to add
@@ -40,7 +48,7 @@ class RouterStats:
         self.records.append((_local(scores), _local(topk_ids)))
 
     def pop_loss(self, token_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The load-balancing term of the forward since the last call (0 without MoE layers); clears the records.
+        """The load-balancing term of the model's last forward (0 without MoE layers); clears the records.
         `token_mask` [B, L]: the forward's tokens that count (False: padding), as HF's attention_mask; None: all."""
         records, self.records = self.records, []
         if not records:
@@ -76,6 +84,13 @@ def unpadded(response_mask: torch.Tensor) -> torch.Tensor:
     T = response_mask.shape[-1]
     last = T - 1 - response_mask.flip(-1).int().argmax(-1)
     return torch.arange(T, device=response_mask.device) <= last[..., None]
+
+
+def unpadded_packed(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[N, L] True for the tokens of prompt-packed rows (forge_rl/data/prompt_packing.py) that are not padding, from
+    their attention mask [N, 1, L, L]: every packed token sees its row's first token (the shared prompt's), a
+    padding token only itself."""
+    return attention_mask[:, 0, :, 0]
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -301,11 +301,16 @@ def check_prompt_lengths(cfg: GRPOConfig, rows: TaskRows, tokenizer, model_dir: 
 
 def check_moe(cfg: GRPOConfig, model_dir: str) -> None:
     """A mixture-of-experts model (HF model_type qwen3_moe) and the trainer settings that depend on it, before any
-    actor starts: no LoRA (adapters on the grouped experts are not built), expert parallelism only on MoE and over a
-    divisor of the experts."""
+    actor starts: no tensor parallelism over the experts, no LoRA (adapters on the grouped experts are not built),
+    expert parallelism only on MoE and over a divisor of the experts."""
     hf = json.loads((Path(model_dir) / "config.json").read_text())
     moe = hf.get("model_type") == "qwen3_moe"
     ep = cfg.trainer.parallel.ep
+    if moe and cfg.trainer.parallel.tp > 1:
+        raise ConfigError(f"trainer.parallel.tp={cfg.trainer.parallel.tp}: tensor parallelism is not supported on a "
+                          f"mixture-of-experts model ({cfg.model}): forge_rl loads, computes and publishes the experts "
+                          "whole or split by expert only; set trainer.parallel.tp=1 and split them with "
+                          "trainer.parallel.ep")
     if moe and cfg.trainer.lora.enabled:
         raise ConfigError(f"trainer.lora.rank={cfg.trainer.lora.rank}: LoRA is not supported on a mixture-of-experts "
                           f"model ({cfg.model} is {hf.get('architectures', ['Qwen3-MoE'])[0]}); set trainer.lora.rank=0 "
