@@ -659,6 +659,7 @@ class Trainer(TrainerWeights, ForgeActor):
         and hashing them in a thread (`.sha256-rank-N.json`, for the manifest the caller commits:
         forge_rl/loop/checkpoint.py). Without `path`: checkpoint_dir/step-N, committed here whole with its
         manifest (owner "trainer"), as a run's checkpoints are."""
+        import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
         step = self.step if step is None else step
