@@ -1,6 +1,8 @@
 """A run checkpoint is written whole or not at all: a save that fails midway (a full disk) leaves the earlier
-checkpoints as they were, and keep_last prunes only complete ones. The trainer here is a fault injector that
-writes files as DCP would and can fail partway; the real trainer's save runs in tests/test_grpo_app.py."""
+checkpoints as they were; keep_last counts only intact checkpoints and never removes the one just written; the
+hint a stopped run prints names only its own newest intact checkpoint; finish() lets the rollouts in flight land
+before its checkpoint, and sums up a run never evaluated. The trainer here is a fault injector that writes files
+as DCP would and can fail partway; the real trainer's save runs in tests/test_grpo_app.py."""
 
 import asyncio
 import errno
@@ -10,9 +12,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from forge_rl.recipes.grpo import GRPORun
 from forge_rl.recipes.grpo_config import GRPOConfig
-from forge_rl.loop.checkpoint import APP_STATE, complete_checkpoints, save_checkpoint
-from forge_rl.loop.train_loop import Run
+from forge_rl.recipes.grpo_report import summary_block
+from forge_rl.loop.checkpoint import APP_STATE, complete_checkpoints, newest_intact, save_checkpoint
+from forge_rl.runtime.manifest import verify
+from forge_rl.loop.train_loop import Run, resume_hint
+from tests.test_run_folder import garble, write_checkpoint
 
 
 class Result:
@@ -69,3 +75,80 @@ def test_a_failed_save_leaves_earlier_checkpoints_and_keep_last_prunes(tmp_path)
 
     asyncio.run(save(3, trainer_that(), keep_last=2))  # saved again, whole: replaced in one piece
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-2", "step-3"]
+
+
+def test_retention_counts_only_intact_checkpoints_and_never_removes_the_one_just_written(tmp_path):
+    """A damaged newer checkpoint (its manifest readable) neither displaces the intact ones nor survives in
+    their place: with keep_last=1 the checkpoint just written stays, and resume finds it."""
+    for step in (2, 4, 6):
+        write_checkpoint(tmp_path, step, "r", keep_last=2)
+    garble(tmp_path / "step-6/__0_0.distcp")
+    assert newest_intact(tmp_path, "r")[0].name == "step-4"  # the resume falls back ...
+    write_checkpoint(tmp_path, 5, "r", keep_last=1)  # ... and saves step-5 with keep_last=1
+    assert (tmp_path / "step-5").is_dir() and verify(tmp_path / "step-5") is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-5", "step-6"]  # step-4 pruned, the damaged one left
+    assert newest_intact(tmp_path, "r")[0].name == "step-5"
+    write_checkpoint(tmp_path, 7, "r", keep_last=2)  # damaged ones older than those kept go with the rest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-5", "step-7"]
+
+
+def test_resume_hint_names_only_this_runs_newest_intact_checkpoint(tmp_path):
+    for step in (1, 2):
+        write_checkpoint(tmp_path, step, "mine")
+    write_checkpoint(tmp_path, 3, "theirs")
+    garble(tmp_path / "step-2/__0_0.distcp")
+    assert newest_intact(tmp_path, "mine")[0].name == "step-1"  # the resume that found step-2 damaged
+    hint = resume_hint(tmp_path, "mine")
+    assert f"checkpoint is {tmp_path / 'step-1'}:" in hint and "step-2" not in hint and "step-3" not in hint
+    assert "step-3" not in resume_hint(tmp_path, None) and "no complete checkpoint" in resume_hint(tmp_path, None)
+
+
+def test_finish_lets_the_rollouts_in_flight_land_before_the_final_checkpoint(tmp_path):
+    """finish() must not cancel a rollout that is about to put its group in the buffer: the final checkpoint
+    would miss a group whose prompt the data position has passed. A generator that fails at finish's next call
+    stops it right after (a fault injected to leave the evaluation and the checkpoint out)."""
+    run = GRPORun(GRPOConfig(output_dir=str(tmp_path)))
+    run.state = Run(run.cfg)
+    landed = []
+
+    class Stopped(Exception):
+        pass
+
+    def stop(**_):
+        raise Stopped
+
+    async def rollout():
+        await run.state.admission.acquire()
+        await asyncio.sleep(0.2)  # generating, then scoring
+        landed.append("group")
+        await run.state.admission.finish(stored=True)
+
+    async def scenario():
+        run._rollouts = [asyncio.create_task(rollout())]
+        await asyncio.sleep(0.01)
+        run.generator = SimpleNamespace(wait_healthy=stop)
+        with pytest.raises(Stopped):
+            await run.finish()
+
+    asyncio.run(scenario())
+    assert landed == ["group"] and run.state.admission.in_flight == 0
+
+
+def test_the_summary_of_a_run_never_evaluated_says_so(tmp_path):
+    """finish() straight after start() (a notebook): no evaluation, no IndexError."""
+    run = GRPORun(GRPOConfig(output_dir=str(tmp_path)))
+    run.state = Run(run.cfg)
+    buffer = {"added": 0, "trained": 0, "dropped": {"stale": 0}}
+    run.buffer = SimpleNamespace(evict=endpoint(lambda: buffer))
+    run.dataset = SimpleNamespace(stats=endpoint(lambda: {"too_long": 0}))
+    run.generator = SimpleNamespace(version=SimpleNamespace(route=endpoint(lambda: 0).call_one,
+                                                            call_all=endpoint(lambda: [0]).call_one),
+                                    stats=SimpleNamespace(route=endpoint(lambda: {}).call_one),
+                                    service_stats=SimpleNamespace(respawns=0))
+    run.placement = SimpleNamespace(describe=lambda: "cpu")
+    summary = asyncio.run(run._summary(0.0, 0.0))
+    assert summary["eval_first"] is None and summary["eval_last3_mean"] is None and summary["evals"] == []
+    summary.update(run_id="r", busy_fraction={})
+    block = summary_block(summary, "exact_match", tmp_path, tmp_path / "curves.png", tmp_path / "step-0", None,
+                          False, None)
+    assert "not evaluated" in block

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from forge_rl.loop.checkpoint import commit_checkpoint, complete_checkpoints, newest_intact
-from forge_rl.loop.manifest import MANIFEST, verify
+from forge_rl.runtime.manifest import MANIFEST, verify
 from forge_rl.loop.run_folder import RUN_FILE, RunFinished, RunFolderError, claim_output_dir
 from tests.conftest import REPO
 
@@ -205,3 +205,50 @@ def test_output_folder_and_resume_mistakes_end_in_one_line_and_status_2(tmp_path
     assert status == 2 and "already holds" in err  # SFT's runs own their folders the same way
     status, out, err = command_line("grpo", TINY, f"output_dir={tmp_path}/done", "resume=auto", "steps=10")
     assert status == 0 and "is complete" in out and err == ""
+
+
+def test_resume_auto_refuses_a_run_whose_checkpoints_are_elsewhere_and_leaves_it_as_it_was(tmp_path):
+    """The run saved its checkpoints in another trainer.checkpoint_dir; the rerun forgot that override. Its
+    outputs are not a run's "that never saved a checkpoint": refused in one line naming the key."""
+    out, elsewhere = tmp_path / "run", tmp_path / "ckpts"
+    run_id = claim_output_dir(out, elsewhere, algorithm="grpo", resume=False, overwrite=False, steps=10).run_id
+    write_checkpoint(elsewhere, 2, run_id)
+    (out / "metrics.jsonl").write_text('{"step": 2}\n')
+    (out / "summary.json").write_text('{"steps": 2}\n')
+    before = snapshot(tmp_path)
+    with pytest.raises(RunFolderError) as refused:
+        claim(out, resume="auto")
+    assert f"trainer.checkpoint_dir={elsewhere.resolve()}" in str(refused.value) and "\n" not in str(refused.value)
+    assert snapshot(tmp_path) == before
+    with pytest.raises(RunFolderError, match=f"saved its checkpoints in trainer.checkpoint_dir={elsewhere.resolve()}"):
+        claim(out, resume=True)
+    assert claim_output_dir(out, elsewhere, algorithm="grpo", resume="auto", overwrite=False,
+                            steps=10).resume_step == 2
+
+
+def test_resume_finishes_a_save_that_a_crash_stopped_before_its_rename(tmp_path):
+    """The manifest of step-4 was written, then the process died before the rename: resume=auto continues from
+    it, rather than taking the run for one that never saved a checkpoint and removing it."""
+    run_id = claim(tmp_path).run_id
+    step_4 = write_checkpoint(tmp_path / "checkpoints", 4, run_id)
+    step_4.rename(tmp_path / "checkpoints" / f".step-4.{run_id}.partial")  # as the crash left it
+    (tmp_path / "metrics.jsonl").write_text('{"step": 4}\n')
+    resumed = claim(tmp_path, resume="auto", steps=10)
+    assert resumed.run_id == run_id and resumed.resume_step == 4 and (tmp_path / "metrics.jsonl").exists()
+
+
+def test_overwrite_never_removes_another_runs_checkpoints_in_a_shared_checkpoint_dir(tmp_path):
+    """Two output folders share one trainer.checkpoint_dir: replacing the run of one (overwrite=true) must not
+    remove the other's checkpoints, nor write its own step-N over them. Refused, naming the other run."""
+    shared = tmp_path / "shared"
+    first = claim_output_dir(tmp_path / "a", shared, algorithm="grpo", resume=False, overwrite=False, steps=10)
+    for step in (5, 10):
+        write_checkpoint(shared, step, first.run_id)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b/metrics.jsonl").write_text('{"step": 3}\n')  # b's run, replaced with overwrite=true
+    before = snapshot(shared)
+    for overwrite in (False, True):
+        with pytest.raises(RunFolderError) as refused:
+            claim_output_dir(tmp_path / "b", shared, algorithm="grpo", resume=False, overwrite=overwrite, steps=10)
+        assert first.run_id in str(refused.value) and "choose another trainer.checkpoint_dir" in str(refused.value)
+        assert snapshot(shared) == before

@@ -13,8 +13,10 @@ CPU specifics (gloo): FSDP's PREMUL_SUM reduction does not exist on gloo, so FSD
 plain sum reductions; TorchTitan's "partial_dtensor" SPMD backend is the one that works with FSDP here.
 """
 
+import asyncio
 import datetime
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ import torch
 from monarch.actor import endpoint
 
 from forge_rl.runtime import ForgeActor
+from forge_rl.runtime.manifest import STANDALONE, commit, newest_intact, write_rank_digests
 from forge_rl.runtime.timeouts import hang_if_asked
 from forge_rl.models import lora
 from forge_rl.models.lora import LoRAConfig, is_adapter_key
@@ -652,25 +655,45 @@ class Trainer(TrainerWeights, ForgeActor):
 
     @endpoint
     async def save(self, step: int | None = None, path: str | None = None) -> str:
-        """DCP checkpoint of model, optimizer, LR schedule and step under checkpoint_dir/step-N, or `path`
-        (each rank writes its own shards)."""
+        """DCP checkpoint of model, optimizer, LR schedule and step into `path`, each rank writing its own shards
+        and hashing them in a thread (`.sha256-rank-N.json`, for the manifest the caller commits:
+        forge_rl/loop/checkpoint.py). Without `path`: checkpoint_dir/step-N, committed here whole with its
+        manifest (owner "trainer"), as a run's checkpoints are."""
+        import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
-        path = Path(path) if path else Path(self.cfg.checkpoint_dir) / f"step-{self.step if step is None else step}"
-        dcp.save(self._state(), checkpoint_id=str(path))
-        return str(path)
+        step = self.step if step is None else step
+        final = Path(self.cfg.checkpoint_dir) / f"step-{step}"
+        target = Path(path) if path else final.parent / f".step-{step}.{STANDALONE}.partial"
+        if path is None and self.rank == 0:
+            shutil.rmtree(target, ignore_errors=True)  # an earlier failed save's
+        dist.barrier()
+        dcp.save(self._state(), checkpoint_id=str(target))
+        await asyncio.to_thread(write_rank_digests, target, self.rank)
+        dist.barrier()
+        if path is None:
+            if self.rank == 0:
+                await asyncio.to_thread(commit, target, final, STANDALONE, step)
+            dist.barrier()
+        return str(path or final)
 
     @endpoint
     async def load(self, path: str | None = None) -> int:
-        """Restore from `path` (default: the newest step-N under checkpoint_dir). Returns the step."""
+        """Restore from `path` (a run's checkpoint: the run verified it), or without one from the newest intact
+        checkpoint that `save()` without a path wrote under checkpoint_dir (rank 0 verifies). Returns the step."""
+        import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         if path is None:
-            steps = sorted(Path(self.cfg.checkpoint_dir).glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
-            if not steps:
-                raise FileNotFoundError(f"no step-N checkpoints under trainer.checkpoint_dir={self.cfg.checkpoint_dir}")
-            path = str(steps[-1])
+            found = [newest_intact(self.cfg.checkpoint_dir, STANDALONE) if self.rank == 0 else None]
+            dist.broadcast_object_list(found, src=0)
+            newest, skipped = found[0]
+            if newest is None:
+                why = f" (passed over {'; '.join(skipped)})" if skipped else ""
+                raise FileNotFoundError(f"no intact checkpoint of Trainer.save() under trainer.checkpoint_dir="
+                                        f"{self.cfg.checkpoint_dir}{why}: pass the path of one to load")
+            path = str(newest)
         if not (Path(path) / ".metadata").is_file():
             raise FileNotFoundError(f"{path}: not a DCP checkpoint (no .metadata)")
         state = self._state()

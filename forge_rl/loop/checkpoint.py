@@ -7,20 +7,28 @@ manifest of checksums, owned by the run that wrote it.
 
 The controller's state (`app_state.pt` in the trainer's step directory) holds the policy version, the drop
 counters, the replay buffer's groups and the dataset's position, so a resumed run continues with the same
-step, optimizer, buffer contents and data. `manifest.json` (forge_rl/loop/manifest.py) is written last and
-names the run: a step directory without one is not a complete checkpoint, retention prunes only the run's own,
-and resume takes the newest of the run's checkpoints whose files all match their checksums.
+step, optimizer, buffer contents and data. `manifest.json` (forge_rl/runtime/manifest.py) is written last and
+names the run: a step directory without one is not a complete checkpoint, and resume takes the newest of the
+run's checkpoints whose files all match their checksums. Retention counts only those: the newest `keep_last`
+intact checkpoints of the run are kept, the one just written always among them, and a damaged one never
+displaces an intact one; another run's checkpoints, and those whose owner cannot be told, are never removed.
+The files are hashed by whoever wrote them (each trainer rank its own shards); what is left to the controller
+(the manifest, its own app_state.pt, the renames, the removals) runs in threads, off its event loop.
 """
 
+import asyncio
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import torch
 
-from forge_rl.loop.manifest import owner, verify, write_manifest
 from forge_rl.loop.rollout import Admission
 from forge_rl.loop.train_loop import Run
+from forge_rl.runtime.manifest import commit, intact, newest_intact, owner, step_dirs, step_of
+
+__all__ = ["APP_STATE", "commit_checkpoint", "complete_checkpoints", "newest_intact", "prune",
+           "resume_from_checkpoint", "save_checkpoint", "step_dirs", "step_of"]
 
 APP_STATE = "app_state.pt"
 
@@ -29,31 +37,53 @@ async def commit_checkpoint(checkpoint_dir: Path, step: int, run_id: str, write:
                             keep_last: int = 0) -> Path:
     """`checkpoint_dir/step-N`, written whole or not at all: `write(tmp)` fills a temporary directory, the
     manifest of checksums goes in last, and a rename makes it complete. A failure midway (a full disk, a kill)
-    leaves every earlier checkpoint as it was. Then only the newest `keep_last` complete checkpoints of run
-    `run_id` are kept (0: all); another run's are never touched."""
+    leaves every earlier checkpoint as it was. Then retention (`prune`) keeps the newest `keep_last` intact
+    checkpoints of run `run_id` (0: all)."""
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir / f"step-{step}"
-    partial = checkpoint_dir / f".step-{step}.partial"
-    shutil.rmtree(partial, ignore_errors=True)  # what an earlier failed save left
+    partial = checkpoint_dir / f".step-{step}.{run_id}.partial"  # the run's own: another run's are not touched
+    await _to_the_end(shutil.rmtree, partial, True)  # what an earlier failed save of this run left
     try:
         await write(partial)
-        write_manifest(partial, run_id, step)
+        await _to_the_end(commit, partial, final, run_id, step)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    if final.exists():  # the same step saved again (a resumed run's last step): replace it whole
-        replaced = checkpoint_dir / f".step-{step}.replaced"
-        shutil.rmtree(replaced, ignore_errors=True)
-        final.rename(replaced)
-        partial.rename(final)
-        shutil.rmtree(replaced, ignore_errors=True)
-    else:
-        partial.rename(final)
     if keep_last > 0:
-        for old in complete_checkpoints(checkpoint_dir, run_id)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        await _to_the_end(prune, checkpoint_dir, run_id, keep_last, final)
     return final
+
+
+def prune(checkpoint_dir: Path, run_id: str, keep_last: int, newest: Path) -> list[Path]:
+    """Remove run `run_id`'s checkpoints older than `newest` (just written, never removed) but for the newest
+    intact ones, `keep_last` in all with it; returns what was removed. A damaged checkpoint is never counted:
+    an older one is removed (resume could not use it), a newer one is left (resume passes over it, naming it;
+    saving its step again replaces it)."""
+    kept, doomed = 0, []
+    for path in reversed(complete_checkpoints(checkpoint_dir, run_id)):
+        if path == newest:
+            kept += 1
+        elif step_of(path) > step_of(newest):
+            continue
+        elif kept < keep_last and intact(path):
+            kept += 1
+        else:
+            doomed.append(path)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+async def _to_the_end(fn, *args):
+    """`fn(*args)` in a thread, off the event loop, awaited to its end even when the caller is cancelled (a
+    half-made rename must not race the clean-up after it)."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.gather(task, return_exceptions=True)
+        raise
 
 
 async def save_checkpoint(run: Run, trainer, buffer, dataset, step: int, checkpoint_dir: Path,
@@ -67,40 +97,15 @@ async def save_checkpoint(run: Run, trainer, buffer, dataset, step: int, checkpo
             await actor.save.call(step, str(partial / name))
         state = dict(version=run.version, drops=run.drops, buffer=await buffer.state_dict.call_one(),
                      dataset=await dataset.state_dict.call_one())
-        torch.save(state, partial / APP_STATE)
+        await _to_the_end(torch.save, state, partial / APP_STATE)
 
     return await commit_checkpoint(checkpoint_dir, step, run_id, write, keep_last)
-
-
-def step_of(path: Path) -> int:
-    return int(Path(path).name.split("-")[1])
-
-
-def step_dirs(checkpoint_dir: Path) -> list[Path]:
-    """Every step-N directory under `checkpoint_dir`, whoever wrote it and whatever its state, oldest first."""
-    return sorted((p for p in Path(checkpoint_dir).glob("step-*") if p.is_dir() and p.name[5:].isdigit()),
-                  key=step_of)
 
 
 def complete_checkpoints(checkpoint_dir: Path, run_id: str | None = None) -> list[Path]:
     """The complete checkpoints under `checkpoint_dir` (a manifest written), of run `run_id` only when given,
     oldest first. Completeness is not integrity: `verify` reads the files."""
     return [p for p in step_dirs(checkpoint_dir) if (o := owner(p)) is not None and run_id in (None, o)]
-
-
-def newest_intact(checkpoint_dir: Path, run_id: str) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint of run `run_id` whose files match their manifest, and why each newer candidate was
-    passed over ('step-12: checksum mismatch in __0_0.distcp'). Candidates are the run's step directories and
-    those without a readable manifest (whose owner cannot be told; a damaged one of this run's among them)."""
-    skipped = []
-    for path in reversed(step_dirs(checkpoint_dir)):
-        if owner(path) not in (run_id, None):
-            continue  # another run's
-        problem = verify(path)
-        if problem is None:
-            return path, skipped
-        skipped.append(f"{path.name}: {problem}")
-    return None, skipped
 
 
 async def resume_from_checkpoint(run: Run, trainer, generator, buffer, dataset, path: Path,

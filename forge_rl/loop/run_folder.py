@@ -8,9 +8,13 @@
 
 It runs before any actor starts. A fresh run in a folder that holds another run's metrics, summary or
 checkpoints is refused (RunFolderError, one line naming the ways out) unless `overwrite=true`, which removes
-that run's files first. `resume` continues the folder's own run (the id in run.json) from its newest intact
-checkpoint, passing over damaged ones and saying which and why; a run already at `steps` has nothing to do
-(RunFinished), and a `steps` below its checkpoint is refused.
+that run's files first: its outputs, and the checkpoints whose manifest names it. Another run's checkpoints in
+the same trainer.checkpoint_dir are never removed: a fresh run there is refused (its step-N would collide).
+`resume` continues the folder's own run (the id in run.json) from its newest intact checkpoint, passing over
+damaged ones and saying which and why, and first finishes a save that a crash stopped between its manifest and
+its rename; a run already at `steps` has nothing to do (RunFinished), and a `steps` below its checkpoint is
+refused. `resume=auto` with nothing to resume replaces the folder's run only when it provably saved no
+checkpoint: its run.json names this trainer.checkpoint_dir and nothing there is its; otherwise it refuses.
 """
 
 import json
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge_rl.config import ConfigError
-from forge_rl.loop.checkpoint import complete_checkpoints, newest_intact, step_dirs, step_of
+from forge_rl.runtime.manifest import newest_intact, owner, step_dirs, step_of
 
 RUN_FILE = "run.json"
 # what a run leaves in its output folder, besides checkpoints: removed by overwrite=true
@@ -56,29 +60,45 @@ def claim_output_dir(out: Path, checkpoint_dir: Path, *, algorithm: str, resume:
     writable_dir(checkpoint_dir, "trainer.checkpoint_dir")
     record = read_record(out)
     if resume in (True, "auto"):
+        finish_interrupted_saves(checkpoint_dir, record.get("id"))
         claim = resume_claim(out, checkpoint_dir, record, resume, algorithm, steps)
         if claim is not None:
             record.setdefault("resumes", []).append(dict(at=_now(), step=claim.resume_step, command=_command()))
             write_record(out, record)
             return claim
     notes = []
+    refuse_foreign_checkpoints(out, checkpoint_dir, record)
     held = held_by_another_run(out, checkpoint_dir, record)
     if held:
-        # resume=auto with nothing to resume replaces a run that never saved a checkpoint (a restarted attempt)
-        if not (overwrite or (resume == "auto" and not step_dirs(checkpoint_dir))):
-            where = ("output_dir" if checkpoint_dir.resolve().is_relative_to(out.resolve())
-                     else "output_dir / trainer.checkpoint_dir")
-            resumable = resume is False and bool(complete_checkpoints(checkpoint_dir, record.get("id") or "?"))
+        if not overwrite and resume == "auto":
+            refuse_unless_never_checkpointed(out, checkpoint_dir, record, held)
+        elif not overwrite:
+            where = ("output_dir" if _inside(checkpoint_dir, out) else "output_dir / trainer.checkpoint_dir")
+            resumable = resume is False and bool(run_checkpoints(checkpoint_dir, record.get("id")))
             ways = ("continue it with resume=auto, replace it" if resumable else "replace it")
             raise RunFolderError(f"{where} {out} already holds {held}: {ways} with overwrite=true, or choose "
                                  "another output_dir")
-        remove_run(out, checkpoint_dir, export_dir)
+        remove_run(out, checkpoint_dir, export_dir, record.get("id"))
         notes.append(f"replaced {held} in {out} ({'overwrite=true' if overwrite else 'resume=auto, none to resume'})")
     record = dict(id=f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}", algorithm=algorithm,
                   started=_now(), command=_command(), output_dir=str(out.resolve()),
                   checkpoint_dir=str(checkpoint_dir.resolve()))
     write_record(out, record)
     return RunClaim(record["id"], None, notes)
+
+
+def refuse_unless_never_checkpointed(out: Path, checkpoint_dir: Path, record: dict, held: str) -> None:
+    """resume=auto found nothing to resume: the folder's run may be replaced only if it provably saved no
+    checkpoint, i.e. its run.json names this trainer.checkpoint_dir (and nothing there is its: resume_claim)."""
+    recorded = record.get("checkpoint_dir")
+    if not record.get("id") or not recorded:
+        raise RunFolderError(f"resume=auto: output_dir {out} holds {held} with no {RUN_FILE} naming its "
+                             "trainer.checkpoint_dir, so whether it saved checkpoints cannot be told: replace it "
+                             "with overwrite=true, or choose another output_dir")
+    if Path(recorded).resolve() != checkpoint_dir.resolve():
+        raise RunFolderError(f"resume=auto: run {record['id']} in {out} saved its checkpoints in "
+                             f"trainer.checkpoint_dir={recorded}, not {checkpoint_dir}: set "
+                             f"trainer.checkpoint_dir={recorded} to continue it, or overwrite=true to replace it")
 
 
 def resume_claim(out: Path, checkpoint_dir: Path, record: dict, resume: bool | str, algorithm: str,
@@ -91,6 +111,9 @@ def resume_claim(out: Path, checkpoint_dir: Path, record: dict, resume: bool | s
         if resume is True or skipped:
             whose = f"run {run_id}" if run_id else f"a run (no {RUN_FILE} in {out})"
             why = f"; passed over {'; '.join(skipped)}" if skipped else ""
+            recorded = record.get("checkpoint_dir")
+            if recorded and Path(recorded).resolve() != checkpoint_dir.resolve():
+                why += f" (run {run_id} saved its checkpoints in trainer.checkpoint_dir={recorded})"
             raise RunFolderError(f"resume={str(resume).lower()}: no intact checkpoint of {whose} under "
                                  f"trainer.checkpoint_dir {checkpoint_dir}{why}. Start afresh with resume=false "
                                  f"(plus overwrite=true to replace what is there) or choose another output_dir")
@@ -110,10 +133,12 @@ def resume_claim(out: Path, checkpoint_dir: Path, record: dict, resume: bool | s
 
 
 def held_by_another_run(out: Path, checkpoint_dir: Path, record: dict) -> str:
-    """What of another run the folders hold ('run X's checkpoints step-10, step-20 and metrics'); '' if none."""
+    """What of the folder's earlier run the folders hold ('run X's checkpoints in D (step-10, step-20) and
+    metrics.jsonl'); '' if none. Its checkpoints are those whose manifest names it, and those whose owner cannot
+    be told in a checkpoint_dir inside output_dir (refuse_foreign_checkpoints refuses the others)."""
     found = [p.name for p in (out / "metrics.jsonl", out / "summary.json")
              if p.is_file() and p.stat().st_size > 0]
-    steps = [p.name for p in step_dirs(checkpoint_dir)]
+    steps = [p.name for p in run_checkpoints(checkpoint_dir, record.get("id"), _inside(checkpoint_dir, out))]
     if steps:
         shown = ", ".join(steps[-3:] if len(steps) <= 3 else ["...", *steps[-2:]])
         found.insert(0, f"checkpoints in {checkpoint_dir} ({shown})")
@@ -123,17 +148,65 @@ def held_by_another_run(out: Path, checkpoint_dir: Path, record: dict) -> str:
     return f"{whose} {' and '.join(found)}"
 
 
-def remove_run(out: Path, checkpoint_dir: Path, export_dir: str | None) -> None:
-    """overwrite=true: the replaced run's outputs, checkpoints (finished or not) and export under `out`."""
+def run_checkpoints(checkpoint_dir: Path, run_id: str | None, unowned: bool = False) -> list[Path]:
+    """The step-N directories of run `run_id` (its id in their manifest), with `unowned` also those whose owner
+    cannot be told (no readable manifest), oldest first."""
+    return [p for p in step_dirs(checkpoint_dir)
+            if (o := owner(p)) is not None and o == run_id or (unowned and o is None)]
+
+
+def refuse_foreign_checkpoints(out: Path, checkpoint_dir: Path, record: dict) -> None:
+    """A fresh run writes step-N into trainer.checkpoint_dir: refused where another run's checkpoints are (or
+    ones whose owner cannot be told, outside output_dir), which it must neither replace nor remove."""
+    run_id, inside = record.get("id"), _inside(checkpoint_dir, out)
+    mine = set(run_checkpoints(checkpoint_dir, run_id, unowned=inside))
+    foreign = [p for p in step_dirs(checkpoint_dir) if p not in mine]
+    if not foreign:
+        return
+    owners = sorted({owner(p) or "unknown (no readable manifest)" for p in foreign})
+    shown = ", ".join(p.name for p in foreign[-3:])
+    ours = f"run {run_id}'s in {out}" if run_id else f"the run in {out}"
+    raise RunFolderError(f"trainer.checkpoint_dir {checkpoint_dir} holds checkpoints of another run than {ours} "
+                         f"({shown}; run {', '.join(owners)}), which this run would neither replace nor remove: "
+                         "choose another trainer.checkpoint_dir")
+
+
+def finish_interrupted_saves(checkpoint_dir: Path, run_id: str | None) -> None:
+    """A save of run `run_id` stopped by a crash after its manifest but before its rename (`.step-N.<id>.partial`
+    complete), or between replacing step-N and renaming the new one in (`.step-N.<id>.replaced` alone): the
+    rename is done now, so that resume finds (and verifies) it."""
+    if not run_id:
+        return
+    leftovers = sorted(Path(checkpoint_dir).glob(".step-*"), key=lambda p: not p.name.endswith(".partial"))
+    for path in leftovers:
+        step = path.name.split(".")[1]
+        final = Path(checkpoint_dir) / step
+        if path.is_dir() and step[5:].isdigit() and owner(path) == run_id and not final.exists():
+            path.rename(final)
+
+
+def remove_run(out: Path, checkpoint_dir: Path, export_dir: str | None, run_id: str | None) -> None:
+    """overwrite=true (or resume=auto with none to resume): the replaced run's outputs, its checkpoints (finished
+    or not: those whose manifest names it, or whose name does) and its export under `out`. In a
+    checkpoint_dir inside `out`, also those whose owner cannot be told; another run's, never."""
+    inside = _inside(checkpoint_dir, out)
     doomed = [out / name for name in RUN_OUTPUTS]
-    doomed += [p for p in checkpoint_dir.glob("step-*")] + [p for p in checkpoint_dir.glob(".step-*")]
-    if export_dir and Path(export_dir).resolve().is_relative_to(out.resolve()):
+    doomed += run_checkpoints(checkpoint_dir, run_id, unowned=inside)
+    for path in checkpoint_dir.glob(".step-*"):
+        o = owner(path)
+        if (o is not None and o == run_id) or (o is None and (inside or (run_id and f".{run_id}." in path.name))):
+            doomed.append(path)
+    if export_dir and _inside(Path(export_dir), out):
         doomed.append(Path(export_dir))
     for path in doomed:
         if path.is_dir():
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return Path(path).resolve().is_relative_to(Path(folder).resolve())
 
 
 def writable_dir(path: Path, key: str) -> None:

@@ -51,15 +51,19 @@ def role_died(error: BaseException, checkpoint_dir: str | Path, log_dir: str | P
     return RoleDied(f"the {role} process died ({reason}){logs}; {resume_hint(checkpoint_dir, run_id)}")
 
 
-def resume_hint(checkpoint_dir: str | Path, run_id: str | None = None) -> str:
-    """Where a rerun of a stopped run continues from: the newest complete checkpoint of run `run_id`."""
+def resume_hint(checkpoint_dir: str | Path, run_id: str | None) -> str:
+    """Where a rerun of a stopped run continues from: the newest checkpoint of run `run_id` that is intact as
+    far as this process knows (hashed when written or at resume; otherwise its files' sizes). Another run's are
+    never named. No file is read here: this runs as a run stops."""
     from forge_rl.loop.checkpoint import complete_checkpoints
+    from forge_rl.runtime.manifest import intact
 
-    checkpoints = complete_checkpoints(Path(checkpoint_dir), run_id)
-    if checkpoints:
-        return (f"the last complete checkpoint is {checkpoints[-1]}: continue from it with resume=true "
-                "(or resume=auto)")
-    return (f"no complete checkpoint under {checkpoint_dir} yet (checkpoint_every saves every N steps): a "
+    mine = complete_checkpoints(Path(checkpoint_dir), run_id) if run_id else []
+    newest = next((p for p in reversed(mine) if intact(p, read=False)), None)
+    if newest is not None:
+        return (f"the last complete checkpoint is {newest}: continue from it with resume=true (or resume=auto), "
+                "which checks its files first")
+    return (f"no complete checkpoint of this run under {checkpoint_dir} yet (checkpoint_every saves every N steps): a "
             "rerun with resume=auto (or overwrite=true) starts it again from the beginning")
 
 

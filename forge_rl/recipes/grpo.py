@@ -407,9 +407,10 @@ class GRPORun:
 
     async def finish(self) -> dict:
         """End of training: the generators take the final weights, a last evaluation, a checkpoint, the HF
-        export; writes summary.json and curves.png and prints where everything is. Returns the summary."""
+        export; writes summary.json and curves.png and prints where everything is. Returns the summary. The
+        rollouts in flight land in the buffer first, so the final checkpoint holds them (as every checkpoint)."""
         cfg = self.cfg
-        await self._stop_rollouts()
+        await self._land_rollouts()
         if self._pending_update is not None:
             self.state.last_updates, self._pending_update = await self._pending_update, None
         self._stopped = time.perf_counter()
@@ -422,7 +423,7 @@ class GRPORun:
         gen_stats = await self.generator.stats.route()
         gen_busy_s = gen_stats["busy_s"] - self._gen_busy_start - self._eval_busy_s
         self._occupancy = occupancy(self._gen_at_start, gen_stats)
-        if self.step > self.start_step:
+        if self.step > self.start_step or not self.evals:  # none yet: finish() right after start() (a notebook)
             await self.evaluate()
         checkpoint = await self.checkpoint()
         if cfg.export_dir:
@@ -577,6 +578,14 @@ class GRPORun:
         if not self.cfg.async_mode:
             s.last_updates, self._pending_update = await self._pending_update, None
 
+    async def _land_rollouts(self) -> None:
+        """Stop admitting rollouts, let those in flight put their groups in the buffer (60 s at most), then stop
+        the rollout tasks."""
+        if self._rollouts and not await self.state.admission.quiesce(timeout_s=60):
+            self.console.print("[yellow]finish: rollouts still in flight after 60 s; their prompts are skipped on "
+                               "resume[/yellow]")
+        await self._stop_rollouts()
+
     async def _stop_rollouts(self) -> None:
         if self.state is not None:
             self.state.stop.set()
@@ -610,7 +619,8 @@ class GRPORun:
         done = self.step - self.start_step
         return dict(
             steps=self.step, start_step=self.start_step, wall_s=wall, steps_per_min=done / wall * 60 if wall else 0.0,
-            eval_first=self.evals[0][2], eval_last3_mean=statistics.mean(last3), evals=self.evals,
+            eval_first=self.evals[0][2] if self.evals else None,
+            eval_last3_mean=statistics.mean(last3) if last3 else None, evals=self.evals,
             time_to_60=next((t for _, t, acc in self.evals if acc >= 0.6), None),
             generator_version=await self.generator.version.route(),
             generator_versions=await self.generator.version.call_all(),  # every replica, respawned ones included
@@ -710,7 +720,7 @@ async def train(run: GRPORun) -> dict:
     except SupervisionError as e:  # a role's process died: name it and the checkpoint to resume from
         raise run.role_died(e) from e
     except RewardRoleDied as e:  # a reward model's or judge's process died (the reward actor names it)
-        raise RoleDied(f"{e}; {resume_hint(run.checkpoint_dir)}") from e
+        raise RoleDied(f"{e}; {resume_hint(run.checkpoint_dir, run.claim.run_id if run.claim else None)}") from e
 
 
 async def train_steps(run: GRPORun) -> None:

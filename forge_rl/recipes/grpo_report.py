@@ -133,7 +133,7 @@ def summary_block(summary: dict, eval_reward: str, out: Path, png: Path, checkpo
         ("steps", f"{done} (to step {summary['trainer_version']}) in {summary['wall_s']:.0f} s of training, "
                   f"{summary['steps_per_min']:.1f} steps/min (start-up and evaluations excluded)"),
         ("held-out", f"{summary['eval_first']:.1%} -> {summary['eval_last3_mean']:.1%} "
-                     f"({eval_reward}, mean of the last {last} evaluations)"),
+                     f"({eval_reward}, mean of the last {last} evaluations)" if last else "not evaluated"),
         ("episodes", f"{buf['added']} reached the buffer, {buf['trained']} trained; "
                      f"stale {summary['stale_fraction']:.1%} of generated"),
         ("drops", drops_seen or "none"),
