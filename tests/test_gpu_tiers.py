@@ -86,13 +86,14 @@ def test_a_torch_without_torchtitans_2_12_name_gets_a_placeholder_that_refuses_t
 
     from forge_rl.deps import torch_for_torchtitan
 
-    real = fsdp.DataParallelMeshDims
-    assert torch_for_torchtitan.missing() == [] and torch_for_torchtitan.provide() == []  # this torch has it
-    assert fsdp.DataParallelMeshDims is real
-    monkeypatch.delattr(fsdp, "DataParallelMeshDims")  # as torch 2.11's module is
+    torch_for_torchtitan.provide()  # torch 2.12+: nothing; 2.11: the placeholder, as forge_rl.deps.torchtitan does
+    had = fsdp.DataParallelMeshDims
+    assert torch_for_torchtitan.missing() == [] and torch_for_torchtitan.provide() == []  # nothing more to give
+    assert fsdp.DataParallelMeshDims is had
+    monkeypatch.delattr(fsdp, "DataParallelMeshDims", raising=False)  # as torch 2.11's module is
     assert torch_for_torchtitan.provide() == ["torch.distributed.fsdp.DataParallelMeshDims"]
     stand_in = fsdp.DataParallelMeshDims
-    assert stand_in is not real and stand_in.forge_rl_placeholder
+    assert stand_in is not had and stand_in.forge_rl_placeholder
     assert (stand_in | None) == (stand_in | None)  # TorchTitan's annotations: `DataParallelMeshDims | None = None`
     with pytest.raises(NotImplementedError, match=r"placeholder forge_rl gave TorchTitan: torch .* \(torch 2.12 or"):
         stand_in(shard=("dp_shard",))
