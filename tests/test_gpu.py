@@ -113,41 +113,71 @@ def test_fsdp2_bf16_train_step_over_nccl_and_its_peak_memory_against_the_plan(lo
 def test_both_publish_paths_copy_cuda_weights_into_shared_memory_bit_exact(loop, model_0_6b, tmp_path):
     """fp32 masters on the GPU published in bf16 by shard writes and from rank 0 (as ranks on several hosts do):
     each tensor, or block of rows, is converted on the device and copied straight into the version's shared
-    memory; both give back the checkpoint the masters were loaded from, rounded to bf16, bit-exact."""
-    from safetensors.torch import load_file
-
+    memory; both give back the checkpoint the masters were loaded from, rounded to bf16, bit-exact. Three versions
+    from each trainer, timed: the first into fresh pages, the second into a spare file its process prepared after
+    the first (while a run's trainer steps), the third into the first's pages, recycled (keep_versions=2)."""
     from forge_rl.runtime import stop_actor
-    from forge_rl.weights import ShmWeightStore
+    from forge_rl.weights import ShmWeightStore, WeightStoreConfig
 
-    want = {}  # the checkpoint is fp32 (build saves fp32): the masters load it exactly, publish rounds it to bf16
-    for file in sorted(model_0_6b.glob("*.safetensors")):
-        want |= {name: t.to(torch.bfloat16) for name, t in load_file(file).items()}
-    store = ShmWeightStore()
+    run_store = ShmWeightStore()  # the run's shared memory (removed with the run): one folder in it per path
     try:
-        for version, publish_from in enumerate(("auto", "rank0"), 1):
+        for publish_from in ("auto", "rank0"):
             cfg = _trainer_config(model_0_6b, tmp_path / publish_from)
             cfg.publish_from, cfg.publish_block_mb = publish_from, 16.0
+            store_cfg = WeightStoreConfig(root=str(run_store.root / publish_from))
             trainer = loop.run_until_complete(Trainer.options(procs=1, spmd=True, gpus=GPUS, share_gpus=True)
-                                              .as_actor(cfg))
-            start = time.perf_counter()
-            record = loop.run_until_complete(trainer.push_weights.call(version)).get(0)
-            took = time.perf_counter() - start
-            loop.run_until_complete(stop_actor(trainer))
+                                              .as_actor(cfg, store_cfg))
+            store = ShmWeightStore(cfg=store_cfg)
+            try:
+                took, record = _publish_three_versions(loop, trainer, store, model_0_6b, publish_from)
+            finally:
+                loop.run_until_complete(stop_actor(trainer))
+                store.close()
+            if publish_from == "rank0":
+                assert 0 < record["largest_held_bytes"] <= 16 * 2**20
+            report(f"no-vLLM: publish ({'shard writes' if publish_from == 'auto' else 'rank-0 stream'})",
+                   f"{'CPU' if ON_CPU else 'CUDA'} -> shm, {record['bytes'] / 1e6:.1f} MB bf16, bit-exact: first "
+                   f"{took[0]:.2f} s (fresh pages), second {took[1]:.2f} s (a spare prepared after the first), "
+                   f"third {took[2]:.2f} s (the first's pages again)"
+                   + (f"; largest block held {record['largest_held_bytes'] / 2**20:.1f} MiB"
+                      if publish_from == "rank0" else ""))
+    finally:
+        run_store.close()
+
+
+def _publish_three_versions(loop, trainer, store, model_dir, publish_from: str) -> tuple[list[float], dict]:
+    """Versions 1-3 from `trainer`, read back through `store` (a reader on the same folder): the times of the
+    three pushes and the last push's record. Version 1 must be the checkpoint in bf16, bit-exact; version 2 takes
+    the spare prepared after version 1 and version 3 version 1's file."""
+    from safetensors.torch import load_file
+
+    from forge_rl.weights import spares
+
+    want = {}  # the checkpoint is fp32 (build saves fp32): the masters load it exactly, publish rounds it to bf16
+    for file in sorted(model_dir.glob("*.safetensors")):
+        want |= {name: t.to(torch.bfloat16) for name, t in load_file(file).items()}
+    took, inodes = [], {}
+    for version in (1, 2, 3):
+        if version == 2:  # a run's trainer steps meanwhile: here, the spare is waited for
+            deadline = time.monotonic() + 120
+            while not spares.ready(store.root) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            (spare,) = spares.ready(store.root)
+            inodes["spare"] = spare.stat().st_ino
+        start = time.perf_counter()
+        record = loop.run_until_complete(trainer.push_weights.call(version)).get(0)
+        took.append(time.perf_counter() - start)
+        inodes[version] = (store.path(version) / "model.safetensors").stat().st_ino
+        if version == 1:
             got = store.load(version)
             assert set(want) <= set(got), sorted(set(want) - set(got))[:3]
             for name, tensor in want.items():
                 assert torch.equal(got[name], tensor), (publish_from, name)
             assert torch.equal(got["lm_head.weight"], want["model.embed_tokens.weight"])  # tied
-            if publish_from == "rank0":
-                assert 0 < record["largest_held_bytes"] <= 16 * 2**20
-            nbytes = sum(t.numel() * t.element_size() for t in want.values())
-            report(f"no-vLLM: publish ({'shard writes' if publish_from == 'auto' else 'rank-0 stream'})",
-                   f"{'CPU' if ON_CPU else 'CUDA'} -> shm, {nbytes / 1e6:.1f} MB bf16 in {took:.2f} s, bit-exact"
-                   + (f", largest block held {record['largest_held_bytes'] / 2**20:.1f} MiB"
-                      if publish_from == "rank0" else ""))
-            del got
-    finally:
-        store.close()
+            del got  # unpinned: version 3 may recycle its pages
+    assert inodes[2] == inodes["spare"] and inodes[3] == inodes[1], inodes
+    assert all(torch.equal(t, want[name]) for name, t in store.load(3).items() if name in want)
+    return took, record
 
 
 def test_critic_steps_on_the_gpu_and_gives_its_cached_memory_back(loop, model_0_6b, tmp_path):
