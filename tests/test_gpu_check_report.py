@@ -28,7 +28,8 @@ def test_each_failed_test_is_a_row_with_its_failing_line_and_the_whole_output_is
     rows = pytest_rows("a tier", [str(tmp_path / "test_tier.py")], tmp_path, "tier")
     verdict, *failed = rows
     assert verdict[0] == "a tier"
-    assert verdict[1].startswith("FAILED: 1 failed, 1 passed, 1 error in ") and "pytest's output: tier.log" in verdict[1]
+    assert verdict[1].startswith("FAILED: 1 failed, 1 passed, 1 error in ")
+    assert "pytest's output: tier.log" in verdict[1]
     assert failed[0][0] == "  failed: test_cached_memory_given_back"
     assert failed[0][1] == (f"{tmp_path}/test_tier.py:13: `assert after[\"reserved\"] - after[\"allocated\"] <= "
                             "64 * 2**20`: assert (7373586432 - 7225487360) <= (64 * (2 ** 20))")
