@@ -2,6 +2,8 @@
 tests fail as the GPU tier's did (an assertion on a memory bound, an error in a fixture) becomes one row per
 failure with the test's name, the line that failed and what it said, and pytest's whole output is kept."""
 
+import pytest
+
 from benchmarks.pytest_report import pytest_rows, summary_of
 
 TESTS = '''
@@ -23,6 +25,7 @@ def test_needs_a_fixture(broken):
 '''
 
 
+@pytest.mark.integration  # a pytest of its own in a subprocess: 6-13 s on the 2-core machine, kept out of test-fast
 def test_each_failed_test_is_a_row_with_its_failing_line_and_the_whole_output_is_kept(tmp_path):
     (tmp_path / "test_tier.py").write_text(TESTS)
     rows = pytest_rows("a tier", [str(tmp_path / "test_tier.py")], tmp_path, "tier")
