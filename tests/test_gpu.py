@@ -41,6 +41,7 @@ MIN_GRAD_NORM = 0.01
 # measured on an H200 (torch 2.11, 2026-11); the allocator splits cached segments for smaller tensors, so some
 # always stays; more than this would be fragmentation worth looking at.
 MAX_UNRELEASABLE_FRACTION = 0.05
+FREED_AFTER_EMPTY_CACHE = 20 * 2**20  # one of the allocator's 20 MiB segments (for 1-10 MiB tensors)
 
 
 def report(check: str, result: str) -> None:
@@ -182,10 +183,10 @@ def _publish_three_versions(loop, trainer, store, model_dir, publish_from: str) 
 
 def test_critic_steps_on_the_gpu_and_gives_its_cached_memory_back(loop, model_0_6b, tmp_path):
     """The critic time-sharing a GPU (release_memory_after_step, as a colocated PPO run sets it): a bf16 value step
-    of the 0.6B-shaped model with fp32 masters, after which its caching allocator keeps only what it cannot give
-    back: the free parts of segments that still hold a live tensor (the allocator returns whole segments only; torch
-    counts those parts as inactive_split_bytes). Every wholly free segment, the step's activations, went back to
-    the device for the engine to wake into."""
+    of the 0.6B-shaped model with fp32 masters, after which its caching allocator keeps little more than what it
+    cannot give back: the free parts of segments that still hold a live tensor (the allocator returns whole segments
+    only; torch counts those parts as inactive_split_bytes). The step's activations went back to the device for the
+    engine to wake into."""
     from forge_rl.actors.critic import Critic
     from forge_rl.runtime import stop_actor
     from tests.actors import CudaMemory
@@ -209,11 +210,12 @@ def test_critic_steps_on_the_gpu_and_gives_its_cached_memory_back(loop, model_0_
         report("no-vLLM: critic", f"value loss {metrics['value_loss']:.4f}; peak reserved "
                                   f"{after['max_reserved'] / 2**30:.2f} GiB, after the step reserved "
                                   f"{after['reserved'] / 2**30:.2f} GiB for {after['allocated'] / 2**30:.2f} GiB "
-                                  f"allocated: {cached / 2**20:.0f} MiB cached, all in segments a live tensor holds "
-                                  f"({after['non_releasable'] / 2**20:.0f} MiB)")
-        # Given back: what is still cached is exactly what no empty_cache can return (an H200, torch 2.11: 141 MiB
-        # over 7.2 GB allocated). A wholly free segment left cached (the step's activations) would add to the left.
-        assert cached == after["non_releasable"], after
+                                  f"allocated: {cached / 2**20:.0f} MiB cached, of which "
+                                  f"{after['non_releasable'] / 2**20:.0f} MiB in segments a live tensor holds")
+        # Given back: what is still cached is what no empty_cache can return (an H200, torch 2.11: 141 MiB over 7.2
+        # GB allocated), but for whole segments freed after the step's empty_cache by its last micro-batch's tensors
+        # (KBs here: a few 2 MiB small-pool segments at most). Not given back, the step's activations (GBs) would be.
+        assert cached - after["non_releasable"] <= FREED_AFTER_EMPTY_CACHE, after
         assert cached <= MAX_UNRELEASABLE_FRACTION * after["allocated"], after
         assert after["max_reserved"] > after["reserved"]
     finally:
