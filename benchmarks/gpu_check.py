@@ -16,7 +16,9 @@ It first says which tiers this host can run and why not the others (benchmarks/g
    staleness held; a LoRA run (adapter swap, and adapters still applied after a wake: the trainer's approx KL to
    the behaviour policy stays at bf16 noise); a PPO run (its critic trained on the same GPU); with 2+ GPUs, the
    same with 2 replicas.
-The table goes to the console and to OUT/gpu_check.md (copy it into docs/benchmarks.md with the date and GPU).
+The table goes to the console and to OUT/gpu_check.md (copy it into docs/benchmarks.md with the date and GPU). A
+failed test is named in it with the line that failed and what it said; each pytest's and each run's whole output
+is kept beside the table (OUT/<tier>.log), and the table names the file.
 """
 
 import argparse
@@ -30,6 +32,7 @@ import time
 from pathlib import Path
 
 from benchmarks.gpu_tiers import Tier, decide, describe, host_facts
+from benchmarks.pytest_report import pytest_rows
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_LOGIC_TESTS = ["tests/test_gpu_logic.py", "tests/test_resources.py", "tests/test_gpu_placement.py",
@@ -43,15 +46,6 @@ GPU_RUN = ["generator.engine_args.dtype=bfloat16", "generator.engine_args.max_mo
            "trainer.dtype=bfloat16", "generator.sampling.max_tokens=64", "batch_groups=8", "group_size=8",
            "buffer.drop_zero_advantage=false", "eval_size=64", "eval_every=0", "resources.placement=colocated",
            "export_dir=null"]
-
-
-def pytest_row(what: str, args: list[str], env: dict[str, str] | None = None) -> tuple[str, str]:
-    start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=REPO,
-                         capture_output=True, text=True, env={**os.environ, **(env or {})})
-    tail = [line for line in out.stdout.splitlines() if " passed" in line or " failed" in line or "error" in line]
-    verdict = "ok" if out.returncode == 0 else "FAILED"
-    return what, f"{verdict}: {tail[-1] if tail else out.stdout[-300:]} ({time.perf_counter() - start:.0f} s)"
 
 
 class GpuMemorySampler(threading.Thread):
@@ -91,8 +85,11 @@ def grpo_rows(name: str, model: Path, out: Path, overrides: list[str], recipe: s
            f"output_dir={run_dir}", "overwrite=true", *GPU_RUN, *overrides]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     sampler.done.set()
+    log = out / f"{name.replace(' ', '_').replace(',', '')}.log"
+    log.write_text(f"$ {' '.join(cmd)}\n(exit {proc.returncode})\n\n{proc.stdout}\n{proc.stderr}")
     if proc.returncode != 0:
-        return [(name, f"FAILED (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-600:]}")]
+        last = ((proc.stderr or proc.stdout).strip().splitlines() or ["no output"])[-1][-300:]
+        return [(name, f"FAILED (exit {proc.returncode}): {last}; whole output: {log.name}")]
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if "trainer/loss" in r]
@@ -128,7 +125,8 @@ def no_vllm_rows(tier: Tier, out: Path) -> list[tuple[str, str]]:
     if tier.on == "cpu":
         env["FORGE_GPU_TIER_ON_CPU"] = "1"
     where = "on CUDA" if tier.on == "cuda" else "on CPU, a logic check"
-    rows = [pytest_row(f"no-vLLM tier ({where}; tests/test_gpu.py)", ["-m", "gpu", "tests/test_gpu.py"], env)]
+    rows = pytest_rows(f"no-vLLM tier ({where}; tests/test_gpu.py)", ["-m", "gpu", "tests/test_gpu.py"], out,
+                       "no_vllm_tier", env)
     if report.exists():
         rows += [tuple(json.loads(line)) for line in report.read_text().splitlines()]
     return rows
@@ -137,8 +135,8 @@ def no_vllm_rows(tier: Tier, out: Path) -> list[tuple[str, str]]:
 def vllm_rows(args, facts) -> list[tuple[str, str]]:
     from forge_rl.models.build_tiny import build
 
-    rows = [pytest_row("vLLM tier: logprobs vs the trainer (tests/test_gpu_vllm.py)",
-                       ["-m", "gpu", "tests/test_gpu_vllm.py"])]
+    rows = pytest_rows("vLLM tier: logprobs vs the trainer (tests/test_gpu_vllm.py)",
+                       ["-m", "gpu", "tests/test_gpu_vllm.py"], args.out, "vllm_tier")
     model = build(args.out / "qwen3-0.6b-shape", **QWEN3_0_6B_SHAPE)
     rows += grpo_rows("colocated, 1 GPU", model, args.out, [f"steps={args.steps}"])
     rows += grpo_rows("LoRA colocated, sync", model, args.out,
@@ -162,7 +160,7 @@ def main() -> int:
     tiers = {t.name: t for t in decide(facts)}
     print(describe(facts, list(tiers.values())), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [pytest_row("CPU tests of the CUDA-only logic", CPU_LOGIC_TESTS)]
+    rows = pytest_rows("CPU tests of the CUDA-only logic", CPU_LOGIC_TESTS, args.out, "cpu_logic")
     if tiers["no-vLLM"].runs:
         rows += no_vllm_rows(tiers["no-vLLM"], args.out)
     else:  # the install is broken for this torch: a failure, not a host without a GPU
@@ -176,7 +174,8 @@ def main() -> int:
         rows.append(("GPU part", "NOT RUN: " + ("--cpu-only was given" if args.cpu_only else
                                                 "no CUDA device visible (torch.cuda.is_available() is False)")))
     width = max(len(k) for k, _ in rows)
-    table = "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
+    cells = [(k, v.replace("|", "\\|")) for k, v in rows]  # a `|` in a failure's source line ends a cell
+    table = "\n".join(f"| {k:<{width}} | {v} |" for k, v in cells)
     (args.out / "gpu_check.md").write_text(f"| check | result |\n|---|---|\n{table}\n")
     print(table)
     failed = any(v.startswith("FAILED") for _, v in rows)

@@ -5,6 +5,8 @@ Tiers:
 - no-vLLM: a bf16 train step over NCCL, both publish paths from CUDA, the critic, peak memory against the plan
   (tests/test_gpu.py, which imports nothing from vLLM). Needs forge_rl's stack without vLLM (a wheelhouse
   install next to the site's torch is enough); without CUDA it runs on CPU as a logic check of the same code.
+  Torch 2.11 and later: what TorchTitan 0.3.0 imports of torch 2.12 and forge_rl never uses is given a placeholder
+  (forge_rl/deps/torch_for_torchtitan.py), and the tier says so.
 - vLLM: vLLM on CUDA against the trainer and GRPO/LoRA/PPO runs; needs CUDA and a vLLM that imports with this
   torch. vLLM pins torch (0.32.0: torch 2.13.0), so a host whose torch is another version cannot run it.
 """
@@ -31,6 +33,7 @@ class HostFacts:
     vllm_wanted: str = ""  # the gpu extra's vLLM requirement, e.g. "vllm==0.32.0"
     vllm_import_error: str | None = None  # the last line of `import vllm`'s failure, where it was tried
     stack_import_error: str | None = None  # the same for the trainer's stack (Monarch, TorchTitan's Qwen3)
+    torch_placeholders: tuple[str, ...] = ()  # torch names TorchTitan imports that this torch lacks (placeholders)
     cpu_only_asked: bool = False
 
 
@@ -56,10 +59,14 @@ def decide(facts: HostFacts) -> list[Tier]:
     if facts.stack_import_error:
         broken = f"forge_rl's trainer stack does not import with torch {facts.torch}: {facts.stack_import_error}"
         return tiers + [Tier("no-vLLM", False, "", broken), Tier("vLLM", False, "", broken)]
+    placeholders = (f"; torch {release(facts.torch)} lacks {', '.join(facts.torch_placeholders)}, which TorchTitan "
+                    "imports and forge_rl never uses: a placeholder stands in" if facts.torch_placeholders else "")
     if cuda:
-        tiers.append(Tier("no-vLLM", True, "cuda", f"{facts.cuda_devices} x {facts.device_name}, torch {facts.torch}"))
+        tiers.append(Tier("no-vLLM", True, "cuda", f"{facts.cuda_devices} x {facts.device_name}, torch {facts.torch}"
+                          + placeholders))
     else:
-        tiers.append(Tier("no-vLLM", True, "cpu", f"on CPU as a logic check: {no_cuda}, so no GPU figures"))
+        tiers.append(Tier("no-vLLM", True, "cpu", f"on CPU as a logic check: {no_cuda}, so no GPU figures"
+                          + placeholders))
     reasons = [] if cuda else [no_cuda]
     pin = facts.vllm_torch_pin
     if facts.vllm is None:
@@ -112,8 +119,8 @@ def import_error(statement: str) -> str | None:
     return None if out.returncode == 0 else ((out.stderr.strip().splitlines() or ["exit %d" % out.returncode])[-1])
 
 
-# What the no-vLLM tier's trainer imports first: Monarch, and TorchTitan's Qwen3 (which needs a torch as new as
-# TorchTitan 0.3.0's: with torch 2.11 it fails on torch.distributed.fsdp.DataParallelMeshDims).
+# What the no-vLLM tier's trainer imports first: Monarch, and TorchTitan's Qwen3 (through forge_rl/deps, which gives
+# TorchTitan placeholders for the torch 2.12 names it imports where torch is 2.11).
 STACK_IMPORTS = "import monarch.actor, forge_rl.deps.torchtitan"
 
 
@@ -122,11 +129,14 @@ def host_facts(cpu_only: bool) -> HostFacts:
 
     import torch
 
+    from forge_rl.deps import torch_for_torchtitan
+
     cuda = 0 if cpu_only or not torch.cuda.is_available() else torch.cuda.device_count()
     vllm, pin, wanted = vllm_facts()
     facts = HostFacts(python=platform.python_version(), torch=torch.__version__, cuda_devices=cuda,
                       device_name=torch.cuda.get_device_name(0) if cuda else "", vllm=vllm, vllm_torch_pin=pin,
-                      vllm_wanted=wanted, cpu_only_asked=cpu_only, stack_import_error=import_error(STACK_IMPORTS))
+                      vllm_wanted=wanted, cpu_only_asked=cpu_only, stack_import_error=import_error(STACK_IMPORTS),
+                      torch_placeholders=tuple(torch_for_torchtitan.missing()))
     if decide(facts)[-1].runs:  # only where nothing else rules the tier out: importing vLLM takes ~10 s
         facts = HostFacts(**{**facts.__dict__, "vllm_import_error": import_error("import vllm")})
     return facts

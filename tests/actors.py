@@ -112,5 +112,7 @@ class CudaMemory(ForgeActor):
     async def read(self) -> dict[str, int]:
         import torch
 
+        # non_releasable: free parts of segments that hold a live block, which empty_cache cannot give back
         return dict(allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(),
-                    max_reserved=torch.cuda.max_memory_reserved())
+                    max_reserved=torch.cuda.max_memory_reserved(),
+                    non_releasable=torch.cuda.memory_stats().get("inactive_split_bytes.all.current", 0))

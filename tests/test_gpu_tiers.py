@@ -1,6 +1,8 @@
 """What `make gpu-check` says it can run on a host (benchmarks/gpu_tiers.py), from the host's facts: a torch that
 vLLM's pin refuses, no CUDA, no vLLM installed, a vLLM that will not import."""
 
+import pytest
+
 from benchmarks.gpu_tiers import HostFacts, decide, describe, release, torch_pin_of, vllm_facts
 
 H100 = dict(python="3.12.1", cuda_devices=1, device_name="NVIDIA H100 80GB HBM3", vllm_wanted="vllm==0.32.0")
@@ -68,3 +70,30 @@ def test_a_trainer_stack_that_does_not_import_with_this_torch_rules_out_both_gpu
     assert got["CPU logic"].runs and not got["no-vLLM"].runs and not got["vLLM"].runs
     assert got["no-vLLM"].why == ("forge_rl's trainer stack does not import with torch 2.11.0+cu130: ImportError: "
                                   "cannot import name 'DataParallelMeshDims' from 'torch.distributed.fsdp'")
+
+
+def test_on_torch_2_11_the_no_vllm_tier_runs_and_says_which_torch_names_stand_in():
+    got = tiers(**H100, torch="2.11.0+cu130", vllm=None, vllm_torch_pin="2.13.0",
+                torch_placeholders=("torch.distributed.fsdp.DataParallelMeshDims",))
+    assert got["no-vLLM"].runs and got["no-vLLM"].on == "cuda"
+    assert got["no-vLLM"].why == ("1 x NVIDIA H100 80GB HBM3, torch 2.11.0+cu130; torch 2.11.0 lacks "
+                                  "torch.distributed.fsdp.DataParallelMeshDims, which TorchTitan imports and forge_rl "
+                                  "never uses: a placeholder stands in")
+
+
+def test_a_torch_without_torchtitans_2_12_name_gets_a_placeholder_that_refuses_to_be_used(monkeypatch):
+    import torch.distributed.fsdp as fsdp
+
+    from forge_rl.deps import torch_for_torchtitan
+
+    torch_for_torchtitan.provide()  # torch 2.12+: nothing; 2.11: the placeholder, as forge_rl.deps.torchtitan does
+    had = fsdp.DataParallelMeshDims
+    assert torch_for_torchtitan.missing() == [] and torch_for_torchtitan.provide() == []  # nothing more to give
+    assert fsdp.DataParallelMeshDims is had
+    monkeypatch.delattr(fsdp, "DataParallelMeshDims", raising=False)  # as torch 2.11's module is
+    assert torch_for_torchtitan.provide() == ["torch.distributed.fsdp.DataParallelMeshDims"]
+    stand_in = fsdp.DataParallelMeshDims
+    assert stand_in is not had and stand_in.forge_rl_placeholder
+    assert (stand_in | None) == (stand_in | None)  # TorchTitan's annotations: `DataParallelMeshDims | None = None`
+    with pytest.raises(NotImplementedError, match=r"placeholder forge_rl gave TorchTitan: torch .* \(torch 2.12 or"):
+        stand_in(shard=("dp_shard",))

@@ -29,6 +29,7 @@ from forge_rl.weights import (
     cleanup_stale_runs,
     spec_of,
 )
+from forge_rl.weights import spares
 from tests.conftest import REPO, run, small_tmpfs
 from tests.weight_store_procs import Reader, Writer, model_state, uniform_state
 
@@ -109,6 +110,27 @@ def test_new_versions_reuse_the_pages_of_dropped_ones(store):
     assert store.recycled == 2 and store.versions() == [3, 4]
     store.publish(5, uniform_state(5, 1 << 12))  # another size: fresh pages
     assert store.recycled == 2 and store.load(5)["t0"].numel() == 1 << 12
+
+
+def test_the_versions_before_one_is_dropped_take_pages_prepared_ahead(store):
+    """Version 2 has no dropped version to recycle (K=2): after version 1, the writer's process prepares its file in
+    the background, every page already there; version 2 takes it, version 3 recycles version 1's. The host never
+    holds more than K files."""
+    store.publish(1, uniform_state(1, 1 << 16))
+    store._spares.join()
+    (spare,) = spares.ready(store.root)
+    made = spare.stat()
+    assert made.st_blocks * 512 >= made.st_size > 0  # its pages exist before any version needs them
+    assert sorted(os.listdir(store.root)) == [spare.name, "v00000001"]
+    store.publish(2, uniform_state(2, 1 << 16))
+    assert store.from_spares == 1 and store.recycled == 0 and spares.ready(store.root) == []
+    assert (store.path(2) / "model.safetensors").stat().st_ino == made.st_ino
+    loaded = store.load(2)
+    assert all(bool((t == 2).all()) for t in loaded.values())
+    del loaded
+    store.publish(3, uniform_state(3, 1 << 16))
+    assert store.recycled == 1 and store.from_spares == 1 and sorted(os.listdir(store.root)) == ["v00000002",
+                                                                                                  "v00000003"]
 
 
 def test_a_pinned_version_is_never_overwritten(store):

@@ -1,5 +1,7 @@
 """TorchTitan 0.3.0 names forge_rl builds on that TorchTitan keeps private, and a fix of its device choice.
 
+- Before anything of TorchTitan is imported: the torch 2.12 names its modules import, given placeholders on an older
+  torch (forge_rl/deps/torch_for_torchtitan.py: a site PyTorch 2.11 runs forge_rl's trainer).
 - `use_cpu_without_accelerator()`: `torchtitan.tools.utils.device_type` falls back to "cuda" when torch
   reports no accelerator, and several TorchTitan modules copy it at import time; on a CPU-only machine it must
   be "cpu" before any `torchtitan.models` / `torchtitan.distributed` import. Importing this module does it.
@@ -13,7 +15,12 @@
 import contextlib
 
 import torch
-import torchtitan.tools.utils as _utils
+
+from forge_rl.deps import torch_for_torchtitan
+
+torch_for_torchtitan.provide()  # before TorchTitan's first import: its FSDP module imports a torch 2.12 name
+
+import torchtitan.tools.utils as _utils  # noqa: E402
 
 
 def use_cpu_without_accelerator() -> None:

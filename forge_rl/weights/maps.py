@@ -17,6 +17,7 @@ cached map never keeps a dropped version's memory alive past the next map call o
 
 import mmap
 import os
+import threading
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ class _Map:
 
 
 _cache: dict[tuple[int, int, bool, int], _Map] = {}
+_lock = threading.Lock()  # the cache is also filled by the thread that prepares spare files (spares.py)
 
 
 def writable_map(path: Path, size: int) -> torch.Tensor:
@@ -70,12 +72,18 @@ def server_map(pin_fd: int, size: int) -> torch.Tensor:
 def forget(root: Path) -> None:
     """Drop the cached maps of files first mapped under `root` (a store closing)."""
     prefix = str(root) + os.sep
-    for key, m in list(_cache.items()):
-        if m.path.startswith(prefix):
-            _evict(key)
+    with _lock:
+        for key, m in list(_cache.items()):
+            if m.path.startswith(prefix):
+                _evict(key)
 
 
 def _map(fd: int, size: int, writable: bool, path: str) -> mmap.mmap:
+    with _lock:
+        return _map_unlocked(fd, size, writable, path)
+
+
+def _map_unlocked(fd: int, size: int, writable: bool, path: str) -> mmap.mmap:
     st = os.fstat(fd)
     key = (st.st_dev, st.st_ino, writable, size)
     _evict_unlinked()

@@ -20,6 +20,9 @@ lets publishing run at memcpy speed. A reader pins the file it reads (a shared f
 maps the file or while vLLM reloads from it); the writer recycles a dropped file only if it can take
 the exclusive lock, after renaming it away. A pinned file is unlinked instead (its reader keeps valid
 bytes until it lets go, then Linux frees the pages) and the writer allocates fresh pages.
+
+Spares: versions 2..K have no dropped version to recycle; their pages are prepared ahead, in the background after
+the first version, so that they too are written at memcpy speed (spares.py).
 """
 
 import asyncio
@@ -30,6 +33,7 @@ import os
 import re
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from itertools import count
@@ -37,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from forge_rl.weights import maps
+from forge_rl.weights import maps, spares
 from forge_rl.weights.layout import Layout, create_file
 from forge_rl.weights.runs import (RUN_ID_ENV, SHM_DIR, cleanup_stale_runs, register_process, release_process,
                                   run_prefix)
@@ -95,6 +99,8 @@ class ShmWeightStore(WeightStore):
         self.root.mkdir(parents=True, exist_ok=True)
         self._closed = False
         self.recycled = 0  # versions this process wrote into a dropped version's pages
+        self.from_spares = 0  # versions this process wrote into pages prepared ahead (spares.py)
+        self._spares: threading.Thread | None = None
 
     # ------------------------------------------------------------------ writers
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -210,6 +216,8 @@ class ShmWeightStore(WeightStore):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._spares is not None:
+                self._spares.join(timeout=60)  # before the maps go: it maps into the same cache
             maps.forget(self.root)
             release_process(self.run_id)
 
@@ -233,6 +241,8 @@ class ShmWeightStore(WeightStore):
         `directory/FILE` of `size` bytes: the pages of a dropped version if one is free, else fresh."""
         directory.mkdir(exist_ok=True)  # every writer rank of the version shares it
         file = directory / FILE
+        if self._spares is not None:
+            self._spares.join()  # a spare still being prepared is sooner ready than fresh pages made here
         available = self.versions()
         for version in available[: max(len(available) - (self.cfg.keep_versions - 1), 0)]:
             trash = self._retire(self.root / version_dir(version))
@@ -243,7 +253,19 @@ class ShmWeightStore(WeightStore):
                     os.link(trash / FILE, file)
                     self.recycled += 1
             shutil.rmtree(trash, ignore_errors=True)
+        if not file.exists() and spares.claim(self.root, file):
+            self.from_spares += 1
         return file
+
+    def prepare_spares(self, committed: int, size: int) -> None:
+        """After version `committed` (of `size` bytes): while fewer than K versions are kept, prepare in the
+        background the files of the next ones, so that K files are held (spares.py)."""
+        kept = set(self.versions()) | {committed}
+        wanted = self.cfg.keep_versions - len(kept) - len(spares.ready(self.root))
+        st = os.statvfs(self.root)
+        wanted = min(wanted, st.f_bavail * st.f_frsize // size)  # what does not fit now is not tried
+        if wanted > 0 and not self._closed and (self._spares is None or not self._spares.is_alive()):
+            self._spares = spares.prepare(self.root, size, wanted)
 
     @contextlib.contextmanager
     def _reserving(self, tmp: Path, version: int, size: int):
@@ -340,6 +362,8 @@ class ShmVersionWriter(VersionWriter):
             ) from None
         if done == self.world_size:  # the last rank to finish publishes
             self.store._install(self.tmp, self.version)
+        if self.rank == 0:
+            self.store.prepare_spares(self.version, self.layout.size)
 
     def abort(self) -> None:
         self._views = None
