@@ -27,7 +27,7 @@ from forge_rl.loop.checkpoint import complete_checkpoints, newest_intact, step_d
 RUN_FILE = "run.json"
 # what a run leaves in its output folder, besides checkpoints: removed by overwrite=true
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "curves.png", "loss.png", "timeline.json", "timeline.png",
-               "eval_model", RUN_FILE)
+               "profile", "eval_model", RUN_FILE)
 
 
 class RunFolderError(ConfigError):
