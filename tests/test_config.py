@@ -174,6 +174,7 @@ def test_a_run_fills_in_its_own_copy_of_the_config(tmp_path):
     first.prepare()
     assert first.cfg.trainer.grpo.max_response_len > 0 and first.cfg.trainer.temperature is not None
     assert cfg.trainer.grpo.max_response_len == 0 and cfg.trainer.temperature is None
+    assert first.cfg.trainer.profile_dir == str(tmp_path / "profile")  # trainer.profile_steps' traces: the run's
     cfg.generator.sampling["max_tokens"] *= 2
     second = GRPORun(cfg)
     second.prepare()
@@ -191,4 +192,19 @@ def test_a_following_reference_needs_a_reference_and_a_version_the_store_keeps(o
 
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", overrides)
     with pytest.raises(ConfigError, match=message):
+        check_config(cfg)
+
+
+def test_profile_steps_are_steps_of_the_run():
+    """trainer.profile_steps: numbered from 1 (the config's own check) and not past `steps` (a window that never
+    ends writes no trace)."""
+    from forge_rl.recipes.grpo_config import GRPOConfig, check_config
+
+    tiny = REPO / "configs/grpo/tiny.yaml"
+    with pytest.raises(ConfigError, match=r"trainer.profile_steps=\[0, 1\]: steps are numbered from 1"):
+        load_config(GRPOConfig, tiny, ["trainer.profile_steps=[0,1]"])
+    cfg = load_config(GRPOConfig, tiny, ["trainer.profile_steps=[3,4]", "steps=4"])
+    check_config(cfg)
+    cfg = load_config(GRPOConfig, tiny, ["trainer.profile_steps=[3,4]", "steps=3"])
+    with pytest.raises(ConfigError, match=r"trainer.profile_steps=\[3, 4\] goes past the run's last step \(steps=3\)"):
         check_config(cfg)

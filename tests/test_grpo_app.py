@@ -17,11 +17,14 @@ SMALL = ["batch_groups=4", "group_size=4", "rollout_tasks=2", "eval_size=32", "e
          "buffer.capacity=8", "generator.sampling.max_tokens=6"]
 
 
-def test_grpo_async_run_then_synchronous_resume(tmp_path):
+def test_grpo_async_run_then_synchronous_resume(tmp_path, capsys):
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
                       SMALL + ["steps=3", f"output_dir={tmp_path}", "max_policy_age=1", "checkpoint_every=1",
-                               "checkpoint_keep_last=2"])
+                               "checkpoint_keep_last=2", "trainer.profile_steps=[2]"])
     first = asyncio.run(main(cfg))
+    # trainer.profile_steps: step 2's trace in output_dir/profile/, its top operators printed under its line
+    assert [p.name for p in (tmp_path / "profile").iterdir()] == ["rank0_step2.json.gz"]
+    assert "\nprofile rank 0 step 2, self CPU time " in capsys.readouterr().out
     # a checkpoint every step, the newest two kept (step 3 once: finish() keeps the one the schedule wrote)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-2", "step-3"]
     # weights went trainer -> store -> generator every step, and no batch broke the staleness bound

@@ -40,7 +40,8 @@ def claim(out: Path, **kw):
 
 
 def finished_run(out: Path, steps=(5, 10)) -> str:
-    """A run's folder as a finished run leaves it: run.json, checkpoints, metrics, summary, an export."""
+    """A run's folder as a finished run leaves it: run.json, checkpoints, metrics, summary, an export, a
+    profiler trace (trainer.profile_steps)."""
     run_id = claim(out).run_id
     for step in steps:
         write_checkpoint(out / "checkpoints", step, run_id)
@@ -48,6 +49,8 @@ def finished_run(out: Path, steps=(5, 10)) -> str:
     (out / "summary.json").write_text('{"steps": 10}\n')
     (out / "hf").mkdir()
     (out / "hf/config.json").write_text("{}")
+    (out / "profile").mkdir()
+    (out / "profile/rank0_step3.json.gz").write_bytes(b"\x1f\x8b")
     return run_id
 
 

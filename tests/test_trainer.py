@@ -4,6 +4,8 @@ import asyncio
 import math
 import os
 import signal
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -51,8 +53,9 @@ def steps(loop, trainer, n_dp: int, seeds=(0, 1, 2), shared_prompt: int = 0) -> 
 
 @pytest.fixture(scope="module")
 def single(loop, tmp_path_factory):
-    """One-proc trainer shared by the tests that do not need a fresh model."""
-    return spawn(loop, config(tmp_path_factory.mktemp("single")))
+    """One-proc trainer shared by the tests that do not need a fresh model; it profiles its first step."""
+    folder = tmp_path_factory.mktemp("single")
+    return spawn(loop, replace(config(folder), profile_steps=[1], profile_dir=str(folder / "profile")))
 
 
 def test_fsdp_and_tp_match_one_proc(loop, tmp_path):
@@ -244,6 +247,9 @@ def test_bad_batches_are_rejected_before_any_change(loop, single):
     assert torch.equal(before, after) and loop.run_until_complete(single.version.call_one()) == 0
     m = loop.run_until_complete(single.train_step.call_one([make_batch(0)]))
     assert m["step"] == 1 and m["skipped"] == 0 and m["lr"] == 1e-3 and math.isfinite(m["loss"])
+    # trainer.profile_steps=[1] (the fixture): the first good step's trace, and its line naming an operator
+    profile = Path(loop.run_until_complete(single.config.call_one())["profile_dir"])
+    assert [p.name for p in profile.iterdir()] == ["rank0_step1.json.gz"] and "aten::" in m["profile/summary"]
     assert not torch.equal(loop.run_until_complete(single.logprobs.call_one(probe)), before)
 
 

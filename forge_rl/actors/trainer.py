@@ -31,6 +31,7 @@ from forge_rl.models import lora
 from forge_rl.models.lora import LoRAConfig, is_adapter_key
 from forge_rl.models.moe_aux import RouterStats
 from forge_rl.models.sharded_load import load_sharded
+from forge_rl.observability.profiler import StepProfiler
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
 from forge_rl.data.prompt_packing import plan_packing
 from forge_rl.losses.logprobs import VocabShard, hidden_logprobs, kept_refusal, selected_logprobs, token_logprobs
@@ -132,6 +133,11 @@ class TrainerConfig:
     # sets it from timeouts.collective_s
     collective_timeout_s: float = 1800.0
     seed: int = 0
+    # torch.profiler over these steps (consecutive ones are one window): each rank writes a Chrome trace per window
+    # into profile_dir, and at a window's last step train_step returns the rank's top operators as
+    # metrics["profile/summary"] (forge_rl/observability/profiler.py). A run sets profile_dir to output_dir/profile
+    profile_steps: list[int] = field(default_factory=list)
+    profile_dir: str = "profile"
 
     def __post_init__(self) -> None:
         if self.loss not in ("grpo", "sft"):
@@ -157,6 +163,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.dtype={self.dtype!r}; choose one of {DTYPES}")
         if self.publish_dtype is not None and self.publish_dtype not in DTYPES:
             raise ValueError(f"trainer.publish_dtype={self.publish_dtype!r}; choose one of {DTYPES} (or leave it unset)")
+        if any(s < 1 for s in self.profile_steps):
+            raise ValueError(f"trainer.profile_steps={list(self.profile_steps)}: steps are numbered from 1")
 
 
 def lr_lambda(cfg: OptimizerConfig):
@@ -301,6 +309,8 @@ class Trainer(TrainerWeights, ForgeActor):
             foreach=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o))
+        self.profiler = StepProfiler(self.cfg.profile_steps, self.cfg.profile_dir, self.rank,
+                                     cuda=self.device.type == "cuda")
 
     def _parallel_dims(self):
         """TorchTitan's parallelism config and device mesh for trainer.parallel over this actor's procs."""
@@ -458,6 +468,7 @@ class Trainer(TrainerWeights, ForgeActor):
     async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
         """One optimizer step on `batches` (one TrainBatch per dp rank). Returns metrics reduced over ranks."""
         self._validate_everywhere(batches)
+        self.profiler.begin(self.step + 1)  # trainer.profile_steps; a no-op for other steps
         await hang_if_asked("train_step", self.rank, self.step + 1)  # a test's fault (runtime/timeouts.py); no-op
         start = time.perf_counter()
         total_tokens = sum(b.num_response_tokens for b in batches)
@@ -468,6 +479,7 @@ class Trainer(TrainerWeights, ForgeActor):
         elapsed = time.perf_counter() - start
         tokens = sum(b.num_tokens for b in batches)
         per_token = {name: float(sums[i]) / total_tokens for i, name in enumerate(TOKEN_SUMS, start=2)}
+        profiled = self.profiler.end(self.step)  # a profile window's last step: its trace written, its summary line
         return dict(
             loss=float(sums[0]), grad_norm=grad_norm, lr=lr, step=self.step, **per_token,
             mismatch_abs_max=mismatch_max, tokens=tokens,
@@ -476,6 +488,7 @@ class Trainer(TrainerWeights, ForgeActor):
             response_tokens=total_tokens, tokens_per_s=tokens / elapsed,
             step_s=elapsed, peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
             skipped=float(not finite), skipped_steps=self.skipped_steps,
+            **({"profile/summary": profiled} if profiled else {}),
         )
 
     def _validate_everywhere(self, batches: list[TrainBatch | BatchShape]) -> None:

@@ -31,7 +31,7 @@ from forge_rl.runtime.manifest import newest_intact, owner, step_dirs, step_of
 RUN_FILE = "run.json"
 # what a run leaves in its output folder, besides checkpoints: removed by overwrite=true
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "curves.png", "loss.png", "timeline.json", "timeline.png",
-               "eval_model", RUN_FILE)
+               "profile", "eval_model", RUN_FILE)
 
 
 class RunFolderError(ConfigError):

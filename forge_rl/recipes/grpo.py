@@ -162,6 +162,7 @@ class GRPORun:
         self.model_dir = model_path(cfg.model)
         check_moe(cfg, self.model_dir)
         cfg.trainer.model = self.model_dir
+        cfg.trainer.profile_dir = str(self.out / "profile")  # trainer.profile_steps' traces, one per rank and window
         rows = check_task(cfg)  # before the tokenizer: importing transformers takes seconds
         self.tokenizer = load_tokenizer(self.model_dir)
         check_prompt_lengths(cfg, rows, self.tokenizer, self.model_dir)
@@ -738,6 +739,8 @@ async def train_steps(run: GRPORun) -> None:
             bar.update(1)
             bar.set_postfix(reward=shown_reward(line), acc=f"{run.evals[-1][2]:.0%}")
             tqdm.write(console_line(run.step, line))
+            if "profile/summary" in line:  # trainer.profile_steps: the window's top operators, rank 0's
+                tqdm.write(line["profile/summary"])
 
 
 CONFIG = GRPOConfig  # what the command line and `forge_rl.launch submit --recipe grpo` read

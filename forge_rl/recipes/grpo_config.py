@@ -172,6 +172,9 @@ def check_config(cfg: GRPOConfig) -> None:
     if cfg.trainer.grpo.normalize == "token_sum" and not cfg.trainer.grpo.max_response_len:
         cfg.trainer.grpo.max_response_len = response_budget(cfg)  # Dr. GRPO's constant: the generation budget
     check_reference(cfg)
+    if cfg.trainer.profile_steps and max(cfg.trainer.profile_steps) > cfg.steps:  # a window would never end
+        raise ConfigError(f"trainer.profile_steps={list(cfg.trainer.profile_steps)} goes past the run's last step "
+                          f"(steps={cfg.steps}); profile steps 1 to {cfg.steps}")
     if cfg.buffer.capacity < cfg.batch_groups:
         raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is smaller than batch_groups={cfg.batch_groups}")
     overlong = cfg.overlong.filter or cfg.overlong.penalty_cache_len

@@ -105,6 +105,9 @@ def check_config(cfg: SFTConfig) -> None:
     if cfg.trainer.model not in ("tiny", cfg.model):
         raise ConfigError(f"set the model with `model`, not trainer.model ({cfg.trainer.model!r})")
     check_engine_args(cfg.engine_args, "engine_args")  # before the evaluation's engine start finds it
+    if cfg.trainer.profile_steps and max(cfg.trainer.profile_steps) > cfg.steps:  # a window would never end
+        raise ConfigError(f"trainer.profile_steps={list(cfg.trainer.profile_steps)} goes past the run's last step "
+                          f"(steps={cfg.steps}); profile steps 1 to {cfg.steps}")
     names = [r.name for r in cfg.rewards]
     if cfg.eval_size and cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
@@ -146,7 +149,8 @@ class SFTRun:
         check_config(cfg)
         self.dp = dp_size(cfg)
         self.model_dir = model_path(cfg.model)
-        self.trainer_cfg = replace(cfg.trainer, model=self.model_dir, loss="sft")
+        self.trainer_cfg = replace(cfg.trainer, model=self.model_dir, loss="sft",
+                                   profile_dir=str(self.out / "profile"))  # trainer.profile_steps' traces
         self.tokenizer = load_tokenizer(self.model_dir)
         max_len = json.loads((Path(self.model_dir) / "config.json").read_text()).get("max_position_embeddings")
         self.source = make_source(cfg.dataset, self.tokenizer, cfg.seed, max_len)
@@ -224,6 +228,8 @@ class SFTRun:
                 "train/elapsed_s": time.perf_counter() - self.t_train}
         self.log.log(self.step, line)
         self.timeline.mark(f"step {self.step}")
+        if "profile/summary" in m:  # trainer.profile_steps: the window's top operators, rank 0's
+            tqdm.write(m["profile/summary"])
         return line
 
     async def evaluate(self, final: bool = False) -> dict[str, Any]:

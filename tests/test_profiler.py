@@ -1,0 +1,42 @@
+"""trainer.profile_steps' profiler on a small torch computation in this process: windows of consecutive steps, a
+gzipped Chrome trace per window, and a summary line that names the operators that took the time."""
+
+import gzip
+import json
+
+import torch
+
+from forge_rl.observability.profiler import StepProfiler, windows
+
+
+def test_consecutive_steps_are_one_window():
+    assert windows([8, 3, 4, 4]) == [(3, 4), (8, 8)]
+    assert windows([]) == []
+
+
+def test_each_window_writes_a_trace_and_names_its_top_operators(tmp_path):
+    profiler = StepProfiler([2, 3, 5], tmp_path / "profile", rank=0, cuda=False)
+    a = torch.randn(96, 96, requires_grad=True)
+    summaries = {}
+    for step in range(1, 6):
+        profiler.begin(step)
+        for _ in range(3):
+            (a @ a).relu().sum().backward()
+        summaries[step] = profiler.end(step)
+    assert [s is not None for s in summaries.values()] == [False, False, True, False, True]
+    assert not profiler.active
+    assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["rank0_step2-3.json.gz", "rank0_step5.json.gz"]
+    events = json.loads(gzip.decompress((tmp_path / "profile/rank0_step2-3.json.gz").read_bytes()))["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert {"train_step 2", "train_step 3", "aten::mm"} <= names and "train_step 1" not in names
+    line = summaries[3]
+    assert line.startswith("profile rank 0 steps 2-3, self CPU time ") and "\n" not in line
+    assert "aten::mm " in line and "train_step" not in line  # operators, not the steps' annotations
+    assert line.endswith(f"trace {tmp_path / 'profile/rank0_step2-3.json.gz'}")
+    assert summaries[5].startswith("profile rank 0 step 5, ")
+
+
+def test_no_steps_no_profiler(tmp_path):
+    profiler = StepProfiler([], tmp_path, rank=1, cuda=False)
+    profiler.begin(1)
+    assert not profiler.active and profiler.end(1) is None and not any(tmp_path.iterdir())
