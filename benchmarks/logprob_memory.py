@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss
-from forge_rl.losses.logprobs import VocabShard, hidden_logprobs, token_logprobs
+from forge_rl.losses.fused_head import hidden_logprobs
+from forge_rl.losses.logprobs import VocabShard, token_logprobs
 
 TP = 2
 

@@ -1,125 +1,250 @@
-"""Trainer throughput: the Monarch trainer actor vs a plain single-process PyTorch loop, side by side.
+"""The trainer's step against the step a user writes by hand, same model, batch and loss, side by side.
 
-    python -m benchmarks.trainer [--sizes tiny,small] [--steps 8] [--batch 32] [--seq 64]
+    python -m benchmarks.trainer                       # CPU: hidden 512, 4 layers, Qwen3's 151,936 vocabulary (90M)
+    python -m benchmarks.trainer --shape 0.6b,1.7b     # GPU: Qwen3-0.6B and -1.7B shapes, 16 x 2,048 tokens
+    python -m benchmarks.trainer --out DIR             # also DIR/trainer.md (the table) and DIR/trainer.json
 
-For each model size, the same batch and the same GRPO loss are trained (1) in a plain loop in this process
-(TorchTitan's Qwen3, AdamW, clipping: what you would write by hand), (2) by the trainer actor on 1 proc,
-(3) FSDP2 on 2 procs and (4) TP on 2 procs (gloo on CPU). Prints tokens/s per step after warm-up, the ratio
-to the plain loop, and peak RSS per rank. "small" is a random char-level Qwen3 (hidden 512, 8 layers, ~25M
-parameters) built into a temporary directory; "tiny" is the embedded model.
+Both sides train a random-weight Qwen3 of the shape (an HF directory written once) on one batch of random tokens,
+the first quarter of each row prompt, the rest response, with GRPO's clipped objective against behaviour logprobs
+that are the model's own (so the step trains: ratio 1, nothing clipped), AdamW, gradient clipping at 1.0:
+
+- plain: one process, transformers' `Qwen3ForCausalLM` (SDPA attention), fp32 parameters under bf16 autocast (or
+  bf16 parameters: `--plain-dtype bfloat16`), logprobs from `F.cross_entropy` over fp32 logits, the clipped loss in
+  five lines, fused AdamW. What a user writes in an afternoon, set up as well as it can be.
+- forge_rl: the `Trainer` actor on one proc (TorchTitan's Qwen3, fp32 masters under bf16 compute, the fused lm_head),
+  called by the controller as a run calls it; its time includes the call.
+
+Each side runs `--warmup` steps, then `--steps` timed steps (the mean is reported). tokens/s counts every token of the
+batch. MFU (GPU only) = (6 N + 6 L T d) FLOPs per token / the GPU's dense bf16 peak, where N is every parameter
+(the tied embedding counted once, as the lm_head's matmul), L layers, T the sequence length and d the attention
+width (heads x head_dim): the causal attention's forward and backward. Peak memory: the GPU's peak reserved, or on
+a CPU the process's peak RSS.
 """
 
 import argparse
 import asyncio
-import statistics
+import gc
+import json
+import math
+import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from forge_rl.actors.trainer import (
-    OptimizerConfig, ParallelConfig, Trainer, TrainerConfig, _peak_rss_mb,
-)
+from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig, _peak_rss_mb
 from forge_rl.runtime import provisioned, stop_actor
-from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss
-from forge_rl.losses.logprobs import token_logprobs
-from forge_rl.models import TINY_MODEL_DIR
 from forge_rl.types import TrainBatch
 
-SIZES = {
-    "tiny": None,
-    "small": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                  num_key_value_heads=4, head_dim=64),
+VOCAB = 151936
+_QWEN3 = dict(vocab_size=VOCAB, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
+              tie_word_embeddings=True)
+# shape: (HF config, sequences, sequence length, micro-batch)
+SHAPES = {
+    "cpu": (dict(_QWEN3, hidden_size=512, num_hidden_layers=4, intermediate_size=1536, num_attention_heads=8,
+                 num_key_value_heads=4, head_dim=64, max_position_embeddings=512), 8, 256, 4),
+    "0.6b": (dict(_QWEN3, hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, num_attention_heads=16),
+             16, 2048, 8),
+    "1.7b": (dict(_QWEN3, hidden_size=2048, num_hidden_layers=28, intermediate_size=6144, num_attention_heads=16),
+             16, 2048, 4),
 }
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+CLIP_LOW, CLIP_HIGH, LR = 0.2, 0.28, 1e-6  # forge_rl's GRPO defaults; a small lr keeps the batch on-policy
+
+
+@dataclass
+class Side:
+    name: str
+    step_s: float
+    peak_gb: float
+    grad_norm: float
+
+
+def make_model_dir(shape: str, root: Path) -> Path:
+    from forge_rl.models.build_tiny import MODEL_CONFIG, build_tokenizer, save_random_model
+
+    out = root / f"qwen3-{shape}-shape"
+    if not (out / "model.safetensors").exists():
+        save_random_model(out, {**MODEL_CONFIG, **SHAPES[shape][0]}, dict(eos_token_id=2, pad_token_id=0))
+        build_tokenizer().save(str(out / "tokenizer.json"))
+    return out
 
 
 def make_batch(B: int, T: int, seed: int = 0) -> TrainBatch:
     g = torch.Generator().manual_seed(seed)
     mask = torch.zeros(B, T, dtype=torch.bool)
-    mask[:, T // 4 :] = True
-    return TrainBatch(torch.randint(3, 128, (B, T), generator=g), mask, -torch.rand(B, T, generator=g) * mask,
-                      torch.where(mask, 0, -1), torch.randn(B, generator=g))
+    mask[:, T // 4:] = True
+    tokens = torch.randint(3, VOCAB, (B, T), generator=g)
+    return TrainBatch(tokens, mask, torch.zeros(B, T), torch.where(mask, 0, -1), torch.randn(B, generator=g))
 
 
-def plain_loop(model_dir: str, batch: TrainBatch, steps: int, warmup: int) -> list[float]:
-    from forge_rl.models.qwen3 import build_model
+def plain_logprobs(model, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """log pi(token t | tokens < t) [B, T-1], as a user writes it."""
+    with torch.autocast(tokens.device.type, dtype=dtype, enabled=dtype != torch.float32):
+        logits = model(tokens).logits[:, :-1]
+    B, n, V = logits.shape
+    return -F.cross_entropy(logits.float().reshape(B * n, V), tokens[:, 1:].reshape(B * n),
+                            reduction="none").view(B, n)
 
-    model, _ = build_model(model_dir)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
-    cfg, B, n = GRPOLossConfig(), batch.num_sequences, batch.num_response_tokens
-    times = []
+
+def plain_loop(model_dir: Path, batch: TrainBatch, micro: int, steps: int, warmup: int, device: torch.device,
+               param_dtype: torch.dtype) -> Side:
+    """transformers + PyTorch: the clipped GRPO objective, mean over each sequence's tokens, then over sequences."""
+    from transformers import Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM.from_pretrained(str(model_dir), dtype=param_dtype, attn_implementation="sdpa").to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
+    tokens, mask = batch.tokens.to(device), batch.response_mask[:, 1:].to(device)
+    adv, B = batch.advantages.to(device), batch.num_sequences
+    with torch.no_grad():  # behaviour logprobs: the model's own
+        old = torch.cat([plain_logprobs(model, tokens[i:i + micro], torch.bfloat16) for i in range(0, B, micro)])
+    times, norm = [], 0.0
     for i in range(warmup + steps):
+        _sync(device)
         start = time.perf_counter()
-        logprobs, _ = token_logprobs(model(batch.tokens), batch.tokens)
-        loss, _ = per_token_loss(logprobs, batch.behaviour_logprobs, batch.advantages, cfg)
-        reduce_loss(loss, batch.response_mask, cfg.normalize, B, n).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        for lo in range(0, B, micro):
+            rows = slice(lo, lo + micro)
+            ratio = (plain_logprobs(model, tokens[rows], torch.bfloat16) - old[rows]).exp()
+            a = adv[rows, None]
+            per_token = -torch.minimum(ratio * a, ratio.clamp(1 - CLIP_LOW, 1 + CLIP_HIGH) * a)
+            m = mask[rows]
+            ((per_token * m).sum(1) / m.sum(1)).sum().div(B).backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
         opt.step()
         opt.zero_grad(set_to_none=True)
+        _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
-    return times
+    peak = (torch.cuda.max_memory_reserved(device) if device.type == "cuda" else _peak_rss_mb() * 2**20) / 2**30
+    del model, opt
+    gc.collect()
+    return Side("plain", sum(times) / len(times), peak, norm)
 
 
-async def actor_run(model_dir: str, batch: TrainBatch, steps: int, warmup: int, procs: int, dp: int, tp: int):
-    cfg = TrainerConfig(model=model_dir, parallel=ParallelConfig(dp_shard=dp, tp=tp), optim=OptimizerConfig(lr=1e-5))
-    trainer = await Trainer.options(procs=procs, spmd=True).as_actor(cfg)
-    half = batch.num_sequences // dp
-    batches = [TrainBatch(batch.tokens[r * half : (r + 1) * half], batch.response_mask[r * half : (r + 1) * half],
-                          batch.behaviour_logprobs[r * half : (r + 1) * half],
-                          batch.policy_versions[r * half : (r + 1) * half], batch.advantages[r * half : (r + 1) * half])
-               for r in range(dp)]
-    times, rss = [], []
-    for i in range(warmup + steps):
-        start = time.perf_counter()  # what the controller sees: RPC, pickling and the step itself
-        metrics = await trainer.train_step.call(batches)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    rss = [m["peak_rss_mb"] for _, m in metrics.items()]
-    await stop_actor(trainer)
-    return times, rss
+async def forge_rl_trainer(model_dir: Path, batch: TrainBatch, micro: int, steps: int, warmup: int,
+                           profile_dir: Path | None) -> Side:
+    """The Trainer actor on one proc, as a run calls it; behaviour logprobs from its own `logprobs` endpoint."""
+    cfg = TrainerConfig(model=str(model_dir), dtype="bfloat16", micro_batch_size=micro, optim=OptimizerConfig(lr=LR),
+                        profile_steps=[warmup + steps] if profile_dir else [],
+                        profile_dir=str(profile_dir or "profile"))
+    trainer = await Trainer.options(procs=1, spmd=True).as_actor(cfg)
+    try:
+        own = await trainer.logprobs.call_one(batch)
+        batch = TrainBatch(batch.tokens, batch.response_mask, own * batch.response_mask, batch.policy_versions,
+                           batch.advantages)
+        times, metrics = [], {}
+        for i in range(warmup + steps):
+            start = time.perf_counter()
+            metrics = await trainer.train_step.call_one([batch])
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+            if "profile/summary" in metrics:
+                Console(width=200).print(f"[dim]{metrics['profile/summary']}[/dim]")
+    finally:
+        await stop_actor(trainer)
+    peak = metrics.get("peak_cuda_reserved_mb", metrics["peak_rss_mb"]) / 1024
+    return Side("forge_rl", sum(times) / len(times), peak, metrics["grad_norm"])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def flops_per_token(hf: dict, params: int, T: int) -> float:
+    return 6 * params + 6 * hf["num_hidden_layers"] * T * hf["num_attention_heads"] * hf["head_dim"]
+
+
+def peak_tflops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+
+
+async def run_shape(shape: str, args, root: Path) -> list[dict]:
+    hf, B, T, micro = SHAPES[shape]
+    B, T, micro = args.batch or B, args.seq or T, args.micro or micro
+    model_dir = make_model_dir(shape, root)
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    params = _parameter_count(model_dir)
+    batch = make_batch(B, T)
+    Console().print(f"[dim]{shape}: {params / 1e6:.1f}M parameters, {B} x {T} tokens, micro-batch {micro}, "
+                    f"{device.type}[/dim]")
+    sides = []
+    for dtype in args.plain_dtype.split(","):
+        side = plain_loop(model_dir, batch, micro, args.steps, args.warmup, device, getattr(torch, dtype))
+        side.name = f"plain ({dtype} params, bf16 autocast)" if dtype == "float32" else f"plain ({dtype} params)"
+        sides.append(side)
+        Console().print(f"[dim]{side.name}: {side.step_s:.3f} s/step[/dim]")
+    profile = args.out / f"profile-{shape}" if args.profile and args.out else None
+    sides.append(await forge_rl_trainer(model_dir, batch, micro, args.steps, args.warmup, profile))
+    Console().print(f"[dim]forge_rl: {sides[-1].step_s:.3f} s/step[/dim]")
+    peak, tokens = peak_tflops(device), B * T
+    plain_s = sides[0].step_s
+    return [dict(shape=shape, side=s.name, params_m=params / 1e6, tokens=tokens, step_s=s.step_s,
+                 tokens_per_s=tokens / s.step_s, grad_norm=s.grad_norm, peak_gb=s.peak_gb,
+                 mfu=(flops_per_token(hf, params, T) * tokens / s.step_s / 1e12 / peak) if peak else None,
+                 vs_plain=plain_s / s.step_s, device=torch.cuda.get_device_name(device) if device.type == "cuda"
+                 else f"CPU ({os.cpu_count()} cores)", torch=torch.__version__)
+            for s in sides]
+
+
+def _parameter_count(model_dir: Path) -> int:
+    """The checkpoint's parameters, the tied lm_head once."""
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if k != "lm_head.weight")
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| shape | side | s/step | tokens/s | MFU | peak GB | grad norm | vs plain |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
+        lines.append(f"| {r['shape']} ({r['params_m']:.0f}M) | {r['side']} | {r['step_s']:.3f} | "
+                     f"{r['tokens_per_s']:,.0f} | {mfu} | {r['peak_gb']:.1f} | {r['grad_norm']:.3f} | "
+                     f"{r['vs_plain']:.2f}x |")
+    return "\n".join(lines) + f"\n\n{rows[0]['device']}, torch {rows[0]['torch']}\n"
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="tiny,small")
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--shape", default=None, help="cpu, 0.6b, 1.7b (comma-separated); default: 0.6b on a GPU, else cpu")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=0, help="sequences per step (0: the shape's)")
+    ap.add_argument("--seq", type=int, default=0, help="tokens per sequence (0: the shape's)")
+    ap.add_argument("--micro", type=int, default=0, help="sequences per micro-batch (0: the shape's)")
+    ap.add_argument("--plain-dtype", default="float32", help="the plain loop's parameter dtypes (float32,bfloat16)")
+    ap.add_argument("--profile", action="store_true", help="a torch.profiler trace of forge_rl's last step (--out)")
+    ap.add_argument("--models", type=Path, default=None, help="where the random-weight model directories are kept")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
-    batch = make_batch(args.batch, args.seq)
-    tokens = batch.tokens.numel()
-    table = Table(title=f"trainer step, batch {args.batch} x {args.seq} tokens, median of {args.steps} steps")
-    for col in ("model", "params", "setup", "step s", "tokens/s", "vs plain", "peak RSS per rank (MiB)"):
+    shapes = (args.shape or ("0.6b" if torch.cuda.is_available() else "cpu")).split(",")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.models or Path(tmp)
+        async with provisioned():
+            for shape in shapes:
+                rows += await run_shape(shape, args, root)
+    table = Table(title="trainer step: forge_rl against a plain transformers loop, same model, batch and loss")
+    for col in ("shape", "side", "s/step", "tokens/s", "MFU", "peak GB", "grad norm", "vs plain"):
         table.add_column(col, justify="right")
-    async with provisioned():
-        for size in args.sizes.split(","):
-            with tempfile.TemporaryDirectory() as tmp:
-                model_dir = str(TINY_MODEL_DIR)
-                if SIZES[size] is not None:
-                    from forge_rl.models.build_tiny import build
-
-                    model_dir = str(build(Path(tmp) / size, **SIZES[size]))
-                from forge_rl.models.qwen3 import build_model
-
-                params = sum(p.numel() for p in build_model(model_dir)[0].parameters())
-                plain = statistics.median(plain_loop(model_dir, batch, args.steps, args.warmup))
-                plain_rss = _peak_rss_mb()  # this process's, which also holds the model for the params count
-                table.add_row(size, f"{params / 1e6:.1f}M", "plain loop, 1 process", f"{plain:.3f}",
-                              f"{tokens / plain:,.0f}", "1.00", f"{plain_rss:,.0f} (this process)")
-                for name, procs, dp, tp in (("actor, 1 proc", 1, 1, 1), ("FSDP2, 2 procs", 2, 2, 1),
-                                            ("TP, 2 procs", 2, 1, 2)):
-                    times, rss = await actor_run(model_dir, batch, args.steps, args.warmup, procs, dp, tp)
-                    step = statistics.median(times)
-                    table.add_row(size, f"{params / 1e6:.1f}M", name, f"{step:.3f}", f"{tokens / step:,.0f}",
-                                  f"{plain / step:.2f}", ", ".join(f"{r:,.0f}" for r in rss))
-                    Console().print(f"[dim]{size} {name}: {step:.3f} s/step[/dim]")
+    for r in rows:
+        table.add_row(r["shape"], r["side"], f"{r['step_s']:.3f}", f"{r['tokens_per_s']:,.0f}",
+                      f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-", f"{r['peak_gb']:.1f}",
+                      f"{r['grad_norm']:.3f}", f"{r['vs_plain']:.2f}x")
     Console(width=160).print(table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "trainer.md").write_text(markdown(rows))
+        (args.out / "trainer.json").write_text(json.dumps(rows, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -205,10 +205,13 @@ def test_blockwise_logprobs_equal_the_full_log_softmax_with_gradients(block_elem
     assert token_logprobs(logits, tokens, temperature)[1] is None  # no entropy unless asked for
 
 
-@pytest.mark.parametrize("block_elements", [1, 2000, 10**7])
+# one position a block, logits recomputed; two blocks (logits kept at shift 1: 40 positions x 301 x 4 bytes is half
+# the budget; recomputed at shift 0: 45 positions); one block, logits kept
+@pytest.mark.parametrize("memory_bytes", [1, 8 * 40 * 301, 10**9])
 @pytest.mark.parametrize("shift", [1, 0])
-def test_fused_lm_head_logprobs_equal_the_full_logits_with_gradients(block_elements, shift):
-    from forge_rl.losses.logprobs import hidden_logprobs, selected_logprobs
+def test_fused_lm_head_logprobs_equal_the_full_logits_with_gradients(memory_bytes, shift):
+    from forge_rl.losses.fused_head import hidden_logprobs, plan_blocks
+    from forge_rl.losses.logprobs import selected_logprobs
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(5, 9, 16, generator=g).requires_grad_()
@@ -222,8 +225,12 @@ def test_fused_lm_head_logprobs_equal_the_full_logits_with_gradients(block_eleme
         lp0, ent0 = selected_logprobs(logits.flatten(0, 1), tokens.flatten(), 0.7, entropy="grad")
         want_lp, want_ent = lp0.view(5, 9), ent0.view(5, 9)
     want = torch.autograd.grad((want_lp * weights).sum() + 0.1 * want_ent.sum(), (hidden, weight))
-    lp, ent = hidden_logprobs(hidden, weight, tokens, 0.7, entropy="grad", shift=shift, block_elements=block_elements)
+    lp, ent = hidden_logprobs(hidden, weight, tokens, 0.7, entropy="grad", shift=shift, memory_bytes=memory_bytes)
     got = torch.autograd.grad((lp * weights).sum() + 0.1 * ent.sum(), (hidden, weight))
+    positions = 5 * (9 - shift)
+    keep, rows = plan_blocks(positions, 301, memory_bytes, compute_bytes=4)
+    assert {1: (not keep and rows == 1), 10**9: (keep and rows == positions)}.get(
+        memory_bytes, keep == bool(shift) and rows < positions)
     torch.testing.assert_close(lp, want_lp, atol=1e-5, rtol=0)
     torch.testing.assert_close(ent, want_ent, atol=1e-5, rtol=0)
     for a, b in zip(got, want):
@@ -236,7 +243,7 @@ def test_fused_lm_head_runs_its_matmuls_in_the_compute_dtype_and_accumulates_in_
     and the weight's gradient come out in fp32 and match the fp32 computation to bf16's precision."""
     from torch.overrides import TorchFunctionMode
 
-    from forge_rl.losses.logprobs import hidden_logprobs
+    from forge_rl.losses.fused_head import hidden_logprobs
 
     class MatmulDtypes(TorchFunctionMode):
         def __init__(self):
@@ -244,7 +251,7 @@ def test_fused_lm_head_runs_its_matmuls_in_the_compute_dtype_and_accumulates_in_
             self.seen = []
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func in (torch.matmul, torch.Tensor.__matmul__, torch.Tensor.matmul):
+            if func in (torch.matmul, torch.Tensor.__matmul__, torch.Tensor.matmul, torch.mm):
                 self.seen.append(tuple(a.dtype for a in args[:2]))
             return func(*args, **(kwargs or {}))
 
@@ -255,7 +262,7 @@ def test_fused_lm_head_runs_its_matmuls_in_the_compute_dtype_and_accumulates_in_
     hidden = hidden32.bfloat16().requires_grad_()
     weight = weight32.bfloat16().requires_grad_()
     with MatmulDtypes() as mode:
-        lp, ent = hidden_logprobs(hidden, weight, tokens, 0.8, entropy="detached", block_elements=500)
+        lp, ent = hidden_logprobs(hidden, weight, tokens, 0.8, entropy="detached", memory_bytes=500 * 12)
         lp.sum().backward()
     assert mode.seen and all(dtypes == (torch.bfloat16, torch.bfloat16) for dtypes in mode.seen), mode.seen
     assert lp.dtype == ent.dtype == torch.float32 and weight.grad.dtype == torch.bfloat16
@@ -348,3 +355,20 @@ def test_distillation_advantage_is_minus_the_reverse_kl_to_the_teacher_per_token
         GRPOLossConfig(distill_coef=1.0, kl_coef=0.1)
     with pytest.raises(ValueError, match="loss.distill_coef=-1.0"):
         GRPOLossConfig(distill_coef=-1.0)
+
+
+def test_fused_head_forwards_before_their_backwards_keep_their_own_logits():
+    """The CPU's kept-logits buffer is reused between calls: a second forward before the first's backward (a
+    reference and a policy, two micro-batches) must not write over the logits the first's backward reads."""
+    from forge_rl.losses.fused_head import hidden_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(301, 16, generator=g).requires_grad_()
+    inputs = [(torch.randn(3, 7, 16, generator=g).requires_grad_(), torch.randint(0, 301, (3, 7), generator=g))
+              for _ in range(2)]
+    lps = [hidden_logprobs(h, weight, t, memory_bytes=10**9)[0] for h, t in inputs]
+    grads = torch.autograd.grad(sum(lp.sum() for lp in lps), [h for h, _ in inputs] + [weight])
+    want_lps = [naive_token_logprobs(h @ weight.T, t, 1.0)[0] for h, t in inputs]
+    want = torch.autograd.grad(sum(lp.sum() for lp in want_lps), [h for h, _ in inputs] + [weight])
+    for a, b in zip(grads, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)

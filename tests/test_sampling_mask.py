@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from forge_rl.losses.logprobs import hidden_logprobs, keep_only, selected_logprobs, token_logprobs
+from forge_rl.losses.fused_head import hidden_logprobs
+from forge_rl.losses.logprobs import keep_only, selected_logprobs, token_logprobs
 
 B, T, V, TEMPERATURE = 3, 7, 41, 0.7
 
@@ -95,15 +96,17 @@ def test_masked_logprobs_and_entropy_equal_a_hand_computation_with_gradients(blo
     assert (grad[:, :-1][outside] == 0).all()  # logits outside the set get no gradient
 
 
+@pytest.mark.parametrize("memory_bytes", [1, 12 * 16 * V, 10**9])  # one position a block; a few, logits kept; one
 @pytest.mark.parametrize("shift", [1, 0])
-def test_fused_lm_head_and_packed_rows_apply_the_same_sets(shift):
+def test_fused_lm_head_and_packed_rows_apply_the_same_sets(shift, memory_bytes):
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(B, T, 16, generator=g)
     weight = torch.randn(V, 16, generator=g)
     tokens = torch.randint(0, V, (B, T), generator=g)
     kept, weights = _kept(tokens, g), torch.randn(B, T, generator=g)
     h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-    lp, ent = hidden_logprobs(h, w, tokens, TEMPERATURE, entropy="grad", shift=shift, block_elements=2 * V, kept=kept)
+    lp, ent = hidden_logprobs(h, w, tokens, TEMPERATURE, entropy="grad", shift=shift, memory_bytes=memory_bytes,
+                              kept=kept)
     got = torch.autograd.grad((lp * weights).sum() + 0.1 * ent.sum(), (h, w))
     h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     logits = h2 @ w2.T

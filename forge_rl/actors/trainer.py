@@ -29,12 +29,13 @@ from forge_rl.runtime.manifest import STANDALONE, commit, newest_intact, write_r
 from forge_rl.runtime.timeouts import hang_if_asked
 from forge_rl.models import lora
 from forge_rl.models.lora import LoRAConfig, is_adapter_key
-from forge_rl.models.moe_aux import RouterStats
+from forge_rl.models.moe_aux import RouterStats, unpadded, unpadded_packed
 from forge_rl.models.sharded_load import load_sharded
 from forge_rl.observability.profiler import StepProfiler
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss, sft_token_loss
 from forge_rl.data.prompt_packing import plan_packing
-from forge_rl.losses.logprobs import VocabShard, hidden_logprobs, kept_refusal, selected_logprobs, token_logprobs
+from forge_rl.losses.fused_head import default_memory_bytes, hidden_logprobs
+from forge_rl.losses.logprobs import VocabShard, kept_refusal, selected_logprobs, token_logprobs
 from forge_rl.types import BatchShape, TrainBatch
 from forge_rl.actors.trainer_weights import TrainerWeights
 from forge_rl.weights import ShmWeightStore, WeightStoreConfig
@@ -100,9 +101,13 @@ class TrainerConfig:
     pack_max_fraction: float = 0.75
     pack_max_len: int = 1024
     # Compute logprobs straight from the final hidden states and the lm_head weight, a block of positions
-    # at a time, so the logits and their gradient never exist whole (forge_rl.losses.logprobs). Applies
+    # at a time, so the logits and their gradient need not exist whole (forge_rl.losses.fused_head). Applies
     # when the lm_head is whole on each rank (no FSDP, no TP); otherwise logits are made, then blockwise.
     fused_lm_head: bool = True
+    # The fused head's working memory per micro-batch: its blocks of logits, and the whole micro-batch's logits
+    # kept for the backward when they fit in half of it (no recomputed matmul). 0 = auto: 1 GiB on a GPU, 2 GiB
+    # on a CPU (forge_rl.losses.fused_head.default_memory_bytes)
+    lm_head_memory_mb: float = 0.0
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # LoRA (rank > 0): only adapters train; the base stays frozen, is never re-sent to generators, and
     # checkpoints hold the adapters and their optimizer state (forge_rl/models/lora.py).
@@ -153,6 +158,8 @@ class TrainerConfig:
         if self.micro_batch_size < 0:
             raise ValueError(f"trainer.micro_batch_size must be >= 0 (0: a rank's whole batch at once), got "
                              f"{self.micro_batch_size}")
+        if not self.lm_head_memory_mb >= 0:
+            raise ValueError(f"trainer.lm_head_memory_mb must be >= 0 (0: auto), got {self.lm_head_memory_mb}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"trainer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
         if not self.moe_aux_loss_coef >= 0:
@@ -306,7 +313,9 @@ class Trainer(TrainerWeights, ForgeActor):
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],  # with LoRA: the adapters only
             lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
-            foreach=True,
+            # one kernel over every tensor (on a CPU 2.5-7x the foreach step over a 90M model); experts' parameters
+            # live on another mesh than the rest, which the fused kernel does not take in one call
+            **(dict(foreach=True) if self.parallel_dims.ep_enabled else dict(fused=True)),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o))
         self.profiler = StepProfiler(self.cfg.profile_steps, self.cfg.profile_dir, self.rank,
@@ -383,6 +392,8 @@ class Trainer(TrainerWeights, ForgeActor):
         self.fused_lm_head = self.cfg.fused_lm_head and dims.tp == 1 and not p.compile
         self.loss_parallel = False  # set once the model hands back vocabulary-sharded logits (TP)
         model._skip_lm_head = self.fused_lm_head  # the decoder returns hidden states; the head is in the logprobs
+        self.head_memory_bytes = (int(self.cfg.lm_head_memory_mb * 2**20) if self.cfg.lm_head_memory_mb
+                                  else default_memory_bytes(self.device))
         return model, adapter, dims
 
     def _model_config(self, qwen3, parallelism):
@@ -411,26 +422,37 @@ class Trainer(TrainerWeights, ForgeActor):
         if response_mask is not None and self.cfg.share_prompts:
             packed = plan_packing(tokens, response_mask, self.cfg.pack_max_fraction, self.cfg.pack_max_len)
         self.last_forward_tokens = tokens.numel() if packed is None else packed.num_tokens
+        self.last_forward_unpadded = (None if response_mask is None else unpadded(response_mask) if packed is None
+                                      else unpadded_packed(packed.attention_mask))  # the balancing loss's tokens
         d = self.device
         kept = kept.to(d) if kept is not None else None
-        if packed is None:
+        if packed is not None:
+            out, shard = self._model_out(packed.tokens, positions=packed.positions.to(d),
+                                         attention_masks=packed.attention_mask.to(d))
+            pred, targets, where = packed.pred_index, packed.targets, (packed.rows, packed.cols)
+        elif response_mask is not None and self.fused_lm_head:
+            # only the positions that predict a response token go through the head: a prompt's do not count
+            out, shard = self._model_out(tokens)
+            where = response_mask.nonzero(as_tuple=True)
+            pred, targets = where[0] * tokens.shape[1] + where[1] - 1, tokens[where]
+        else:
             out, shard = self._model_out(tokens)
             if self.fused_lm_head:
-                lp, ent = hidden_logprobs(out, self._lm_head_weight(), tokens.to(d), temperature, entropy, kept=kept)
+                lp, ent = hidden_logprobs(out, self._lm_head_weight(), tokens.to(d), temperature, entropy,
+                                          memory_bytes=self.head_memory_bytes, kept=kept)
             else:
                 lp, ent = token_logprobs(out, tokens.to(d), temperature, entropy=entropy, shard=shard, kept=kept)
             if response_mask is None:
                 return lp, ent
             keep = response_mask.to(d)  # same result either way: 0 outside the responses
             return lp.where(keep, 0.0), (ent.where(keep, 0.0) if ent is not None else None)
-        out, shard = self._model_out(packed.tokens, positions=packed.positions.to(d),
-                                     attention_masks=packed.attention_mask.to(d))
-        picked, targets = out.flatten(0, 1)[packed.pred_index.to(d)], packed.targets.to(d)
-        where = (packed.rows.to(d), packed.cols.to(d))  # each target's place in `tokens`
+        picked, targets = out.flatten(0, 1)[pred.to(d)], targets.to(d)
+        where = (where[0].to(d), where[1].to(d))  # each target's place in `tokens`
         kept = kept[where] if kept is not None else None
         if self.fused_lm_head:
             lp, ent = hidden_logprobs(picked[None], self._lm_head_weight(), targets[None], temperature, entropy,
-                                      shift=0, kept=kept[None] if kept is not None else None)
+                                      shift=0, memory_bytes=self.head_memory_bytes,
+                                      kept=kept[None] if kept is not None else None)
             lp, ent = lp[0], (ent[0] if ent is not None else None)
         else:
             lp, ent = selected_logprobs(picked, targets, temperature, entropy=entropy, shard=shard, kept=kept)
@@ -487,6 +509,8 @@ class Trainer(TrainerWeights, ForgeActor):
             loss_parallel=float(self.loss_parallel),  # TP: logprobs from vocabulary shards, logits never gathered
             response_tokens=total_tokens, tokens_per_s=tokens / elapsed,
             step_s=elapsed, peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
+            **({"peak_cuda_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20}
+               if self.device.type == "cuda" else {}),  # this rank's
             skipped=float(not finite), skipped_steps=self.skipped_steps,
             **({"profile/summary": profiled} if profiled else {}),
         )
@@ -517,7 +541,9 @@ class Trainer(TrainerWeights, ForgeActor):
         total_tokens = sum(b.num_response_tokens for b in batches)
         normalize = "token_mean" if cfg.loss == "sft" else loss_cfg.normalize
         mb = cfg.micro_batch_size or batch.num_sequences
-        sums, mismatch_max = torch.zeros(2 + len(TOKEN_SUMS), dtype=torch.float64), 0.0
+        # the sums stay on the device until the step ends: one host sync per step, not one per metric per micro-batch
+        sums = torch.zeros(2 + len(TOKEN_SUMS), dtype=torch.float64, device=self.device)
+        mismatch_max = torch.zeros((), dtype=torch.float64, device=self.device)
         self.model.train()
         for lo in range(0, batch.num_sequences, mb):
             rows = slice(lo, lo + mb)
@@ -536,16 +562,17 @@ class Trainer(TrainerWeights, ForgeActor):
                 )
             loss = reduce_loss(token_loss, mask, normalize, total_seqs, total_tokens, loss_cfg.max_response_len)
             if self.router_stats is not None:  # this micro-batch's share of the batch's load-balancing loss
-                loss = loss + cfg.moe_aux_loss_coef * self.router_stats.pop_loss() * (mask.shape[0] / total_seqs)
+                aux = self.router_stats.pop_loss(self.last_forward_unpadded)
+                loss = loss + cfg.moe_aux_loss_coef * aux * (mask.shape[0] / total_seqs)
             loss.backward()
-            sums[0] += loss.item()
+            sums[0] += loss.detach()
             sums[1] += self.last_forward_tokens
             for i, name in enumerate(TOKEN_SUMS, start=2):
                 if (key := DIAGNOSTIC.get(name, name)) in diag:
-                    sums[i] += float((diag[key] * mask).sum())
-            if "mismatch_abs" in diag and mask.any():
-                mismatch_max = max(mismatch_max, float(diag["mismatch_abs"][mask].max()))
-        return sums, mismatch_max
+                    sums[i] += (diag[key].detach() * mask).sum()
+            if "mismatch_abs" in diag:
+                mismatch_max = torch.maximum(mismatch_max, diag["mismatch_abs"].detach().where(mask, 0.0).max())
+        return sums, float(mismatch_max)
 
     def _optimizer_step(self, loss: float) -> tuple[float, bool]:
         """Clip, then step unless the gradient norm is not finite (the weights, optimizer state and schedule

@@ -9,9 +9,9 @@ block of the logits' gradient in place. Peak: the logits, their gradient, and on
 temporaries. The entropy is computed only when asked for: detached for logging, or with its gradient
 when an entropy bonus uses it.
 
-`hidden_logprobs` goes one step further and fuses the lm_head: from the final hidden states and the
-lm_head weight it makes each block's logits, uses them and drops them, so neither the logits nor their
-gradient exist whole (the trainer uses it when the lm_head is neither FSDP-sharded nor TP-sharded).
+The fused head (`forge_rl.losses.fused_head.hidden_logprobs`) goes one step further: from the final hidden states
+and the lm_head weight it makes the logits a block at a time, so they need not exist whole (the trainer uses it when
+the lm_head is neither FSDP-sharded nor TP-sharded).
 
 Under tensor parallelism the lm_head's output is sharded over the vocabulary. `token_logprobs` and
 `selected_logprobs` then take this rank's shard with a `VocabShard` (loss parallel): per block, one
@@ -111,13 +111,17 @@ def keep_only(x: torch.Tensor, kept: torch.Tensor | None, start: int = 0) -> tor
     first), so a shard masks its own columns and ignores the ids of others."""
     if kept is None:
         return x
-    V = x.shape[-1]
+    return x.masked_fill(~allowed_columns(x.shape, kept, start, x.device), float("-inf"))
+
+
+def allowed_columns(shape: torch.Size, kept: torch.Tensor, start: int = 0, device=None) -> torch.Tensor:
+    """Bool [..., V] (`shape`): True for the columns in each position's kept set (`keep_only`)."""
+    V = shape[-1]
     local = kept.long() - start
     inside = (kept >= 0) & (local >= 0) & (local < V)
-    allow = torch.zeros(*x.shape[:-1], V + 1, dtype=torch.bool, device=x.device)
+    allow = torch.zeros(*shape[:-1], V + 1, dtype=torch.bool, device=device)
     allow.scatter_(-1, local.where(inside, V), True)  # ids outside this shard land in the extra column
-    allow = allow[..., :V] | ~(kept >= 0).any(-1, keepdim=True)
-    return x.masked_fill(~allow, float("-inf"))
+    return allow[..., :V] | ~(kept >= 0).any(-1, keepdim=True)
 
 
 def _entropy(logp: torch.Tensor) -> torch.Tensor:
@@ -234,63 +238,6 @@ def _local_targets(tokens: torch.Tensor, shard: VocabShard, local_vocab: int) ->
     local = tokens - shard.start
     inside = (local >= 0) & (local < local_vocab)
     return local.where(inside, 0), inside.float()
-
-
-def hidden_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
-    entropy: str = "none", shift: int = 1, block_elements: int = 1 << 24, kept: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`token_logprobs` (shift 1) or `selected_logprobs` (shift 0) of logits = hidden [B, T, D] @ weight.T
-    [V, D], with the lm_head fused in: each block's logits are made, used and dropped, in forward and again
-    in backward, so neither the logits nor their gradient ever exist whole. The matmuls run in the compute
-    dtype (`hidden`'s: bf16 under mixed precision, the step's largest matmul at a 151,936-wide vocabulary);
-    the log-softmax, the logprobs, the entropy and the weight's gradient accumulate in fp32. `kept` [B, T, K]:
-    the kept sets of truncated sampling, as in `token_logprobs`."""
-    if entropy not in ENTROPY:
-        raise ValueError(f"entropy={entropy!r}; choose one of {ENTROPY}")
-    logprobs, ent = _HiddenLogprobs.apply(hidden, weight, tokens, float(temperature), entropy != "none",
-                                          block_elements, shift, kept)
-    if entropy == "detached":
-        ent = ent.detach()
-    return logprobs, (ent if entropy != "none" else None)
-
-
-class _HiddenLogprobs(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, block_elements, shift, kept):
-        B, T, _ = hidden.shape
-        V, s = weight.shape[0], shift
-        w = weight.to(hidden.dtype)  # the compute dtype
-        logprobs = torch.zeros(B, T, dtype=torch.float32, device=hidden.device)
-        ent = torch.zeros(B, T, dtype=torch.float32, device=hidden.device)
-        for b, lo, hi in _blocks(B, T, V, block_elements, shift):
-            x = keep_only((hidden[b, lo:hi] @ w.T).float() / temperature, _kept_at(kept, b, lo + s, hi + s))
-            logp = torch.log_softmax(x, -1)
-            logprobs[b, lo + s : hi + s] = logp.gather(-1, tokens[b, lo + s : hi + s, None])[..., 0]
-            if with_entropy:
-                ent[b, lo + s : hi + s] = _entropy(logp)
-        ctx.save_for_backward(hidden, weight, tokens, ent, kept)
-        ctx.temperature, ctx.block_elements, ctx.shift = temperature, block_elements, shift
-        return logprobs, ent
-
-    @staticmethod
-    def backward(ctx, grad_logprobs, grad_ent):
-        hidden, weight, tokens, ent, kept = ctx.saved_tensors
-        B, T, _ = hidden.shape
-        V, s = weight.shape[0], ctx.shift
-        w = weight.to(hidden.dtype)  # the compute dtype
-        grad_hidden = torch.zeros_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        use_ent = grad_ent is not None and bool(grad_ent.any())
-        for b, lo, hi in _blocks(B, T, V, ctx.block_elements, s):
-            out = (b, slice(lo + s, hi + s))
-            h = hidden[b, lo:hi]
-            g = _logits_grad((h @ w.T).float(), ctx.temperature, tokens[out], grad_logprobs[out],
-                             ent[out] if use_ent else None, grad_ent[out] if use_ent else None,
-                             kept=_kept_at(kept, b, lo + s, hi + s)).to(w.dtype)
-            grad_hidden[b, lo:hi] = (g @ w).to(grad_hidden.dtype)
-            grad_weight += (g.flatten(0, -2).T @ h.flatten(0, -2)).float()
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None, None
 
 
 def kept_refusal(kept, tokens: torch.Tensor, response_mask: torch.Tensor, vocab: int) -> str | None:
