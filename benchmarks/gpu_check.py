@@ -6,7 +6,8 @@ It first says which tiers this host can run and why not the others (benchmarks/g
 1. CPU logic: the CPU tests of the CUDA-only logic (backend, start method, placement, memory plan) — everywhere.
 2. no-vLLM (tests/test_gpu.py, with vLLM made unimportable for every process it starts): a FSDP2 bf16 step of a
    Qwen3-0.6B-shaped model with fp32 master weights over NCCL and its peak GPU memory against the memory plan,
-   both publish paths from CUDA, the critic. It needs no vLLM, so a host with a site PyTorch of another version
+   both publish paths from CUDA, the critic; then the trainer's step against a plain transformers loop at equal work
+   at Qwen3-0.6B and -1.7B shapes (benchmarks/trainer.py, its table in OUT/trainer.md). It needs no vLLM, so a host with a site PyTorch of another version
    and a wheelhouse install runs it (docs/getting_started.md). Without CUDA it runs on CPU with a small model as
    a logic check of the same code, and says the GPU part did not run.
 3. vLLM, where CUDA is visible and vLLM imports with this torch (vLLM pins one torch): vLLM's behaviour logprobs
@@ -132,6 +133,30 @@ def no_vllm_rows(tier: Tier, out: Path) -> list[tuple[str, str]]:
     return rows
 
 
+def trainer_speed_rows(tier: Tier, out: Path) -> list[tuple[str, str]]:
+    """forge_rl's trainer step against a plain transformers loop at equal work (benchmarks/trainer.py), Qwen3-0.6B
+    and -1.7B shapes on this GPU, vLLM unimportable as in the no-vLLM tier; its table goes to OUT/trainer.md."""
+    name = "trainer speed (benchmarks/trainer.py)"
+    if tier.on != "cuda":
+        return [(name, "NOT RUN: no CUDA device (on a CPU: python -m benchmarks.trainer, minutes on 2 cores)")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(NO_VLLM), os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "-m", "benchmarks.trainer", "--shape", "0.6b,1.7b", "--plain-dtype", "float32,bfloat16",
+           "--steps", "3", "--warmup", "1", "--out", str(out), "--models", str(out / "models")]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    (out / "trainer.log").write_text(proc.stdout + proc.stderr)
+    results = out / "trainer.json"
+    if proc.returncode or not results.exists():
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return [(name, f"FAILED (exit {proc.returncode}): {last[0]}; whole output in {out / 'trainer.log'}")]
+    rows = []
+    for r in json.loads(results.read_text()):
+        mfu = f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] is not None else ""
+        rows.append((f"trainer speed, {r['shape']}: {r['side']}",
+                     f"{r['step_s']:.3f} s/step, {r['tokens_per_s']:,.0f} tokens/s{mfu}, peak {r['peak_gb']:.1f} GB, "
+                     f"{r['vs_plain']:.2f}x the plain loop"))
+    return rows
+
+
 def vllm_rows(args, facts) -> list[tuple[str, str]]:
     from forge_rl.models.build_tiny import build
 
@@ -163,6 +188,7 @@ def main() -> int:
     rows = pytest_rows("CPU tests of the CUDA-only logic", CPU_LOGIC_TESTS, args.out, "cpu_logic")
     if tiers["no-vLLM"].runs:
         rows += no_vllm_rows(tiers["no-vLLM"], args.out)
+        rows += trainer_speed_rows(tiers["no-vLLM"], args.out)
     else:  # the install is broken for this torch: a failure, not a host without a GPU
         rows.append(("no-vLLM tier", f"FAILED: {tiers['no-vLLM'].why}"))
     if tiers["vLLM"].runs:

@@ -44,14 +44,15 @@ from forge_rl.types import TrainBatch
 VOCAB = 151936
 _QWEN3 = dict(vocab_size=VOCAB, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
               tie_word_embeddings=True)
-# shape: (HF config, sequences, sequence length, micro-batch)
+# shape: (HF config, sequences, sequence length, micro-batch); the GPU shapes' micro-batches fit the plain loop's
+# fp32 logits (and their copies) on an 80 GB H100
 SHAPES = {
     "cpu": (dict(_QWEN3, hidden_size=512, num_hidden_layers=4, intermediate_size=1536, num_attention_heads=8,
                  num_key_value_heads=4, head_dim=64, max_position_embeddings=512), 8, 256, 4),
     "0.6b": (dict(_QWEN3, hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, num_attention_heads=16),
-             16, 2048, 8),
-    "1.7b": (dict(_QWEN3, hidden_size=2048, num_hidden_layers=28, intermediate_size=6144, num_attention_heads=16),
              16, 2048, 4),
+    "1.7b": (dict(_QWEN3, hidden_size=2048, num_hidden_layers=28, intermediate_size=6144, num_attention_heads=16),
+             16, 2048, 2),
 }
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 CLIP_LOW, CLIP_HIGH, LR = 0.2, 0.28, 1e-6  # forge_rl's GRPO defaults; a small lr keeps the batch on-policy

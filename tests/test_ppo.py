@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from forge_rl.actors.trainer import validate_batches
+from forge_rl.actors.batch_checks import validate_batches
 from forge_rl.config import ConfigError
 from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss
 from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, value_loss, whiten

@@ -178,7 +178,7 @@ def test_completion_checks_its_csr_and_counts_its_bytes():
 
 def test_collate_pads_kept_sets_into_the_tokens_places_and_the_buffer_checkpoint_keeps_them(tmp_path):
     from forge_rl.actors.replay_buffer import GroupStore, ReplayBufferConfig
-    from forge_rl.actors.trainer import validate_batches
+    from forge_rl.actors.batch_checks import validate_batches
     from forge_rl.types import Episode, Group
 
     a = _completion([1, 2, 9], [3, 4], [[3, 7], [4]])

@@ -218,7 +218,7 @@ MALFORMED = {
 
 @pytest.mark.parametrize("case", MALFORMED)
 def test_malformed_batches_name_the_field_expected_and_actual(case):
-    from forge_rl.actors.trainer import validate_batches
+    from forge_rl.actors.batch_checks import validate_batches
 
     change, message = MALFORMED[case]
     with pytest.raises(ValueError, match=message):
