@@ -301,6 +301,8 @@ class Trainer(TrainerWeights, ForgeActor):
             foreach=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o))
+        if type(self) is Trainer:  # the policy's, which publishes: version 1's pages made now (trainer_weights.py)
+            self._open_weight_store()
 
     def _parallel_dims(self):
         """TorchTitan's parallelism config and device mesh for trainer.parallel over this actor's procs."""

@@ -21,8 +21,11 @@ maps the file or while vLLM reloads from it); the writer recycles a dropped file
 the exclusive lock, after renaming it away. A pinned file is unlinked instead (its reader keeps valid
 bytes until it lets go, then Linux frees the pages) and the writer allocates fresh pages.
 
-Spares: versions 2..K have no dropped version to recycle; their pages are prepared ahead, in the background after
-the first version, so that they too are written at memcpy speed (spares.py).
+Spares: versions 1..K have no dropped version to recycle; their pages are prepared ahead, in the background, so that
+they too are written at memcpy speed (spares.py): version 1's from the moment a writer knows its size (the trainer's
+setup: `prepare_spares(None, version_size(spec))`), the others' after each version while fewer than K are kept. A
+version's file size follows from its spec alone (the version number in its header has a fixed width), so the pages
+prepared for one version fit every other.
 """
 
 import asyncio
@@ -257,10 +260,16 @@ class ShmWeightStore(WeightStore):
             self.from_spares += 1
         return file
 
-    def prepare_spares(self, committed: int, size: int) -> None:
-        """After version `committed` (of `size` bytes): while fewer than K versions are kept, prepare in the
-        background the files of the next ones, so that K files are held (spares.py)."""
-        kept = set(self.versions()) | {committed}
+    def version_size(self, spec: TensorSpec) -> int:
+        """The bytes of a version of `spec` (its file: header and tensors), whatever its number."""
+        return Layout.for_spec(spec, _metadata(0)).size
+
+    def prepare_spares(self, committed: int | None, size: int) -> None:
+        """After version `committed` (of `size` bytes), or before the first one (`committed` None, `size` from
+        `version_size`): while fewer than K versions are kept, prepare in the background the files of the next ones,
+        so that K files are held, spares included (spares.py). What does not fit in the filesystem now is not
+        tried."""
+        kept = set(self.versions()) | ({committed} if committed is not None else set())
         wanted = self.cfg.keep_versions - len(kept) - len(spares.ready(self.root))
         st = os.statvfs(self.root)
         wanted = min(wanted, st.f_bavail * st.f_frsize // size)  # what does not fit now is not tried
@@ -328,7 +337,7 @@ class ShmVersionWriter(VersionWriter):
         self.store, self.version, self.rank, self.world_size = store, version, rank, world_size
         if (store.root / version_dir(version)).exists():
             raise ValueError(f"weights version {version} is already published on host {store.host_id}")
-        self.layout = Layout.for_spec(spec, {"forge_rl_version": str(version)})
+        self.layout = Layout.for_spec(spec, _metadata(version))
         self.tmp = store.root / f"{version_dir(version)}.tmp"
         with store._reserving(self.tmp, version, self.layout.size):
             create_file(store._new_file(self.tmp, self.layout.size), self.layout)
@@ -368,6 +377,12 @@ class ShmVersionWriter(VersionWriter):
     def abort(self) -> None:
         self._views = None
         self.store._remove(self.tmp)
+
+
+def _metadata(version: int) -> dict[str, str]:
+    """The header's metadata of a version: its number in 8 digits (version_dir's range), so that the file's size
+    does not change with the number's length and every version of a spec fits the same pages."""
+    return {"forge_rl_version": f"{version:08d}"}
 
 
 def _claim(file: Path, size: int) -> bool:
