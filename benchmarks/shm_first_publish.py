@@ -4,10 +4,10 @@
 
 A publisher writes versions 1..N of one bf16 state dict of --gb from CPU tensors, --step-s apart (a train step;
 keep_versions=2). With --first setup (the default, what the Trainer does at setup) it first has the store prepare
-the first versions' files from the state dict's spec (`prepare_spares(None, version_size(spec))`, in the background;
-timed until they are ready) and publishes version 1 --step-s later: versions 1 and 2 take those files, version 3 on
-recycle a dropped version's. With --first fresh (a writer that learns the size at its first publish) version 1 gets
-fresh tmpfs pages and version 2 a spare file prepared after version 1. For each version: the publish's time and a
+version 1's file from the state dict's spec (`prepare_spares(None, version_size(spec))`, in the background; timed
+until it is ready) and publishes version 1 --step-s later, into that file. With --first fresh (a writer that learns
+the size at its first publish) version 1 gets fresh tmpfs pages. Either way version 2 takes a spare file prepared
+after version 1, and version 3 on recycle a dropped version's. For each version: the publish's time and a
 reader's load of it in another process (its map, and reading every page once, as a generator's load does). Then a
 fresh file's parts one by one (reserving its pages with posix_fallocate, mapping it with MAP_POPULATE, the copy),
 and again with its pages faulted in ahead.
@@ -68,13 +68,13 @@ def parts_of_a_fresh_file(path: Path, size: int, prefault: bool, src: torch.Tens
 
 
 def prepared_at_setup(store, spec) -> float:
-    """What the Trainer's setup does before version 1: the first versions' files prepared in the background from the
-    spec alone. Returns the seconds until they are all ready."""
+    """What the Trainer's setup does before version 1: version 1's file prepared in the background from the spec
+    alone. Returns the seconds until it is ready."""
     from forge_rl.weights import spares
 
     start = time.perf_counter()
     store.prepare_spares(None, store.version_size(spec))
-    while len(spares.ready(store.root)) < store.cfg.keep_versions:
+    while not spares.ready(store.root):
         time.sleep(0.01)
     return time.perf_counter() - start
 
@@ -100,8 +100,8 @@ def main() -> None:
     assert reader.stdout.readline().strip() == "ready"  # its imports done: they would compete with version 1
     try:
         if args.first == "setup":
-            print(f"setup: {prepared_at_setup(store, spec_of(sd)):.3f} s to prepare "
-                  f"{store.cfg.keep_versions} version files in the background", flush=True)
+            print(f"setup: {prepared_at_setup(store, spec_of(sd)):.3f} s to prepare version 1's file in the "
+                  "background", flush=True)
         for v in range(1, args.versions + 1):
             recycled, from_spares = store.recycled, store.from_spares
             time.sleep(args.step_s if v > 1 or args.first == "setup" else 0)
@@ -111,7 +111,7 @@ def main() -> None:
             reader.stdin.write(f"{v}\n")
             reader.stdin.flush()
             load_s, read_s = reader.stdout.readline().split()
-            ahead = "at setup" if args.first == "setup" else "after version 1"
+            ahead = "at setup" if v == 1 else "after version 1"
             pages = ("recycled pages" if store.recycled > recycled else f"a spare file's pages, faulted in {ahead}"
                      if store.from_spares > from_spares else "fresh pages")
             print(f"version {v} ({pages}): publish {took:.3f} s; reader: load (map) {load_s} s, "

@@ -133,26 +133,30 @@ def test_the_versions_before_one_is_dropped_take_pages_prepared_ahead(store):
                                                                                                   "v00000003"]
 
 
-def test_the_first_versions_take_pages_prepared_before_any_version(store):
-    """A writer that knows its spec before publishing (the trainer, at setup) has the first versions' files prepared
-    then: K of them with nothing kept, each exactly a version's size whatever its number's digits, so version
-    1 is written into pages that already exist and are mapped, version 2 into the other, version 3 into version 1's.
-    Nothing more is prepared while K files are held."""
+def test_the_first_version_takes_pages_prepared_before_any_version(store):
+    """A writer that knows its spec before publishing (the trainer, at setup) has version 1's file prepared then,
+    exactly a version's size whatever its number's digits: version 1 is written into pages that already exist and
+    are mapped; version 2 takes the spare prepared after it, version 3 version 1's pages, version 12345678 (8 digits
+    in its header against 1) version 2's. Asked again with K files held, nothing more is prepared."""
     size = store.version_size(spec_of(uniform_state(1, 1 << 16)))
     store.prepare_spares(None, size)
     store._spares.join()
-    made = [p.stat() for p in spares.ready(store.root)]
-    assert len(made) == 2 and all(s.st_size == size and s.st_blocks * 512 >= size for s in made)
+    (spare,) = spares.ready(store.root)
+    made = spare.stat()
+    assert made.st_size == size and made.st_blocks * 512 >= size
+    store.prepare_spares(None, size)
+    assert len(spares.ready(store.root)) == 1 and not store._spares.is_alive()  # one file before version 1
     store.publish(1, uniform_state(1, 1 << 16))
-    assert store.from_spares == 1 and len(spares.ready(store.root)) == 1
-    assert (store.path(1) / "model.safetensors").stat().st_ino in {s.st_ino for s in made}
-    assert store._spares is None or not store._spares.is_alive()  # K files held: nothing more started
+    assert store.from_spares == 1 and (store.path(1) / "model.safetensors").stat().st_ino == made.st_ino
+    store._spares.join()
     store.publish(2, uniform_state(2, 1 << 16))
+    store.prepare_spares(None, size)
+    assert spares.ready(store.root) == [] and not store._spares.is_alive()  # K versions kept: no spare
     store.publish(3, uniform_state(3, 1 << 16))
-    assert (store.from_spares, store.recycled) == (2, 1) and spares.ready(store.root) == []
-    assert sorted(os.listdir(store.root)) == ["v00000002", "v00000003"]
-    store.publish(12345678, uniform_state(8, 1 << 16))  # 8 digits in its header against 1: the same file
-    assert store.recycled == 2 and (store.path(12345678) / "model.safetensors").stat().st_size == size
+    store.publish(12345678, uniform_state(8, 1 << 16))
+    assert (store.from_spares, store.recycled) == (2, 2) and spares.ready(store.root) == []
+    assert sorted(os.listdir(store.root)) == ["v00000003", "v12345678"]
+    assert (store.path(12345678) / "model.safetensors").stat().st_size == size
     loaded = store.load(12345678)
     assert all(bool((t == 8).all()) for t in loaded.values())
 

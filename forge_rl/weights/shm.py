@@ -265,12 +265,14 @@ class ShmWeightStore(WeightStore):
         return Layout.for_spec(spec, _metadata(0)).size
 
     def prepare_spares(self, committed: int | None, size: int) -> None:
-        """After version `committed` (of `size` bytes), or before the first one (`committed` None, `size` from
-        `version_size`): while fewer than K versions are kept, prepare in the background the files of the next ones,
-        so that K files are held, spares included (spares.py). What does not fit in the filesystem now is not
-        tried."""
+        """Prepare in the background the files of the next versions (spares.py) while fewer than K are kept: K files
+        held, spares included, and what does not fit in the filesystem now is not tried. After version `committed`
+        (of `size` bytes): the files of all the versions up to K. Before the first version (`committed` None, `size`
+        from `version_size`): that version's file alone, so a first publish that comes early waits for one file at
+        most; the next ones' follow it."""
         kept = set(self.versions()) | ({committed} if committed is not None else set())
-        wanted = self.cfg.keep_versions - len(kept) - len(spares.ready(self.root))
+        files = self.cfg.keep_versions - len(kept)  # the versions still to come before one is dropped
+        wanted = (files if committed is not None else min(files, 1)) - len(spares.ready(self.root))
         st = os.statvfs(self.root)
         wanted = min(wanted, st.f_bavail * st.f_frsize // size)  # what does not fit now is not tried
         if wanted > 0 and not self._closed and (self._spares is None or not self._spares.is_alive()):
