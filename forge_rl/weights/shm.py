@@ -23,7 +23,7 @@ bytes until it lets go, then Linux frees the pages) and the writer allocates fre
 
 Spares: versions 1..K have no dropped version to recycle; their pages are prepared ahead, in the background, so that
 they too are written at memcpy speed (spares.py): version 1's from the moment a writer knows its size (the trainer's
-setup: `prepare_spares(None, version_size(spec))`), the others' after each version while fewer than K are kept. A
+setup: `prepare_spares(None, version_size(spec))`), the next ones' after each version while fewer than K are kept. A
 version's file size follows from its spec alone (the version number in its header has a fixed width), so the pages
 prepared for one version fit every other.
 """
