@@ -37,6 +37,18 @@ class TrainerWeights:
 
     # ---- publishing -----------------------------------------------------------------------------
 
+    def _open_weight_store(self) -> None:
+        """At the policy Trainer's setup: open this rank's weight store, and on rank 0 (the writer on every path)
+        start preparing the pages of the first versions in the background (forge_rl/weights/spares.py). The model's
+        publish size follows from its parameters and the publish dtype, so by the first push_weights those pages
+        exist and are mapped, and version 1 is written at the speed of a recycled version. LoRA publishes its
+        adapters alone: small, no spares."""
+        self.store = ShmWeightStore(cfg=self.store_cfg)
+        if self.rank == 0 and not self.cfg.lora.enabled:
+            spec = sharded_publish.spec(self.model, self._hf_targets(), self._publish_dtype(), self.heads_per_kv,
+                                        self.head_dim)
+            self.store.prepare_spares(None, self.store.version_size(spec))
+
     def _publish(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
         if self.store is None:
