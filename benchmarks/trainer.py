@@ -14,7 +14,8 @@ that are the model's own (so the step trains: ratio 1, nothing clipped), AdamW, 
 - forge_rl: the `Trainer` actor on one proc (TorchTitan's Qwen3, fp32 masters under bf16 compute, the fused lm_head),
   called by the controller as a run calls it; its time includes the call.
 
-Each side runs `--warmup` steps, then `--steps` timed steps (the mean is reported). tokens/s counts every token of the
+Each side runs `--warmup` steps, then `--steps` timed steps (the mean is reported); on a CPU the sides take their
+steps in turn (a plain step, a forge_rl step, ...), so that the load of a shared machine falls on both alike. tokens/s counts every token of the
 batch. MFU (GPU only) = (6 N + 6 L T d) FLOPs per token / the GPU's dense bf16 peak, where N is every parameter
 (the tied embedding counted once, as the lm_head's matmul), L layers, T the sequence length and d the attention
 width (heads x head_dim): the causal attention's forward and backward. Peak memory: the GPU's peak reserved, or on
@@ -93,63 +94,96 @@ def plain_logprobs(model, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Ten
                             reduction="none").view(B, n)
 
 
-def plain_loop(model_dir: Path, batch: TrainBatch, micro: int, steps: int, warmup: int, device: torch.device,
-               param_dtype: torch.dtype) -> Side:
+class PlainLoop:
     """transformers + PyTorch: the clipped GRPO objective, mean over each sequence's tokens, then over sequences."""
-    from transformers import Qwen3ForCausalLM
 
-    model = Qwen3ForCausalLM.from_pretrained(str(model_dir), dtype=param_dtype, attn_implementation="sdpa").to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
-    tokens, mask = batch.tokens.to(device), batch.response_mask[:, 1:].to(device)
-    adv, B = batch.advantages.to(device), batch.num_sequences
-    with torch.no_grad():  # behaviour logprobs: the model's own
-        old = torch.cat([plain_logprobs(model, tokens[i:i + micro], torch.bfloat16) for i in range(0, B, micro)])
-    times, norm = [], 0.0
-    for i in range(warmup + steps):
-        _sync(device)
+    def __init__(self, model_dir: Path, batch: TrainBatch, micro: int, device: torch.device, param_dtype: torch.dtype):
+        from transformers import Qwen3ForCausalLM
+
+        self.model = Qwen3ForCausalLM.from_pretrained(str(model_dir), dtype=param_dtype,
+                                                      attn_implementation="sdpa").to(device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, fused=True)
+        self.tokens, self.mask = batch.tokens.to(device), batch.response_mask[:, 1:].to(device)
+        self.adv, self.micro, self.device = batch.advantages.to(device), micro, device
+        with torch.no_grad():  # behaviour logprobs: the model's own
+            self.old = torch.cat([plain_logprobs(self.model, self.tokens[i:i + micro], torch.bfloat16)
+                                  for i in range(0, len(self.tokens), micro)])
+        self.grad_norm = 0.0
+
+    async def step(self) -> float:
+        B = len(self.tokens)
+        _sync(self.device)
         start = time.perf_counter()
-        for lo in range(0, B, micro):
-            rows = slice(lo, lo + micro)
-            ratio = (plain_logprobs(model, tokens[rows], torch.bfloat16) - old[rows]).exp()
-            a = adv[rows, None]
+        for lo in range(0, B, self.micro):
+            rows = slice(lo, lo + self.micro)
+            ratio = (plain_logprobs(self.model, self.tokens[rows], torch.bfloat16) - self.old[rows]).exp()
+            a = self.adv[rows, None]
             per_token = -torch.minimum(ratio * a, ratio.clamp(1 - CLIP_LOW, 1 + CLIP_HIGH) * a)
-            m = mask[rows]
+            m = self.mask[rows]
             ((per_token * m).sum(1) / m.sum(1)).sum().div(B).backward()
-        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    peak = (torch.cuda.max_memory_reserved(device) if device.type == "cuda" else _peak_rss_mb() * 2**20) / 2**30
-    del model, opt
-    gc.collect()
-    return Side("plain", sum(times) / len(times), peak, norm)
+        self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0))
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        _sync(self.device)
+        return time.perf_counter() - start
+
+    def peak_gb(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_reserved(self.device) / 2**30
+        return _peak_rss_mb() / 1024  # this process's
+
+    async def close(self) -> None:
+        del self.model, self.opt
+        gc.collect()
 
 
-async def forge_rl_trainer(model_dir: Path, batch: TrainBatch, micro: int, steps: int, warmup: int,
-                           profile_dir: Path | None) -> Side:
-    """The Trainer actor on one proc, as a run calls it; behaviour logprobs from its own `logprobs` endpoint."""
-    cfg = TrainerConfig(model=str(model_dir), dtype="bfloat16", micro_batch_size=micro, optim=OptimizerConfig(lr=LR),
-                        profile_steps=[warmup + steps] if profile_dir else [],
-                        profile_dir=str(profile_dir or "profile"))
-    trainer = await Trainer.options(procs=1, spmd=True).as_actor(cfg)
-    try:
-        own = await trainer.logprobs.call_one(batch)
-        batch = TrainBatch(batch.tokens, batch.response_mask, own * batch.response_mask, batch.policy_versions,
-                           batch.advantages)
-        times, metrics = [], {}
-        for i in range(warmup + steps):
-            start = time.perf_counter()
-            metrics = await trainer.train_step.call_one([batch])
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
-            if "profile/summary" in metrics:
-                Console(width=200).print(f"[dim]{metrics['profile/summary']}[/dim]")
-    finally:
-        await stop_actor(trainer)
-    peak = metrics.get("peak_cuda_reserved_mb", metrics["peak_rss_mb"]) / 1024
-    return Side("forge_rl", sum(times) / len(times), peak, metrics["grad_norm"])
+class ForgeRLTrainer:
+    """The Trainer actor on one proc, called as a run calls it (its time includes the call); behaviour logprobs from
+    its own `logprobs` endpoint."""
+
+    async def start(self, model_dir: Path, batch: TrainBatch, micro: int, profile_step: int | None,
+                    profile_dir: Path | None) -> "ForgeRLTrainer":
+        profile = dict(profile_steps=[profile_step], profile_dir=str(profile_dir)) if profile_dir else {}
+        cfg = TrainerConfig(model=str(model_dir), dtype="bfloat16", micro_batch_size=micro,
+                            optim=OptimizerConfig(lr=LR), **profile)
+        self.trainer = await Trainer.options(procs=1, spmd=True).as_actor(cfg)
+        own = await self.trainer.logprobs.call_one(batch)
+        self.batch = TrainBatch(batch.tokens, batch.response_mask, own * batch.response_mask, batch.policy_versions,
+                                batch.advantages)
+        self.metrics = {}
+        return self
+
+    async def step(self) -> float:
+        start = time.perf_counter()
+        self.metrics = await self.trainer.train_step.call_one([self.batch])
+        if "profile/summary" in self.metrics:
+            Console(width=200).print(f"[dim]{self.metrics['profile/summary']}[/dim]")
+        return time.perf_counter() - start
+
+    @property
+    def grad_norm(self) -> float:
+        return self.metrics["grad_norm"]
+
+    def peak_gb(self) -> float:
+        return self.metrics.get("peak_cuda_reserved_mb", self.metrics["peak_rss_mb"]) / 1024
+
+    async def close(self) -> None:
+        await stop_actor(self.trainer)
+
+
+async def timed(sides: dict, steps: int, warmup: int, alternate: bool) -> list[Side]:
+    """Each side's mean step time after `warmup` steps: side after side, or (`alternate`) a step of each in turn,
+    so that a shared machine's load falls on both alike."""
+    times = {name: [] for name in sides}
+    rounds = [list(sides)] * (warmup + steps) if alternate else [[name] for name in sides for _ in range(warmup + steps)]
+    for round_ in rounds:
+        for name in round_:
+            times[name].append(await sides[name].step())
+    out = []
+    for name, side in sides.items():
+        kept = times[name][warmup:]
+        out.append(Side(name, sum(kept) / len(kept), side.peak_gb(), side.grad_norm))
+    return out
 
 
 def _sync(device: torch.device) -> None:
@@ -177,15 +211,31 @@ async def run_shape(shape: str, args, root: Path) -> list[dict]:
     batch = make_batch(B, T)
     Console().print(f"[dim]{shape}: {params / 1e6:.1f}M parameters, {B} x {T} tokens, micro-batch {micro}, "
                     f"{device.type}[/dim]")
-    sides = []
-    for dtype in args.plain_dtype.split(","):
-        side = plain_loop(model_dir, batch, micro, args.steps, args.warmup, device, getattr(torch, dtype))
-        side.name = f"plain ({dtype} params, bf16 autocast)" if dtype == "float32" else f"plain ({dtype} params)"
-        sides.append(side)
-        Console().print(f"[dim]{side.name}: {side.step_s:.3f} s/step[/dim]")
+    plain = {f"plain ({d} params, bf16 autocast)" if d == "float32" else f"plain ({d} params)": getattr(torch, d)
+             for d in args.plain_dtype.split(",")}
     profile = args.out / f"profile-{shape}" if args.profile and args.out else None
-    sides.append(await forge_rl_trainer(model_dir, batch, micro, args.steps, args.warmup, profile))
-    Console().print(f"[dim]forge_rl: {sides[-1].step_s:.3f} s/step[/dim]")
+    alternate = device.type == "cpu"  # a shared CPU's load falls on both sides alike; a GPU runs one side at a time
+    sides = []
+    if alternate:
+        loops = {name: PlainLoop(model_dir, batch, micro, device, dtype) for name, dtype in plain.items()}
+        loops["forge_rl"] = await ForgeRLTrainer().start(model_dir, batch, micro, args.warmup + args.steps, profile)
+        try:
+            sides = await timed(loops, args.steps, args.warmup, alternate=True)
+        finally:
+            for loop in loops.values():
+                await loop.close()
+    else:
+        for name, dtype in plain.items():
+            loop = PlainLoop(model_dir, batch, micro, device, dtype)
+            sides += await timed({name: loop}, args.steps, args.warmup, alternate=False)
+            await loop.close()
+        loop = await ForgeRLTrainer().start(model_dir, batch, micro, args.warmup + args.steps, profile)
+        try:
+            sides += await timed({"forge_rl": loop}, args.steps, args.warmup, alternate=False)
+        finally:
+            await loop.close()
+    for side in sides:
+        Console().print(f"[dim]{side.name}: {side.step_s:.3f} s/step[/dim]")
     peak, tokens = peak_tflops(device), B * T
     plain_s = sides[0].step_s
     return [dict(shape=shape, side=s.name, params_m=params / 1e6, tokens=tokens, step_s=s.step_s,

@@ -30,6 +30,7 @@ import weakref
 
 import torch
 
+from forge_rl.deps.pytorch import is_fake
 from forge_rl.losses.logprobs import ENTROPY, allowed_columns
 
 CPU_BUDGET_BYTES = 2 << 30
@@ -87,7 +88,10 @@ class Workspace:
         buf = buffers.get(name)
         if buf is None or buf.dtype != dtype or buf.numel() < rows * cols:
             buffers[name] = buf = None  # free the old one before making the larger
-            buffers[name] = buf = torch.empty(rows * cols, dtype=dtype)
+            buf = torch.empty(rows * cols, dtype=dtype)
+            if is_fake(buf):  # made under a fake-tensor mode (the rehearsal): never handed to real code later
+                return buf.view(rows, cols)
+            buffers[name] = buf
         return buf[: rows * cols].view(rows, cols)
 
     @classmethod
@@ -99,8 +103,10 @@ class Workspace:
         lent = getattr(cls._local, "lease", None)
         if lent is not None and lent() is not None:  # still in use: a second forward before the first's backward
             return torch.empty(rows, cols, dtype=dtype), lease
-        cls._local.lease = weakref.ref(lease)
-        return cls.scratch("kept_logits", rows, cols, dtype, device), lease
+        buf = cls.scratch("kept_logits", rows, cols, dtype, device)
+        if not is_fake(buf):
+            cls._local.lease = weakref.ref(lease)
+        return buf, lease
 
     @classmethod
     def release(cls) -> None:
@@ -188,6 +194,7 @@ class _FusedHead(torch.autograd.Function):
                 ent[lo:hi] = log_sums - torch.bmm(e[:, None, :], z[:, :, None])[:, 0, 0] / sums
         ctx.save_for_backward(hidden, weight, tokens, ent, lse, kept, logits if keep else None)
         ctx.lease = lease
+        ctx.compute_weight, ctx.compute_weight_version = w, w._version  # reused by the backward if still this copy
         ctx.temperature, ctx.shift, ctx.rows = temperature, shift, rows
         return _unflat(lp, B, T, shift), _unflat(ent, B, T, shift)
 
@@ -205,7 +212,9 @@ class _FusedHead(torch.autograd.Function):
         use_ent = grad_ent is not None
         grad_h = torch.empty(M, D, dtype=hidden.dtype, device=dev)
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=dev) if M == 0 else None
-        w = _compute_weight(weight, hidden.dtype)
+        w = ctx.compute_weight  # the forward's copy, unless another call has written its buffer since
+        if w._version != ctx.compute_weight_version:
+            w = _compute_weight(weight, hidden.dtype)
         for lo in range(0, M, rows):
             hi = min(lo + rows, M)
             if logits is not None:

@@ -295,6 +295,8 @@ class GRPORun:
             seq_len=seq_len, activation_checkpointing=cfg.trainer.parallel.activation_checkpointing,
             fused_lm_head=cfg.trainer.fused_lm_head, trainer_tp=cfg.trainer.parallel.tp,
             trainer_ep=cfg.trainer.parallel.ep, lora=cfg.trainer.lora.enabled, reference_params=ref_params,
+            **({"lm_head_memory_gb": cfg.trainer.lm_head_memory_mb * 2**20 / 1e9} if cfg.trainer.lm_head_memory_mb
+               else {}),
             critic_params=self.critic_parameters(),
             engine_dtype=engine_args.get("dtype", "bfloat16"), tensor_parallel_size=self.generator_gpus,
             max_model_len=engine_args.get("max_model_len"), max_num_seqs=engine_args.get("max_num_seqs"))

@@ -15,7 +15,7 @@ rehearsal's findings against it.
 
 from dataclasses import dataclass, replace
 
-from forge_rl.runtime.memory_plan import ModelShape, plan_memory
+from forge_rl.runtime.memory_plan import LM_HEAD_MEMORY_GB, ModelShape, plan_memory
 
 TOLERANCE = 0.10  # a rank's peak may exceed the plan by this much (the agreement asked of plan, docs and rehearsal)
 BOUNDED_PHASES = ("load", "publish_shm", "publish_rank0", "save", "restore", "export", "follow")
@@ -26,6 +26,12 @@ class PhasePlan:
     bytes: dict[str, float]  # per phase
     block: int  # trainer.publish_block_mb in bytes
     states: float  # fp32 params, grads and AdamW's moments, and the RoPE cache
+
+
+def rehearsed_head_mb(cfg) -> float:
+    """The fused head's working memory a rehearsed rank uses: the GPU's auto budget unless the config sets one (the
+    rehearsal runs on a CPU, whose own auto budget is larger)."""
+    return cfg.lm_head_memory_mb or LM_HEAD_MEMORY_GB * 1e9 / 2**20
 
 
 def phase_plan(hf_config: dict, cfg, world: int, seq_len: int, role: str = "trainer") -> PhasePlan:
@@ -40,7 +46,8 @@ def phase_plan(hf_config: dict, cfg, world: int, seq_len: int, role: str = "trai
         shape = replace(shape, vocab_size=1)  # its "logits" are one per token
     plan = plan_memory(shape, 1e15, trainer_ranks=world, micro_batch=cfg.micro_batch_size or 1, seq_len=seq_len,
                        activation_checkpointing=cfg.parallel.activation_checkpointing,
-                       fused_lm_head=cfg.fused_lm_head and not critic, trainer_tp=tp, trainer_ep=cfg.parallel.ep)
+                       fused_lm_head=cfg.fused_lm_head and not critic, trainer_tp=tp, trainer_ep=cfg.parallel.ep,
+                       lm_head_memory_gb=rehearsed_head_mb(cfg) * 2**20 / 1e9)
     step = plan.activations_gb * 1e9
     if critic and world // tp > 1:  # its largest FSDP unit is still the embedding
         step += model.fsdp_unit_bytes(tp) - shape.fsdp_unit_bytes(tp)

@@ -30,6 +30,7 @@ import torch
 
 from forge_rl.deps.monarch import endpoint_function
 from forge_rl.deps.torchtitan import balanced_routing
+from forge_rl.rehearsal.bounds import rehearsed_head_mb
 from forge_rl.rehearsal.fake_memory import FakeMemory, Largest
 from forge_rl.rehearsal.fake_ranks import ObjectExchange, fake_rank
 from forge_rl.rehearsal.recording import (Coverage, RecordingStorage, RecordingStore, RecordingWriter,
@@ -148,7 +149,8 @@ class _Run:
         from forge_rl.actors.reference import Reference
         from forge_rl.actors.trainer import Trainer
 
-        cfg = replace(self.spec.cfg, model=str(self.spec.model_dir), checkpoint_dir=str(self.scratch / "ckpt"))
+        cfg = replace(self.spec.cfg, model=str(self.spec.model_dir), checkpoint_dir=str(self.scratch / "ckpt"),
+                      lm_head_memory_mb=rehearsed_head_mb(self.spec.cfg))
         return {"trainer": Trainer, "critic": Critic, "reference": Reference}[self.spec.role](cfg)
 
     def _phase(self, trainer, phase: str, coverage: dict, memory: FakeMemory) -> None:

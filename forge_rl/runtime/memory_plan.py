@@ -29,8 +29,10 @@ h, L, I, V, a, k, d = hidden, layers, intermediate, vocabulary, attention heads,
   divided by tp under tensor parallelism (TorchTitan shards the activations between layers over the TP ranks:
   sequence parallelism, Korthikanti et al.'s 34 s b h / t), plus, when the lm_head is not fused (TP ranks, or
   trainer.fused_lm_head off), the rank's vocabulary shard of the logits in bf16: tokens * V/tp * 2 (the
-  log-softmax runs blockwise: forge_rl/losses/logprobs.py). FSDP ranks fuse the head: the rehearsal
-  (forge_rl/rehearsal) shows no rank making the logits.
+  log-softmax runs blockwise: forge_rl/losses/logprobs.py). FSDP ranks fuse the head and hold at most its working
+  memory, min(trainer.lm_head_memory_mb (auto: 1 GiB on a GPU), tokens * V * 10) (forge_rl/losses/fused_head.py:
+  bf16 logits and two fp32 buffers per logit of a block): the rehearsal (forge_rl/rehearsal) shows no rank
+  making the logits whole.
   Plus, under FSDP (n / tp > 1), its largest unit made whole for the unit's forward and backward: parameters in bf16
   and their fp32 gradient before the reduce-scatter, 6 * max(V*h, one layer's parameters) / tp (the head's at
   Qwen3's sizes: 3.7 GB at 8B on one TP rank, 0.6 GB at 32B over TP 8). Under expert parallelism (ep) a layer
@@ -58,6 +60,7 @@ from pathlib import Path
 from forge_rl.config import ConfigError
 
 GB = 1e9
+LM_HEAD_MEMORY_GB = 2**30 / GB  # the fused head's auto working memory on a GPU (forge_rl/losses/fused_head.py)
 TRAINER_OVERHEAD_GB = 1.0
 ENGINE_OVERHEAD_GB = 2.0
 MARGIN_GB = 2.0
@@ -215,7 +218,7 @@ class MemoryPlan:
 
 def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, micro_batch: int = 1,
                 seq_len: int = 2048, activation_checkpointing: bool = True, fused_lm_head: bool = True, trainer_tp: int = 1,
-                trainer_ep: int = 1,
+                trainer_ep: int = 1, lm_head_memory_gb: float = LM_HEAD_MEMORY_GB,
                 offload_optimizer: bool = False, lora: bool = False, reference_params: int = 0, critic_params: int = 0,
                 engine_dtype: str = "bfloat16", tensor_parallel_size: int = 1, max_model_len: int | None = None,
                 max_num_seqs: int | None = None, margin_gb: float = MARGIN_GB) -> MemoryPlan:
@@ -230,6 +233,7 @@ def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, 
     step = resident + (fp32_gb if offload_optimizer and not lora else 0.0)
     extra = (4 * reference_params + 16 * critic_params) / n / GB + TRAINER_OVERHEAD_GB
     logits = not fused_lm_head or trainer_tp > 1  # the trainer fuses the lm_head unless TP splits its vocabulary
+    head_gb = 0.0 if logits else min(lm_head_memory_gb, micro_batch * seq_len * shape.vocab_size * 10 / GB)
     engine_bytes = DTYPE_BYTES.get(str(engine_dtype).replace("torch.", ""), 2)
     max_len = max_model_len or shape.max_position_embeddings or seq_len
     min_kv, what = ((max_len * max_num_seqs, f"max_model_len={max_len} x max_num_seqs={max_num_seqs}")
@@ -239,7 +243,8 @@ def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, 
         model=shape.name, params=params, gpu_gb=gpu_gb, trainer_ranks=n, offload_optimizer=offload_optimizer,
         trainer_states_gb=states, trainer_resident_gb=resident + extra, trainer_step_gb=step + extra,
         activations_gb=(shape.activation_bytes(micro_batch * seq_len, activation_checkpointing, logits, trainer_tp)
-                        + (shape.fsdp_unit_bytes(trainer_tp, trainer_ep) if n // max(trainer_tp, 1) > 1 else 0)) / GB,
+                        + (shape.fsdp_unit_bytes(trainer_tp, trainer_ep) if n // max(trainer_tp, 1) > 1 else 0)) / GB
+        + head_gb,
         engine_weights_gb=params * engine_bytes / t / GB, kv_bytes_per_token=shape.kv_bytes_per_token(engine_bytes),
         tensor_parallel_size=t, gpu_memory_utilization=utilization, kv_tokens=0, min_kv_tokens=min_kv,
         min_kv_what=what, margin_gb=margin_gb)
