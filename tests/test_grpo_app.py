@@ -62,11 +62,15 @@ def test_grpo_async_run_then_synchronous_resume(tmp_path, capsys):
     assert resumed == [1, 2, 3, 4, 5]
 
 
-def test_grpo_on_a_users_jsonl_task_with_a_column_reward(tmp_path):
-    """A user's task: their JSONL with their own column names, a reward of theirs reading an extra column, a
-    held-out file, and a prompt too long for the engine (skipped and counted, the run goes on)."""
+@pytest.fixture(scope="module")
+def users_task_run(tmp_path_factory):
+    """One short run shared by the two tests below (each setting is independent of the other's): a user's task
+    (their JSONL with their own column names, a reward of theirs reading an extra column, a held-out file, a prompt
+    too long for the engine) and a KL penalty to a moving anchor (reference.follow_every=1, follow_lag=1).
+    Returns (the run's folder, the folder its data came from, its summary)."""
     import random
 
+    tmp_path = tmp_path_factory.mktemp("users_task")
     rng = random.Random(0)
     rows = [{"q": f"{a}+{b}=", "sum": a + b, "bonus": 0.5} for a, b in ((rng.randint(0, 99), rng.randint(0, 99))
                                                                          for _ in range(9))]
@@ -74,19 +78,26 @@ def test_grpo_on_a_users_jsonl_task_with_a_column_reward(tmp_path):
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", SMALL + [
-        "steps=3", f"output_dir={tmp_path}/run", f"task.source={tmp_path}/train.jsonl", "task.prompt_column=q",
+        "steps=4", f"output_dir={tmp_path}/run", f"task.source={tmp_path}/train.jsonl", "task.prompt_column=q",
         "task.answer_column=sum", f"task.held_out={tmp_path}/test.jsonl", "task.eval_reward=exact_match",
         "buffer.drop_zero_advantage=false",
-        "rewards=[{name: exact_match, weight: 1.0}, {name: 'tests.actors:bonus_reward', weight: 1.0}]"])
-    summary = asyncio.run(main(cfg))
-    assert summary["trainer_version"] == 3
-    scored = [r for r in read_jsonl(tmp_path / "run/metrics.jsonl") if "reward/tests.actors:bonus_reward" in r]
+        "rewards=[{name: exact_match, weight: 1.0}, {name: 'tests.actors:bonus_reward', weight: 1.0}]",
+        "trainer.grpo.kl_coef=0.1", "export_dir=null", "reference.follow_every=1", "reference.follow_lag=1"])
+    return tmp_path / "run", tmp_path, asyncio.run(main(cfg))
+
+
+def test_grpo_on_a_users_jsonl_task_with_a_column_reward(users_task_run):
+    """A user's task: their JSONL with their own column names, a reward of theirs reading an extra column, a
+    held-out file, and a prompt too long for the engine (skipped and counted, the run goes on)."""
+    run, data, summary = users_task_run
+    assert summary["trainer_version"] == 4
+    scored = [r for r in read_jsonl(run / "metrics.jsonl") if "reward/tests.actors:bonus_reward" in r]
     assert scored and all(r["reward/tests.actors:bonus_reward"] == 0.5 for r in scored)
-    # 12+ groups from 10 rows: past the first epoch, so the long prompt was met, skipped and counted
+    # 16+ groups from 10 rows: past the first epoch, so the long prompt was met, skipped and counted
     assert summary["data"]["epoch"] >= 1 and summary["drops"]["prompt_too_long"] >= 1
     assert len(summary["evals"]) == 2 and all(0.0 <= acc <= 1.0 for *_, acc in summary["evals"])
-    app_state = torch.load(next((tmp_path / "run").glob("checkpoints/step-*/app_state.pt")), weights_only=False)
-    assert app_state["dataset"]["source"] == str(tmp_path / "train.jsonl")
+    app_state = torch.load(next(run.glob("checkpoints/step-*/app_state.pt")), weights_only=False)
+    assert app_state["dataset"]["source"] == str(data / "train.jsonl")
     assert app_state["dataset"]["position"] == summary["data"]["position"]
 
 
@@ -115,11 +126,11 @@ def test_trainer_killed_mid_run_then_resumed(tmp_path):
     from forge_rl.loop.checkpoint import APP_STATE, complete_checkpoints
     from forge_rl.loop.train_loop import RoleDied
 
-    # a checkpoint every second step: the kill lands after step 5 is logged, so the newest checkpoint is step 4
-    # and the step the resumed run trains first (5) has a loss from the run that was killed
+    # a checkpoint every second step: the kill lands after step 3 is logged, so the newest checkpoint is step 2
+    # and the step the resumed run trains first (3) has a loss from the run that was killed
     run_dir = tmp_path / "run"
     sync = SMALL + ["async_mode=false", "max_policy_age=0", "buffer.drop_zero_advantage=false", "checkpoint_every=2",
-                    "checkpoint_keep_last=0", f"output_dir={run_dir}", "steps=8", "resume=auto"]
+                    "checkpoint_keep_last=0", f"output_dir={run_dir}", "steps=5", "resume=auto"]
 
     def losses() -> dict[int, float]:
         if not (run_dir / "metrics.jsonl").is_file():
@@ -128,11 +139,11 @@ def test_trainer_killed_mid_run_then_resumed(tmp_path):
 
     victims = []
 
-    def kill_the_trainer_after_step_5():
+    def kill_the_trainer_after_step_3():
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             with contextlib.suppress(ValueError):  # a line caught half-written: read again
-                if 5 in losses():
+                if 3 in losses():
                     break
             time.sleep(0.02)
         for proc in psutil.Process(os.getpid()).children():
@@ -140,7 +151,7 @@ def test_trainer_killed_mid_run_then_resumed(tmp_path):
                 victims.append(proc.pid)
                 os.kill(proc.pid, signal.SIGKILL)
 
-    killer = threading.Thread(target=kill_the_trainer_after_step_5, daemon=True)
+    killer = threading.Thread(target=kill_the_trainer_after_step_3, daemon=True)
     killer.start()
     with pytest.raises(RoleDied) as died:
         asyncio.run(main(load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", sync)))
@@ -150,16 +161,16 @@ def test_trainer_killed_mid_run_then_resumed(tmp_path):
     newest = complete_checkpoints(run_dir / "checkpoints")[-1]
     message = str(died.value)
     assert "Trainer process died" in message and str(newest) in message and "resume=" in message
-    assert newest.name == "step-4", (newest, sorted(before_kill))  # it died mid-run, with a checkpoint behind it
+    assert newest.name == "step-2", (newest, sorted(before_kill))  # it died mid-run, with a checkpoint behind it
     assert not list((run_dir / "checkpoints").glob(".*"))  # no half-written checkpoint left
-    assert torch.load(newest / APP_STATE, weights_only=False)["version"] == 4
+    assert torch.load(newest / APP_STATE, weights_only=False)["version"] == 2
 
     resumed = asyncio.run(main(load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", sync)))
-    assert resumed["start_step"] == 4 and resumed["trainer_version"] == 8
-    assert resumed["generator_version"] == 8 and resumed["max_staleness"] == 0
-    # the first step after resuming from step 4 trained what the killed run's step 5 did
-    assert losses()[5] == pytest.approx(before_kill[5], abs=1e-6)
-    assert sorted(losses()) == list(range(1, 9))  # no step twice, none missing
+    assert resumed["start_step"] == 2 and resumed["trainer_version"] == 5
+    assert resumed["generator_version"] == 5 and resumed["max_staleness"] == 0
+    # the first step after resuming from step 2 trained what the killed run's step 3 did
+    assert losses()[3] == pytest.approx(before_kill[3], abs=1e-6)
+    assert sorted(losses()) == list(range(1, 6))  # no step twice, none missing
     accounting = resumed["buffer"]
     assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
 
@@ -261,10 +272,10 @@ def test_lora_grpo_on_shared_cores_with_a_kl_penalty_moves_and_syncs_only_the_ad
     from safetensors.torch import load_file
 
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny_lora.yaml",
-                      ["steps=12", "eval_every=0", "eval_size=50", f"output_dir={tmp_path}",
+                      ["steps=4", "eval_every=0", "eval_size=16", f"output_dir={tmp_path}",
                        "resources.placement=colocated", "trainer.grpo.kl_coef=0.01"])
     summary = asyncio.run(main(cfg))
-    assert summary["trainer_version"] == 12 and summary["generator_version"] == 12
+    assert summary["trainer_version"] == 4 and summary["generator_version"] == 4
     assert summary["max_staleness"] <= 1
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]
     full = (REPO / "forge_rl/models/tiny_warm/model.safetensors").stat().st_size
@@ -280,15 +291,12 @@ def test_lora_grpo_on_shared_cores_with_a_kl_penalty_moves_and_syncs_only_the_ad
     assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
 
 
-def test_a_grpo_run_with_a_kl_to_a_moving_anchor_records_each_steps_reference_version(tmp_path):
+def test_a_grpo_run_with_a_kl_to_a_moving_anchor_records_each_steps_reference_version(users_task_run):
     """reference.follow_every=1, follow_lag=1 (the Reference's own test: tests/test_reference.py): steps 1 and 2 are
     scored by the starting policy (after step 1 the anchor would be version 0 again), step 3 by version 1, step 4 by
-    version 2; the metrics say so."""
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
-                      SMALL + ["steps=4", f"output_dir={tmp_path}", "trainer.grpo.kl_coef=0.1", "export_dir=null",
-                               "reference.follow_every=1", "reference.follow_lag=1"])
-    asyncio.run(main(cfg))
-    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]
+    version 2; the metrics say so. The run is users_task_run's: the anchor does not care whose task it is."""
+    run, _, _ = users_task_run
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "trainer/loss" in r]
     assert [r["reference/version"] for r in rows] == [0, 0, 1, 2]
     assert all(r["trainer/kl_ref"] >= 0 for r in rows)
 

@@ -210,34 +210,30 @@ def test_tiny_rm_tells_right_sums_from_wrong_ones(loop):
 
 
 def test_grpo_scored_by_the_tiny_rm_and_a_judge(tmp_path):
-    """A short GRPO run whose rewards are tiny-rm (weight 1) and exact match at weight 0 (for the held-out evaluation
-    only: training never sees the answer column); then one scored by a judge (tiny-warm on its own engine args,
-    its verdict parsed)."""
+    """A short GRPO run whose rewards are tiny-rm (weight 1), a judge (tiny-warm on its own engine args, its verdict
+    parsed and scaled) and exact match at weight 0 (for the held-out evaluation only: training never sees the
+    answer column). One run holds both learned rewards: each is its own actor on its own procs either way."""
     from forge_rl.recipes.grpo import main
     from forge_rl.recipes.grpo_config import GRPOConfig
 
+    judge = ("{model: tiny-warm, kind: judge, template: '{prompt}{completion}', parser: '(\\d+)', scale: 0.001, "
+             "weight: 1.0, engine_args: {max_model_len: 96}}")
+    rewards = f"rewards=[{{model: tiny-rm, kind: classifier, weight: 1.0}}, {{name: format, weight: 0.1}}, {judge}, " \
+              "{name: exact_match, weight: 0.0}]"
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny_rm.yaml", [
         "steps=2", "batch_groups=4", "group_size=4", "rollout_tasks=4", "eval_size=16", "eval_every=0",
-        "buffer.capacity=8", f"output_dir={tmp_path}", "export_dir=null"])
+        "buffer.capacity=8", f"output_dir={tmp_path}", "export_dir=null", rewards])
     summary = asyncio.run(main(cfg))
     assert summary["trainer_version"] == 2
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     scored = [r for r in rows if "reward/classifier:tiny-rm" in r]
     assert scored and all(0 < r["reward/classifier:tiny-rm"] < 1 for r in scored)
+    # the judge (tiny-warm, which answers sums) says a number: parsed, scaled
+    judged = [r["reward/judge:tiny-warm"] for r in scored]
+    assert all(0 <= v and math.isfinite(v) for v in judged), judged
     for r in scored:  # the total is the weighted sum of the parts, exact match's weight 0 included
-        assert math.isclose(r["reward/mean"], r["reward/classifier:tiny-rm"] + 0.1 * r["reward/format"], abs_tol=1e-6)
-
-    judge = (f"rewards=[{{model: tiny-warm, kind: judge, template: '{{prompt}}{{completion}}', parser: '(\\d+)', "
-             f"scale: 0.001, weight: 1.0, engine_args: {{max_model_len: 96}}}}, {{name: exact_match, weight: 0.0}}]")
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", [
-        "steps=1", "batch_groups=2", "group_size=2", "rollout_tasks=2", "eval_size=8", "eval_every=0",
-        "buffer.capacity=4", f"output_dir={tmp_path / 'judge'}", judge, "task.eval_reward=exact_match",
-        "export_dir=null", "buffer.drop_zero_advantage=false"])
-    summary = asyncio.run(main(cfg))  # the judge (tiny-warm, which answers sums) says a number: parsed, scaled
-    assert summary["trainer_version"] == 1
-    rows = [json.loads(line) for line in (tmp_path / "judge" / "metrics.jsonl").read_text().splitlines()]
-    judged = [r["reward/judge:tiny-warm"] for r in rows if "reward/judge:tiny-warm" in r]
-    assert judged and all(0 <= v and math.isfinite(v) for v in judged), judged
+        total = r["reward/classifier:tiny-rm"] + 0.1 * r["reward/format"] + r["reward/judge:tiny-warm"]
+        assert math.isclose(r["reward/mean"], total, abs_tol=1e-6), r
 
 
 def test_a_judges_unparsable_or_stuck_parser_fails_its_groups_named(loop):
