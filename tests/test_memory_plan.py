@@ -6,8 +6,8 @@ import json
 import pytest
 
 from forge_rl.config import ConfigError
-from forge_rl.runtime.memory_plan import (ENGINE_OVERHEAD_GB, GB, MARGIN_GB, TRAINER_OVERHEAD_GB, ModelShape, main,
-                                          plan_memory, size_one_gpu)
+from forge_rl.runtime.memory_plan import (ENGINE_OVERHEAD_GB, GB, LM_HEAD_MEMORY_GB, MARGIN_GB, TRAINER_OVERHEAD_GB,
+                                          ModelShape, main, plan_memory, size_one_gpu)
 
 QWEN3 = dict(model_type="qwen3", vocab_size=151936, num_key_value_heads=8, head_dim=128)
 CONFIGS = {
@@ -55,8 +55,10 @@ def test_small_models_fit_one_80gb_gpu_with_everything_on_it():
         assert plan.gpu_memory_utilization == want_util
         kv = (want_util * 80 - 2 * p / GB - ENGINE_OVERHEAD_GB) * GB / KV_BYTES[name]  # 560,197 / 383,639 tokens
         assert plan.kv_tokens == pytest.approx(kv, abs=2)
-        # activations with checkpointing: 4*2048 tokens * h * (2*28 + 34) bytes = 0.75 / 1.51 GB
-        assert plan.activations_gb == pytest.approx(4 * 2048 * CONFIGS[name]["hidden_size"] * 90 / GB)
+        # activations with checkpointing: 4*2048 tokens * h * (2*28 + 34) bytes = 0.75 / 1.51 GB, and the fused
+        # lm_head's working memory: its 1 GiB budget (the micro-batch's logits would take 4*2048 * 151936 * 10 bytes)
+        assert plan.activations_gb == pytest.approx(4 * 2048 * CONFIGS[name]["hidden_size"] * 90 / GB
+                                                    + LM_HEAD_MEMORY_GB)
         assert plan.warnings == []
 
 
@@ -124,7 +126,7 @@ def test_the_users_gpu_memory_utilization_is_checked_against_the_plan():
     # with TP 2 each rank holds half the layers' activations (sequence parallelism), its half of the vocabulary's
     # logits in bf16 (16*2048 tokens * 75968 * 2 bytes = 5.0 GB) and half the unit
     unit = 6 * 151936 * 2048
-    assert four.activations_gb == pytest.approx((16 * 2048 * 2048 * 90 + unit) / GB)
+    assert four.activations_gb == pytest.approx((16 * 2048 * 2048 * 90 + unit) / GB + LM_HEAD_MEMORY_GB)
     tp = plan_memory(shape("Qwen3-1.7B"), 80e9, trainer_ranks=4, trainer_tp=2, micro_batch=16, seq_len=2048)
     assert tp.activations_gb == pytest.approx((16 * 2048 * (2048 * 90 // 2 + 151936 // 2 * 2) + unit // 2) / GB)
 

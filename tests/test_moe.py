@@ -177,6 +177,7 @@ def test_the_trainer_adds_the_load_balancing_loss_when_asked(loop, tmp_path):
     """trainer.moe_aux_loss_coef=1: the step's loss is the policy loss plus the routers' balancing loss over the
     batch (the same forward computed here from the shipped weights)."""
     from forge_rl.models.moe_aux import RouterStats
+    from forge_rl.models.moe_aux import unpadded
     from forge_rl.models.qwen3 import build_model
     from forge_rl.runtime import stop_actor
 
@@ -192,7 +193,8 @@ def test_the_trainer_adds_the_load_balancing_loss_when_asked(loop, tmp_path):
     stats = RouterStats(model.train())
     with torch.no_grad():
         model(batch.tokens)
-    assert losses[1] - losses[0] == pytest.approx(stats.pop_loss().item(), abs=1e-4)
+    # the trainer counts each row's tokens up to its last response token, as HF's attention mask does (row 0 is padded)
+    assert losses[1] - losses[0] == pytest.approx(stats.pop_loss(unpadded(batch.response_mask)).item(), abs=1e-4)
 
 
 @pytest.mark.parametrize("overrides, message", [
