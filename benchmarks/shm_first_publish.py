@@ -1,16 +1,12 @@
 """What a weight-store publish pays for fresh shared-memory pages, against one into a recycled version's pages.
 
-    python -m benchmarks.shm_first_publish [--gb 1.2] [--versions 4] [--step-s 5] [--first setup|fresh]
+    python -m benchmarks.shm_first_publish [--gb 1.2] [--versions 4] [--step-s 5]
 
 A publisher writes versions 1..N of one bf16 state dict of --gb from CPU tensors, --step-s apart (a train step;
-keep_versions=2). With --first setup (the default, what the Trainer does at setup) it first has the store prepare
-version 1's file from the state dict's spec (`prepare_spares(None, version_size(spec))`, in the background; timed
-until it is ready) and publishes version 1 --step-s later, into that file. With --first fresh (a writer that learns
-the size at its first publish) version 1 gets fresh tmpfs pages. Either way version 2 takes a spare file prepared
-after version 1, and version 3 on recycle a dropped version's. For each version: the publish's time and a
-reader's load of it in another process (its map, and reading every page once, as a generator's load does). Then a
-fresh file's parts one by one (reserving its pages with posix_fallocate, mapping it with MAP_POPULATE, the copy),
-and again with its pages faulted in ahead.
+keep_versions=2: version 1 gets fresh tmpfs pages, version 2 a spare file prepared meanwhile (spares.py), version 3
+on recycle a dropped version's). For each: the publish's time and a reader's load of it in another process (its
+map, and reading every page once, as a generator's load does). Then a fresh file's parts one by one (reserving
+its pages with posix_fallocate, mapping it with MAP_POPULATE, the copy), and again with its pages faulted in ahead.
 """
 
 import argparse
@@ -67,29 +63,15 @@ def parts_of_a_fresh_file(path: Path, size: int, prefault: bool, src: torch.Tens
     return t
 
 
-def prepared_at_setup(store, spec) -> float:
-    """What the Trainer's setup does before version 1: version 1's file prepared in the background from the spec
-    alone. Returns the seconds until it is ready."""
-    from forge_rl.weights import spares
-
-    start = time.perf_counter()
-    store.prepare_spares(None, store.version_size(spec))
-    while not spares.ready(store.root):
-        time.sleep(0.01)
-    return time.perf_counter() - start
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=1.2)
     ap.add_argument("--versions", type=int, default=4)
     ap.add_argument("--step-s", type=float, default=5.0)
-    ap.add_argument("--first", choices=("setup", "fresh"), default="setup",
-                    help="setup: the first versions' files prepared before version 1, as the Trainer's setup does")
     args = ap.parse_args()
     import torch.distributed.tensor  # noqa: F401  publish() imports it: ~1 s once, already paid in a trainer
 
-    from forge_rl.weights import ShmWeightStore, WeightStoreConfig, spec_of
+    from forge_rl.weights import ShmWeightStore, WeightStoreConfig
 
     sd = state_dict(args.gb)
     root = Path(tempfile.mkdtemp(prefix="forge_rl-bench-first-publish-", dir="/dev/shm"))
@@ -99,21 +81,17 @@ def main() -> None:
                               stdout=subprocess.PIPE, text=True)
     assert reader.stdout.readline().strip() == "ready"  # its imports done: they would compete with version 1
     try:
-        if args.first == "setup":
-            print(f"setup: {prepared_at_setup(store, spec_of(sd)):.3f} s to prepare version 1's file in the "
-                  "background", flush=True)
         for v in range(1, args.versions + 1):
             recycled, from_spares = store.recycled, store.from_spares
-            time.sleep(args.step_s if v > 1 or args.first == "setup" else 0)
+            time.sleep(args.step_s if v > 1 else 0)
             start = time.perf_counter()
             store.publish(v, sd)
             took = time.perf_counter() - start
             reader.stdin.write(f"{v}\n")
             reader.stdin.flush()
             load_s, read_s = reader.stdout.readline().split()
-            ahead = "at setup" if v == 1 else "after version 1"
-            pages = ("recycled pages" if store.recycled > recycled else f"a spare file's pages, faulted in {ahead}"
-                     if store.from_spares > from_spares else "fresh pages")
+            pages = ("recycled pages" if store.recycled > recycled else "a spare file's pages, faulted in after "
+                     "version 1" if store.from_spares > from_spares else "fresh pages")
             print(f"version {v} ({pages}): publish {took:.3f} s; reader: load (map) {load_s} s, "
                   f"read every page {read_s} s", flush=True)
         size = sum(t.numel() * 2 for t in sd.values())

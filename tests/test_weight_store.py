@@ -133,34 +133,6 @@ def test_the_versions_before_one_is_dropped_take_pages_prepared_ahead(store):
                                                                                                   "v00000003"]
 
 
-def test_the_first_version_takes_pages_prepared_before_any_version(store):
-    """A writer that knows its spec before publishing (the trainer, at setup) has version 1's file prepared then,
-    exactly a version's size whatever its number's digits: version 1 is written into pages that already exist and
-    are mapped; version 2 takes the spare prepared after it, version 3 version 1's pages, version 12345678 (8 digits
-    in its header against 1) version 2's. Asked again with K files held, nothing more is prepared."""
-    size = store.version_size(spec_of(uniform_state(1, 1 << 16)))
-    store.prepare_spares(None, size)
-    store._spares.join()
-    (spare,) = spares.ready(store.root)
-    made = spare.stat()
-    assert made.st_size == size and made.st_blocks * 512 >= size
-    store.prepare_spares(None, size)
-    assert len(spares.ready(store.root)) == 1 and not store._spares.is_alive()  # one file before version 1
-    store.publish(1, uniform_state(1, 1 << 16))
-    assert store.from_spares == 1 and (store.path(1) / "model.safetensors").stat().st_ino == made.st_ino
-    store._spares.join()
-    store.publish(2, uniform_state(2, 1 << 16))
-    store.prepare_spares(None, size)
-    assert spares.ready(store.root) == [] and not store._spares.is_alive()  # K versions kept: no spare
-    store.publish(3, uniform_state(3, 1 << 16))
-    store.publish(12345678, uniform_state(8, 1 << 16))
-    assert (store.from_spares, store.recycled) == (2, 2) and spares.ready(store.root) == []
-    assert sorted(os.listdir(store.root)) == ["v00000003", "v12345678"]
-    assert (store.path(12345678) / "model.safetensors").stat().st_size == size
-    loaded = store.load(12345678)
-    assert all(bool((t == 8).all()) for t in loaded.values())
-
-
 def test_a_pinned_version_is_never_overwritten(store):
     """load() views pin their version while they live, pinned() for a block (vLLM reloading from
     the path); a dropped pinned version is unlinked, not recycled, and its readers keep its bytes."""

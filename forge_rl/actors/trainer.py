@@ -204,7 +204,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
             raise ValueError("trainer.grpo.normalize='token_sum' divides by a constant: set trainer.grpo."
                              "max_response_len (the GRPO run sets it to the generation budget)")
         self.store_cfg = weight_store
-        self.store: ShmWeightStore | None = None  # opened at setup (the policy's) or the first push_weights
+        self.store: ShmWeightStore | None = None  # opened at the first push_weights
         self.step = 0
         self.skipped_steps = 0  # non-finite gradient norm: no update
         self.nonfinite_in_a_row = 0
@@ -243,8 +243,6 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o))
         self.profiler = StepProfiler(self.cfg.profile_steps, self.cfg.profile_dir, self.rank,
                                      cuda=self.device.type == "cuda")
-        if type(self) is Trainer:  # the policy's, which publishes: version 1's pages made now (trainer_weights.py)
-            self._open_weight_store()
 
     def _parallel_dims(self):
         """TorchTitan's parallelism config and device mesh for trainer.parallel over this actor's procs."""

@@ -22,7 +22,6 @@ from forge_rl.models import fused_qkv, lora
 from forge_rl.models.lora import is_adapter_key
 from forge_rl.weights import ShmWeightStore, sharded_publish, spec_of
 from forge_rl.weights.hf_export import HFExportWriter
-from forge_rl.weights.runs import RUN_ID_ENV
 
 HF_ASSETS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
              "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
@@ -37,21 +36,6 @@ class TrainerWeights:
     publish_largest_held = 0
 
     # ---- publishing -----------------------------------------------------------------------------
-
-    def _open_weight_store(self) -> None:
-        """At the policy Trainer's setup: open this rank's weight store, and on rank 0 (the writer on every path)
-        start preparing the pages of the first versions in the background (forge_rl/weights/spares.py). The model's
-        publish size follows from its parameters and the publish dtype, so by the first push_weights those pages
-        exist and are mapped, and version 1 is written at the speed of a recycled version. LoRA publishes its
-        adapters alone: small, no spares. Outside a run (no run id: the rehearsal) the store opens at the first
-        push_weights, as it must then."""
-        if not os.environ.get(RUN_ID_ENV):
-            return
-        self.store = ShmWeightStore(cfg=self.store_cfg)
-        if self.rank == 0 and not self.cfg.lora.enabled:
-            spec = sharded_publish.spec(self.model, self._hf_targets(), self._publish_dtype(), self.heads_per_kv,
-                                        self.head_dim)
-            self.store.prepare_spares(None, self.store.version_size(spec))
 
     def _publish(self, version: int) -> dict[str, float]:
         start = time.perf_counter()

@@ -21,11 +21,8 @@ maps the file or while vLLM reloads from it); the writer recycles a dropped file
 the exclusive lock, after renaming it away. A pinned file is unlinked instead (its reader keeps valid
 bytes until it lets go, then Linux frees the pages) and the writer allocates fresh pages.
 
-Spares: versions 1..K have no dropped version to recycle; their pages are prepared ahead, in the background, so that
-they too are written at memcpy speed (spares.py): version 1's from the moment a writer knows its size (the trainer's
-setup: `prepare_spares(None, version_size(spec))`), the next ones' after each version while fewer than K are kept. A
-version's file size follows from its spec alone (the version number in its header has a fixed width), so the pages
-prepared for one version fit every other.
+Spares: versions 2..K have no dropped version to recycle; their pages are prepared ahead, in the background after
+the first version, so that they too are written at memcpy speed (spares.py).
 """
 
 import asyncio
@@ -260,19 +257,11 @@ class ShmWeightStore(WeightStore):
             self.from_spares += 1
         return file
 
-    def version_size(self, spec: TensorSpec) -> int:
-        """The bytes of a version of `spec` (its file: header and tensors), whatever its number."""
-        return Layout.for_spec(spec, _metadata(0)).size
-
-    def prepare_spares(self, committed: int | None, size: int) -> None:
-        """Prepare in the background the files of the next versions (spares.py) while fewer than K are kept: K files
-        held, spares included, and what does not fit in the filesystem now is not tried. After version `committed`
-        (of `size` bytes): the files of all the versions up to K. Before the first version (`committed` None, `size`
-        from `version_size`): that version's file alone, so a first publish that comes early waits for one file at
-        most; the next ones' follow it."""
-        kept = set(self.versions()) | ({committed} if committed is not None else set())
-        files = self.cfg.keep_versions - len(kept)  # the versions still to come before one is dropped
-        wanted = (files if committed is not None else min(files, 1)) - len(spares.ready(self.root))
+    def prepare_spares(self, committed: int, size: int) -> None:
+        """After version `committed` (of `size` bytes): while fewer than K versions are kept, prepare in the
+        background the files of the next ones, so that K files are held (spares.py)."""
+        kept = set(self.versions()) | {committed}
+        wanted = self.cfg.keep_versions - len(kept) - len(spares.ready(self.root))
         st = os.statvfs(self.root)
         wanted = min(wanted, st.f_bavail * st.f_frsize // size)  # what does not fit now is not tried
         if wanted > 0 and not self._closed and (self._spares is None or not self._spares.is_alive()):
@@ -339,7 +328,7 @@ class ShmVersionWriter(VersionWriter):
         self.store, self.version, self.rank, self.world_size = store, version, rank, world_size
         if (store.root / version_dir(version)).exists():
             raise ValueError(f"weights version {version} is already published on host {store.host_id}")
-        self.layout = Layout.for_spec(spec, _metadata(version))
+        self.layout = Layout.for_spec(spec, {"forge_rl_version": str(version)})
         self.tmp = store.root / f"{version_dir(version)}.tmp"
         with store._reserving(self.tmp, version, self.layout.size):
             create_file(store._new_file(self.tmp, self.layout.size), self.layout)
@@ -379,12 +368,6 @@ class ShmVersionWriter(VersionWriter):
     def abort(self) -> None:
         self._views = None
         self.store._remove(self.tmp)
-
-
-def _metadata(version: int) -> dict[str, str]:
-    """The header's metadata of a version: its number in 8 digits (version_dir's range), so that the file's size
-    does not change with the number's length and every version of a spec fits the same pages."""
-    return {"forge_rl_version": f"{version:08d}"}
 
 
 def _claim(file: Path, size: int) -> bool:
