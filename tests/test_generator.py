@@ -118,26 +118,29 @@ def test_filler_after_eos_runs_every_response_to_max_tokens_and_masks_the_filler
     end-of-sequence token and the tokens after it are masked (tests/test_lengths.py checks that split on a model
     that ends its answers); the engine's occupancy counts the request's 4 sequences all along."""
     loop, svc = generator
+    N = 96  # as long as max_model_len allows: the tail below is a smaller share of a longer request
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
 
     async def body():
         before = await svc.stats.route()
-        sampled = await svc.generate.route(PROMPT, n=4, temperature=1.0, max_tokens=40, filler_after_eos=True)
+        sampled = await svc.generate.route(PROMPT, n=4, temperature=1.0, max_tokens=N, filler_after_eos=True)
         return sampled, before, await svc.stats.route()
 
     sampled, before, after = loop.run_until_complete(body())
     for c in sampled:
         ids = c.response_ids.tolist()
-        assert len(ids) == 40 and c.sampling["ignore_eos"] is True
+        assert len(ids) == N and c.sampling["ignore_eos"] is True
         first = ids.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in ids else None
         if first is None:
             assert c.finish_reason == "length" and c.env_mask is None
         else:
             assert c.finish_reason == "stop" and c.text == tokenizer.decode(ids[:first], skip_special_tokens=True)
-            assert (c.env_mask is None and first == 39) or c.env_mask.tolist() == [i > first for i in range(40)]
+            assert (c.env_mask is None and first == N - 1) or c.env_mask.tolist() == [i > first for i in range(N)]
     occupancy = (after["sequence_s"] - before["sequence_s"]) / (after["busy_s"] - before["busy_s"])
-    # 4 all along; the 4 finish in one engine step, but their outputs may reach the actor a moment apart
-    assert 3.9 < occupancy <= 4.0 and after["running_sequences"] == 0
+    # 4 all along; the 4 finish in one engine step, but their outputs may reach the actor a moment apart: on a busy
+    # 2-core machine up to a fifth of a 40-token request's time (3.19 seen), under a tenth of this one's. Sequences
+    # that ended at their end-of-sequence token (tiny-warm's answers are a few tokens) would give ~1-2
+    assert 3.5 < occupancy <= 4.0 and after["running_sequences"] == 0
 
 
 def test_occupancy_falls_while_a_long_request_runs_alone(generator):
