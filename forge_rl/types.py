@@ -13,6 +13,11 @@ not actions, so the loss never sees them (their logprob is 0 and their version t
 Truncated sampling (top_p, top_k, min_p) draws each token from its kept set, a subset of the vocabulary; the
 completion records those sets (`kept_ids`, `kept_offsets`: CSR, int32) and the TrainBatch carries them padded
 (`kept`), so the trainer renormalises over the same sets (docs/algorithms.md, "Keep Sampling Mask").
+
+Mixture-of-experts models under Keep Routing: the completion records the top-k experts the engine routed each position
+of `prompt_ids + response_ids` to in every MoE layer (`routes`: positions 0 .. P + R - 2, the ones the engine ran;
+the last sampled token was never fed back), and the TrainBatch carries them aligned with its tokens (`routes`), so
+the trainer's routers use the same experts (docs/algorithms.md, "Keep Routing").
 """
 
 from dataclasses import dataclass, field
@@ -62,6 +67,9 @@ class Completion(_NumpyOnTheWire):
     kept_ids: torch.Tensor | None = None  # int32 [N]
     kept_offsets: torch.Tensor | None = None  # int32 [R + 1]
     kept_over_cap: int = 0
+    # Keep Routing: the experts the engine routed each position to, uint8 (or int16 past 256 experts)
+    # [P + R - 1, MoE layers, top-k]; None: not recorded (a dense model, or a generator that does not record)
+    routes: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -76,6 +84,15 @@ class Completion(_NumpyOnTheWire):
                                               or self.kept_offsets[-1] != len(self.kept_ids)):
             raise ValueError(f"Completion.kept_offsets must hold {n + 1} offsets from 0 to len(kept_ids)="
                              f"{len(self.kept_ids)}, got {len(self.kept_offsets)}")
+        ran = len(self.prompt_ids) + n - 1
+        if self.routes is not None and (self.routes.ndim != 3 or len(self.routes) != ran):
+            raise ValueError(f"Completion.routes must be [prompt + response - 1 = {ran}, layers, top-k], "
+                             f"got {list(self.routes.shape)}")
+
+    @property
+    def routes_bytes(self) -> int:
+        """Bytes its recorded routes take (0 when none are)."""
+        return 0 if self.routes is None else self.routes.nbytes
 
     @property
     def kept_bytes(self) -> int:
@@ -146,6 +163,9 @@ class TrainBatch(_NumpyOnTheWire):
     # int32 [B, T, K]: the kept set each token was drawn from (truncated sampling), -1 padded; a position
     # without ids (the prompt, an untruncated sample) is over the whole vocabulary. None: no truncation
     kept: torch.Tensor | None = None
+    # int16 [B, T, MoE layers, top-k]: the experts the engine routed token t to (Keep Routing), -1 where it has none
+    # (padding, each row's last token). None: no routes recorded
+    routes: torch.Tensor | None = None
     rewards: torch.Tensor | None = None  # float32 [B], each episode's total reward (PPO's terminal reward)
     values: torch.Tensor | None = None  # float32 [B, T], PPO: the critic's value of each token before its update
     returns: torch.Tensor | None = None  # float32 [B, T], PPO: the critic's targets (GAE advantage + value)
@@ -189,7 +209,7 @@ class TrainBatch(_NumpyOnTheWire):
             versions[b, P : P + R] = c.policy_versions
             advantages[b] = ep.advantage
         return cls(tokens, mask, logprobs, versions, advantages, kept=collate_kept(episodes, T),
-                   rewards=torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32))
+                   routes=collate_routes(episodes, T), rewards=torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32))
 
 
 def collate_kept(episodes: list[Episode], T: int) -> torch.Tensor | None:
@@ -207,6 +227,22 @@ def collate_kept(episodes: list[Episode], T: int) -> torch.Tensor | None:
         column = torch.arange(len(c.kept_ids)) - offsets[position]
         kept[b, len(c.prompt_ids) + position, column] = c.kept_ids.int()
     return kept
+
+
+def collate_routes(episodes: list[Episode], T: int) -> torch.Tensor | None:
+    """The episodes' routes as one [B, T, layers, top-k] int16 tensor aligned with the tokens, -1 where a row has
+    none; None when no episode records any."""
+    recorded = [(b, ep.completion.routes) for b, ep in enumerate(episodes) if ep.completion.routes is not None]
+    if not recorded:
+        return None
+    shape = recorded[0][1].shape[1:]
+    routes = torch.full((len(episodes), T, *shape), -1, dtype=torch.int16)
+    for b, r in recorded:
+        if r.shape[1:] != shape:
+            raise ValueError(f"episode {b}'s routes are {list(r.shape[1:])} (layers, top-k), episode "
+                             f"{recorded[0][0]}'s {list(shape)}: not one model's")
+        routes[b, : len(r)] = r.to(torch.int16)
+    return routes
 
 
 @dataclass(frozen=True)

@@ -214,3 +214,11 @@ def test_moe_settings_the_trainer_cannot_take_are_refused_by_name(overrides, mes
     dense = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", ["trainer.parallel.ep=2", "trainer_procs=2"])
     with pytest.raises(ConfigError, match="trainer.parallel.ep=2: expert parallelism needs a mixture-of-experts"):
         check_moe(dense, model_path(dense.model))
+    dense = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", ["trainer.keep_routing=true"])
+    with pytest.raises(ConfigError, match="trainer.keep_routing=true: Keep Routing replays the experts the engine "
+                                          "chose, and tiny-warm is dense"):
+        check_moe(dense, model_path(dense.model))
+    cached = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", [
+        "model=tiny-moe", "trainer.keep_routing=true", "generator.engine_args.enable_prefix_caching=true"])
+    with pytest.raises(ConfigError, match="generator.engine_args.enable_prefix_caching=true with trainer.keep_routing"):
+        check_moe(cached, model_path(cached.model))

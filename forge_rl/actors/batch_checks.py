@@ -8,11 +8,12 @@ from forge_rl.types import BatchShape, TrainBatch
 
 
 def validate_batches(batches: list[TrainBatch | BatchShape], dp_size: int, vocab_size: int, max_len: int,
-                     own: int | None = None) -> None:
+                     own: int | None = None, routing: tuple[int, int, int] | None = None) -> None:
     """Reject a malformed input before anything changes (no forward, no optimizer step, no step count).
     Whole-tensor checks only, no per-token Python loops. The message names the rank's batch, the field,
     what was expected and what came. Entries other than this rank's (`own`) may be BatchShapes (their counts
-    only: the run sends each rank its own batch); the trainer then agrees over ranks (`_validate_everywhere`)."""
+    only: the run sends each rank its own batch); the trainer then agrees over ranks (`_validate_everywhere`).
+    `routing` (Keep Routing: MoE layers, top-k, experts): every batch must carry routes of that model."""
     if not isinstance(batches, (list, tuple)) or len(batches) != dp_size:
         got = len(batches) if isinstance(batches, (list, tuple)) else type(batches).__name__
         raise ValueError(f"train_step takes one TrainBatch per data-parallel rank ({dp_size}), got {got}")
@@ -48,6 +49,8 @@ def validate_batches(batches: list[TrainBatch | BatchShape], dp_size: int, vocab
             _check_tensor(f"{at}.ref_logprobs", b.ref_logprobs, torch.float32, (B, T), like_tokens)
         if b.kept is not None and (why := kept_refusal(b.kept, b.tokens, b.response_mask, vocab_size)):
             raise ValueError(f"{at}.kept {why}")
+        if routing is not None:
+            _check_routes(at, b.routes, (B, T), *routing)
         outside = (b.tokens < 0) | (b.tokens >= vocab_size)  # pad ids too: the model embeds every token
         if outside.any():
             where = tuple(outside.nonzero()[0].tolist())
@@ -64,6 +67,16 @@ def validate_batches(batches: list[TrainBatch | BatchShape], dp_size: int, vocab
                 where = tuple((~finite).nonzero()[0].tolist())
                 raise ValueError(f"{at}.{name} has {value[where].item()} at {list(where)} "
                                  f"({int((~finite).sum())} non-finite values), expected finite values")
+
+
+def _check_routes(at: str, routes, tokens_shape: tuple[int, int], layers: int, top_k: int, experts: int) -> None:
+    if routes is None:
+        raise ValueError(f"{at} has no routes (TrainBatch.routes) and trainer.keep_routing is on: its completions "
+                         "came from a generator that does not record the engine's experts (generator record_routes)")
+    _check_tensor(f"{at}.routes", routes, torch.int16, (*tokens_shape, layers, top_k),
+                  f" (tokens x MoE layers x top-k)")
+    if ((routes < -1) | (routes >= experts)).any():
+        raise ValueError(f"{at}.routes has expert ids outside [0, {experts}) (-1: no record)")
 
 
 def _check_tensor(field: str, value, dtype: torch.dtype, shape: tuple[int, ...] | None = None, why: str = "") -> None:

@@ -24,11 +24,13 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_rl.actors.generator_outputs import Child, filler_completion
-from forge_rl.deps.vllm import RELOAD_EXTENSION, async_llm, engine_context, engine_dead_error
+from forge_rl.deps.vllm_routes import routes_from_rpc
+from forge_rl.deps.vllm import WORKER_EXTENSION, async_llm, engine_context, engine_dead_error
 from forge_rl.errors import ConfigError
 from forge_rl.loop.sampling import top_k_over_cap, truncation
 from forge_rl.runtime import ForgeActor
@@ -81,6 +83,7 @@ class Generator(ForgeActor):
         policy_weights: bool = True,  # False (a judge): serves its own checkpoint, never opens the run's weight store
         engine_args_key: str = "generator.engine_args",  # the config key of `engine_args`, for its errors
         max_kept_tokens: int = 64,  # truncated sampling: the most ids of a token's kept set recorded (the cap)
+        record_routes: bool = False,  # Keep Routing: record each completion's experts (a mixture-of-experts model)
     ):
         if swap_mode not in SWAP_MODES:
             raise ValueError(f"generator.swap_mode={swap_mode!r}; choose one of {SWAP_MODES}")
@@ -94,6 +97,8 @@ class Generator(ForgeActor):
         self.seed = seed
         self.max_kept_tokens = max_kept_tokens
         self._kept_bytes = self._kept_tokens = 0  # recorded kept sets, and the response tokens they are of
+        self.record_routes = record_routes
+        self._routes_bytes = self._routes_positions = 0  # recorded routes, and the positions they are of
         self.policy_version = 0
         self._request_ids = itertools.count()
         self._generated_tokens = 0
@@ -136,10 +141,13 @@ class Generator(ForgeActor):
         if self.lora is not None:
             args.update(lora_engine_args(self.lora.rank))
         args.update(self.engine_args)
+        if self.record_routes:
+            args.update(route_engine_args(cuda, self.engine_args, self.engine_args_key))
         if not cuda:
             args = cpu_engine_env(args)
-            args.setdefault("worker_extension_cls", RELOAD_EXTENSION)  # CPU MoE reloads (forge_rl/deps/vllm.py)
-        self.reload_method = ("forge_rl_reload_weights" if args.get("worker_extension_cls") == RELOAD_EXTENSION
+            # CPU MoE reloads and route recording (forge_rl/deps/vllm.py)
+            args.setdefault("worker_extension_cls", WORKER_EXTENSION)
+        self.reload_method = ("forge_rl_reload_weights" if args.get("worker_extension_cls") == WORKER_EXTENSION
                               else "reload_weights")
         with engine_args_refused(self.engine_args, self.engine_args_key):
             self.engine = start_engine(AsyncEngineArgs(**args), engine_start_method(cuda))
@@ -147,6 +155,8 @@ class Generator(ForgeActor):
         self._reaper = reap_descendants_on_exit()
         self._engine_watch = asyncio.create_task(self._watch_engine())
         await self.engine.update_weight_version(str(self.policy_version))
+        if self.record_routes:
+            await self._start_recording_routes(cuda)
         self.max_model_len = self.engine.vllm_config.model_config.max_model_len
         # logprobs to ask for under truncation: cap + 1, or the whole vocabulary when it is smaller
         self._kept_logprobs = min(self.max_kept_tokens + 1, self.engine.vllm_config.model_config.get_vocab_size())
@@ -214,9 +224,15 @@ class Generator(ForgeActor):
 
     async def _request_done(self, request_id: str, stream: asyncio.Task, version: int,
                             children: list["Child"]) -> None:
-        """Whatever way a request ended: its stream stopped, the books closed, an unused LoRA adapter dropped."""
+        """Whatever way a request ended: its stream stopped, the books closed, its recorded routes taken (or
+        freed), an unused LoRA adapter dropped."""
         if not stream.done():
             stream.cancel()
+        if self.record_routes and self._recorder:
+            taken = routes_from_rpc((await self.engine.collective_rpc("forge_rl_take_routes", args=(request_id,)))[0])
+            for index, routes in taken.items():
+                if index < len(children) and children[index].routes is None:
+                    children[index].routes = routes
         self._too_old.pop(request_id, None)
         self._aborting.discard(request_id)
         del self._in_flight[request_id]
@@ -299,6 +315,8 @@ class Generator(ForgeActor):
                         kept_offsets=torch.tensor(child.kept_offsets, dtype=torch.int32))
             self._kept_bytes += 4 * (len(child.kept_ids) + len(child.kept_offsets))
             self._kept_tokens += len(child.ids)
+        if self.record_routes:
+            kept["routes"] = self._routes(child, len(prompt_ids))
         return Completion(
             prompt_ids=torch.tensor(prompt_ids, dtype=torch.long),
             response_ids=torch.tensor(child.ids, dtype=torch.long),
@@ -308,6 +326,32 @@ class Generator(ForgeActor):
             text=self.tokenizer.decode(child.ids, skip_special_tokens=True),
             prompt=prompt if isinstance(prompt, str) else "", sampling=sampling, kept_over_cap=child.over_cap, **kept,
         )
+
+    async def _start_recording_routes(self, cuda: bool) -> None:
+        """Keep Routing: vLLM's own routed experts on a GPU engine (enable_return_routed_experts, Model Runner V2),
+        forge_rl's recorder in the worker otherwise (forge_rl/deps/vllm_routes.py); the same record either way."""
+        config = self.engine.vllm_config.model_config
+        self._route_dtype = torch.uint8 if config.get_num_experts() <= 256 else torch.int16
+        self._recorder = not cuda
+        if self._recorder:
+            layers, top_k = (await self.engine.collective_rpc("forge_rl_record_routes"))[0]
+            if not layers:
+                raise ConfigError(f"trainer.keep_routing: {self.model} has no mixture-of-experts layer in vLLM's "
+                                  "model, so there are no routes to keep; set trainer.keep_routing=false")
+
+    def _routes(self, child: "Child", prompt_len: int) -> torch.Tensor:
+        """The child's recorded experts for positions 0 .. prompt + response - 2, as the Completion holds them."""
+        ran = prompt_len + len(child.ids) - 1
+        routes = child.routes
+        if routes is None or len(routes) < ran or (routes[:ran] < 0).any():
+            have = "none" if routes is None else f"{int((routes[:ran] >= 0).all(axis=(1, 2)).sum())} positions"
+            raise RuntimeError(f"Keep Routing: the engine recorded {have} of the {ran} positions of a completion "
+                               f"(prompt {prompt_len}, response {len(child.ids)} tokens); is prefix caching on "
+                               "(generator.engine_args.enable_prefix_caching)?")
+        routes = torch.from_numpy(np.ascontiguousarray(routes[:ran])).to(self._route_dtype)
+        self._routes_bytes += routes.nbytes
+        self._routes_positions += ran
+        return routes
 
     @concurrent_endpoint  # runs while generate calls keep streaming
     async def update_weights(self, version: int, mode: str | None = None) -> dict[str, float]:
@@ -497,6 +541,8 @@ class Generator(ForgeActor):
             tokens_per_s=self._generated_tokens / self._busy_s if self._busy_s else 0.0,
             # Keep Sampling Mask: bytes of the kept sets recorded per response token they are of (CSR, int32)
             sampling_mask_bytes_per_token=self._kept_bytes / self._kept_tokens if self._kept_tokens else 0.0,
+            # Keep Routing: bytes of the recorded experts per position they are of (layers x top-k x 1 or 2)
+            routes_bytes_per_token=self._routes_bytes / self._routes_positions if self._routes_positions else 0.0,
         )
 
     async def _watch_engine(self) -> None:
@@ -563,6 +609,19 @@ class Generator(ForgeActor):
             # at once on SIGTERM but never finished exiting within 2 s (vLLM then kills it); it holds nothing
             # a kill loses, so it gets half a second, which every run's shutdown would otherwise wait.
             await asyncio.to_thread(engine.shutdown, 2.0 if torch.cuda.is_available() else 0.5)
+
+
+def route_engine_args(cuda: bool, engine_args: dict[str, Any], key: str) -> dict[str, Any]:
+    """Engine arguments under which the engine records every position's experts (Keep Routing). A GPU engine
+    returns them itself (vLLM's `enable_return_routed_experts`, Model Runner V2). On CPU forge_rl's recorder sees
+    only the positions a request runs, so prefix caching is off: a cached prompt prefix would have no record (each
+    completion of a group then computes its prompt; the prompt is short next to a group's responses)."""
+    if cuda:
+        return dict(enable_return_routed_experts=True)
+    if engine_args.get("enable_prefix_caching"):
+        raise ConfigError(f"{key}.enable_prefix_caching=true with trainer.keep_routing: a CPU engine records the "
+                          "experts of the positions a request computes, and a cached prefix is not computed; remove it")
+    return dict(enable_prefix_caching=False)
 
 
 def cpu_engine_env(args: dict[str, Any]) -> dict[str, Any]:

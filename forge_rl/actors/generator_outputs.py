@@ -29,6 +29,7 @@ class Child:
         self.kept_ids: list[int] = []  # CSR: token i's ids are kept_ids[kept_offsets[i]:kept_offsets[i + 1]]
         self.kept_offsets: list[int] = [0]
         self.over_cap = 0  # tokens whose kept set had more than `cap` ids
+        self.routes = None  # numpy [positions, layers, top-k]: Keep Routing's record of the engine's experts
 
     def extend(self, delta) -> None:
         new = list(delta.token_ids)
@@ -37,6 +38,8 @@ class Child:
         if self.cap is not None:
             for lp in delta.logprobs or []:
                 self.keep(lp)
+        if getattr(delta, "routed_experts", None) is not None:  # vLLM's own record (Model Runner V2, GPU)
+            self.routes = delta.routed_experts
         if delta.finish_reason is not None:
             self.finish_reason = str(delta.finish_reason)
             self.versions = versions_from_spans(delta.weight_versions, len(self.ids))

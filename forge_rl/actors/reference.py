@@ -47,8 +47,10 @@ class Reference(Trainer):
                 if isinstance(batch, BatchShape):
                     out.append(batch)
                     continue
-                # over the kept sets the tokens were drawn from, as the trainer's: the KL is over the same set
-                logprobs, _ = self._forward(batch.tokens, response_mask=batch.response_mask, kept=batch.kept)
+                # over the kept sets the tokens were drawn from, as the trainer's: the KL is over the same set;
+                # through the engine's experts too under Keep Routing (trainer.keep_routing, the trainer's config)
+                logprobs, _ = self._forward(batch.tokens, response_mask=batch.response_mask, kept=batch.kept,
+                                            routes=batch.routes)
                 out.append(dataclasses.replace(batch, ref_logprobs=logprobs.cpu()))
         reshard(self.model)
         return out

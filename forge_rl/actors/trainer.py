@@ -30,6 +30,7 @@ from forge_rl.runtime.timeouts import hang_if_asked
 from forge_rl.models import lora
 from forge_rl.models.lora import LoRAConfig, is_adapter_key
 from forge_rl.models.moe_aux import RouterStats
+from forge_rl.models.route_replay import RouteReplay
 from forge_rl.models.sharded_load import load_sharded
 from forge_rl.observability.profiler import StepProfiler
 from forge_rl.losses.grpo import GRPOLossConfig
@@ -114,6 +115,9 @@ class TrainerConfig:
     # Mixture of experts: weight of the load-balancing loss added to the policy loss (forge_rl/models/moe_aux.py,
     # HF Qwen3-MoE's router_aux_loss_coef; 0 = none, the default)
     moe_aux_loss_coef: float = 0.0
+    # Keep Routing (mixture of experts): every router uses the experts the engine routed each token to, recorded by
+    # the generators (TrainBatch.routes; forge_rl/models/route_replay.py). The run makes its generators record them
+    keep_routing: bool = False
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     # Compute dtype. Master weights, gradients' reduction and optimizer state stay float32 whatever this is:
     # FSDP2's mixed-precision policy casts parameters for compute when dp_shard > 1, torch.autocast does
@@ -225,6 +229,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         torch.manual_seed(self.cfg.seed)
         self.model, self.adapter, self.parallel_dims = self._build(qwen3)
         self.router_stats = RouterStats(self.model) if self.cfg.moe_aux_loss_coef else None
+        self.route_replay = RouteReplay(self.model) if self.cfg.keep_routing else None
         hf_config = qwen3.read_hf_config(self.model_dir)
         self.tied = bool(hf_config.get("tie_word_embeddings", False))
         self.head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
@@ -350,6 +355,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         elapsed = time.perf_counter() - start
         tokens = sum(b.num_tokens for b in batches)
         per_token = {name: float(sums[i]) / total_tokens for i, name in enumerate(TOKEN_SUMS, start=2)}
+        replayed, differed, dispatched = (float(x) for x in sums[-3:])
         profiled = self.profiler.end(self.step)  # a profile window's last step: its trace written, its summary line
         return dict(
             loss=float(sums[0]), grad_norm=grad_norm, lr=lr, step=self.step, **per_token,
@@ -361,6 +367,11 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
             **({"peak_cuda_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20}
                if self.device.type == "cuda" else {}),  # this rank's
             skipped=float(not finite), skipped_steps=self.skipped_steps,
+            # Keep Routing: (position, layer) pairs given the engine's experts; the fraction the trainer's own router
+            # would have sent elsewhere; the fraction whose experts, as the expert layer received them, were the engine's
+            **({"keep_routing/replayed": replayed, "keep_routing/differed_fraction": differed / max(replayed, 1.0),
+                "keep_routing/dispatched_equal_fraction": dispatched / max(replayed, 1.0)}
+               if self.route_replay is not None else {}),
             **({"profile/summary": profiled} if profiled else {}),
         )
 
@@ -369,7 +380,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         """Logprob [B, T] of every token of `batch` under the current weights (every rank, same batch)."""
         self.model.eval()
         with torch.no_grad():
-            logprobs, _ = self._forward(batch.tokens, kept=batch.kept)
+            logprobs, _ = self._forward(batch.tokens, kept=batch.kept, routes=batch.routes)
         return logprobs.cpu()
 
     @endpoint

@@ -17,6 +17,7 @@ from forge_rl.losses.fused_head import hidden_logprobs
 from forge_rl.losses.grpo import per_token_loss, reduce_loss, sft_token_loss
 from forge_rl.losses.logprobs import VocabShard, selected_logprobs, token_logprobs
 from forge_rl.models.moe_aux import unpadded, unpadded_packed
+from forge_rl.models.route_replay import packed_routes
 from forge_rl.types import BatchShape, TrainBatch
 
 # train_step's per-token means: the metric's name and the per_token_loss diagnostic it averages
@@ -29,10 +30,12 @@ DIAGNOSTIC = {"clip_fraction": "clipped", "approx_kl": "approx_kl_behaviour", "r
 
 class TrainerStep:
     def _forward(self, tokens: torch.Tensor, entropy: str = "none", response_mask: torch.Tensor | None = None,
-                 kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 kept: torch.Tensor | None = None,
+                 routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob (and entropy) [B, T] of every token, or with `response_mask` of its response tokens
         only (0 elsewhere), computed on shared-prompt packed rows when that saves tokens. `kept` [B, T, K]:
-        each token's kept set (truncated sampling: TrainBatch.kept), the distribution renormalised over it."""
+        each token's kept set (truncated sampling: TrainBatch.kept), the distribution renormalised over it.
+        `routes` [B, T, layers, top-k]: the engine's experts (TrainBatch.routes), replayed under trainer.keep_routing."""
         temperature = self.cfg.temperature or 1.0
         packed = None
         if response_mask is not None and self.cfg.share_prompts:
@@ -42,6 +45,9 @@ class TrainerStep:
                                       else unpadded_packed(packed.attention_mask))  # the balancing loss's tokens
         d = self.device
         kept = kept.to(d) if kept is not None else None
+        if self.route_replay is not None:  # set for every forward: a forward without routes lets the routers choose
+            self.route_replay.set(None if routes is None else routes.to(d) if packed is None
+                                  else packed_routes(routes, packed.source).to(d))
         if packed is not None:
             out, shard = self._model_out(packed.tokens, positions=packed.positions.to(d),
                                          attention_masks=packed.attention_mask.to(d))
@@ -109,7 +115,8 @@ class TrainerStep:
 
         error = None
         try:
-            validate_batches(batches, self.dp_size, self.vocab_size, self.max_seq_len, own=self.dp_rank)
+            validate_batches(batches, self.dp_size, self.vocab_size, self.max_seq_len, own=self.dp_rank,
+                             routing=self.route_replay.shape if self.route_replay is not None else None)
         except ValueError as e:
             error = e
         ok = torch.tensor([0.0 if error else 1.0], device=self.device)
@@ -129,7 +136,8 @@ class TrainerStep:
         normalize = "token_mean" if cfg.loss == "sft" else loss_cfg.normalize
         mb = cfg.micro_batch_size or batch.num_sequences
         # the sums stay on the device until the step ends: one host sync per step, not one per metric per micro-batch
-        sums = torch.zeros(2 + len(TOKEN_SUMS), dtype=torch.float64, device=self.device)
+        # (+ Keep Routing's three counts: forge_rl/models/route_replay.py, RouteReplay.stats)
+        sums = torch.zeros(2 + len(TOKEN_SUMS) + 3, dtype=torch.float64, device=self.device)
         mismatch_max = torch.zeros((), dtype=torch.float64, device=self.device)
         self.model.train()
         for lo in range(0, batch.num_sequences, mb):
@@ -138,7 +146,7 @@ class TrainerStep:
             # the entropy is logged (detached), and takes gradient only when an entropy bonus uses it
             logprobs, entropy = self._forward(batch.tokens[rows], "grad" if loss_cfg.entropy_coef else "detached",
                                               batch.response_mask[rows], batch.kept[rows] if batch.kept is not None
-                                              else None)
+                                              else None, batch.routes[rows] if batch.routes is not None else None)
             if cfg.loss == "sft":
                 token_loss, diag = sft_token_loss(logprobs), {"entropy": entropy.detach()}
             else:
@@ -157,6 +165,8 @@ class TrainerStep:
             for i, name in enumerate(TOKEN_SUMS, start=2):
                 if (key := DIAGNOSTIC.get(name, name)) in diag:
                     sums[i] += (diag[key].detach() * mask).sum()
+            if self.route_replay is not None:
+                sums[-3:] += self.route_replay.stats().to(sums)
             if "mismatch_abs" in diag:
                 mismatch_max = torch.maximum(mismatch_max, diag["mismatch_abs"].detach().where(mask, 0.0).max())
         return sums, float(mismatch_max)

@@ -31,6 +31,9 @@ class PromptPacked:
     targets: torch.Tensor  # int64 [M], the response tokens
     rows: torch.Tensor  # int64 [M], row of each target in the unpacked batch
     cols: torch.Tensor  # int64 [M], column of each target in the unpacked batch
+    # int64 [N, L]: the flat index into the unpacked [B, T] of the token at each packed place (a prompt's: its
+    # group's first row's), -1 for padding. Per-token inputs (Keep Routing's routes) are packed through it
+    source: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -81,18 +84,22 @@ def pack(tokens: torch.Tensor, spans: list[tuple[int, int]], groups: list[list[i
     packed = torch.zeros(N, L, dtype=torch.long)
     positions = torch.zeros(N, L, dtype=torch.long)
     segment = torch.full((N, L), -1, dtype=torch.long)  # 0 = prompt, i = response i, -1 = padding
+    source = torch.full((N, L), -1, dtype=torch.long)
+    T = tokens.shape[1]
     pred, targets, rows, cols = [], [], [], []
     for n, group in enumerate(groups):
         P = spans[group[0]][0]
         packed[n, :P] = tokens[group[0], :P]
         positions[n, :P] = torch.arange(P)
         segment[n, :P] = 0
+        source[n, :P] = group[0] * T + torch.arange(P)
         at = P
         for i, b in enumerate(group, start=1):
             R = spans[b][1]
             packed[n, at : at + R] = tokens[b, P : P + R]
             positions[n, at : at + R] = torch.arange(P, P + R)
             segment[n, at : at + R] = i
+            source[n, at : at + R] = b * T + torch.arange(P, P + R)
             # token j of the response is predicted by the prompt's last position (j = 0) or by token j - 1
             pred.append(n * L + torch.cat([torch.tensor([P - 1]), torch.arange(at, at + R - 1)]))
             targets.append(tokens[b, P : P + R])
@@ -104,4 +111,4 @@ def pack(tokens: torch.Tensor, spans: list[tuple[int, int]], groups: list[list[i
     mask = causal & (q >= 0) & ((k == 0) | (k == q))
     mask |= torch.eye(L, dtype=torch.bool)  # padding attends to itself: no all-masked row (NaN in softmax)
     return PromptPacked(packed, positions, mask[:, None], torch.cat(pred), torch.cat(targets),
-                        torch.cat(rows), torch.cat(cols))
+                        torch.cat(rows), torch.cat(cols), source)

@@ -11,9 +11,13 @@
   skips `fused_experts.process_weights_after_loading`, which on CPU prepacks them for `cpu_fused_moe`, so the
   reloaded experts compute garbage (measured: |log p| off by 3.6 after reloading the very same weights). Its
   `forge_rl_reload_weights` reloads, then runs that step for each CPU expert layer (`CPUUnquantizedExperts`).
+- `WorkerExtension`: what a CPU generator's workers get, the reload above and Keep Routing's route recorder
+  (forge_rl/deps/vllm_routes.py).
 """
 
-RELOAD_EXTENSION = "forge_rl.deps.vllm.MoEWeightReload"
+from forge_rl.deps.vllm_routes import RouteRecorder
+
+WORKER_EXTENSION = "forge_rl.deps.vllm.WorkerExtension"
 
 
 class MoEWeightReload:
@@ -32,6 +36,10 @@ class MoEWeightReload:
                 experts.process_weights_after_loading(module)
                 fixed += 1
         return fixed
+
+
+class WorkerExtension(MoEWeightReload, RouteRecorder):
+    """forge_rl's methods on vLLM's worker: MoE reloads and route recording."""
 
 
 def async_llm():

@@ -147,6 +147,27 @@ class KeptSets:
                     kept_offsets=torch.tensor(self.offsets, dtype=torch.int32), kept_over_cap=self.over_cap)
 
 
+class TurnRoutes:
+    """A trajectory's routes (Keep Routing), as Completion holds them: turn k's engine request ran the positions
+    0 .. its prompt + response - 2, the whole trajectory so far; each position keeps the routing of the first turn
+    that ran it, so a model turn's tokens keep the experts they were generated through, and the environment's
+    tokens (and each turn's last token) the experts of the turn that read them. None when a turn has none."""
+
+    def __init__(self) -> None:
+        self.routes: torch.Tensor | None = None
+        self.recorded = True
+
+    def add_turn(self, turn: Completion) -> None:
+        if turn.routes is None:
+            self.recorded = False
+        elif self.recorded:
+            self.routes = turn.routes if self.routes is None else torch.cat([self.routes,
+                                                                             turn.routes[len(self.routes):]])
+
+    def fields(self) -> dict:
+        return dict(routes=self.routes) if self.recorded and self.routes is not None else {}
+
+
 @dataclass
 class Trajectory:
     completion: Completion | None  # None: an evaluation's example that failed
@@ -163,6 +184,7 @@ async def play(env: Environment, first: Completion, prompt_ids: list[int], gener
     versions: list[int] = []
     from_env: list[bool] = []
     kept = KeptSets()  # truncated sampling: each token's kept set, the environment's tokens none
+    routes = TurnRoutes()  # Keep Routing: the experts each position was routed to
     history: list[dict[str, str]] = []  # the model's turns and the environment's messages, after the prompt
     turn, reward, solved, turns = first, 0.0, False, 0
     finish = first.finish_reason
@@ -173,6 +195,7 @@ async def play(env: Environment, first: Completion, prompt_ids: list[int], gener
         versions += turn.policy_versions.tolist()
         from_env += [False] * len(turn.response_ids)
         kept.add_turn(turn)
+        routes.add_turn(turn)
         finish = turn.finish_reason
         step = await env.step(turn.text)
         reward += float(step.reward)
@@ -197,6 +220,7 @@ async def play(env: Environment, first: Completion, prompt_ids: list[int], gener
         logprobs=torch.tensor(logprobs, dtype=torch.float32), policy_versions=torch.tensor(versions, dtype=torch.long),
         finish_reason=finish, text=renderer.tokenizer.decode(ids, skip_special_tokens=True), prompt=first.prompt,
         env_mask=torch.tensor(from_env, dtype=torch.bool), sampling=first.sampling, **kept.fields(),
+        **routes.fields(),
     )
     return Trajectory(completion, reward, solved, turns)
 

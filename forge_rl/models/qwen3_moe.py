@@ -9,13 +9,16 @@ changes so that the trainer computes what the checkpoint and vLLM compute:
 - the experts compute in the activations' dtype (`ExactExperts`): TorchTitan's grouped experts always cast to
   bfloat16 for `torch._grouped_mm`, so an fp32 trainer would not match an fp32 engine; the grouped GEMM is kept
   for bfloat16 on CUDA, a loop over the local experts otherwise;
-- every layer is sparse (`decoder_sparse_step=1`, no `mlp_only_layers`), no shared experts: Qwen3-MoE's layout.
+- every layer is sparse (`decoder_sparse_step=1`, no `mlp_only_layers`), no shared experts: Qwen3-MoE's layout;
+- the router can replay the engine's experts (`ReplayRouter`, forge_rl/models/route_replay.py: Keep Routing); it
+  routes as TorchTitan's does until given routes.
 
 The experts of one layer are one parameter each (w1/w3 [E, F, D], w2 [E, D, F]); the checkpoint has one tensor
 per expert (`model.layers.{L}.mlp.experts.{e}.gate_proj.weight` ...): `expert_names` maps one onto the other,
 which sharded loading and publishing use per expert, a rank touching only the experts (and rows) it holds.
 """
 
+import dataclasses
 import re
 import warnings
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from forge_rl.deps.torchtitan import build_qwen3_moe_layers
+from forge_rl.models.route_replay import ReplayRouter
 
 from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
 
@@ -91,6 +95,8 @@ def titan_config(model_dir: str | Path, hf: dict):
         inner = layer.moe.routed_experts.inner_experts
         layer.moe.routed_experts.inner_experts = ExactExperts.Config(
             dim=inner.dim, hidden_dim=inner.hidden_dim, num_experts=inner.num_experts, param_init=inner.param_init)
+        router = layer.moe.router
+        layer.moe.router = ReplayRouter.Config(**{f.name: getattr(router, f.name) for f in dataclasses.fields(router)})
     return model_config(hf, layers)
 
 

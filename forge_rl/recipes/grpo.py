@@ -215,6 +215,7 @@ class GRPORun:
                 self.model_dir, engine_args=engine_args, sampling=cfg.generator.sampling, seed=cfg.seed,
                 swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store, weight_source=weight_source,
                 log_level=cfg.generator.log_level, lora=cfg.trainer.lora, max_kept_tokens=cfg.generator.max_kept_tokens,
+                record_routes=cfg.trainer.keep_routing,  # Keep Routing: the trainer replays the engine's experts
             ),
             ReplayBuffer.as_actor(self.buffer_cfg),
             RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_memory_mb,
@@ -226,7 +227,11 @@ class GRPORun:
         if reference is not None:  # a frozen policy (or a teacher), on the trainer's cores
             self.reference = await Reference.options(
                 procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=True, host_mesh="trainer",
-                **trainer_cpus).as_actor(replace(cfg.trainer, model=reference), cfg.weight_store, weight_source)
+                **trainer_cpus).as_actor(
+                    # the policy's routes replay in the policy's own model only, not in a distillation teacher's
+                    replace(cfg.trainer, model=reference,
+                            keep_routing=cfg.trainer.keep_routing and reference == cfg.trainer.model),
+                    cfg.weight_store, weight_source)
         self.shards = {"trainer": await data_shards(self.trainer)}  # rank -> the batch it trains on
         if self.reference is not None:
             self.shards["reference"] = await data_shards(self.reference)

@@ -305,7 +305,7 @@ def check_prompt_lengths(cfg: GRPOConfig, rows: TaskRows, tokenizer, model_dir: 
 def check_moe(cfg: GRPOConfig, model_dir: str) -> None:
     """A mixture-of-experts model (HF model_type qwen3_moe) and the trainer settings that depend on it, before any
     actor starts: no tensor parallelism over the experts, no LoRA (adapters on the grouped experts are not built),
-    expert parallelism only on MoE and over a divisor of the experts."""
+    expert parallelism, Keep Routing and the load-balancing loss only on MoE, and over a divisor of the experts."""
     hf = json.loads((Path(model_dir) / "config.json").read_text())
     moe = hf.get("model_type") == "qwen3_moe"
     ep = cfg.trainer.parallel.ep
@@ -318,6 +318,13 @@ def check_moe(cfg: GRPOConfig, model_dir: str) -> None:
         raise ConfigError(f"trainer.lora.rank={cfg.trainer.lora.rank}: LoRA is not supported on a mixture-of-experts "
                           f"model ({cfg.model} is {hf.get('architectures', ['Qwen3-MoE'])[0]}); set trainer.lora.rank=0 "
                           "(full fine-tuning, with trainer.parallel.ep for the experts)")
+    if cfg.trainer.keep_routing and not moe:
+        raise ConfigError(f"trainer.keep_routing=true: Keep Routing replays the experts the engine chose, and "
+                          f"{cfg.model} is dense (model_type {hf.get('model_type')!r}); set trainer.keep_routing=false")
+    if cfg.trainer.keep_routing and cfg.generator.engine_args.get("enable_prefix_caching"):
+        raise ConfigError("generator.engine_args.enable_prefix_caching=true with trainer.keep_routing: a CPU engine "
+                          "records the experts of the positions a request computes, and a cached prefix is not "
+                          "computed; remove it (the generators turn prefix caching off while they record)")
     if cfg.trainer.moe_aux_loss_coef and not moe:
         raise ConfigError(f"trainer.moe_aux_loss_coef={cfg.trainer.moe_aux_loss_coef}: a load-balancing loss needs "
                           f"a mixture-of-experts model, and {cfg.model} is dense; set it to 0")

@@ -60,6 +60,11 @@ def step_metrics(r: StepRecord) -> dict[str, float]:
                                           "mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3")},
         # the is_correction's weight and the share of tokens it truncated or masked (absent when off)
         **{f"trainer/{k}": t[k] for k in ("is_weight_mean", "is_corrected_fraction") if t.get("is_weight_mean")},
+        # Keep Routing (trainer.keep_routing): the replayed (position, layer) pairs, the share the trainer's routers
+        # would have routed elsewhere, and the share the expert layers received with the engine's experts
+        **{f"trainer/{k}": v for k, v in t.items() if k.startswith("keep_routing/")},
+        **({"generator/routes_bytes_per_token": r.generator["routes_bytes_per_token"]}
+           if r.generator.get("routes_bytes_per_token") else {}),
         **({"batch/reward_mean": statistics.mean(r.batch_rewards),
             "batch/reward_std": statistics.pstdev(r.batch_rewards)} if r.batch_rewards else {}),
         "batch/staleness": r.staleness,

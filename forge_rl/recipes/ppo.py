@@ -84,8 +84,9 @@ def with_advantages(batches: list[TrainBatch], values: list[torch.Tensor], ppo: 
 
 def critic_config(cfg: PPOConfig, model_dir: str) -> TrainerConfig:
     """The critic's trainer settings: the policy trainer's (parallelism, dtype, micro-batches, the colocated memory
-    release, timeouts), with its own checkpoint, optimizer and directory, and never LoRA."""
-    return replace(cfg.trainer, model=model_dir, optim=cfg.critic.optim, lora=LoRAConfig(),
+    release, timeouts), with its own checkpoint, optimizer and directory, and never LoRA. Its routers choose their
+    own experts (Keep Routing is about the policy's logprobs; a value has no behaviour to match)."""
+    return replace(cfg.trainer, model=model_dir, optim=cfg.critic.optim, lora=LoRAConfig(), keep_routing=False,
                    checkpoint_dir=str(Path(cfg.trainer.checkpoint_dir) / "critic"))
 
 
