@@ -121,6 +121,20 @@ def test_routes_travel_in_completions_batches_and_packed_rows():
     assert TrainBatch.collate([Episode(_completion([1], [2], None), advantage=0.0)], pad_id=0).routes is None
 
 
+def test_routes_survive_the_replay_buffer_and_its_checkpoint(tmp_path):
+    from forge_rl.actors.replay_buffer import GroupStore, ReplayBufferConfig
+    from forge_rl.types import Group
+
+    a, b = _completion([1, 2, 3], [4, 5], _routes(4, 5)), _completion([1, 2, 3], [6], _routes(3, 6))
+    store = GroupStore(ReplayBufferConfig(capacity=2))
+    store.add(Group("p", [Episode(a, advantage=1.0), Episode(b, advantage=-1.0)]))
+    torch.save(store.state_dict(), tmp_path / "app_state.pt")  # as save_checkpoint writes the buffer's groups
+    restored = GroupStore(ReplayBufferConfig(capacity=2))
+    restored.load_state_dict(torch.load(tmp_path / "app_state.pt", weights_only=False))
+    batch = restored.sample(0, 1)[0]
+    assert torch.equal(batch.routes[0, :4], a.routes.short()) and torch.equal(batch.routes[1, :3], b.routes.short())
+
+
 def test_a_multi_turn_trajectory_keeps_each_positions_first_routing():
     from forge_rl.loop.multiturn import TurnRoutes
 

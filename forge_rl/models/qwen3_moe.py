@@ -61,7 +61,9 @@ class ExactExperts(GroupedExperts):
             h = F.silu(torch.matmul(x, w1[e].transpose(0, 1).to(x.dtype))) * torch.matmul(
                 x, w3[e].transpose(0, 1).to(x.dtype))
             out.append(torch.matmul(h, w2[e].transpose(0, 1).to(x.dtype)))
-        return torch.cat(out) if out else x_RD.new_zeros((0, x_RD.shape[-1]))
+        # in the input's dtype: under CPU autocast (a bf16 trainer on one rank) the matmuls give bf16 for fp32
+        # tokens, and the combine adds the experts' outputs into a buffer of the tokens' dtype
+        return torch.cat(out).to(x_RD.dtype) if out else x_RD.new_zeros((0, x_RD.shape[-1]))
 
 
 def titan_config(model_dir: str | Path, hf: dict):
