@@ -37,6 +37,20 @@ def test_build_reproduces_the_shipped_files_and_titan_matches_transformers(tmp_p
         assert (titan(tokens) - hf(tokens).logits).abs().max().item() < 1e-4
 
 
+def test_a_bf16_autocast_forward_of_one_rank_runs_and_stays_near_fp32():
+    """A bf16 trainer on one rank (no FSDP policy: torch.autocast) runs the experts' matmuls in bf16 on fp32 tokens:
+    their outputs come back in the tokens' dtype, which the combine adds them into (it raised a dtype error)."""
+    from forge_rl.models.qwen3 import build_model
+
+    model, _ = build_model(TINY_MOE)
+    tokens = torch.randint(3, 99, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fp32 = model(tokens)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = model(tokens).float()
+    assert (bf16 - fp32).abs().max().item() < 0.5 and (bf16 - fp32).abs().mean().item() < 0.05
+
+
 def test_load_balancing_loss_by_hand_and_its_gradient_reaches_every_router():
     from forge_rl.models.moe_aux import RouterStats, balancing_loss
     from forge_rl.models.qwen3 import build_model
