@@ -176,3 +176,23 @@ def test_a_batch_without_the_routes_keep_routing_needs_is_refused_by_name():
         validate_batches([batch], 1, 128, 64, routing=(LAYERS, TOP_K, 4))
     batch.routes[:] = -1
     validate_batches([batch], 1, 128, 64, routing=(LAYERS, TOP_K, 4))
+
+
+def test_vllms_own_routed_experts_become_the_same_record():
+    """A GPU engine under Model Runner V2 returns the routes itself (CompletionOutput.routed_experts, on the final
+    delta): the generator keeps them as the CPU recorder's, and a record missing a position fails by name."""
+    from vllm.outputs import CompletionOutput, WeightVersionSpan
+
+    from forge_rl.actors.generator_outputs import Child, completion_routes
+
+    engine = np.random.default_rng(0).integers(0, 4, (3 + 4 - 1, LAYERS, TOP_K)).astype(np.uint8)
+    child = Child()
+    child.extend(CompletionOutput(0, "", [7, 8], None, None))
+    child.extend(CompletionOutput(0, "", [9, 2], None, None, routed_experts=engine, finish_reason="stop",
+                                  weight_versions=[WeightVersionSpan("0", 0, 4)]))
+    routes = completion_routes(child, prompt_len=3, dtype=torch.uint8)
+    assert routes.dtype == torch.uint8 and torch.equal(routes, torch.from_numpy(engine))
+    _completion([1, 2, 3], [7, 8, 9, 2], routes)  # the shape Completion takes
+    child.routes = engine[:4]
+    with pytest.raises(RuntimeError, match="the engine recorded 4 positions of the 6 positions of a completion"):
+        completion_routes(child, prompt_len=3, dtype=torch.uint8)

@@ -24,11 +24,10 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
-from forge_rl.actors.generator_outputs import Child, filler_completion
+from forge_rl.actors.generator_outputs import Child, completion_routes, filler_completion
 from forge_rl.deps.vllm_routes import routes_from_rpc
 from forge_rl.deps.vllm import WORKER_EXTENSION, async_llm, engine_context, engine_dead_error
 from forge_rl.errors import ConfigError
@@ -340,17 +339,9 @@ class Generator(ForgeActor):
                                   "model, so there are no routes to keep; set trainer.keep_routing=false")
 
     def _routes(self, child: "Child", prompt_len: int) -> torch.Tensor:
-        """The child's recorded experts for positions 0 .. prompt + response - 2, as the Completion holds them."""
-        ran = prompt_len + len(child.ids) - 1
-        routes = child.routes
-        if routes is None or len(routes) < ran or (routes[:ran] < 0).any():
-            have = "none" if routes is None else f"{int((routes[:ran] >= 0).all(axis=(1, 2)).sum())} positions"
-            raise RuntimeError(f"Keep Routing: the engine recorded {have} of the {ran} positions of a completion "
-                               f"(prompt {prompt_len}, response {len(child.ids)} tokens); is prefix caching on "
-                               "(generator.engine_args.enable_prefix_caching)?")
-        routes = torch.from_numpy(np.ascontiguousarray(routes[:ran])).to(self._route_dtype)
+        routes = completion_routes(child, prompt_len, self._route_dtype)
         self._routes_bytes += routes.nbytes
-        self._routes_positions += ran
+        self._routes_positions += len(routes)
         return routes
 
     @concurrent_endpoint  # runs while generate calls keep streaming

@@ -11,6 +11,7 @@ marked (`over_cap`) instead: the trainer could not reproduce it (docs/algorithms
 import dataclasses
 import math
 
+import numpy as np
 import torch
 
 from forge_rl.types import Completion
@@ -66,6 +67,20 @@ def versions_from_spans(spans, n_tokens: int) -> list[int]:
     if -1 in versions or len(versions) != n_tokens:
         raise RuntimeError(f"weight-version spans {spans} do not cover the {n_tokens} tokens of a sequence")
     return versions
+
+
+def completion_routes(child: Child, prompt_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """Keep Routing: the child's recorded experts of positions 0 .. prompt + response - 2 (the ones the engine ran),
+    as Completion.routes holds them. vLLM's own record (GPU) and forge_rl's recorder (CPU) both come as
+    [positions, layers, top-k]; a record that misses a position fails here, naming what is missing."""
+    ran = prompt_len + len(child.ids) - 1
+    routes = child.routes
+    if routes is None or len(routes) < ran or (routes[:ran] < 0).any():
+        have = "no positions" if routes is None else f"{int((routes[:ran] >= 0).all(axis=(1, 2)).sum())} positions"
+        raise RuntimeError(f"Keep Routing: the engine recorded {have} of the {ran} positions of a completion "
+                           f"(prompt {prompt_len}, response {len(child.ids)} tokens); is prefix caching on "
+                           "(generator.engine_args.enable_prefix_caching)?")
+    return torch.from_numpy(np.ascontiguousarray(routes[:ran])).to(dtype)
 
 
 def filler_completion(c: Completion, eos_ids: set[int], tokenizer) -> Completion:
