@@ -37,7 +37,7 @@ async def measure(mode: str) -> dict:
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    from forge_rl.actors.generator import CPU_ENGINE_DEFAULTS, ENGINE_DEFAULTS, cpu_engine_env, start_engine
+    from forge_rl.actors.generator_engine import CPU_ENGINE_DEFAULTS, ENGINE_DEFAULTS, cpu_engine_env, start_engine
     from forge_rl.models import TINY_MODEL_DIR
 
     model = str(TINY_MODEL_DIR)

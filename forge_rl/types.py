@@ -209,7 +209,8 @@ class TrainBatch(_NumpyOnTheWire):
             versions[b, P : P + R] = c.policy_versions
             advantages[b] = ep.advantage
         return cls(tokens, mask, logprobs, versions, advantages, kept=collate_kept(episodes, T),
-                   routes=collate_routes(episodes, T), rewards=torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32))
+                   routes=collate_routes(episodes, T),
+                   rewards=torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32))
 
 
 def collate_kept(episodes: list[Episode], T: int) -> torch.Tensor | None:

@@ -93,6 +93,16 @@ def test_vllm_names():
     assert vllm.engine_context().name == "ENGINE_CONTEXT"
 
 
+def test_vllm_route_recording_names():
+    """What Keep Routing's CPU recorder (forge_rl/deps/vllm_routes.py) uses of vLLM's MoE layers; the model runner's
+    batch layout is checked against a real engine (tests/test_keep_routing.py)."""
+    from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+    assert callable(BaseRouter.set_capture_fn), RECHECK
+    assert isinstance(MoERunner.layer_id, property) and isinstance(MoERunner.is_monolithic, property), RECHECK
+
+
 def test_the_engine_args_checked_without_vllm_are_vllms():
     """The names a config's engine_args may use without vLLM being imported to check them are all engine
     arguments; a misspelt one is refused with the right name."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from forge_rl.actors.generator import engine_start_method
+from forge_rl.actors.generator_engine import engine_start_method
 from forge_rl.actors.trainer import process_group_backend
 
 
@@ -49,7 +49,7 @@ def test_the_engine_is_spawned_on_cuda_and_forked_on_cpu():
 
 
 def test_the_generator_asks_for_a_gpu_without_initialising_cuda(monkeypatch):
-    from forge_rl.actors.generator import cuda_visible
+    from forge_rl.actors.generator_engine import cuda_visible
 
     monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
     assert cuda_visible() is torch.cuda.is_available()

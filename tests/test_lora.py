@@ -36,7 +36,7 @@ def test_bad_lora_config_names_the_key(kwargs, message):
 
 
 def test_vllm_lora_rank_is_rounded_up_to_what_vllm_serves():
-    from forge_rl.actors.generator import lora_engine_args
+    from forge_rl.actors.generator_engine import lora_engine_args
 
     assert [lora_engine_args(r)["max_lora_rank"] for r in (1, 4, 8, 9, 512)] == [1, 8, 8, 16, 512]
     with pytest.raises(ValueError, match=r"trainer\.lora\.rank=600"):

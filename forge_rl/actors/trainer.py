@@ -367,8 +367,9 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
             **({"peak_cuda_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20}
                if self.device.type == "cuda" else {}),  # this rank's
             skipped=float(not finite), skipped_steps=self.skipped_steps,
-            # Keep Routing: (position, layer) pairs given the engine's experts; the fraction the trainer's own router
-            # would have sent elsewhere; the fraction whose experts, as the expert layer received them, were the engine's
+            # Keep Routing: (position, layer) pairs given the engine's experts; the fraction the trainer's own
+            # routers would have sent elsewhere; the fraction whose experts, as the expert layers received them,
+            # were the engine's
             **({"keep_routing/replayed": replayed, "keep_routing/differed_fraction": differed / max(replayed, 1.0),
                 "keep_routing/dispatched_equal_fraction": dispatched / max(replayed, 1.0)}
                if self.route_replay is not None else {}),

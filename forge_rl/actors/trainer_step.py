@@ -35,7 +35,8 @@ class TrainerStep:
         """Logprob (and entropy) [B, T] of every token, or with `response_mask` of its response tokens
         only (0 elsewhere), computed on shared-prompt packed rows when that saves tokens. `kept` [B, T, K]:
         each token's kept set (truncated sampling: TrainBatch.kept), the distribution renormalised over it.
-        `routes` [B, T, layers, top-k]: the engine's experts (TrainBatch.routes), replayed under trainer.keep_routing."""
+        `routes` [B, T, layers, top-k]: the engine's experts (TrainBatch.routes), replayed under
+        trainer.keep_routing."""
         temperature = self.cfg.temperature or 1.0
         packed = None
         if response_mask is not None and self.cfg.share_prompts:
