@@ -196,3 +196,15 @@ def test_vllms_own_routed_experts_become_the_same_record():
     child.routes = engine[:4]
     with pytest.raises(RuntimeError, match="the engine recorded 4 positions of the 6 positions of a completion"):
         completion_routes(child, prompt_len=3, dtype=torch.uint8)
+
+
+def test_engine_arguments_that_would_lose_routes_are_refused_by_name():
+    from forge_rl.actors.generator_engine import route_engine_args
+    from forge_rl.config import ConfigError
+
+    assert route_engine_args(True, {}, "generator.engine_args") == dict(enable_return_routed_experts=True)
+    assert route_engine_args(False, {}, "generator.engine_args") == dict(enable_prefix_caching=False)
+    with pytest.raises(ConfigError, match="generator.engine_args.enable_prefix_caching=true with trainer.keep_routing"):
+        route_engine_args(False, dict(enable_prefix_caching=True), "generator.engine_args")
+    with pytest.raises(ConfigError, match="generator.engine_args.worker_extension_cls='my.Ext' with trainer.keep_routing"):
+        route_engine_args(False, dict(worker_extension_cls="my.Ext"), "generator.engine_args")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from forge_rl.deps.vllm import async_llm, engine_context
+from forge_rl.deps.vllm import WORKER_EXTENSION, async_llm, engine_context
 from forge_rl.errors import ConfigError
 
 CPU_ENGINE_DEFAULTS: dict[str, Any] = dict(
@@ -29,6 +29,9 @@ def route_engine_args(cuda: bool, engine_args: dict[str, Any], key: str) -> dict
     completion of a group then computes its prompt; the prompt is short next to a group's responses)."""
     if cuda:
         return dict(enable_return_routed_experts=True)
+    if engine_args.get("worker_extension_cls", WORKER_EXTENSION) != WORKER_EXTENSION:
+        raise ConfigError(f"{key}.worker_extension_cls={engine_args['worker_extension_cls']!r} with "
+                          f"trainer.keep_routing: a CPU engine records routes through {WORKER_EXTENSION}; remove it")
     if engine_args.get("enable_prefix_caching"):
         raise ConfigError(f"{key}.enable_prefix_caching=true with trainer.keep_routing: a CPU engine records the "
                           "experts of the positions a request computes, and a cached prefix is not computed; remove it")
