@@ -87,6 +87,28 @@ def test_replayed_routes_are_the_experts_the_expert_layers_receive_and_the_route
     assert torch.equal(model(tokens).detach(), free)
 
 
+def test_the_load_balancing_loss_counts_the_replayed_experts():
+    """Under replay the balancing loss's f counts the experts the tokens went to (the engine's), its P is the
+    router's own probabilities: defined, and it still reaches every router."""
+    from forge_rl.models.moe_aux import RouterStats
+    from forge_rl.models.qwen3 import build_model
+    from forge_rl.models.route_replay import RouteReplay
+
+    model, _ = build_model(TINY_MOE)
+    replay, stats = RouteReplay(model), RouterStats(model.train())
+    tokens = torch.randint(3, 99, (2, 8), generator=torch.Generator().manual_seed(1))
+    routes = torch.zeros(2, 8, LAYERS, TOP_K, dtype=torch.int16)
+    routes[..., 1] = 1  # every token to experts 0 and 1
+    replay.set(routes)
+    model(tokens)
+    assert all(torch.equal(ids.sort(-1).values, routes[:, :, 0].long()) for _, ids in stats.records)
+    probs = torch.stack([scores.detach() for scores, _ in stats.records]).reshape(-1, 4).mean(0)  # P_e
+    aux = stats.pop_loss()
+    assert aux.item() == pytest.approx(4 * (probs[0] + probs[1]).item(), rel=1e-5)  # E x (f_0 P_0 + f_1 P_1), f = 1
+    aux.backward()
+    assert all(r.gate.weight.grad is not None and r.gate.weight.grad.abs().sum() > 0 for r in replay.routers)
+
+
 def _completion(prompt: list[int], response: list[int], routes: torch.Tensor | None) -> Completion:
     n = len(response)
     return Completion(torch.tensor(prompt), torch.tensor(response), torch.zeros(n), torch.zeros(n, dtype=torch.long),
