@@ -39,6 +39,7 @@ def generator():
     loop.close()
 
 
+@pytest.mark.integration  # a vLLM engine in a Monarch proc
 def test_the_generator_records_every_positions_experts_as_transformers_routes_them(generator):
     from transformers import AutoModelForCausalLM
 
