@@ -105,6 +105,9 @@ def check_config(cfg: SFTConfig) -> None:
     if cfg.trainer.model not in ("tiny", cfg.model):
         raise ConfigError(f"set the model with `model`, not trainer.model ({cfg.trainer.model!r})")
     check_engine_args(cfg.engine_args, "engine_args")  # before the evaluation's engine start finds it
+    if cfg.trainer.keep_routing:
+        raise ConfigError("trainer.keep_routing=true: Keep Routing replays the experts an engine routed sampled "
+                          "tokens to, and SFT trains on the dataset's text, which no engine routed; remove it")
     if cfg.trainer.profile_steps and max(cfg.trainer.profile_steps) > cfg.steps:  # a window would never end
         raise ConfigError(f"trainer.profile_steps={list(cfg.trainer.profile_steps)} goes past the run's last step "
                           f"(steps={cfg.steps}); profile steps 1 to {cfg.steps}")
