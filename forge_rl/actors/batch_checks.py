@@ -74,7 +74,7 @@ def _check_routes(at: str, routes, tokens_shape: tuple[int, int], layers: int, t
         raise ValueError(f"{at} has no routes (TrainBatch.routes) and trainer.keep_routing is on: its completions "
                          "came from a generator that does not record the engine's experts (generator record_routes)")
     _check_tensor(f"{at}.routes", routes, torch.int16, (*tokens_shape, layers, top_k),
-                  f" (tokens x MoE layers x top-k)")
+                  " (tokens x MoE layers x top-k)")
     if ((routes < -1) | (routes >= experts)).any():
         raise ValueError(f"{at}.routes has expert ids outside [0, {experts}) (-1: no record)")
 

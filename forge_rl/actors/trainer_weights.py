@@ -13,7 +13,6 @@ import math
 import os
 import socket
 import time
-from pathlib import Path
 
 import torch
 
