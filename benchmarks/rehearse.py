@@ -41,7 +41,9 @@ def spec_of(args, model_dir: Path):
     from forge_rl.recipes.ppo import PPOConfig
 
     cfg = load_config(PPOConfig, args.config, [*args.overrides, "model=rehearsal"])
-    trainer = replace(cfg.trainer, model=str(model_dir))
+    # Keep Routing is rehearsed off: its batches' routes are the engine's (none here), and what it adds is small next
+    # to a step's memory (int64 top-k ids per layer for a micro-batch's tokens on the device during a forward)
+    trainer = replace(cfg.trainer, model=str(model_dir), keep_routing=False)
     return cfg, Rehearsal(model_dir, trainer, world=cfg.trainer_procs, role=role_of(args),
                           seq_len=int(cfg.generator.engine_args.get("max_model_len") or 4096),
                           ranks=[int(r) for r in args.ranks.split(",")] if args.ranks else None)
