@@ -26,12 +26,12 @@ from typing import Any
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
-from forge_rl.actors.generator_outputs import Child, completion_routes, filler_completion
-from forge_rl.deps.vllm_routes import routes_from_rpc
 from forge_rl.actors.generator_engine import (CPU_ENGINE_DEFAULTS, ENGINE_DEFAULTS, cpu_engine_env, cuda_visible,
                                               engine_args_refused, engine_start_method, lora_engine_args,
                                               route_engine_args, start_engine)
+from forge_rl.actors.generator_outputs import Child, completion_routes, filler_completion
 from forge_rl.deps.vllm import WORKER_EXTENSION, engine_dead_error
+from forge_rl.deps.vllm_routes import routes_from_rpc
 from forge_rl.errors import ConfigError
 from forge_rl.loop.sampling import top_k_over_cap, truncation
 from forge_rl.runtime import ForgeActor

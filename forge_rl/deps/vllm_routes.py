@@ -64,7 +64,9 @@ class _Routes:
     def __init__(self, n_layers: int, top_k: int, runner):
         self.n_layers, self.top_k, self.runner = n_layers, top_k, runner
         self.records: dict[str, np.ndarray] = {}  # engine request id -> int16 [capacity, layers, top-k]
-        self.step: tuple[list, np.ndarray, np.ndarray] | None = None  # this forward's layout, made at its first layer
+        # this forward's layout, made at its first MoE layer: request ids, their row spans, each row's position, and
+        # that layer (when it comes around again, a new forward has begun)
+        self.step: tuple[list, np.ndarray, np.ndarray, int] | None = None
 
     def capture_fn(self, layer: int):
         def capture(topk_ids) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_rl.actors.generator import SWAP_MODES
+from forge_rl.actors.generator_engine import route_engine_args
 from forge_rl.actors.reward import RewardSpec, check_reward_columns, reward_model_errors
 from forge_rl.actors.trainer import TrainerConfig
 from forge_rl.config import ConfigError
@@ -17,6 +18,7 @@ from forge_rl.data.task import TaskConfig, TaskRows, check_prompts_fit, first_pr
 from forge_rl.errors import UserError
 from forge_rl.envs import EnvConfig, env_factory
 from forge_rl.runtime.placement import ResourcesConfig
+from forge_rl.runtime.provisioner import visible_gpus
 from forge_rl.runtime.timeouts import TimeoutsConfig
 from forge_rl.rewards.overlong import OverlongConfig
 from forge_rl.loop.lengths import ResponseLengths
@@ -321,10 +323,9 @@ def check_moe(cfg: GRPOConfig, model_dir: str) -> None:
     if cfg.trainer.keep_routing and not moe:
         raise ConfigError(f"trainer.keep_routing=true: Keep Routing replays the experts the engine chose, and "
                           f"{cfg.model} is dense (model_type {hf.get('model_type')!r}); set trainer.keep_routing=false")
-    if cfg.trainer.keep_routing and cfg.generator.engine_args.get("enable_prefix_caching"):
-        raise ConfigError("generator.engine_args.enable_prefix_caching=true with trainer.keep_routing: a CPU engine "
-                          "records the experts of the positions a request computes, and a cached prefix is not "
-                          "computed; remove it (the generators turn prefix caching off while they record)")
+    if cfg.trainer.keep_routing:  # the engine arguments the generators will refuse, refused before they start
+        on_gpu = bool(cfg.launcher.slurm.gpus_per_node) if cfg.launcher.kind == "slurm" else bool(visible_gpus())
+        route_engine_args(on_gpu, cfg.generator.engine_args, "generator.engine_args")
     if cfg.trainer.moe_aux_loss_coef and not moe:
         raise ConfigError(f"trainer.moe_aux_loss_coef={cfg.trainer.moe_aux_loss_coef}: a load-balancing loss needs "
                           f"a mixture-of-experts model, and {cfg.model} is dense; set it to 0")
