@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 import forge_rl.deps.torchtitan  # noqa: F401  (TorchTitan's device choice fixed before its modules import)
+from forge_rl.deps.pytorch import in_backward
 from torchtitan.models.common.moe import TokenChoiceTopKRouter  # noqa: E402
 
 
@@ -55,7 +56,8 @@ class ReplayRouter(TokenChoiceTopKRouter):
         replay = replay.to(own_ids_BLK.device)
         recorded = replay[..., 0] >= 0
         ids_BLK = torch.where(recorded[..., None], replay, own_ids_BLK)
-        if not _in_backward():  # activation checkpointing's recomputation: counted in its forward already
+        # counted in training forwards (a step's), once: activation checkpointing's recomputation is not another
+        if self.training and not in_backward():
             with torch.no_grad():
                 own = torch.zeros_like(scores_BLE, dtype=torch.bool).scatter_(-1, own_ids_BLK, True)
                 used = torch.zeros_like(scores_BLE, dtype=torch.bool).scatter_(-1, ids_BLK, True)
@@ -65,12 +67,6 @@ class ReplayRouter(TokenChoiceTopKRouter):
         if self.route_norm:
             top_scores_BLK = top_scores_BLK / (top_scores_BLK.sum(dim=-1, keepdim=True) + 1e-20)
         return top_scores_BLK * self.route_scale, ids_BLK, scores_BLE
-
-
-def _in_backward() -> bool:
-    from forge_rl.deps.pytorch import in_backward
-
-    return in_backward()
 
 
 class RouteReplay:
@@ -91,7 +87,7 @@ class RouteReplay:
     def _dispatch_check(self, layer: int):
         def check(module, args) -> None:
             replay = self.routers[layer].replay_BLK
-            if replay is None or _in_backward():
+            if replay is None or not module.training or in_backward():
                 return
             ids_BLK = args[2]
             with torch.no_grad():
