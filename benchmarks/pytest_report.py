@@ -39,12 +39,20 @@ def failures(junit_xml: Path) -> list[Failure]:
                 text = node.text or ""
                 places = WHERE.findall(text)
                 own = [p for p in places if case.get("file") and p[0].endswith(case.get("file"))]
-                where = ":".join((own or places or [("?", "?")])[-1])
+                file, line = (own or places or [("?", "?")])[-1]
+                where = f"{outside_the_repo(file)}:{line}"
                 lines = [ln[1:].strip() for ln in text.splitlines() if ln.startswith(">")]
                 message = (node.get("message") or "").strip().splitlines() or ["(no message)"]
                 found.append(Failure(case.get("name", "?"), where, lines[-1] if lines else "",
                                      message[0][:MESSAGE_CHARS], kind))
     return found
+
+
+def outside_the_repo(file: str) -> str:
+    """A file pytest names relative to the repository (its run's directory) as it is; one outside it absolute.
+    pytest writes whichever of the relative and the absolute path is shorter, so a test file in a temporary folder
+    beside a repository that is in one too would read "../pytest-of-root/..." otherwise."""
+    return os.path.normpath(REPO / file) if file.startswith("..") else file
 
 
 def rows_of(failed: list[Failure]) -> list[tuple[str, str]]:
