@@ -41,7 +41,7 @@ test-fast: setup  # unit tests only (no procs, engines or ranks): what to run wh
 	$(PY) -m pytest -m "not integration" $(ARGS)
 
 gpu-check: setup  # the GPU path in one command (<= 10 min on one H100): says which tiers run here and why not the others, runs them; on CPU: its logic checks
-	$(PY) -m benchmarks.gpu_check $(ARGS)
+	$(PY) -m gpu_check $(ARGS)
 
 # For a GPU host with a site PyTorch and no network (docs/getting_started.md); needs pip and `packaging`, not the venv.
 PYTHON_VERSION ?= 3.12

@@ -117,7 +117,7 @@ def report(args, manifest, python, created, torch_version, versions, about_torch
     for line in other:
         print(f"  pip check: {line}")
     venv = python.parent.parent
-    check = ("python -m benchmarks.gpu_check" if args.into_current else
+    check = ("python -m gpu_check" if args.into_current else
              f"make gpu-check VENV={venv.relative_to(REPO) if venv.is_relative_to(REPO) else venv}")
     print(f"  vLLM: {'installed' if vllm else 'not installed (the wheelhouse leaves it out)'}; `{check}` says which "
           "tiers run here and runs them")

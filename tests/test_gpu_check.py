@@ -1,4 +1,4 @@
-"""`make gpu-check` (benchmarks/gpu_check.py) where there is no GPU, as in CI: it says up front which tiers run
+"""`make gpu-check` (gpu_check/__main__.py) where there is no GPU, as in CI: it says up front which tiers run
 here and why not the others, runs its CPU logic tests and the no-vLLM tier on CPU with vLLM made unimportable
 (its tests import nothing from vLLM), and says that the GPU part did not run. (A test of its own file: the
 check runs tests/test_gpu_logic.py and tests/test_gpu.py.)"""
@@ -11,7 +11,7 @@ from tests.conftest import REPO
 
 
 def test_gpu_check_says_what_runs_here_runs_its_cpu_part_and_says_when_the_gpu_part_did_not_run(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu-only", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "gpu_check", "--cpu-only", "--out", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr
     head = out.stdout.splitlines()[:4]

@@ -1,10 +1,10 @@
-"""`make gpu-check` names what failed (benchmarks/pytest_report.py): a real pytest run of a small test file whose
+"""`make gpu-check` names what failed (gpu_check/pytest_report.py): a real pytest run of a small test file whose
 tests fail as the GPU tier's did (an assertion on a memory bound, an error in a fixture) becomes one row per
 failure with the test's name, the line that failed and what it said, and pytest's whole output is kept."""
 
 import pytest
 
-from benchmarks.pytest_report import pytest_rows, summary_of
+from gpu_check.pytest_report import pytest_rows, summary_of
 
 TESTS = '''
 import pytest

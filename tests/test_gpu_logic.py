@@ -1,6 +1,6 @@
 """The logic of code paths that run only on CUDA, checked on CPU: the trainer's process-group backend (metric
 sums are CPU tensors), the vLLM engine's start method once CUDA may have been touched. The GPU itself is
-exercised by `make gpu-check` (tests marked `gpu`, benchmarks/gpu_check.py)."""
+exercised by `make gpu-check` (tests marked `gpu`, gpu_check/__main__.py)."""
 
 import tempfile
 

@@ -1,9 +1,9 @@
-"""What `make gpu-check` says it can run on a host (benchmarks/gpu_tiers.py), from the host's facts: a torch that
+"""What `make gpu-check` says it can run on a host (gpu_check/tiers.py), from the host's facts: a torch that
 vLLM's pin refuses, no CUDA, no vLLM installed, a vLLM that will not import."""
 
 import pytest
 
-from benchmarks.gpu_tiers import HostFacts, decide, describe, release, torch_pin_of, vllm_facts
+from gpu_check.tiers import HostFacts, decide, describe, release, torch_pin_of, vllm_facts
 
 H100 = dict(python="3.12.1", cuda_devices=1, device_name="NVIDIA H100 80GB HBM3", vllm_wanted="vllm==0.32.0")
 

@@ -101,8 +101,8 @@ def test_every_upward_import_still_exists():
 
 
 def test_nothing_imports_apps():
-    """The library, tests, benchmarks and notebooks use the runs in forge_rl/recipes, never an app."""
-    offenders = [str(p.relative_to(REPO)) for p in _python_files("forge_rl", "tests", "benchmarks", "apps")
+    """The library, tests, benchmarks, the GPU check and notebooks use the runs in forge_rl/recipes, never an app."""
+    offenders = [str(p.relative_to(REPO)) for p in _python_files("forge_rl", "tests", "benchmarks", "gpu_check", "apps")
                  if any(name == "apps" or name.startswith("apps.") for name in _imports(p))]
     notebooks = [str(p.relative_to(REPO)) for p in (REPO / "docs/notebooks").glob("*.ipynb")
                  if "from apps" in p.read_text() or "import apps" in p.read_text()]

@@ -1,8 +1,8 @@
 """`make gpu-check`: one command that proves the GPU path, in at most ~10 minutes on one H100.
 
-    python -m benchmarks.gpu_check [--steps 20] [--out outputs/gpu_check] [--cpu-only]
+    python -m gpu_check [--steps 20] [--out outputs/gpu_check] [--cpu-only]
 
-It first says which tiers this host can run and why not the others (benchmarks/gpu_tiers.py), then runs them:
+It first says which tiers this host can run and why not the others (gpu_check/tiers.py), then runs them:
 1. CPU logic: the CPU tests of the CUDA-only logic (backend, start method, placement, memory plan) — everywhere.
 2. no-vLLM (tests/test_gpu.py, with vLLM made unimportable for every process it starts): a FSDP2 bf16 step of a
    Qwen3-0.6B-shaped model with fp32 master weights over NCCL and its peak GPU memory against the memory plan,
@@ -32,13 +32,13 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.gpu_tiers import Tier, decide, describe, host_facts
-from benchmarks.pytest_report import pytest_rows
+from gpu_check.pytest_report import pytest_rows
+from gpu_check.tiers import Tier, decide, describe, host_facts
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_LOGIC_TESTS = ["tests/test_gpu_logic.py", "tests/test_resources.py", "tests/test_gpu_placement.py",
                    "tests/test_memory_plan.py", "tests/test_gpu_tiers.py"]
-NO_VLLM = REPO / "benchmarks" / "no_vllm"  # first on PYTHONPATH in the no-vLLM tier: `import vllm` fails there
+NO_VLLM = REPO / "gpu_check" / "no_vllm"  # first on PYTHONPATH in the no-vLLM tier: `import vllm` fails there
 QWEN3_0_6B_SHAPE = dict(hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, vocab_size=151936,
                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
                         max_position_embeddings=4096, torch_dtype="bfloat16")
@@ -176,7 +176,7 @@ def vllm_rows(args, facts) -> list[tuple[str, str]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m gpu_check", description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=REPO / "outputs/gpu_check")
     ap.add_argument("--cpu-only", action="store_true", help="as if no GPU were visible (the CPU checks alone)")

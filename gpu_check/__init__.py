@@ -1,0 +1,1 @@
+"""`make gpu-check` (`python -m gpu_check`): which GPU tiers this host can run, then running them into one table."""
