@@ -1,6 +1,6 @@
 """`make demo`'s GRPO against the hand-written single-process loop, side by side in one run.
 
-    .venv/bin/python benchmarks/demo_vs_plain.py [--steps 150] [--out outputs/demo_vs_plain] [-- key=value ...]
+    .venv/bin/python -m benchmarks.demo_vs_plain [--steps 150] [--out outputs/demo_vs_plain] [-- key=value ...]
 
 Runs benchmarks/plain_grpo.py and apps/grpo/main.py (configs/grpo/tiny.yaml, plus any overrides after
 `--`) one after the other, each in its own process with the same steps, prompts, rewards and
@@ -41,7 +41,7 @@ def main() -> None:
     out = (REPO / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(f"plain loop ({args.steps} steps) ...", flush=True)
-    plain_wall = timed([sys.executable, "benchmarks/plain_grpo.py", "--steps", str(args.steps),
+    plain_wall = timed([sys.executable, "-m", "benchmarks.plain_grpo", "--steps", str(args.steps),
                         "--out", str(out / "plain.json")], out / "plain.log")
     plain = json.loads((out / "plain.json").read_text())
     print(f"forge_rl demo ({args.steps} steps) ...", flush=True)

@@ -2,7 +2,7 @@
 used first, blockwise logprobs from whole logits, blockwise logprobs with the lm_head fused in, and
 loss-parallel logprobs from each tensor-parallel rank's vocabulary shard of the logits (TP 2, gloo).
 
-    .venv/bin/python benchmarks/logprob_memory.py [--batch 8] [--seq 256] [--vocab 151936]
+    .venv/bin/python -m benchmarks.logprob_memory [--batch 8] [--seq 256] [--vocab 151936]
 
 A random-init Qwen3-shaped model (small hidden size, Qwen3's vocabulary: the logits dominate, as they do
 for a real model at long sequences) runs forward, per-token logprobs and entropy, the GRPO loss and

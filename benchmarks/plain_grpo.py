@@ -1,6 +1,6 @@
 """Plain GRPO: a hand-written single-process loop (HF generate + PyTorch), the baseline for `make demo`.
 
-    .venv/bin/python benchmarks/plain_grpo.py [--steps 150] [--eval-every 25] [--threads N] [--out PATH]
+    .venv/bin/python -m benchmarks.plain_grpo [--steps 150] [--eval-every 25] [--threads N] [--out PATH]
 
 Same work as apps/grpo/main.py with configs/grpo/tiny.yaml: tiny-warm model, training prompts in order,
 G=8 samples per prompt at temperature 1.0 (8 new tokens), exact-match (1.0) + format (0.1) rewards, group

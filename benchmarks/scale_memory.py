@@ -31,13 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from monarch.actor import Actor, endpoint
+
+from forge_rl.rehearsal.sparse_checkpoint import checkpoint_tensors  # Qwen3's HF tensor shapes
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from monarch.actor import Actor, endpoint  # noqa: E402
-
-from forge_rl.rehearsal.sparse_checkpoint import checkpoint_tensors  # noqa: E402  Qwen3's HF tensor shapes
 
 # Qwen3 shapes (hidden, layers, q heads, kv heads, head dim, MLP, vocab); tied embeddings as Qwen3-0.6B/1.7B/4B.
 SIZES = {
@@ -216,7 +214,7 @@ async def measure(args) -> dict:
             step = batches(WORLD, args.seqs, args.tokens, hf_config(args.size)["vocab_size"])
             with sent_bytes() as wire:
                 _, res["phases"]["train"] = await phase.run(
-                    call_each_rank(trainer, "train_step", batches_for_ranks(step, shards)))
+                    call_each_rank(trainer, Trainer.train_step, batches_for_ranks(step, shards)))
             res["sent"] = dict(after=wire.total, per_rank=wire.calls, before=WORLD * message_bytes(step),
                                each_batch_once=sum(message_bytes([b]) for b in step))
             res["publish"].append(await publish(phase, trainer, reader, 1, res, "publish_v1"))

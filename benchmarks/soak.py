@@ -1,12 +1,12 @@
 """Soak: a long GRPO run of the demo config with a generator replica SIGKILLed every N steps.
 
-    .venv/bin/python benchmarks/soak.py [--steps 1000] [--kill-every 200] [--out outputs/soak] [-- key=value ...]
+    .venv/bin/python -m benchmarks.soak [--steps 1000] [--kill-every 200] [--out outputs/soak] [-- key=value ...]
 
 Runs `python -m apps.grpo.main --config configs/grpo/tiny.yaml` as a user would, in its own process, and
 from outside it: kills one generator replica's proc (and so its vLLM engine) each time the run reaches a
 multiple of --kill-every steps, samples the resident memory of every process of the run, and after the run
 exits checks that every process it started is gone and none of the run's /dev/shm entries is left (its
-forge_rl-<run>-* entries and whatever its processes mapped there: benchmarks/run_shm.py; other runs on the
+forge_rl-<run>-* entries and whatever its processes mapped there: tests/run_shm.py; other runs on the
 machine may come and go meanwhile). Prints:
 
 - steps completed, replicas killed and respawned, and every episode accounted for
@@ -30,11 +30,9 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: benchmarks/ is on the path, the repository is not
-    sys.path.insert(0, str(REPO))
+from tests.run_shm import RunShm
 
-from benchmarks.run_shm import RunShm  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _tree(root: psutil.Process) -> list[psutil.Process]:

@@ -1,6 +1,6 @@
 """Weight sync benchmark: publish + fetch a 100M and a 500M-param fp32 model through the weight store.
 
-    .venv/bin/python benchmarks/weight_sync.py [--sizes 100M,500M] [--rounds 3] [--rdma-sizes 100M]
+    .venv/bin/python -m benchmarks.weight_sync [--sizes 100M,500M] [--rounds 3] [--rdma-sizes 100M]
 
 Same host: a writer proc publishes version v (full tensors), a reader proc prefetches v and loads it
 (zero-copy views of the version in shared memory): that is the store's end-to-end. The reader then
@@ -14,14 +14,11 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 # Monarch procs import this module by name (benchmarks.weight_sync), so they need the repo on their path.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 

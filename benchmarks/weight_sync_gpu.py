@@ -1,6 +1,6 @@
 """Weight sync on one GPU host: trainer GPU -> shared memory -> generator GPU, through the weight store.
 
-    python benchmarks/weight_sync_gpu.py [--sizes 500M,1.7B] [--rounds 5]
+    python -m benchmarks.weight_sync_gpu [--sizes 500M,1.7B] [--rounds 5]
 
 Two OS processes (no Monarch needed, so it runs on a bare CUDA machine): a writer holding the model on
 the GPU publishes each version from its CUDA tensors (device-to-host copies straight into the version
@@ -13,17 +13,12 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
-import sys
 import time
 import uuid
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks.shapes import model_spec  # noqa: E402
+from benchmarks.shapes import model_spec
 
 DTYPES = {"500M": torch.float32, "1.7B": torch.bfloat16}
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.run_shm import RunShm
 from forge_rl.runtime.reaper import POLL_S
 from tests.conftest import REPO, started_in_the_background
+from tests.run_shm import RunShm
 
 
 def alive(pid: int) -> bool:

@@ -2,11 +2,11 @@
 Trainer's own code with fake tensors and a fake process group (forge_rl/rehearsal), and each phase's memory per
 rank is printed beside the memory plan's.
 
-    python -m benchmarks.rehearse --config configs/grpo/qwen3_32b.yaml                      # Qwen3-32B, 32 ranks
-    python -m benchmarks.rehearse --config configs/grpo/qwen3_32b.yaml --model Qwen3-8B \\
+    python -m forge_rl.rehearsal --config configs/grpo/qwen3_32b.yaml                      # Qwen3-32B, 32 ranks
+    python -m forge_rl.rehearsal --config configs/grpo/qwen3_32b.yaml --model Qwen3-8B \\
         trainer_procs=8 trainer.parallel.dp_shard=8 trainer.parallel.tp=1                  # Qwen3-8B, 8 ranks
-    python -m benchmarks.rehearse --config configs/grpo/qwen3_32b.yaml --critic             # PPO's critic
-    python -m benchmarks.rehearse --config configs/grpo/qwen3_32b.yaml --reference          # the KL reference
+    python -m forge_rl.rehearsal --config configs/grpo/qwen3_32b.yaml --critic             # PPO's critic
+    python -m forge_rl.rehearsal --config configs/grpo/qwen3_32b.yaml --reference          # the KL reference
 
 The model's shape is a published Qwen3's (forge_rl/runtime/memory_plan.py QWEN3_SHAPES); its checkpoint is a sparse
 safetensors file with a real header and no data. The train step is one micro-batch per rank (trainer.micro_batch_size
@@ -21,16 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from forge_rl.config import ConfigError, load_config  # noqa: E402
-from forge_rl.recipes.grpo_config import check_moe  # noqa: E402
-from forge_rl.rehearsal.bounds import findings, phase_plan  # noqa: E402
-from forge_rl.rehearsal.run import Rehearsal, rehearse  # noqa: E402
-from forge_rl.rehearsal.sparse_checkpoint import hf_config, write_sparse_checkpoint  # noqa: E402
-from forge_rl.runtime.memory_plan import QWEN3_SHAPES  # noqa: E402
+from forge_rl.config import ConfigError, load_config
+from forge_rl.recipes.grpo_config import check_moe
+from forge_rl.rehearsal.bounds import findings, phase_plan
+from forge_rl.rehearsal.run import Rehearsal, rehearse
+from forge_rl.rehearsal.sparse_checkpoint import hf_config, write_sparse_checkpoint
+from forge_rl.runtime.memory_plan import QWEN3_SHAPES
 
 GB = 1e9
 
@@ -107,7 +103,8 @@ def extrapolated(results: list, layers: list[int], to: int):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m forge_rl.rehearsal", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True)
     ap.add_argument("--model", choices=sorted(QWEN3_SHAPES), default="Qwen3-32B")
     ap.add_argument("--layers", default="", help="decoder layers (default: the model's); two, e.g. 2,4: run both "
