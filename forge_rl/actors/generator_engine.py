@@ -42,9 +42,9 @@ def cpu_engine_env(args: dict[str, Any]) -> dict[str, Any]:
     """A CPU engine of one rank pinned to one core runs its model in the EngineCore process ("uni"
     executor). vLLM's CPU platform turns "uni" into "mp" (a Worker process of its own, fed over a
     shared-memory queue) unless V1 multiprocessing is off; AsyncLLM keeps its EngineCore process either way, so turning it off here only
-    removes the Worker. Measured on the demo's pinned core (benchmarks/vllm_executor.py): start-up 0.72x,
-    groups/s 1.11x. With more than one core (colocated, or unpinned) the Worker is kept: the
-    scheduler and the model then run on different cores (unpinned: uni 50 against mp 63 groups/s). An
+    removes the Worker: on one pinned core the engine starts sooner and makes more groups/s (measured in commit
+    efefe27). With more than one core (colocated, or unpinned) the Worker is kept: the
+    scheduler and the model then run on different cores, which is faster there. An
     explicit `distributed_executor_backend` is left alone."""
     if args.get("tensor_parallel_size", 1) * args.get("pipeline_parallel_size", 1) != 1:
         return args
@@ -96,12 +96,11 @@ def start_engine(engine_args, start_method: str | None):
     (engine_start_method: fork on CPU, spawn on CUDA, None = vLLM's choice).
 
     vLLM's CPU platform always spawns the EngineCore (it sets VLLM_WORKER_MULTIPROC_METHOD=spawn while it
-    builds the config), and a spawned process imports vLLM and torch again: ~10 s of every engine start on
-    this 2-core machine. Forked, AsyncLLM is up in ~3 s instead of ~13 s (engine start with imports, as
-    benchmarks/vllm_executor.py times it: 0.55x). On CPU there is no CUDA context for a fork to break, and
-    vLLM's CPU worker sets its OpenMP threads up after it starts. GPUs keep vLLM's choice, and so does a
-    VLLM_WORKER_MULTIPROC_METHOD already in the environment (set by the user, or by a previous engine of
-    this process: a second engine in one process is spawned; a generator proc holds one).
+    builds the config), and a spawned process imports vLLM and torch again, most of an engine's start on a CPU;
+    forked, it starts in about half the time (measured in commit d3a588a). On CPU there is no CUDA context for a
+    fork to break, and vLLM's CPU worker sets its OpenMP threads up after it starts. GPUs keep vLLM's choice,
+    and so does a VLLM_WORKER_MULTIPROC_METHOD already in the environment (set by the user, or by a previous
+    engine of this process: a second engine in one process is spawned; a generator proc holds one).
 
     The shared memory the engine makes (its executor's broadcast queue) is registered with Python's resource
     tracker, which unlinks it when the engine is killed without cleaning up (as its shutdown ends). Started
