@@ -17,6 +17,7 @@ from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.grpo_report import summary_block
 from forge_rl.loop.checkpoint import APP_STATE, complete_checkpoints, newest_intact, save_checkpoint
 from forge_rl.runtime.manifest import verify
+from forge_rl.loop.rollout_tasks import RolloutTasks
 from forge_rl.loop.train_loop import Run, resume_hint
 from tests.test_run_folder import garble, write_checkpoint
 
@@ -109,6 +110,7 @@ def test_finish_lets_the_rollouts_in_flight_land_before_the_final_checkpoint(tmp
     stops it right after (a fault injected to leave the evaluation and the checkpoint out)."""
     run = GRPORun(GRPOConfig(output_dir=str(tmp_path)))
     run.state = Run(run.cfg)
+    run.rollouts = RolloutTasks(run.state, run.timeline)
     landed = []
 
     class Stopped(Exception):
@@ -124,7 +126,7 @@ def test_finish_lets_the_rollouts_in_flight_land_before_the_final_checkpoint(tmp
         await run.state.admission.finish(stored=True)
 
     async def scenario():
-        run._rollouts = [asyncio.create_task(rollout())]
+        run.rollouts.tasks = [asyncio.create_task(rollout())]
         await asyncio.sleep(0.01)
         run.generator = SimpleNamespace(wait_healthy=stop)
         with pytest.raises(Stopped):

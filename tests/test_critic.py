@@ -27,7 +27,7 @@ def valued(loop, actor, batches):
     """Each batch with its values from `actor` (each rank values its own) and GAE's returns; a row's reward is 1
     when its first token is even (a property of the row, so a split batch gets the same rewards)."""
     shards = loop.run_until_complete(data_shards(actor))
-    got = loop.run_until_complete(call_each_rank(actor, "values", batches_for_ranks(batches, shards)))
+    got = loop.run_until_complete(call_each_rank(actor, Critic.values, batches_for_ranks(batches, shards)))
     out = []
     for i, b in enumerate(batches):
         v = got[shards.index(i)][i]
@@ -42,7 +42,7 @@ def steps(loop, actor, n_dp: int, seeds) -> list[dict]:
     out = []
     for s in seeds:
         batches = valued(loop, actor, split(make_batch(s), n_dp))
-        out.append(loop.run_until_complete(call_each_rank(actor, "train_step", batches_for_ranks(batches, shards)))[0])
+        out.append(loop.run_until_complete(call_each_rank(actor, Critic.train_step, batches_for_ranks(batches, shards)))[0])
     return out
 
 

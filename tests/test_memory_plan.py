@@ -156,13 +156,14 @@ def test_the_grpo_run_sets_and_checks_gpu_memory_utilization_when_colocated_on_g
     """GRPORun's wiring, with a simulated 4 x 80 GB node (configs/grpo/qwen3_1_7b.yaml's sizes): the plan sets
     gpu_memory_utilization, a user's value above it is refused, and nothing changes off the GPU."""
     import forge_rl.recipes.grpo as grpo
+    from forge_rl.recipes import startup
     from forge_rl.recipes.grpo_config import GRPOConfig
     from forge_rl.runtime.placement import plan_placement
 
     model = tmp_path / "Qwen3-1.7B"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(CONFIGS["Qwen3-1.7B"]))
-    monkeypatch.setattr(grpo, "gpu_total_bytes", lambda gpu: 80_000_000_000)
+    monkeypatch.setattr(startup, "gpu_total_bytes", lambda gpu: 80_000_000_000)
     cfg = GRPOConfig(model=str(model), trainer_procs=4)
     cfg.generator.replicas, cfg.generator.engine_args = 4, dict(max_model_len=2048, dtype="bfloat16")
     cfg.trainer.micro_batch_size, cfg.trainer.parallel.activation_checkpointing = 16, True
@@ -170,29 +171,30 @@ def test_the_grpo_run_sets_and_checks_gpu_memory_utilization_when_colocated_on_g
     run.model_dir, run.generator_gpus = str(model), 1
     run.placement = plan_placement(cfg.resources, 4, 4, 1, gpus=["0", "1", "2", "3"])
     assert run.placement.colocated and run.placement.generator_gpus == [["0"], ["1"], ["2"], ["3"]]
-    args = run._engine_args(shared=True)
+    args = startup.engine_args(run, shared=True)
     assert args["gpu_memory_utilization"] == 0.876 and args["enable_sleep_mode"] is True
-    assert "gpu_memory_utilization" not in run._engine_args(shared=False)
+    assert "gpu_memory_utilization" not in startup.engine_args(run, shared=False)
     run.cfg.generator.engine_args["gpu_memory_utilization"] = 0.95  # the run's own copy of the config
     with pytest.raises(ConfigError, match=r"0\.95 .* at most 0\.876"):
-        run._engine_args(shared=True)
+        startup.engine_args(run, shared=True)
     run.cfg.generator.engine_args["gpu_memory_utilization"] = 0.85  # the shipped config's value fits
-    assert run._engine_args(shared=True)["gpu_memory_utilization"] == 0.85
+    assert startup.engine_args(run, shared=True)["gpu_memory_utilization"] == 0.85
 
 
 def test_a_trainer_sharing_its_gpu_gives_its_cached_memory_back_after_each_step(monkeypatch):
     """The run's placement decides it: colocated on GPUs (a simulated 4-GPU node) the trainer empties CUDA's
     cache after each publish, for the engine's wake-up; disaggregated, or on CPU, it keeps its cache."""
     import forge_rl.recipes.grpo as grpo
+    from forge_rl.recipes import startup
     from forge_rl.recipes.grpo_config import GRPOConfig
 
     for gpus, placement, expected in ((["0", "1", "2", "3"], "colocated", True),
                                       (["0", "1", "2", "3"], "disaggregated", False), ([], "auto", False)):
-        monkeypatch.setattr(grpo, "visible_gpus", lambda gpus=gpus: gpus)
+        monkeypatch.setattr(startup, "visible_gpus", lambda gpus=gpus: gpus)
         cfg = GRPOConfig(trainer_procs=2)
         cfg.resources.placement = placement
         run = grpo.GRPORun(cfg)
-        run._place({})
+        startup.place(run, {})
         assert run.cfg.trainer.release_memory_after_step is expected, (gpus, placement)  # the run's own copy
 
 

@@ -99,7 +99,7 @@ def steps_per_rank(loop, trainer, n_dp: int, seeds, shared_prompt: int = 0) -> l
         sent = batches_for_ranks(batches, shards)
         assert all(sum(isinstance(b, TrainBatch) for b in rank) == 1 for rank in sent)  # its own batch only
         with sent_bytes() as wire:  # what the controller serialised for the ranks, one message each
-            out.append(loop.run_until_complete(call_each_rank(trainer, "train_step", sent))[0])
+            out.append(loop.run_until_complete(call_each_rank(trainer, Trainer.train_step, sent))[0])
         # each batch once (its message), and to the other ranks its counts; every batch to every rank was
         # world x message_bytes(batches)
         each_once = sum(message_bytes([b]) for b in batches)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from forge_rl.actors.reward import RewardRoleDied
-from forge_rl.deps.monarch import SupervisionError
+from forge_rl.deps.monarch import EndpointProperty, SupervisionError, endpoint_name
 from forge_rl.errors import RunStopped
 from forge_rl.loop.rollout import Admission, RewardFailing, RolloutStats
 from forge_rl.runtime.timeouts import within
@@ -168,11 +168,19 @@ def batches_for_ranks(batches: list[TrainBatch], shards: list[int]) -> list[list
     return [[b if i == shard else counts[i] for i, b in enumerate(batches)] for shard in shards]
 
 
-async def call_each_rank(mesh, endpoint: str, args_of_rank: list) -> list:
-    """`endpoint` on every rank of `mesh` at once, rank r with args_of_rank[r]; the results in rank order."""
-    flat = mesh.flatten("rank")
-    return list(await asyncio.gather(*(getattr(flat.slice(rank=r), endpoint).call_one(args)
+async def call_each_rank(mesh, endpoint: EndpointProperty, args_of_rank: list) -> list:
+    """`endpoint` (the actor class's, e.g. `Trainer.train_step`) on every rank of `mesh` at once, rank r with
+    args_of_rank[r]; the results in rank order."""
+    flat, name = mesh.flatten("rank"), endpoint_name(endpoint)
+    return list(await asyncio.gather(*(getattr(flat.slice(rank=r), name).call_one(args)
                                        for r, args in enumerate(args_of_rank))))
+
+
+async def call_for_batches(mesh, endpoint: EndpointProperty, batches: list[TrainBatch], shards: list[int]) -> list:
+    """`endpoint` on every rank of `mesh`, each sent its own shard's batch (`batches_for_ranks`); one result per
+    batch, in batch order, from the first rank that holds it."""
+    results = await call_each_rank(mesh, endpoint, batches_for_ranks(batches, shards))
+    return [results[shards.index(i)][i] for i in range(len(batches))]
 
 
 async def update_generators(run: Run, generator, version: int, timeout_s: float | None = None,

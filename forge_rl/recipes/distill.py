@@ -52,15 +52,13 @@ class DistillRun(GRPORun):
         check_same_tokenizer(model_path(cfg.model), self.teacher)
         if cfg.trainer.grpo.distill_coef <= 0:
             raise ConfigError(f"trainer.grpo.distill_coef={cfg.trainer.grpo.distill_coef}: distillation needs > 0")
-        if cfg.buffer.drop_zero_advantage:
-            # a group whose rewards are all equal still has a teacher signal on every token
-            self.console.print("[yellow]buffer.drop_zero_advantage is turned off: every token carries the "
-                               "teacher's signal[/yellow]")
-            cfg.buffer.drop_zero_advantage = False
         super().prepare()
 
     def group_advantages(self) -> bool:
         return self.cfg.trainer.grpo.reward_coef > 0  # the teacher's part is per token, the reward's per group
+
+    def zero_advantage_trains(self) -> str:
+        return "every token carries the teacher's signal"
 
     def reference_model(self) -> str:
         return self.teacher

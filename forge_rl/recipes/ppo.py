@@ -12,7 +12,6 @@ critic's in step-N/critic) and Slurm are GRPO's. Values are computed at train ti
 by the critic of the version being trained, not the one that sampled it.
 """
 
-import asyncio
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -21,12 +20,13 @@ import torch
 from forge_rl.actors.critic import Critic
 from forge_rl.actors.trainer import OptimizerConfig, TrainerConfig
 from forge_rl.config import ConfigError
-from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, data_shards
+from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, call_for_batches, data_shards
 from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, whiten
 from forge_rl.models import model_path
 from forge_rl.models.lora import LoRAConfig
-from forge_rl.recipes.grpo import GRPORun, fill_reference, publish, train, train_policy
+from forge_rl.recipes.grpo import GRPORun, train
 from forge_rl.recipes.grpo_config import GRPOConfig
+from forge_rl.recipes.startup import on_trainer_procs
 from forge_rl.runtime.memory_plan import ModelShape
 from forge_rl.runtime.timeouts import within
 from forge_rl.types import TrainBatch
@@ -103,16 +103,15 @@ class PPORun(GRPORun):
         if cfg.trainer.grpo.policy_loss == "gspo":
             raise ConfigError("trainer.grpo.policy_loss='gspo' clips a sequence ratio with one advantage per "
                               "sequence; PPO's advantages are per token: use 'grpo' (PPO's clip) or 'cispo'")
-        if cfg.buffer.drop_zero_advantage:
-            # the advantages the buffer sees are group-relative (0 with one sample per prompt); PPO's come later
-            self.console.print("[yellow]buffer.drop_zero_advantage is turned off: PPO's advantages come from the "
-                               "critic at train time[/yellow]")
-            cfg.buffer.drop_zero_advantage = False
         super().prepare()
         self.critic_model = model_path(cfg.critic.model or cfg.model, "critic.model" if cfg.critic.model else "model")
 
     def group_advantages(self) -> bool:
         return False  # the critic is the baseline: one sample per prompt is enough
+
+    def zero_advantage_trains(self) -> str:
+        # the advantages the buffer sees are group-relative (0 with one sample per prompt); PPO's come later
+        return "PPO's advantages come from the critic at train time"
 
     def critic_parameters(self) -> int:
         return ModelShape.from_config(self.critic_model).parameters()
@@ -120,35 +119,31 @@ class PPORun(GRPORun):
     def other_trained(self) -> dict:
         return {"critic": self.critic} if getattr(self, "critic", None) is not None else {}
 
-    async def _start_actors(self, hosts: dict, gpus: list[str]) -> None:
-        await super()._start_actors(hosts, gpus)
-        cfg, placement = self.cfg, self.placement
+    async def start_actors(self, hosts: dict, gpus: list[str]) -> None:
+        await super().start_actors(hosts, gpus)
         # on the trainer's procs' hosts, cores and GPUs (time-sharing them, as the reference does)
         self.critic = await Critic.options(
-            procs=cfg.trainer_procs, spmd=True, gpus=bool(gpus), share_gpus=True, host_mesh="trainer",
-            cpus=tuple(tuple(x) for x in placement.trainer_cpus), threads=placement.trainer_threads,
-            gpu_ids=((tuple(placement.trainer_gpus),) if placement.trainer_gpus else ()),
-        ).as_actor(critic_config(cfg, self.critic_model), value_clip=cfg.critic.value_clip, epochs=cfg.critic.epochs)
+            **on_trainer_procs(self.placement, gpus, self.cfg.trainer_procs), share_gpus=True,
+        ).as_actor(critic_config(self.cfg, self.critic_model), value_clip=self.cfg.critic.value_clip,
+                   epochs=self.cfg.critic.epochs)
         self.shards["critic"] = await data_shards(self.critic)
 
-    async def _update(self, batches) -> tuple[dict, dict]:
-        """Values, GAE, the policy's step, then the critic's steps while the new weights publish."""
-        s, t, where, shards = self.state, self.cfg.timeouts, self._where(), self.shards
-        version = s.version + 1
-        batches = await fill_reference(self.reference, batches, shards, version, t, where)
-        valued = await within(call_each_rank(self.critic, "values", batches_for_ranks(batches, shards["critic"])),
-                              t.reference_s, "reference_s", f"the Critic's values for version {version}", where)
-        values = [valued[shards["critic"].index(i)][i] for i in range(len(batches))]
-        batches, stats = with_advantages(batches, values, self.cfg.ppo)
-        metrics = await train_policy(self.trainer, batches, shards, version, t, where)
-        critic_step = within(call_each_rank(self.critic, "train_step", batches_for_ranks(batches, shards["critic"])),
-                             t.train_step_s, "train_step_s", f"the Critic's train_step at version {version}", where)
-        critic, push = await asyncio.gather(critic_step, publish(s, self.trainer, t, where))
-        critic = critic[0]
-        metrics = {**metrics, **stats, **{f"critic/{k}": critic[k] for k in
-                                          ("value_loss", "value_loss_last_epoch", "value_clip_fraction", "grad_norm",
-                                           "step", "step_s")}}
-        return metrics, push
+    async def score(self, batches: list, version: int) -> tuple[list, dict]:
+        """The reference's logprobs, then the critic's values of every token and GAE's advantages from them."""
+        batches, _ = await super().score(batches, version)
+        values = await within(call_for_batches(self.critic, Critic.values, batches, self.shards["critic"]),
+                              self.cfg.timeouts.reference_s, "reference_s", f"the Critic's values for version {version}",
+                              self._where())
+        return with_advantages(batches, values, self.cfg.ppo)
+
+    async def train_beside(self, batches: list, version: int) -> dict:
+        """The critic's steps on the batch's returns, while the policy's new weights publish."""
+        critic = (await within(
+            call_each_rank(self.critic, Critic.train_step, batches_for_ranks(batches, self.shards["critic"])),
+            self.cfg.timeouts.train_step_s, "train_step_s", f"the Critic's train_step at version {version}",
+            self._where()))[0]
+        return {f"critic/{k}": critic[k] for k in ("value_loss", "value_loss_last_epoch", "value_clip_fraction",
+                                                   "grad_norm", "step", "step_s")}
 
 
 CONFIG = PPOConfig

@@ -19,8 +19,6 @@ export in export_dir at the end.
 """
 
 import asyncio
-import contextlib
-import copy
 import json
 import math
 import time
@@ -28,14 +26,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
 from forge_rl.actors.reward import RewardActor, RewardSpec
 from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig
-from forge_rl.config import ConfigError, to_yaml
-from forge_rl.launch.launcher import LauncherConfig, run_hosts, weight_server
+from forge_rl.config import ConfigError
+from forge_rl.launch.launcher import LauncherConfig, weight_server
 from forge_rl.runtime.provisioner import visible_gpus
 from forge_rl.data.sft_sources import make_source, train_batches
 from forge_rl.data.task import TaskConfig, TaskRows, check_prompts_fit, render
@@ -43,11 +40,10 @@ from forge_rl.deps.vllm import check_engine_args
 from forge_rl.errors import UserError
 from forge_rl.loop.checkpoint import commit_checkpoint
 from forge_rl.loop.eval import evaluate_task
-from forge_rl.loop.run_folder import claim_output_dir
 from forge_rl.models import load_tokenizer, model_path
 from forge_rl.observability import MetricsLogger, plot_run
-from forge_rl.observability.timeline import Timeline
 from forge_rl.observability.plots import SFT_PANELS
+from forge_rl.recipes.run import RecipeRun
 
 
 def _default_trainer() -> TrainerConfig:
@@ -116,14 +112,11 @@ def check_config(cfg: SFTConfig) -> None:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
 
 
-class SFTRun:
+class SFTRun(RecipeRun):
     """One SFT run: the trainer, the evaluation's generator and reward actor (started on first use), its steps."""
 
     def __init__(self, cfg: SFTConfig):
-        self.cfg = copy.deepcopy(cfg)  # the run's own: derived settings must not leak into another run's object
-        self.console = Console(soft_wrap=True)
-        self.out = Path(cfg.output_dir)
-        self.log_dir = None if cfg.verbose else self.out / "logs"
+        super().__init__(cfg)
         self.step = self.start_step = 0
         self.losses: list[float] = []
         self.summary: dict[str, Any] = dict(model=cfg.model, dataset=cfg.dataset)
@@ -131,20 +124,6 @@ class SFTRun:
         self.exported: str | None = None  # the export the evaluation generator was started from
         self.saved_at: int | None = None
         self.train_s = 0.0
-        self._stack: contextlib.AsyncExitStack | None = None
-        self.timeline = Timeline()  # what the controller, trainer and evaluation did when: timeline.{json,png}
-
-    async def start(self) -> "SFTRun":
-        self.prepare()
-        self._stack = contextlib.AsyncExitStack()
-        try:
-            hosts, self.provisioner = await self._stack.enter_async_context(
-                run_hosts(self.cfg.launcher, self.out, self.log_dir))
-            await self._start_trainer(hosts)
-        except BaseException:
-            await self.stop()
-            raise
-        return self
 
     def prepare(self) -> None:
         """Checks, the model's path, the data and the held-out set, the output directory: no actor yet."""
@@ -158,11 +137,7 @@ class SFTRun:
         max_len = json.loads((Path(self.model_dir) / "config.json").read_text()).get("max_position_embeddings")
         self.source = make_source(cfg.dataset, self.tokenizer, cfg.seed, max_len)
         self.held_out = self._held_out(max_len) if cfg.eval_size else []
-        self.claim = claim_output_dir(self.out, Path(cfg.trainer.checkpoint_dir), algorithm="sft", resume=cfg.resume,
-                                      overwrite=cfg.overwrite, steps=cfg.steps, export_dir=cfg.export_dir)
-        for note in self.claim.notes:
-            self.console.print(f"[yellow]{note}[/yellow]")
-        (self.out / "config.yaml").write_text(to_yaml(cfg))
+        self.claim_output(Path(cfg.trainer.checkpoint_dir), "sft")
         self.t_start = time.perf_counter()
 
     def _held_out(self, max_len: int | None) -> list:
@@ -187,7 +162,8 @@ class SFTRun:
                               "the prompts")
         return [replace(e, text=render(self.tokenizer, e, rows.cfg)) for e in examples]
 
-    async def _start_trainer(self, hosts: dict) -> None:
+    async def start_roles(self, hosts: dict) -> None:
+        """The trainer (resumed when asked to); the evaluation's generator starts with the first evaluation."""
         cfg = self.cfg
         # On a GPU host every trainer proc gets its own GPU, and the evaluation generator one more.
         self.use_gpus = bool(cfg.launcher.slurm.gpus_per_node) if hosts else bool(visible_gpus())
@@ -317,17 +293,6 @@ class SFTRun:
         self.console.print(f"wrote {self.out / 'summary.json'}, {self.out / 'metrics.jsonl'}, {self.out / 'loss.png'}, "
                            f"{self.out / 'timeline.png'} and {self.out / 'timeline.json'} (Perfetto)")
         return self.summary
-
-    async def stop(self) -> None:
-        if self._stack is not None:
-            stack, self._stack = self._stack, None
-            await asyncio.shield(stack.aclose())
-
-    async def __aenter__(self) -> "SFTRun":
-        return await self.start()
-
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
 
 
 async def train(run: SFTRun) -> dict[str, Any]:

@@ -1,0 +1,193 @@
+"""A run's start-up, from a checked config to running actors: where each role runs, the generators' engine
+arguments (on a GPU shared with the trainer, sized by the memory plan), every actor of the run, and the resume
+from a checkpoint. `GRPORun.start` calls these in order; PPO starts its critic after `start_actors`.
+
+They read and set the run's attributes (`run.placement`, `run.trainer`, `run.generator`, ...), so a notebook that
+drives a run step by step sees the same objects the run uses."""
+
+import asyncio
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from forge_rl.actors.dataset import PromptDataset
+from forge_rl.actors.generator import Generator
+from forge_rl.actors.reference import Reference
+from forge_rl.actors.replay_buffer import ReplayBuffer
+from forge_rl.actors.reward import RewardActor, judge_engine_args
+from forge_rl.actors.reward_model import RewardModel
+from forge_rl.actors.trainer import Trainer
+from forge_rl.launch.launcher import LauncherConfig, weight_server
+from forge_rl.loop.checkpoint import resume_from_checkpoint
+from forge_rl.loop.train_loop import data_shards
+from forge_rl.models import resolve_model_path
+from forge_rl.observability import MetricsLogger
+from forge_rl.recipes.grpo_config import dp_size, max_prompt_tokens
+from forge_rl.runtime.memory_plan import ModelShape, gpu_total_bytes, plan_memory
+from forge_rl.runtime.placement import Placement, plan_placement, plan_reward_models
+from forge_rl.runtime.provisioner import visible_gpus
+
+
+def place(run, hosts: dict) -> list[str]:
+    """Where each role runs (run.placement); returns the GPUs the trainer's ranks take."""
+    cfg = run.cfg
+    tp = int(cfg.generator.engine_args.get("tensor_parallel_size", 1))
+    if hosts:  # every role on hosts of its own: GPUs per node from the launcher, cores not pinned
+        node_gpus = cfg.launcher.slurm.gpus_per_node or 0
+        run.placement = host_placement(cfg.launcher, node_gpus)
+        gpus = [str(i) for i in range(node_gpus)]
+    else:
+        gpus = visible_gpus()  # one GPU per trainer rank; a generator replica gets one per TP rank
+        run.placement = plan_placement(cfg.resources, cfg.trainer_procs, cfg.generator.replicas,
+                                       tp if gpus else 0, gpus)
+        plan_reward_models(cfg.resources, run.placement, sum(r.model is not None for r in cfg.rewards))
+    run.generator_gpus = tp if gpus else 0
+    # a trainer that time-shares its GPU with an engine gives the step's cached memory back for its wake-up
+    cfg.trainer.release_memory_after_step = run.placement.colocated and run.placement.device == "cuda"
+    run.console.print(run.placement.describe())
+    return gpus
+
+
+def host_placement(launcher: LauncherConfig, node_gpus: int) -> Placement:
+    """Roles on hosts of their own (a Slurm allocation): nothing to share, nothing to pin."""
+    s = launcher.slurm
+    where = f"{node_gpus} GPUs per node" if node_gpus else "CPU"
+    return Placement("disaggregated", "cuda" if node_gpus else "cpu",
+                     note=f"trainer on {s.trainer_nodes} node(s), generators on {s.generator_nodes} node(s), {where}")
+
+
+def on_trainer_procs(placement: Placement, gpus: list[str], procs: int) -> dict:
+    """The actor options of a role on the trainer's `procs` (the trainer, the reference, PPO's critic): its ranks'
+    cores and threads, and one GPU per rank as the placement planned them."""
+    return dict(procs=procs, spmd=True, gpus=bool(gpus), host_mesh="trainer", cpus=_tuples(placement.trainer_cpus),
+                threads=placement.trainer_threads,
+                gpu_ids=_tuples([placement.trainer_gpus] if placement.trainer_gpus else []))
+
+
+async def start_actors(run, hosts: dict, gpus: list[str]) -> None:
+    """The trainer, the generator replicas, the buffer, the reward and the dataset actors (and the reference
+    when the run has one), each where the placement put it; then each trainer-like role's data shards and the
+    held-out set."""
+    cfg, placement = run.cfg, run.placement
+    # Generators on other hosts than the trainer copy each version from the trainer's host (Monarch RDMA).
+    weight_source = await weight_server(cfg.weight_store) if hosts else None
+    shared = placement.colocated and placement.device == "cuda"
+    trainer_procs = on_trainer_procs(placement, gpus, cfg.trainer_procs)
+    reward_models = await start_reward_models(run)
+    run.trainer, run.generator, run.buffer, run.reward, run.dataset = await asyncio.gather(
+        Trainer.options(**dict(trainer_procs, share_gpus=shared)).as_actor(cfg.trainer, cfg.weight_store),
+        Generator.options(replicas=cfg.generator.replicas, gpus=run.generator_gpus, share_gpus=shared,
+                          host_mesh="generator", cpus=_tuples(placement.generator_cpus),
+                          gpu_ids=_tuples(placement.generator_gpus)).as_service(
+            run.model_dir, engine_args=engine_args(run, shared), sampling=cfg.generator.sampling, seed=cfg.seed,
+            swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store, weight_source=weight_source,
+            log_level=cfg.generator.log_level, lora=cfg.trainer.lora, max_kept_tokens=cfg.generator.max_kept_tokens,
+            record_routes=cfg.trainer.keep_routing,  # Keep Routing: the trainer replays the engine's experts
+        ),
+        ReplayBuffer.as_actor(run.buffer_cfg),
+        RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_memory_mb,
+                             reward_models),
+        PromptDataset.as_actor(cfg.task, run.model_dir, cfg.seed, max_prompt_tokens(cfg, run.model_dir),
+                               cfg.chat_template_kwargs),
+    )
+    reference = run.reference_model()
+    if reference is not None:  # a frozen policy (or a teacher), on the trainer's cores
+        run.reference = await Reference.options(**dict(trainer_procs, share_gpus=True)).as_actor(
+            # the policy's routes replay in the policy's own model only, not in a distillation teacher's
+            replace(cfg.trainer, model=reference,
+                    keep_routing=cfg.trainer.keep_routing and reference == cfg.trainer.model),
+            cfg.weight_store, weight_source)
+    run.shards = {"trainer": await data_shards(run.trainer)}  # rank -> the batch it trains on
+    if run.reference is not None:
+        run.shards["reference"] = await data_shards(run.reference)
+    run.held_out = await run.dataset.held_out.call_one(cfg.eval_size)
+    if not run.held_out:
+        run.console.print("[yellow]eval_size=0: no held-out evaluations[/yellow]" if not cfg.eval_size else
+                          "[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): "
+                          "no evaluations[/yellow]")
+
+
+async def start_reward_models(run) -> dict:
+    """Each reward model of `rewards` on procs of its own (forge_rl/actors/reward_model.py): a classifier's
+    RewardModel actor, or a judge's vLLM Generator (greedy, one replica, on its own rewards[i].engine_args with
+    TP 1, and no weight store: it serves its own checkpoint). Name -> actor, for the reward actor."""
+    cfg, models = run.cfg, {}
+    for spec in (s for s in cfg.rewards if s.model is not None):
+        options = reward_model_options(run.placement, len(models))
+        if spec.kind == "classifier":
+            models[spec.name] = await RewardModel.options(mesh_name=f"RewardModel-{len(models)}",
+                                                          **options).as_actor(
+                spec.model, spec.max_batch, spec.batch_window_ms)
+        else:
+            models[spec.name] = await Generator.options(mesh_name=f"Judge-{len(models)}", **options).as_actor(
+                resolve_model_path(spec.model), engine_args=judge_engine_args(spec),
+                sampling=dict(temperature=0.0, max_tokens=spec.max_tokens), seed=cfg.seed,
+                policy_weights=False, log_level=cfg.generator.log_level,
+                engine_args_key=f"rewards[{cfg.rewards.index(spec)}].engine_args")
+        run.console.print(f"reward model {spec.name} ({spec.kind}, {spec.model}) started")
+    return models
+
+
+def reward_model_options(placement: Placement, i: int) -> dict:
+    """The i-th reward model's procs as the placement planned them (resources.reward_model_cpus / _gpus): its
+    cores, or its GPU (time-shared, as another role may use it too). On a launcher's hosts: the controller's."""
+    cpus, gpus = placement.reward_model_cpus, placement.reward_model_gpus
+    if gpus:
+        return dict(gpus=len(gpus[i]), gpu_ids=(tuple(gpus[i]),), share_gpus=True, host_mesh="reward_model")
+    return dict(cpus=(tuple(cpus[i]),) if cpus else (), host_mesh="reward_model")
+
+
+def engine_args(run, shared: bool) -> dict:
+    """The generators' vLLM engine args. Colocated on GPUs: sleep mode (the engine sleeps while the trainer
+    steps), and gpu_memory_utilization from the memory plan unless the user set it (then checked against it)."""
+    args = dict(run.cfg.generator.engine_args)
+    if not shared:
+        return args
+    args.setdefault("enable_sleep_mode", True)
+    if (plan := memory_plan(run, args)) is not None:
+        run.console.print(plan.describe())
+        plan.check(args.get("gpu_memory_utilization"))  # a ConfigError with the numbers
+        args.setdefault("gpu_memory_utilization", plan.gpu_memory_utilization)
+    return args
+
+
+def memory_plan(run, engine_args: dict):
+    """The plan of one colocated GPU (forge_rl/runtime/memory_plan.py); None when the model's config.json
+    has no dense decoder's shape."""
+    cfg = run.cfg
+    try:
+        shape = ModelShape.from_config(run.model_dir, name=Path(cfg.model).name)
+        ref = run.reference_model()
+        ref_params = ModelShape.from_config(resolve_model_path(ref)).parameters() if ref else 0
+    except (OSError, ValueError) as e:
+        run.console.print(f"[yellow]no memory plan for the colocated GPUs: {e}[/yellow]")
+        return None
+    seq_len = engine_args.get("max_model_len") or shape.max_position_embeddings or 2048
+    return plan_memory(
+        shape, gpu_total_bytes(run.placement.gpus[0]), trainer_ranks=cfg.trainer_procs,
+        micro_batch=cfg.trainer.micro_batch_size or -(-cfg.batch_groups * cfg.group_size // dp_size(cfg)),
+        seq_len=seq_len, activation_checkpointing=cfg.trainer.parallel.activation_checkpointing,
+        fused_lm_head=cfg.trainer.fused_lm_head, trainer_tp=cfg.trainer.parallel.tp,
+        trainer_ep=cfg.trainer.parallel.ep, lora=cfg.trainer.lora.enabled, reference_params=ref_params,
+        **({"lm_head_memory_gb": cfg.trainer.lm_head_memory_mb * 2**20 / 1e9} if cfg.trainer.lm_head_memory_mb
+           else {}),
+        critic_params=run.critic_parameters(),
+        engine_dtype=engine_args.get("dtype", "bfloat16"), tensor_parallel_size=run.generator_gpus,
+        max_model_len=engine_args.get("max_model_len"), max_num_seqs=engine_args.get("max_num_seqs"))
+
+
+async def resume(run) -> None:
+    """Continue from the checkpoint claim_output_dir chose and verified (if any), then open the metrics log at
+    the step the run continues from."""
+    cfg, path = run.cfg, run.claim.resume_from
+    if path is not None:
+        run.start_step = await resume_from_checkpoint(run.state, run.trainer, run.generator, run.buffer,
+                                                      run.dataset, path, run.other_trained())
+        run.saved_step = run.start_step
+        run.console.print(f"resumed from {path} at step {run.start_step} (policy version {run.state.version}, "
+                          f"run {run.claim.run_id})")
+    run.log = MetricsLogger(run.out, cfg.wandb_project, config=asdict(cfg),
+                            resume_step=run.start_step if path is not None else None)
+
+
+def _tuples(lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(x) for x in lists)
