@@ -25,7 +25,7 @@ import torch
 
 from forge_rl.loop.rollout import Admission
 from forge_rl.loop.train_loop import Run
-from forge_rl.runtime.manifest import commit, intact, newest_intact, owner, step_dirs, step_of
+from forge_rl.runtime.manifest import commit, complete_checkpoints, intact, newest_intact, step_dirs, step_of
 
 __all__ = ["APP_STATE", "commit_checkpoint", "complete_checkpoints", "newest_intact", "prune",
            "resume_from_checkpoint", "save_checkpoint", "step_dirs", "step_of"]
@@ -100,12 +100,6 @@ async def save_checkpoint(run: Run, trainer, buffer, dataset, step: int, checkpo
         await _to_the_end(torch.save, state, partial / APP_STATE)
 
     return await commit_checkpoint(checkpoint_dir, step, run_id, write, keep_last)
-
-
-def complete_checkpoints(checkpoint_dir: Path, run_id: str | None = None) -> list[Path]:
-    """The complete checkpoints under `checkpoint_dir` (a manifest written), of run `run_id` only when given,
-    oldest first. Completeness is not integrity: `verify` reads the files."""
-    return [p for p in step_dirs(checkpoint_dir) if (o := owner(p)) is not None and run_id in (None, o)]
 
 
 async def resume_from_checkpoint(run: Run, trainer, generator, buffer, dataset, path: Path,

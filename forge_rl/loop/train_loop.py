@@ -21,6 +21,7 @@ from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.deps.monarch import EndpointProperty, SupervisionError, endpoint_name
 from forge_rl.errors import RunStopped
 from forge_rl.loop.rollout import Admission, RewardFailing, RolloutStats
+from forge_rl.runtime.manifest import complete_checkpoints, intact
 from forge_rl.runtime.timeouts import within
 from forge_rl.types import BatchShape, TrainBatch
 
@@ -55,9 +56,6 @@ def resume_hint(checkpoint_dir: str | Path, run_id: str | None) -> str:
     """Where a rerun of a stopped run continues from: the newest checkpoint of run `run_id` that is intact as
     far as this process knows (hashed when written or at resume; otherwise its files' sizes). Another run's are
     never named. No file is read here: this runs as a run stops."""
-    from forge_rl.loop.checkpoint import complete_checkpoints
-    from forge_rl.runtime.manifest import intact
-
     mine = complete_checkpoints(Path(checkpoint_dir), run_id) if run_id else []
     newest = next((p for p in reversed(mine) if intact(p, read=False)), None)
     if newest is not None:

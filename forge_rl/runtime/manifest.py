@@ -4,6 +4,7 @@
     write_manifest(step_dir, run_id, step)     # last, after every file of the checkpoint is written
     problem = verify(step_dir)                 # None when intact; else why not, in a few words
     owner(step_dir)                            # the run id the manifest names (None: no readable manifest)
+    complete_checkpoints(checkpoint_dir, run_id)  # the run's checkpoints with a manifest, oldest first
     path, skipped = newest_intact(checkpoint_dir, run_id)
 
 The manifest is written into the checkpoint's temporary directory after everything else, before the rename
@@ -165,6 +166,12 @@ def step_dirs(checkpoint_dir: Path) -> list[Path]:
     """Every step-N directory under `checkpoint_dir`, whoever wrote it and whatever its state, oldest first."""
     return sorted((p for p in Path(checkpoint_dir).glob("step-*") if p.is_dir() and p.name[5:].isdigit()),
                   key=step_of)
+
+
+def complete_checkpoints(checkpoint_dir: Path, run_id: str | None = None) -> list[Path]:
+    """The complete checkpoints under `checkpoint_dir` (a manifest written), of run `run_id` only when given,
+    oldest first. Completeness is not integrity: `verify` reads the files."""
+    return [p for p in step_dirs(checkpoint_dir) if (o := owner(p)) is not None and run_id in (None, o)]
 
 
 def newest_intact(checkpoint_dir: Path, run_id: str) -> tuple[Path | None, list[str]]:
