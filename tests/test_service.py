@@ -9,7 +9,7 @@ import pytest
 from monarch.actor import ActorError
 
 from forge_rl.runtime import Service, provisioned
-from forge_rl.runtime.actor import ActorOptions
+from forge_rl.runtime.options import ActorOptions
 from tests.actors import Echo
 from tests.conftest import run
 

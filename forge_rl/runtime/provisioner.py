@@ -22,6 +22,7 @@ from pathlib import Path
 
 from monarch.actor import ProcMesh, this_host
 
+from forge_rl.runtime.faults import install_fault_hook
 from forge_rl.runtime.reaper import CONTROLLER_ENV, reap_descendants_on_exit
 from forge_rl.weights.runs import RUN_ID_ENV, cleanup_stale_runs, register_process, remove_run, run_prefix
 
@@ -119,8 +120,6 @@ class Provisioner:
         self._stopped = False
         # A dead proc must not take the controller down (Monarch's default): services respawn their
         # replicas, and any other actor's owner gets a SupervisionError on its next call.
-        from forge_rl.runtime.service import install_fault_hook
-
         install_fault_hook()
 
     async def get_proc_mesh(

@@ -24,13 +24,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import monarch.actor
 from monarch.actor import ProcMesh
 
 from forge_rl.deps.monarch import ActorMesh, EndpointProperty, SupervisionError
-from forge_rl.runtime.actor import ActorOptions
-from forge_rl.runtime.replies import replies
+from forge_rl.runtime.faults import install_fault_hook, replica_owners
+from forge_rl.runtime.options import ActorOptions
 from forge_rl.runtime.provisioner import get_provisioner
+from forge_rl.runtime.replies import replies
 
 logger = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ class Service:
             cpus=self.opts.cpus_of(replica.index), threads=self.opts.threads, share_gpus=self.opts.share_gpus,
             host_mesh=self.opts.host_mesh, host_index=replica.index, gpu_ids=self.opts.gpu_ids_of(replica.index),
         )
-        _actor_owner[replica.actor_name.lower()] = self
+        replica_owners[replica.actor_name.lower()] = self
         replica.actor = replica.mesh.spawn(replica.actor_name, self.actor_cls, *self.args, **self.kwargs)
         await replica.actor.setup.call()
         replica.healthy = True
@@ -253,7 +253,7 @@ class Service:
 
     async def _stop_replica(self, replica: Replica) -> None:
         replica.healthy = False
-        _actor_owner.pop(replica.actor_name.lower(), None)
+        replica_owners.pop(replica.actor_name.lower(), None)
         if replica.mesh is not None:
             mesh, replica.mesh, replica.actor = replica.mesh, None, None
             await get_provisioner().stop_proc_mesh(mesh)
@@ -270,28 +270,3 @@ class ServiceEndpoint:
     async def call_all(self, *args: Any, **kwargs: Any) -> list[Any]:
         """Call every healthy replica; returns their results in replica order."""
         return await self.service.call_all(self.name, args, kwargs)
-
-
-# ---- supervision events from Monarch --------------------------------------------------------
-
-_actor_owner: dict[str, Service] = {}
-
-
-def _forge_fault_hook(failure) -> None:
-    """Replaces Monarch's default (exit the controller) for failures of service replicas.
-
-    A replica's failure is handed to its service, which respawns it. Any other unhandled failure is
-    logged; its owner sees a SupervisionError on the next call to the failed actor.
-    """
-    mesh_name = str(getattr(failure, "mesh_name", ""))
-    # Monarch reports "<actor name, lowercased>-<uid>".
-    actor_name = mesh_name.rsplit("-", 1)[0].lower()
-    service = _actor_owner.get(actor_name)
-    if service is not None and service._loop is not None:
-        service._loop.call_soon_threadsafe(service._on_mesh_failure, actor_name)
-    elif not mesh_name.startswith("logger-"):  # Monarch's per-proc log forwarder dies with its proc
-        logger.error("unhandled Monarch failure: %s", failure)
-
-
-def install_fault_hook() -> None:
-    monarch.actor.unhandled_fault_hook = _forge_fault_hook
