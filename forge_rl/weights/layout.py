@@ -1,4 +1,5 @@
-"""The on-memory format of one version: a plain safetensors file, laid out from the spec alone.
+"""The on-memory format of one version: a plain safetensors file, laid out from the spec alone, in a directory
+named after the version (`version_dir`: v00000005).
 
 Because the header depends only on {name: (dtype, shape)}, every writer rank computes the same
 layout independently, preallocates the file, and copies its tensors (or shards) straight into
@@ -98,6 +99,12 @@ class Layout:
     def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
         """Typed tensors over a uint8 buffer holding the whole file (zero copy)."""
         return {n: buf[e.start : e.end].view(e.dtype).view(e.shape) for n, e in self.entries.items()}
+
+
+def version_dir(version: int) -> str:
+    if not 0 <= version < 10**8:
+        raise ValueError(f"weights version must be in [0, 1e8), got {version}")
+    return f"v{version:08d}"
 
 
 def create_file(path: Path, layout: Layout) -> None:

@@ -2,9 +2,9 @@
 
 `WeightServer` runs on the writers' host (one small actor). When a remote reader asks for version v
 it waits for v, maps its file and registers one `RDMABuffer` per bucket (cfg.bucket_mb) over it, and
-returns those handles. The reader (`fetch`, called by `ShmWeightStore.prefetch`) reads every bucket
-into a same-size file in its own host's store in one RDMA action, then installs it like a writer
-would: the local copy is the same safetensors file, published atomically, under the same retention.
+returns those handles. The reader (`fetch` in rdma_fetch.py, called by `ShmWeightStore.prefetch`) reads
+every bucket into a same-size file in its own host's store in one RDMA action, then installs it like a
+writer would: the local copy is the same safetensors file, published atomically, under the same retention.
 
 The server keeps a version's mapping, and pins its file (see shm.py: writers then do not recycle
 its pages), while readers hold a lease on it (between `open_version` and `release`), so a remote read
@@ -14,40 +14,21 @@ as soon as it is dropped or a newer one is served, so the writers can recycle it
 """
 
 import asyncio
-import contextlib
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from monarch.actor import Actor, concurrent_endpoint, endpoint
 
-from forge_rl.weights.layout import allocate_file
-from forge_rl.weights.maps import server_map, writable_map
-from forge_rl.weights.shm import ShmWeightStore, version_dir
+from forge_rl.weights.layout import version_dir
+from forge_rl.weights.maps import server_map
+from forge_rl.weights.rdma_fetch import Missing, RemoteVersion
+from forge_rl.weights.shm import ShmWeightStore
 from forge_rl.weights.store import VersionUnavailable, WeightStoreConfig
 
 LEASE_S = 600.0
 SWEEP_S = 0.5
-
-
-@dataclass
-class RemoteVersion:
-    """What a reader needs to copy one version: file size and (offset, RDMABuffer) per bucket."""
-
-    version: int
-    host_id: str
-    size: int
-    buckets: list[tuple[int, object]]
-
-
-@dataclass
-class Missing:
-    """A version the server cannot hand out (sent back as a value: the reader raises it locally)."""
-
-    available: list[int]
-    why: str
 
 
 @dataclass
@@ -96,7 +77,7 @@ class WeightServer(Actor):
         return sorted(self._served)
 
     def _serve(self, version: int) -> _Served:
-        from monarch.rdma import RDMABuffer
+        from monarch.rdma import RDMABuffer  # sets process-wide warning filters: imported where RDMA is used
 
         fd = self.store.pin(version, writable=True)  # RDMA registration wants writable memory
         try:
@@ -125,32 +106,3 @@ class WeightServer(Actor):
         while True:
             await asyncio.sleep(SWEEP_S)
             await self._sweep()
-
-
-async def fetch(store: ShmWeightStore, version: int, timeout: float) -> Path:
-    """Copy `version` from the source host into `store`'s host and install it there."""
-    remote = await store.source.open_version.call_one(version, timeout)
-    if isinstance(remote, Missing):
-        raise VersionUnavailable(version, remote.available, remote.why)
-    tmp = store.root / f"{version_dir(version)}.fetch-{os.getpid()}"
-    try:
-        with store._reserving(tmp, version, remote.size):  # a full reader host: WeightStoreFull
-            file = store._new_file(tmp, remote.size)
-            allocate_file(file, remote.size)
-        buf = writable_map(file, remote.size)
-        from monarch.rdma import RDMAAction
-
-        action = RDMAAction()
-        for start, buffer in remote.buckets:
-            action.read_remote(buf[start : start + buffer.size()], buffer)
-        # Generous: the TCP fallback moves ~0.2-0.5 GB/s.
-        await action.submit(timeout=int(60 + remote.size / 50e6))
-        del buf
-        return store._install(tmp, version)
-    except BaseException:
-        store._remove(tmp)
-        raise
-    finally:
-        # A server that died meanwhile holds no lease; its failure must not hide ours (or our result).
-        with contextlib.suppress(Exception):
-            await store.source.release.call_one(version)

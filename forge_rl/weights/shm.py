@@ -8,7 +8,7 @@ Writer ranks map the same preallocated file and copy their tensors (or DTensor s
 global offsets) into it; the rank that commits last renames the directory to its final name. The
 rename is atomic, so a reader sees all of a version or nothing of it. Readers on this host read
 the published file in place (zero copy); readers on another host `prefetch` it over Monarch RDMA
-into their own host's directory (see rdma.py) and from then on read that copy the same way.
+into their own host's directory (see rdma.py, rdma_fetch.py) and from then on read that copy the same way.
 
 Retention: when a new version starts, versions beyond the newest K-1 are dropped, so a host never
 holds more than K versions (K-1 published + 1 being written). Dropping renames a version away
@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 
 from forge_rl.weights import maps, spares
-from forge_rl.weights.layout import Layout, create_file
+from forge_rl.weights.layout import Layout, create_file, version_dir
+from forge_rl.weights.rdma_fetch import fetch
 from forge_rl.weights.runs import (RUN_ID_ENV, SHM_DIR, cleanup_stale_runs, register_process, release_process,
                                   run_prefix)
 from forge_rl.weights.shards import local_piece, region
@@ -62,12 +63,6 @@ HOST_ID_ENV = "FORGE_RL_HOST_ID"
 FILE = "model.safetensors"
 _FINAL = re.compile(r"v(\d{8})")
 _trash_ids = count()
-
-
-def version_dir(version: int) -> str:
-    if not 0 <= version < 10**8:
-        raise ValueError(f"weights version must be in [0, 1e8), got {version}")
-    return f"v{version:08d}"
 
 
 def default_root(run_id: str, host_id: str) -> Path:
@@ -158,8 +153,6 @@ class ShmWeightStore(WeightStore):
             if self._source_host is None:
                 self._source_host = await self.source.host_id.call_one()
             if self._source_host != self.host_id:
-                from forge_rl.weights.rdma import fetch
-
                 path = await fetch(self, version, timeout)
                 self.remote_fetches += 1
                 return path
