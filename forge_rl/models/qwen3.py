@@ -3,50 +3,22 @@
 A TorchTitan model is a config dataclass; this module derives that config from an HF
 `config.json` (so any Qwen3-architecture checkpoint, the embedded tiny model included, maps onto
 TorchTitan's Qwen3 without a hand-written flavor) and loads HF safetensors through TorchTitan's
-own `Qwen3StateDictAdapter`.
+own `Qwen3StateDictAdapter`. What dense Qwen3 and Qwen3-MoE (qwen3_moe.py) share of that config is in
+qwen3_config.py.
 """
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 # first: it makes TorchTitan's device type "cpu" without an accelerator, before its model modules import
-from forge_rl.deps.torchtitan import EMBEDDING_INIT, LINEAR_INIT, build_qwen3_layers, qwen3_norm
+from forge_rl.deps.torchtitan import buffers_left_uninitialised, build_qwen3_layers
+from forge_rl.models import qwen3_moe
+from forge_rl.models.qwen3_config import attention_shape, model_config, read_hf_config
+from forge_rl.models.sharded_load import load_sharded
 
-from torchtitan.models.common import CosSinRoPE, Embedding, Linear  # noqa: E402
-from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: E402
+from torchtitan.models.common.rope import RoPE  # noqa: E402
 from torchtitan.models.qwen3 import Qwen3Model, Qwen3StateDictAdapter  # noqa: E402
-
-
-class MaskedSDPA(ScaledDotProductAttention):
-    """TorchTitan's SDPA inner attention, plus a dense boolean mask [B, 1, L, L] when one is passed as
-    `attention_masks` (shared-prompt packing, forge_rl.data.prompt_packing); causal otherwise. SDPA with
-    a dense mask runs forward and backward on CPU and CUDA, where flex attention has no CPU backward."""
-
-    @dataclass(kw_only=True, slots=True)
-    class Config(ScaledDotProductAttention.Config):
-        pass
-
-    def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False, **kwargs):
-        if attention_masks is None:
-            return super().forward(q_BLNH, k_BLNH, v_BLNH, scale=scale, enable_gqa=enable_gqa, **kwargs)
-        if not isinstance(attention_masks, torch.Tensor) or attention_masks.dtype != torch.bool:
-            raise TypeError(f"MaskedSDPA takes a bool tensor mask, got {type(attention_masks).__name__}")
-        out = F.scaled_dot_product_attention(
-            q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2),
-            attn_mask=attention_masks, scale=scale, enable_gqa=enable_gqa,
-        )
-        return out.transpose(1, 2)
-
-
-def read_hf_config(model_dir: str | Path) -> dict:
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found; a model path must be an HF model directory with config.json")
-    return json.loads(path.read_text())
 
 
 def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
@@ -58,8 +30,6 @@ def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
     """
     hf = read_hf_config(model_dir)
     if hf.get("model_type") == "qwen3_moe":
-        from forge_rl.models import qwen3_moe
-
         return qwen3_moe.titan_config(model_dir, hf)
     if hf.get("model_type") != "qwen3":
         raise ValueError(f"{model_dir}/config.json: model_type is {hf.get('model_type')!r}, expected 'qwen3' "
@@ -78,41 +48,9 @@ def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
     return model_config(hf, layers)
 
 
-def attention_shape(hf: dict) -> tuple[int, CosSinRoPE.Config]:
-    """(head_dim, RoPE config) of an HF Qwen3 config."""
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    rope = hf.get("rope_parameters") or {}
-    theta = rope.get("rope_theta", hf.get("rope_theta", 1_000_000.0))
-    return head_dim, CosSinRoPE.Config(dim=head_dim, max_seq_len=hf["max_position_embeddings"], theta=theta)
-
-
-def model_config(hf: dict, layers: list) -> Qwen3Model.Config:
-    """The whole model's config around `layers`, each layer's attention made SDPA and its norms the checkpoint's
-    eps."""
-    dim, vocab = hf["hidden_size"], hf["vocab_size"]
-    for layer in layers:
-        layer.attention.inner_attention = MaskedSDPA.Config()
-        layer.attention_norm.eps = layer.ffn_norm.eps = hf.get("rms_norm_eps", 1e-6)
-        # Every weight is then read from the checkpoint, so the initial values never matter; TorchTitan's fused
-        # q/k/v init draws whole q, k, v and the whole fused weight on every rank, then keeps its shard (0.4 GB a
-        # layer per rank at Qwen3-32B: forge_rl/rehearsal). Each rank draws its own shard, as for the other linears.
-        layer.attention.qkv_linear.wqkv.param_init = LINEAR_INIT
-    return Qwen3Model.Config(
-        vocab_size=vocab,
-        dim=dim,
-        norm=qwen3_norm(dim),
-        enable_weight_tying=bool(hf.get("tie_word_embeddings", False)),
-        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=EMBEDDING_INIT),
-        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=LINEAR_INIT),
-        layers=layers,
-    )
-
-
 def build_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype=torch.float32):
     """Build TorchTitan's Qwen3 for `model_dir` and load its HF weights (one process, unsharded). Returns
     (model, adapter). The trainer builds its sharded model itself and loads it the same way."""
-    from forge_rl.models.sharded_load import load_sharded
-
     config = titan_config(model_dir)
     with torch.device("meta"):
         model = config.build()
@@ -132,8 +70,6 @@ def materialise(model: torch.nn.Module, device: torch.device) -> None:
     2.7 GB for 32B's 64, on every rank of the trainer, the reference and the critic. Making them all and sharing
     them afterwards held them all for a moment (a 32B reference's load, which holds nothing else: 6.9 GB against
     its 4.3 GB plan); here the other layers' caches are never made."""
-    from forge_rl.deps.torchtitan import buffers_left_uninitialised
-
     followers = _rope_followers(model)
     for module in followers:
         module.cache = None  # nothing for to_empty to allocate
@@ -146,8 +82,6 @@ def materialise(model: torch.nn.Module, device: torch.device) -> None:
 
 def _rope_followers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Every RoPE module but the first of each RoPE config."""
-    from torchtitan.models.common.rope import RoPE
-
     seen, out = set(), []
     for module in model.modules():
         if isinstance(module, RoPE):
@@ -162,8 +96,6 @@ def share_rope_caches(model: torch.nn.Module) -> int:
     """Point every layer's RoPE cache at the first layer's of the same config (see `materialise`); returns the bytes
     freed. The cache is a non-persistent buffer (in no checkpoint), so sharing it changes nothing but memory; a
     `model.to(dtype)` makes each layer's its own again."""
-    from torchtitan.models.common.rope import RoPE
-
     first, freed = {}, 0
     for module in model.modules():
         if not isinstance(module, RoPE):

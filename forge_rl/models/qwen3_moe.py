@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from forge_rl.deps.torchtitan import build_qwen3_moe_layers
+from forge_rl.models.qwen3_config import attention_shape, model_config, read_hf_config
 from forge_rl.models.route_replay import ReplayRouter
 
 from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
@@ -68,8 +69,6 @@ class ExactExperts(GroupedExperts):
 
 def titan_config(model_dir: str | Path, hf: dict):
     """TorchTitan's Qwen3 config (MoE layers) for the HF Qwen3-MoE config `hf` of `model_dir`."""
-    from forge_rl.models.qwen3 import attention_shape, model_config
-
     where = f"{model_dir}/config.json"
     if hf.get("decoder_sparse_step", 1) != 1 or hf.get("mlp_only_layers"):
         raise ValueError(f"{where}: decoder_sparse_step={hf.get('decoder_sparse_step')} mlp_only_layers="
@@ -88,7 +87,7 @@ def titan_config(model_dir: str | Path, hf: dict):
         moe_hidden_dim=hf["moe_intermediate_size"],
         num_experts=num_experts(hf),
         top_k=hf["num_experts_per_tok"],
-        attn_backend="flex",  # replaced by qwen3.model_config
+        attn_backend="flex",  # replaced by model_config
         moe_comm_backend="standard",  # all-to-all over the EP group: torch.distributed's, gloo included
         rope=rope,
     )
@@ -107,8 +106,6 @@ def num_experts(hf: dict) -> int:
 
 
 def is_moe(model_dir: str | Path) -> bool:
-    from forge_rl.models.qwen3 import read_hf_config
-
     return read_hf_config(model_dir).get("model_type") == "qwen3_moe"
 
 

@@ -78,7 +78,7 @@ def _is_expert(name: str) -> bool:
 
 def _expert_sources(model: torch.nn.Module, checkpoint: SafetensorsCheckpoint) -> dict[str, list[str]]:
     """Each grouped expert parameter (state-dict name) -> the checkpoint's per-expert tensors it stacks."""
-    from forge_rl.models import qwen3_moe
+    from forge_rl.models import qwen3_moe  # TorchTitan's MoE: imported when a model loads, not with this module
 
     out = {}
     for module_path, param in model.named_parameters():
