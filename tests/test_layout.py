@@ -1,6 +1,6 @@
 """The layout rules of CONTRIBUTING.md and docs/design.md, checked: dependencies point one way (docs/design.md,
-"Dependencies"), nothing imports `apps`, the apps only read the command line, and no function in forge_rl/ or
-apps/ runs over ~60 lines."""
+"Dependencies") and no module imports itself through others, nothing imports `apps`, the apps only read the
+command line, and no function in forge_rl/ or apps/ runs over ~60 lines."""
 
 import ast
 from pathlib import Path
@@ -91,6 +91,87 @@ def test_dependencies_point_one_way():
                 upward.append(f"{rel} imports {name}")
     assert not unplaced, f"packages in no layer of LAYERS (place them, and say where in docs/design.md): {unplaced}"
     assert upward == [], "imports against the layers of docs/design.md:\n" + "\n".join(upward)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every module of forge_rl/ and apps/ (a package's __init__.py as the package) -> the modules it imports,
+    function-local imports included; `from a import b` is module `a.b` where that is a module, else `a`."""
+    files = {}
+    for path in _python_files("forge_rl", "apps"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for module, path in files.items():
+        graph[module] = set()
+        for name in _project_imports(path):
+            while name and name not in files:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                graph[module].add(name)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, without recursion)."""
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        return node, iter(sorted(graph[node]))
+
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [visit(root)]
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    work.append(visit(child))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while node not in component:
+                    component.add(stack.pop())
+                on_stack -= component
+                if len(component) > 1:
+                    components.append(component)
+    return components
+
+
+def _shortest_cycle(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A shortest cycle through the component's first module, as the list of modules it passes (first again last)."""
+    start = min(component)
+    paths, queue = {start: [start]}, [start]
+    for node in queue:
+        for child in sorted(graph[node] & component):
+            if child == start:
+                return paths[node] + [start]
+            if child not in paths:
+                paths[child] = paths[node] + [child]
+                queue.append(child)
+    raise AssertionError(f"no cycle through {start} in {sorted(component)}")
+
+
+def test_no_import_cycles():
+    """No module imports itself through others, counting function-local imports (docs/design.md, "Dependencies"):
+    what two modules both need moves down into a module below them. A package's __init__.py counts as the
+    package, so a module that the package's __init__ imports must not import the package itself."""
+    graph = _module_graph()
+    cycles = []
+    for component in _cycles(graph):
+        cycle = _shortest_cycle(graph, component)
+        others = sorted(component - set(cycle))
+        cycles.append(" -> ".join(cycle) + (f"  (tied in with {', '.join(others)})" if others else ""))
+    assert cycles == [], "import cycles:\n" + "\n".join(cycles)
 
 
 def test_every_upward_import_still_exists():
