@@ -160,8 +160,8 @@ async def data_shards(mesh) -> list[int]:
 
 
 def batches_for_ranks(batches: list[TrainBatch], shards: list[int]) -> list[list[TrainBatch | BatchShape]]:
-    """What each rank is sent: its own shard's TrainBatch and the others' counts. Every rank used to get every
-    batch (world x the step's data from the controller); now each batch goes to the ranks that train on it."""
+    """What each rank is sent: its own shard's TrainBatch and the others' counts (the loss normalises over the
+    whole step), so the controller sends each batch once, to the ranks that train on it."""
     counts = [b.shape_only() for b in batches]
     return [[b if i == shard else counts[i] for i, b in enumerate(batches)] for shard in shards]
 

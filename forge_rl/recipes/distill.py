@@ -13,9 +13,7 @@ draining, evaluation, checkpoints, Slurm.
 Why a TorchTitan forward and not a vLLM engine with prompt logprobs: the trainer already holds the batch as
 token tensors, the forward is the same code (and parallelism) as the student's, so teacher and student
 logprobs share one numerical path (temperature included); a vLLM teacher would re-send every sequence as a
-prompt and on CPU take cores from the student's generator. Measured on the 2-core machine: `make demo-distill`
-ran 143 steps/min against `make demo`'s 136 (same model, batch and step count), so the teacher's forward on the
-trainer's cores costs no step rate there. A vLLM teacher was not built to compare.
+prompt and on CPU take cores from the student's generator (docs/benchmarks.md compares the demos' step rates).
 """
 
 from dataclasses import dataclass
