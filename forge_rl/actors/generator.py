@@ -11,38 +11,36 @@ pinned to one core runs its model inside vLLM's EngineCore process (`cpu_engine_
 process beside it: one process and ~8 s of start-up less, and more groups/s on that core. On CPU the
 EngineCore process is forked from the generator's proc (`start_engine`), not spawned: it does not import
 vLLM and torch a second time.
+
+This file holds the actor's endpoints and generation. Beside it: the engine's configuration, start and watch
+(generator_engine.py), the completions assembled from vLLM's outputs (generator_outputs.py), the weight swap, LoRA
+adapters and holds for another role (generator_weights.py), and the counters `stats` reports (generator_stats.py).
 """
 
 import asyncio
 import itertools
-import json
 import os
 import shutil
-import signal
-import sys
-import time
 from typing import Any
 
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_rl.actors.generator_engine import (CPU_ENGINE_DEFAULTS, ENGINE_DEFAULTS, cpu_engine_env, cuda_visible,
-                                              engine_args_refused, engine_start_method, lora_engine_args,
-                                              route_engine_args, start_engine)
-from forge_rl.actors.generator_outputs import Child, completion_routes, filler_completion
+                                              engine_args_refused, engine_died, engine_start_method, lora_engine_args,
+                                              route_engine_args, start_engine, start_recording_routes, watch_engine)
+from forge_rl.actors.generator_outputs import Child, completion_of, completion_routes, filler_completion
+from forge_rl.actors.generator_stats import GeneratorStats
+from forge_rl.actors.generator_weights import GeneratorWeights
 from forge_rl.deps.vllm import WORKER_EXTENSION, engine_dead_error
 from forge_rl.deps.vllm_routes import routes_from_rpc
-from forge_rl.errors import ConfigError
 from forge_rl.loop.sampling import top_k_over_cap, truncation
 from forge_rl.runtime import ForgeActor
 from forge_rl.runtime.reaper import reap_descendants_on_exit
 from forge_rl.models.lora import LoRAConfig
 from forge_rl.types import Completion
-from forge_rl.weights.runs import RUN_ID_ENV, SHM_DIR, run_prefix
-from forge_rl.weights.shm import FILE, ShmWeightStore, version_dir
+from forge_rl.weights.shm import ShmWeightStore
 from forge_rl.weights.store import WeightStoreConfig
-
-ENGINE_CHECK_S = 1.0  # how often an idle generator checks that its vLLM engine is alive
 
 # How a live weight update treats in-flight requests (see update_weights).
 SWAP_MODES = ("keep_kv", "recompute_kv", "drain")
@@ -61,7 +59,7 @@ class SequenceTooOld(RuntimeError):
         self.tokens = tokens
 
 
-class Generator(ForgeActor):
+class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
     def __init__(
         self,
         model: str,
@@ -89,29 +87,15 @@ class Generator(ForgeActor):
         self.sampling = dict(sampling or {})
         self.seed = seed
         self.max_kept_tokens = max_kept_tokens
-        self._kept_bytes = self._kept_tokens = 0  # recorded kept sets, and the response tokens they are of
         self.record_routes = record_routes
-        self._routes_bytes = self._routes_positions = 0  # recorded routes, and the positions they are of
         self.policy_version = 0
         self._request_ids = itertools.count()
-        self._generated_tokens = 0
-        self._busy_s = 0.0  # wall time with at least one request in the engine, not held for another role
-        self._active = 0
-        self._max_active = 0  # most requests in the engine at once (shows that calls overlap)
-        self._sequences = 0  # sequences in the engine (a request of n completions is n until each finishes)
-        self._sequence_s = 0.0  # integral of _sequences over busy time: / _busy_s = the mean batch occupancy
         self._too_old: dict[str, tuple[int, asyncio.Task]] = {}  # request id -> (last version it may see, stream)
         self._aborting: set[str] = set()  # requests being aborted for their max_age
-        self.aborted_too_old = 0  # requests aborted for their max_age, ever
-        self._since = time.perf_counter()  # last change of _active or _held_since
         self._in_flight: dict[str, tuple[int, list[Child]]] = {}  # request id -> (prompt length, children)
-        self._swap_lock: asyncio.Lock | None = None
-        self.updates: list[dict] = []  # one record per weight update
-        self._held_since: float | None = None  # paused by hold() (colocated placement)
-        self._held_s = 0.0
         self.lora = lora if lora is not None and lora.enabled else None
-        self._adapters: dict[int, Any] = {}  # version -> its vLLM LoRARequest (LoRA mode)
-        self._adapter_users: dict[int, int] = {}  # version -> requests in flight on it
+        self._init_weights()  # versions, LoRA adapters, hold (forge_rl/actors/generator_weights.py)
+        self._init_stats()  # counters (forge_rl/actors/generator_stats.py)
 
     @endpoint
     async def setup(self) -> None:
@@ -146,10 +130,11 @@ class Generator(ForgeActor):
             self.engine = start_engine(AsyncEngineArgs(**args), engine_start_method(cuda))
         # The engine's processes must not outlive this proc if it is killed (they would be orphaned).
         self._reaper = reap_descendants_on_exit()
-        self._engine_watch = asyncio.create_task(self._watch_engine())
+        self._engine_watch = asyncio.create_task(watch_engine(self))
         await self.engine.update_weight_version(str(self.policy_version))
-        if self.record_routes:
-            await self._start_recording_routes(cuda)
+        if self.record_routes:  # Keep Routing: the engine's own record on a GPU, forge_rl's recorder on CPU
+            self._route_dtype = await start_recording_routes(self.engine, cuda, self.model)
+            self._recorder = not cuda
         self.max_model_len = self.engine.vllm_config.model_config.max_model_len
         # logprobs to ask for under truncation: cap + 1, or the whole vocabulary when it is smaller
         self._kept_logprobs = min(self.max_kept_tokens + 1, self.engine.vllm_config.model_config.get_vocab_size())
@@ -187,8 +172,7 @@ class Generator(ForgeActor):
         # LoRA: a request runs to its end on the adapter it started with (vLLM cannot switch a running
         # request's adapter), so every token of it is that version's. None = version 0, the base model.
         version = self.policy_version
-        adapter = self._adapters.get(version)
-        self._adapter_users[version] = self._adapter_users.get(version, 0) + 1
+        adapter = self._use_adapter(version)
         self._enter(n)
         self._in_flight[request_id] = (len(prompt_ids), children)
         stream = asyncio.ensure_future(self._stream(prompt_ids, params, request_id, adapter, children, timeout_s))
@@ -230,11 +214,7 @@ class Generator(ForgeActor):
         self._aborting.discard(request_id)
         del self._in_flight[request_id]
         self._leave(sum(c.finish_reason is None for c in children))
-        self._adapter_users[version] -= 1
-        if not self._adapter_users[version]:
-            del self._adapter_users[version]
-        if self.lora is not None:
-            await self._drop_unused_adapters()
+        await self._done_with_adapter(version)
 
     async def _stream(self, prompt_ids: list[int], params, request_id: str, adapter, children: list["Child"],
                       timeout_s: float | None) -> None:
@@ -253,7 +233,7 @@ class Generator(ForgeActor):
         except TimeoutError:
             raise TimeoutError(f"engine request {request_id} not finished within {timeout_s} s; aborted") from None
         except engine_dead_error():
-            self._engine_died()
+            engine_died()
 
     def _abort_too_old(self) -> None:
         """Abort every request that may not see the version just loaded (generate's max_age)."""
@@ -301,42 +281,15 @@ class Generator(ForgeActor):
 
     def _completion(self, prompt: str | list[int], prompt_ids: list[int], child: "Child",
                     sampling: dict[str, Any]) -> Completion:
-        self._generated_tokens += len(child.ids)
-        kept = {}
-        if child.cap is not None and not child.over_cap:
-            kept = dict(kept_ids=torch.tensor(child.kept_ids, dtype=torch.int32),
-                        kept_offsets=torch.tensor(child.kept_offsets, dtype=torch.int32))
-            self._kept_bytes += 4 * (len(child.kept_ids) + len(child.kept_offsets))
-            self._kept_tokens += len(child.ids)
+        self._count_completion(child)
+        routes = None
         if self.record_routes:
-            kept["routes"] = self._routes(child, len(prompt_ids))
-        return Completion(
-            prompt_ids=torch.tensor(prompt_ids, dtype=torch.long),
-            response_ids=torch.tensor(child.ids, dtype=torch.long),
-            logprobs=torch.tensor(child.logprobs, dtype=torch.float32),
-            policy_versions=torch.tensor(child.versions, dtype=torch.long),
-            finish_reason=child.finish_reason,
-            text=self.tokenizer.decode(child.ids, skip_special_tokens=True),
-            prompt=prompt if isinstance(prompt, str) else "", sampling=sampling, kept_over_cap=child.over_cap, **kept,
-        )
+            routes = completion_routes(child, len(prompt_ids), self._route_dtype)
+            self._count_routes(routes)
+        text = self.tokenizer.decode(child.ids, skip_special_tokens=True)
+        return completion_of(prompt, prompt_ids, child, sampling, text, routes)
 
-    async def _start_recording_routes(self, cuda: bool) -> None:
-        """Keep Routing: vLLM's own routed experts on a GPU engine (enable_return_routed_experts, Model Runner V2),
-        forge_rl's recorder in the worker otherwise (forge_rl/deps/vllm_routes.py); the same record either way."""
-        config = self.engine.vllm_config.model_config
-        self._route_dtype = torch.uint8 if config.get_num_experts() <= 256 else torch.int16
-        self._recorder = not cuda
-        if self._recorder:
-            layers, top_k = (await self.engine.collective_rpc("forge_rl_record_routes"))[0]
-            if not layers:
-                raise ConfigError(f"trainer.keep_routing: {self.model} has no mixture-of-experts layer in vLLM's "
-                                  "model, so there are no routes to keep; set trainer.keep_routing=false")
-
-    def _routes(self, child: "Child", prompt_len: int) -> torch.Tensor:
-        routes = completion_routes(child, prompt_len, self._route_dtype)
-        self._routes_bytes += routes.nbytes
-        self._routes_positions += len(routes)
-        return routes
+    # ---- weights (forge_rl/actors/generator_weights.py) ------------------------------------------------
 
     @concurrent_endpoint  # runs while generate calls keep streaming
     async def update_weights(self, version: int, mode: str | None = None) -> dict[str, float]:
@@ -355,96 +308,9 @@ class Generator(ForgeActor):
         mode = mode or self.swap_mode
         if mode not in SWAP_MODES:
             raise ValueError(f"update_weights mode={mode!r}; choose one of {SWAP_MODES}")
-        if self.store is None:
-            raise ValueError("this Generator serves its own checkpoint (policy_weights=False): no weight versions")
-        start = time.perf_counter()
-        await self.store.prefetch(version)
-        prefetched = time.perf_counter()
-        async with self._lock():
-            if self._held_since is not None:
-                raise RuntimeError(f"update_weights({version}) while the generator is held; release() it first")
-            if version < self.policy_version:
-                raise ValueError(f"update_weights({version}): the generator already has version {self.policy_version}")
-            if version == self.policy_version:  # a replica that caught up when it (re)started
-                return dict(version=version, mode="already_loaded", prefetch_s=prefetched - start, drain_wait_s=0.0,
-                            pause_s=0.0, requests_in_flight=0, tokens_in_flight=0)
-            if self.lora is not None:
-                # No pause: requests in flight finish on their adapter, new ones take this one.
-                loading = time.perf_counter()
-                await self._load(version)
-                self._abort_too_old()
-                record = dict(version=version, mode="adapter", prefetch_s=prefetched - start, drain_wait_s=0.0,
-                              pause_s=0.0, adapter_load_s=time.perf_counter() - loading,
-                              requests_in_flight=sum(len(c) for _, c in self._in_flight.values()), tokens_in_flight=0)
-                self.updates.append(record)
-                return record
-            pause_mode = {"keep_kv": "keep", "recompute_kv": "keep", "drain": "wait"}[mode]
-            await self.engine.pause_generation(mode=pause_mode, clear_cache=mode != "keep_kv")
-            paused = time.perf_counter()
-            requests = sum(len(children) for _, children in self._in_flight.values())
-            tokens = sum(p + len(c.ids) for p, children in self._in_flight.values() for c in children)
-            try:
-                await self._load(version)
-                if mode == "keep_kv":  # new requests must not reuse prefixes cached by old weights
-                    await self.engine.reset_prefix_cache()
-            finally:
-                await self.engine.resume_generation()
-            self._abort_too_old()
-        done = time.perf_counter()
-        record = dict(
-            version=version, mode=mode, prefetch_s=prefetched - start,
-            # drain: the wait for in-flight requests is time the engine ran below capacity
-            drain_wait_s=paused - prefetched if mode == "drain" else 0.0,
-            pause_s=done - paused, requests_in_flight=requests, tokens_in_flight=tokens,
-        )
-        self.updates.append(record)
-        return record
+        return await self._update_weights(version, mode)
 
-    async def _load(self, version: int) -> None:
-        """Reload the engine's weights from the store's `version` (prefetched) and label what follows."""
-        if self.lora is not None:
-            return await self._load_adapter(version)
-        with self.store.pinned(version) as path:  # the writers must not recycle it mid-reload
-            await self.engine.collective_rpc(self.reload_method, kwargs={"weights_path": str(path)})
-        # The engine labels every step after this one with the new version (see generate).
-        await self.engine.update_weight_version(str(version))
-        self.policy_version = version
-
-    async def _load_adapter(self, version: int) -> None:
-        """LoRA: add the store's `version` (the adapter alone, PEFT names) to the running engine as a new
-        adapter. vLLM's loader reads a PEFT directory, so the version's file is copied into one in /dev/shm
-        (the adapter is small; the base weights are never touched)."""
-        from vllm.lora.request import LoRARequest
-
-        directory = self._adapter_root() / version_dir(version)
-        directory.mkdir(parents=True, exist_ok=True)
-        with self.store.pinned(version) as path:
-            from safetensors import safe_open
-
-            with safe_open(str(path / FILE), "pt") as f:
-                if not all(".lora_A." in k or ".lora_B." in k for k in f.keys()):
-                    raise ValueError(f"weights version {version} holds full weights, not a LoRA adapter: this "
-                                     "generator serves adapters (trainer.lora.rank > 0) and the trainer published "
-                                     "whole weights")
-            shutil.copyfile(path / FILE, directory / "adapter_model.safetensors")
-        (directory / "adapter_config.json").write_text(json.dumps(self.lora.peft_config(self.model)))
-        request = LoRARequest(f"forge_rl-{version_dir(version)}", version + 1, str(directory))  # ids start at 1
-        if not await self.engine.add_lora(request):
-            raise RuntimeError(f"the vLLM engine refused LoRA adapter version {version} ({directory})")
-        self._adapters[version] = request
-        self.policy_version = version
-        await self._drop_unused_adapters()
-
-    async def _drop_unused_adapters(self) -> None:
-        """Remove adapters older than the current version once no request in flight uses them."""
-        for version in [v for v in self._adapters if v < self.policy_version and not self._adapter_users.get(v)]:
-            request = self._adapters.pop(version)
-            await self.engine.remove_lora(request.lora_int_id)
-            shutil.rmtree(request.lora_path, ignore_errors=True)
-
-    def _adapter_root(self):
-        # Under the run's shared-memory prefix: the run's cleanup removes it whatever way this proc ends.
-        return SHM_DIR / f"{run_prefix(os.environ.get(RUN_ID_ENV, 'local'))}lora-{os.getpid()}"
+    # ---- holding the engine for another role (forge_rl/actors/generator_weights.py) --------------------
 
     @concurrent_endpoint
     async def hold(self) -> float:
@@ -452,47 +318,12 @@ class Generator(ForgeActor):
         Requests stay in flight. On CPU the engine's threads go idle; on GPU the engine also sleeps
         (level 1: weights to host memory, KV cache freed; in-flight requests recompute their cache after
         release). Returns the seconds it took."""
-        start = time.perf_counter()
-        async with self._lock():
-            if self._held_since is not None:
-                return 0.0
-            await self.engine.pause_generation(mode="keep", clear_cache=torch.cuda.is_available())
-            if torch.cuda.is_available():
-                await self.engine.sleep(level=1)
-            self._tick()
-            self._held_since = time.perf_counter()
-        return self._held_since - start
+        return await self._hold()
 
     @concurrent_endpoint
     async def release(self) -> float:
         """Undo hold(): wake the engine and resume stepping. Returns the seconds it took."""
-        start = time.perf_counter()
-        async with self._lock():
-            if self._held_since is None:
-                return 0.0
-            if torch.cuda.is_available():
-                await self.engine.wake_up()
-                await self._reload_adapters()
-            await self.engine.resume_generation()
-            self._tick()
-            self._held_s += time.perf_counter() - self._held_since
-            self._held_since = None
-        return time.perf_counter() - start
-
-    async def _reload_adapters(self) -> None:
-        """After a wake-up, load the LoRA adapters in use again. Sleep (level 1) keeps the base weights in host
-        memory but not what the LoRA manager holds on the device, while the manager still lists the adapters
-        as loaded: a vLLM issue reports adapters silently not applied after wake. Removing and adding each one
-        loads it from its directory again (an adapter is small); `make gpu-check` checks LoRA after a wake."""
-        for request in self._adapters.values():
-            await self.engine.remove_lora(request.lora_int_id)
-            if not await self.engine.add_lora(request):
-                raise RuntimeError(f"the vLLM engine refused LoRA adapter {request.lora_path} after wake_up")
-
-    def _lock(self) -> asyncio.Lock:
-        if self._swap_lock is None:  # created on the actor's event loop, at first use
-            self._swap_lock = asyncio.Lock()
-        return self._swap_lock
+        return await self._release()
 
     @endpoint
     async def version(self) -> int:
@@ -500,74 +331,8 @@ class Generator(ForgeActor):
 
     @endpoint
     async def stats(self) -> dict[str, float]:
-        self._tick()
-        return dict(
-            generated_tokens=self._generated_tokens,
-            busy_s=self._busy_s,  # requests in the engine and not held: the time it generated
-            held_s=self._held_s,  # paused for another role (colocated)
-            max_concurrent_requests=self._max_active,
-            # sequences in the engine (running or queued) over the time it generated: its mean batch occupancy
-            sequence_s=self._sequence_s,
-            running_sequences=self._sequences,
-            mean_running_sequences=self._sequence_s / self._busy_s if self._busy_s else 0.0,
-            aborted_too_old=self.aborted_too_old,
-            unfinished_requests=self.engine.get_num_unfinished_requests(),
-            tokens_generated_in_flight=sum(len(c.ids) for _, cs in self._in_flight.values() for c in cs),
-            weight_updates=len(self.updates),
-            pause_s_total=sum(u["pause_s"] for u in self.updates),
-            drain_wait_s_total=sum(u["drain_wait_s"] for u in self.updates),
-            # prompt + generated tokens whose KV cache a recompute_kv swap threw away (recomputed by the new weights)
-            recomputed_tokens_total=sum(u["tokens_in_flight"] for u in self.updates if u["mode"] == "recompute_kv"),
-            prefetch_s_total=sum(u["prefetch_s"] for u in self.updates),
-            # over Monarch RDMA (forge_rl/weights/rdma.py); a judge (policy_weights=False) has no store
-            weights_fetched_from_other_host=self.store.remote_fetches if self.store is not None else 0,
-            policy_version=self.policy_version,
-            pid=os.getpid(),
-            tokens_per_s=self._generated_tokens / self._busy_s if self._busy_s else 0.0,
-            # Keep Sampling Mask: bytes of the kept sets recorded per response token they are of (CSR, int32)
-            sampling_mask_bytes_per_token=self._kept_bytes / self._kept_tokens if self._kept_tokens else 0.0,
-            # Keep Routing: bytes of the recorded experts per position they are of (layers x top-k x 1 or 2)
-            routes_bytes_per_token=self._routes_bytes / self._routes_positions if self._routes_positions else 0.0,
-        )
-
-    async def _watch_engine(self) -> None:
-        while self.engine is not None:
-            if self.engine.errored:
-                self._engine_died()
-            await asyncio.sleep(ENGINE_CHECK_S)
-
-    def _engine_died(self) -> None:
-        """A dead EngineCore cannot be revived in place. End this proc: a Service then replaces the
-        replica and retries the calls that were in flight on it (the reaper clears what the engine
-        left); an actor's owner gets a SupervisionError on its next call."""
-        print(f"generator pid {os.getpid()}: the vLLM engine died; ending this proc so that it is replaced",
-              file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    def _tick(self) -> None:
-        """Account the time since the last change of state: generating if requests were in the engine and
-        it was not held (held time with requests waiting is the other role's, not generation)."""
-        now = time.perf_counter()
-        if self._active and self._held_since is None:
-            self._busy_s += now - self._since
-            self._sequence_s += self._sequences * (now - self._since)
-        self._since = now
-
-    def _enter(self, sequences: int) -> None:
-        self._tick()
-        self._active += 1
-        self._sequences += sequences
-        self._max_active = max(self._max_active, self._active)
-
-    def _sequence_done(self) -> None:
-        self._tick()
-        self._sequences -= 1
-
-    def _leave(self, unfinished: int) -> None:
-        """A request left the engine; `unfinished`: its sequences that never finished (aborted, timed out)."""
-        self._tick()
-        self._active -= 1
-        self._sequences -= unfinished
+        """This replica's counters (forge_rl/actors/generator_stats.py)."""
+        return self._stats()
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

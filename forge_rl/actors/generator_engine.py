@@ -1,16 +1,22 @@
-"""How a Generator's vLLM engine is configured and started: the CPU defaults, the arguments Keep Routing and LoRA
-need, where the model runs on a CPU (in the EngineCore or a Worker), how the EngineCore process starts (fork on CPU,
-spawn on CUDA), and vLLM's refusals of the engine arguments as one line naming the config key.
+"""How a Generator's vLLM engine is configured, started and watched: the CPU defaults, the arguments Keep Routing and
+LoRA need, where the model runs on a CPU (in the EngineCore or a Worker), how the EngineCore process starts (fork on
+CPU, spawn on CUDA), vLLM's refusals of the engine arguments as one line naming the config key, Keep Routing's
+recorder started, and a dead engine ending its proc.
 """
 
+import asyncio
 import contextlib
 import os
+import signal
+import sys
 from typing import Any
 
 import torch
 
 from forge_rl.deps.vllm import WORKER_EXTENSION, async_llm, engine_context
 from forge_rl.errors import ConfigError
+
+ENGINE_CHECK_S = 1.0  # how often an idle generator checks that its vLLM engine is alive
 
 CPU_ENGINE_DEFAULTS: dict[str, Any] = dict(
     dtype="float32", enforce_eager=True, kv_cache_memory_bytes=256 << 20, max_model_len=512
@@ -124,3 +130,34 @@ def lora_engine_args(rank: int) -> dict[str, Any]:
     if not fits:
         raise ValueError(f"trainer.lora.rank={rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
     return dict(enable_lora=True, max_lora_rank=fits[0], max_loras=3, max_cpu_loras=4)
+
+
+async def start_recording_routes(engine, cuda: bool, model: str) -> torch.dtype:
+    """Keep Routing: vLLM's own routed experts on a GPU engine (enable_return_routed_experts, Model Runner V2),
+    forge_rl's recorder in the worker otherwise (forge_rl/deps/vllm_routes.py); the same record either way. Returns
+    the dtype of the recorded expert ids."""
+    config = engine.vllm_config.model_config
+    dtype = torch.uint8 if config.get_num_experts() <= 256 else torch.int16
+    if not cuda:
+        layers, top_k = (await engine.collective_rpc("forge_rl_record_routes"))[0]
+        if not layers:
+            raise ConfigError(f"trainer.keep_routing: {model} has no mixture-of-experts layer in vLLM's "
+                              "model, so there are no routes to keep; set trainer.keep_routing=false")
+    return dtype
+
+
+async def watch_engine(owner) -> None:
+    """End this proc when `owner.engine` (a Generator's) has errored; returns once the owner drops its engine."""
+    while owner.engine is not None:
+        if owner.engine.errored:
+            engine_died()
+        await asyncio.sleep(ENGINE_CHECK_S)
+
+
+def engine_died() -> None:
+    """A dead EngineCore cannot be revived in place. End this proc: a Service then replaces the
+    replica and retries the calls that were in flight on it (the reaper clears what the engine
+    left); an actor's owner gets a SupervisionError on its next call."""
+    print(f"generator pid {os.getpid()}: the vLLM engine died; ending this proc so that it is replaced",
+          file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -10,6 +10,7 @@ marked (`over_cap`) instead: the trainer could not reproduce it (docs/algorithms
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -81,6 +82,28 @@ def completion_routes(child: Child, prompt_len: int, dtype: torch.dtype) -> torc
                            f"(prompt {prompt_len}, response {len(child.ids)} tokens); is prefix caching on "
                            "(generator.engine_args.enable_prefix_caching)?")
     return torch.from_numpy(np.ascontiguousarray(routes[:ran])).to(dtype)
+
+
+def completion_of(prompt: str | list[int], prompt_ids: list[int], child: Child, sampling: dict[str, Any], text: str,
+                  routes: torch.Tensor | None = None) -> Completion:
+    """A finished child as the Completion the Generator returns: its kept sets when it recorded every token's (none
+    over the cap), its `routes` under Keep Routing. `prompt` as the caller gave it (token ids leave
+    Completion.prompt empty); `sampling`: the parameters it was drawn with."""
+    kept = {}
+    if child.cap is not None and not child.over_cap:
+        kept = dict(kept_ids=torch.tensor(child.kept_ids, dtype=torch.int32),
+                    kept_offsets=torch.tensor(child.kept_offsets, dtype=torch.int32))
+    if routes is not None:
+        kept["routes"] = routes
+    return Completion(
+        prompt_ids=torch.tensor(prompt_ids, dtype=torch.long),
+        response_ids=torch.tensor(child.ids, dtype=torch.long),
+        logprobs=torch.tensor(child.logprobs, dtype=torch.float32),
+        policy_versions=torch.tensor(child.versions, dtype=torch.long),
+        finish_reason=child.finish_reason,
+        text=text,
+        prompt=prompt if isinstance(prompt, str) else "", sampling=sampling, kept_over_cap=child.over_cap, **kept,
+    )
 
 
 def filler_completion(c: Completion, eos_ids: set[int], tokenizer) -> Completion:
