@@ -18,7 +18,7 @@ from forge_rl.recipes.grpo_report import summary_block
 from forge_rl.loop.checkpoint import APP_STATE, complete_checkpoints, newest_intact, save_checkpoint
 from forge_rl.runtime.manifest import verify
 from forge_rl.loop.rollout_tasks import RolloutTasks
-from forge_rl.loop.train_loop import Run, resume_hint
+from forge_rl.loop.train_loop import RunState, resume_hint
 from tests.test_run_folder import garble, write_checkpoint
 
 
@@ -53,7 +53,7 @@ def trainer_that(fail: bool = False):
 
 
 def test_a_failed_save_leaves_earlier_checkpoints_and_keep_last_prunes(tmp_path):
-    run = Run(GRPOConfig())
+    run = RunState(GRPOConfig())
     buffer = SimpleNamespace(state_dict=endpoint(lambda: {"groups": []}))
     dataset = SimpleNamespace(state_dict=endpoint(lambda: {"position": 7}))
 
@@ -109,7 +109,7 @@ def test_finish_lets_the_rollouts_in_flight_land_before_the_final_checkpoint(tmp
     would miss a group whose prompt the data position has passed. A generator that fails at finish's next call
     stops it right after (a fault injected to leave the evaluation and the checkpoint out)."""
     run = GRPORun(GRPOConfig(output_dir=str(tmp_path)))
-    run.state = Run(run.cfg)
+    run.state = RunState(run.cfg)
     run.rollouts = RolloutTasks(run.state, run.timeline)
     landed = []
 
@@ -139,7 +139,7 @@ def test_finish_lets_the_rollouts_in_flight_land_before_the_final_checkpoint(tmp
 def test_the_summary_of_a_run_never_evaluated_says_so(tmp_path):
     """finish() straight after start() (a notebook): no evaluation, no IndexError."""
     run = GRPORun(GRPOConfig(output_dir=str(tmp_path)))
-    run.state = Run(run.cfg)
+    run.state = RunState(run.cfg)
     buffer = {"added": 0, "trained": 0, "dropped": {"stale": 0}}
     run.buffer = SimpleNamespace(evict=endpoint(lambda: buffer))
     run.dataset = SimpleNamespace(stats=endpoint(lambda: {"too_long": 0}))

@@ -2,7 +2,7 @@
 group), and a run without a batch names the drop reason that dominates (not "the generator is stuck")."""
 
 from forge_rl.loop.rollout import DropLog
-from forge_rl.loop.train_loop import Run, why_no_batch
+from forge_rl.loop.train_loop import RunState, why_no_batch
 from forge_rl.recipes.grpo_config import GRPOConfig
 
 
@@ -22,7 +22,7 @@ def test_repeated_drops_are_summarised_per_reason_per_interval():
 
 
 def no_batch_message(drops: dict[str, int], added: int = 0) -> str:
-    run = Run(GRPOConfig(batch_groups=4))
+    run = RunState(GRPOConfig(batch_groups=4))
     run.rollouts.drops.update(drops)
     buffer = {"added": added, "groups": 0, "dropped": {"stale": 0, "zero_advantage": 0}}
     before = {"added": 0, "groups": 0, "dropped": {"stale": 0, "zero_advantage": 0}}

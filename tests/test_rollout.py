@@ -12,7 +12,7 @@ from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.actors.generator import PromptTooLong
 from forge_rl.data.task import TaskConfig, to_example
 from forge_rl.loop.rollout import rollout_from_dataset, rollout_loop
-from forge_rl.loop.train_loop import Run, raise_if_failed
+from forge_rl.loop.train_loop import RunState, raise_if_failed
 
 
 def endpoint(fn):
@@ -34,7 +34,7 @@ def test_a_prompt_too_long_is_skipped_and_counted():
     def too_long(prompt, n):
         raise ActorError(PromptTooLong("prompt of 999 tokens + max_tokens=8 exceeds the engine's max_model_len"))
 
-    run = Run(GRPOConfig(group_size=4))
+    run = RunState(GRPOConfig(group_size=4))
     assert asyncio.run(rollout_once(run, too_long)) is False
     assert run.drops["prompt_too_long"] == 1  # prompts, not episodes: none was generated
 
@@ -44,7 +44,7 @@ def test_any_other_rollout_error_ends_the_loop_and_the_run():
         raise ActorError(RuntimeError("engine request ended with unfinished completions"))
 
     async def body():
-        run = Run(GRPOConfig(group_size=4))
+        run = RunState(GRPOConfig(group_size=4))
         task = asyncio.create_task(rollout_loop(run.admission, run.stop, lambda: rollout_once(run, broken)))
         await asyncio.wait([task], timeout=5)
         assert task.done() and run.admission.in_flight == 0  # its admission slot was given back

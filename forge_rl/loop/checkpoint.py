@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from forge_rl.loop.rollout import Admission
-from forge_rl.loop.train_loop import Run
+from forge_rl.loop.train_loop import RunState
 from forge_rl.runtime.manifest import commit, complete_checkpoints, intact, newest_intact, step_dirs, step_of
 
 __all__ = ["APP_STATE", "commit_checkpoint", "complete_checkpoints", "newest_intact", "prune",
@@ -86,7 +86,7 @@ async def _to_the_end(fn, *args):
         raise
 
 
-async def save_checkpoint(run: Run, trainer, buffer, dataset, step: int, checkpoint_dir: Path,
+async def save_checkpoint(run: RunState, trainer, buffer, dataset, step: int, checkpoint_dir: Path,
                           keep_last: int = 0, others: dict | None = None, run_id: str = "") -> Path:
     """Trainer DCP checkpoint plus the controller's state (buffer, data position, counters), as
     `checkpoint_dir/step-N` (commit_checkpoint); each of `others` (name -> another trained actor: PPO's critic)
@@ -102,7 +102,7 @@ async def save_checkpoint(run: Run, trainer, buffer, dataset, step: int, checkpo
     return await commit_checkpoint(checkpoint_dir, step, run_id, write, keep_last)
 
 
-async def resume_from_checkpoint(run: Run, trainer, generator, buffer, dataset, path: Path,
+async def resume_from_checkpoint(run: RunState, trainer, generator, buffer, dataset, path: Path,
                                  others: dict | None = None) -> int:
     """Load the checkpoint at `path` (verified: newest_intact) into the trainer, `others` (as saved by
     save_checkpoint), buffer, dataset and `run`, and give the generators its weights. Returns its step."""

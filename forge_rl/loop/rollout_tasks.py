@@ -10,7 +10,7 @@ from forge_rl.envs import env_factory
 from forge_rl.loop.lengths import LengthDraws
 from forge_rl.loop.multiturn import TurnRenderer, rollout_env_from_dataset
 from forge_rl.loop.rollout import rollout_from_dataset, rollout_loop
-from forge_rl.loop.train_loop import Run, raise_if_failed
+from forge_rl.loop.train_loop import RunState, raise_if_failed
 from forge_rl.observability.timeline import Timeline
 
 LAND_TIMEOUT_S = 60.0  # how long rollouts in flight get to put their groups in the buffer before a checkpoint
@@ -35,7 +35,7 @@ def rollout_once_of(cfg, tokenizer, *, dataset, generator, buffer, reward, stats
 class RolloutTasks:
     """The rollout tasks of one run (`state`: its admission and stop event), each a busy lane on `timeline`."""
 
-    def __init__(self, state: Run, timeline: Timeline):
+    def __init__(self, state: RunState, timeline: Timeline):
         self.state, self.timeline = state, timeline
         self.tasks: list[asyncio.Task] = []
 

@@ -1,7 +1,7 @@
 """The train loop's parts that every group-based RL app shares: the run's shared state, waiting for a batch
 (and saying why none comes), the staleness of a batch, and moving the generators to a new version.
 
-    run = Run(cfg)                      # cfg: max_policy_age, batch_groups, no_batch_timeout_s
+    run = RunState(cfg)                 # cfg: max_policy_age, batch_groups, no_batch_timeout_s
     batches, waited_s = await wait_for_batch(run, buffer, rollout_tasks)
     staleness, oldest = batch_staleness(batches, run.version)
     ... train_step, push_weights(run.version + 1) ...
@@ -65,7 +65,7 @@ def resume_hint(checkpoint_dir: str | Path, run_id: str | None) -> str:
             "rerun with resume=auto (or overwrite=true) starts it again from the beginning")
 
 
-class Run:
+class RunState:
     """The state one run shares between its rollout tasks and its train loop. `cfg` is the app's config;
     this reads its max_policy_age, batch_groups and no_batch_timeout_s."""
 
@@ -92,7 +92,7 @@ def batch_staleness(batches: list[TrainBatch], version: int) -> tuple[float, int
     return float(ages.float().mean()), int(ages.max())
 
 
-async def wait_for_batch(run: Run, buffer, rollouts: list[asyncio.Task]) -> tuple[list[TrainBatch], float]:
+async def wait_for_batch(run: RunState, buffer, rollouts: list[asyncio.Task]) -> tuple[list[TrainBatch], float]:
     """Sample a batch at the run's version, waiting while rollouts fill the buffer. Raises at once when a
     rollout task died, and NoBatchError (saying why) after no_batch_timeout_s without a batch."""
     start = time.perf_counter()
@@ -131,7 +131,7 @@ WHY_DROPPED = {
 }
 
 
-def why_no_batch(run: Run, before: dict, now: dict, drops_before: dict) -> str:
+def why_no_batch(run: RunState, before: dict, now: dict, drops_before: dict) -> str:
     cfg, adm = run.cfg, run.admission
     dropped = {r: now["dropped"][r] - before["dropped"][r] for r in now["dropped"]}
     dropped.update({r: v - drops_before.get(r, 0) for r, v in run.drops.items()})
@@ -181,7 +181,7 @@ async def call_for_batches(mesh, endpoint: EndpointProperty, batches: list[Train
     return [results[shards.index(i)][i] for i in range(len(batches))]
 
 
-async def update_generators(run: Run, generator, version: int, timeout_s: float | None = None,
+async def update_generators(run: RunState, generator, version: int, timeout_s: float | None = None,
                             where: str = "") -> list[dict]:
     """Every replica loads `version`; StepTimeout after `timeout_s` (timeouts.weight_load_s)."""
     updates = await within(generator.update_weights.call_all(version), timeout_s, "weight_load_s",

@@ -9,7 +9,7 @@ while generation and training go on, and the version it scores with is known whe
 import asyncio
 from collections.abc import Callable
 
-from forge_rl.loop.train_loop import Run, update_generators
+from forge_rl.loop.train_loop import RunState, update_generators
 from forge_rl.observability.timeline import Timeline
 from forge_rl.runtime.timeouts import within
 
@@ -18,7 +18,7 @@ class WeightSync:
     """The generators' swap in flight and the reference's load in flight, for one run's `state`. `where()` says
     where the roles run, for a timeout's message."""
 
-    def __init__(self, state: Run, cfg, generator, reference, timeline: Timeline, where: Callable[[], str]):
+    def __init__(self, state: RunState, cfg, generator, reference, timeline: Timeline, where: Callable[[], str]):
         self.state, self.cfg, self.timeline, self.where = state, cfg, timeline, where
         self.generator, self.reference = generator, reference
         self.swap: asyncio.Task | None = None  # the generators' swap to the newest version

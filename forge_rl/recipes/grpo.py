@@ -42,7 +42,7 @@ from forge_rl.loop.eval import evaluate_task
 from forge_rl.loop.multiturn import TurnRenderer, evaluate_env
 from forge_rl.loop.rollout_tasks import RolloutTasks, rollout_once_of
 from forge_rl.loop.train_loop import (
-    RoleDied, Run, batch_staleness, batches_for_ranks, call_each_rank, call_for_batches, resume_hint, role_died, update_generators,
+    RoleDied, RunState, batch_staleness, batches_for_ranks, call_each_rank, call_for_batches, resume_hint, role_died, update_generators,
     wait_for_batch,
 )
 from forge_rl.loop.weight_sync import WeightSync
@@ -66,7 +66,7 @@ class GRPORun(RecipeRun):
         self.evals: list[tuple[int, float, float]] = []  # (step, training seconds so far, held-out accuracy)
         self.start_step = 0
         self.saved_step: int | None = None  # the step of the newest checkpoint written or resumed from
-        self.state: Run | None = None
+        self.state: RunState | None = None
         self.log: MetricsLogger | None = None
         self.trainer = self.generator = self.buffer = self.reward = self.dataset = self.reference = None
         self.rollouts: RolloutTasks | None = None  # from prepare() on
@@ -169,7 +169,7 @@ class GRPORun(RecipeRun):
         self.buffer_cfg = ReplayBufferConfig(**asdict(cfg.buffer), max_policy_age=cfg.max_policy_age,
                                              dp_size=dp_size(cfg), pad_id=self.tokenizer.pad_token_id or 0,
                                              seed=cfg.seed, temperature=cfg.trainer.temperature)
-        self.state = Run(cfg)
+        self.state = RunState(cfg)
         self.rollouts = RolloutTasks(self.state, self.timeline)
         if cfg.launcher.kind == "slurm":
             self.console.print(f"[bold]{self.algorithm()}[/bold] on Slurm: waiting for "
