@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss
+from forge_rl.losses.config import GRPOLossConfig
+from forge_rl.losses.grpo import per_token_loss, reduce_loss
 from forge_rl.losses.fused_head import hidden_logprobs
 from forge_rl.losses.logprobs import VocabShard, token_logprobs
 

@@ -25,10 +25,11 @@ from rich.console import Console
 from rich.table import Table
 
 from forge_rl.actors.generator import Generator
-from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig
+from forge_rl.actors.trainer import Trainer
+from forge_rl.actors.trainer_config import OptimizerConfig, TrainerConfig
 from forge_rl.runtime import provisioned, stop_actor
 from forge_rl.models.build_tiny import build
-from forge_rl.models.lora import LoRAConfig
+from forge_rl.models.lora_config import LoRAConfig
 from forge_rl.types import TrainBatch
 
 SIZES = {

@@ -30,7 +30,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from forge_rl.data.arithmetic import chat_prompt, held_out_problems, iter_training_problems
 from forge_rl.losses.advantages import group_advantages
-from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss, reduce_loss
+from forge_rl.losses.config import GRPOLossConfig
+from forge_rl.losses.grpo import per_token_loss, reduce_loss
 from forge_rl.models import resolve_model_path
 from forge_rl.rewards.exact_match import exact_match
 from forge_rl.rewards.format import digits_format

@@ -173,7 +173,8 @@ def batches(world: int, seqs: int, tokens: int, vocab: int):
 
 async def spawn(args, out: Path):
     """The trainer's ranks (a Probe first in each proc), the weight server and the reader."""
-    from forge_rl.actors.trainer import OptimizerConfig, ParallelConfig, Trainer, TrainerConfig
+    from forge_rl.actors.trainer import Trainer
+    from forge_rl.actors.trainer_config import OptimizerConfig, ParallelConfig, TrainerConfig
     from forge_rl.launch.launcher import weight_server
     from forge_rl.runtime.provisioner import get_provisioner
     from forge_rl.weights import WeightStoreConfig

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig, _peak_rss_mb
+from forge_rl.actors.trainer import Trainer, _peak_rss_mb
+from forge_rl.actors.trainer_config import OptimizerConfig, TrainerConfig
 from forge_rl.runtime import provisioned, stop_actor
 from forge_rl.types import TrainBatch
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from forge_rl.actors.critic import Critic
-from forge_rl.actors.trainer import OptimizerConfig, ParallelConfig, TrainerConfig
+from forge_rl.actors.trainer_config import OptimizerConfig, ParallelConfig, TrainerConfig
 from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, data_shards
 from forge_rl.losses.ppo import gae, terminal_rewards
 from forge_rl.runtime import stop_actor

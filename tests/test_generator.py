@@ -174,7 +174,8 @@ def test_concurrent_generate_calls_share_the_engine(generator):
 def test_trainer_logprobs_equal_generator_behaviour_logprobs(generator, temperature):
     """The trainer reproduces the behaviour policy that the sampling config defines (its temperature is
     read from that config, as the GRPO app does), to 1e-4 in fp32."""
-    from forge_rl.actors.trainer import Trainer, TrainerConfig
+    from forge_rl.actors.trainer import Trainer
+    from forge_rl.actors.trainer_config import TrainerConfig
     from forge_rl.runtime import stop_actor
     from forge_rl.loop.sampling import behaviour_temperature
     from forge_rl.types import Episode, TrainBatch
@@ -203,7 +204,8 @@ def test_trainer_reproduces_truncated_sampling_over_the_recorded_kept_sets(gener
     tests/test_mismatch.py takes the samplers from the config, on tiny-warm, where it keeps 2-3.)"""
     from dataclasses import replace
 
-    from forge_rl.actors.trainer import Trainer, TrainerConfig
+    from forge_rl.actors.trainer import Trainer
+    from forge_rl.actors.trainer_config import TrainerConfig
     from forge_rl.runtime import stop_actor
     from forge_rl.types import Episode, TrainBatch
 

@@ -17,7 +17,8 @@ import time
 import pytest
 import torch
 
-from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig
+from forge_rl.actors.trainer import Trainer
+from forge_rl.actors.trainer_config import OptimizerConfig, TrainerConfig
 from forge_rl.models.build_tiny import build
 from forge_rl.types import TrainBatch
 

@@ -5,9 +5,11 @@ a running vLLM engine with trainer parity, adapter-only checkpoints, and PEFT/me
 import pytest
 import torch
 
-from forge_rl.actors.trainer import OptimizerConfig, ParallelConfig, Trainer, TrainerConfig
+from forge_rl.actors.trainer import Trainer
+from forge_rl.actors.trainer_config import OptimizerConfig, ParallelConfig, TrainerConfig
 from forge_rl.models import TINY_MODEL_DIR
-from forge_rl.models.lora import LoRAConfig, initial_adapters, split_qkv_rows, to_peft
+from forge_rl.models.lora import initial_adapters, split_qkv_rows, to_peft
+from forge_rl.models.lora_config import LoRAConfig
 from tests.test_trainer import make_batch, split
 
 LORA = LoRAConfig(rank=4, alpha=8.0)

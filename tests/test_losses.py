@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from forge_rl.losses.grpo import (GRPOLossConfig, kl_penalty, mismatch, mismatch_weight, per_token_loss, reduce_loss,
-                                  sft_token_loss)
+from forge_rl.losses.config import GRPOLossConfig
+from forge_rl.losses.grpo import kl_penalty, mismatch, mismatch_weight, per_token_loss, reduce_loss, sft_token_loss
 
 LOG2 = math.log(2.0)
 
@@ -161,7 +161,8 @@ def test_grpo_run_sets_token_sum_constant_to_the_generation_budget():
 
 
 def test_trainer_refuses_token_sum_without_its_constant():
-    from forge_rl.actors.trainer import Trainer, TrainerConfig
+    from forge_rl.actors.trainer import Trainer
+    from forge_rl.actors.trainer_config import TrainerConfig
 
     with pytest.raises(ValueError, match="trainer.grpo.max_response_len"):
         Trainer(TrainerConfig(grpo=GRPOLossConfig(normalize="token_sum")))

@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from forge_rl.actors.trainer import OptimizerConfig, ParallelConfig, Trainer, TrainerConfig
+from forge_rl.actors.trainer import Trainer
+from forge_rl.actors.trainer_config import OptimizerConfig, ParallelConfig, TrainerConfig
 from forge_rl.config import ConfigError, load_config
 from forge_rl.models import resolve_model_path
 from tests.conftest import REPO

@@ -8,7 +8,8 @@ import torch
 
 from forge_rl.actors.batch_checks import validate_batches
 from forge_rl.config import ConfigError
-from forge_rl.losses.grpo import GRPOLossConfig, per_token_loss
+from forge_rl.losses.config import GRPOLossConfig
+from forge_rl.losses.grpo import per_token_loss
 from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, value_loss, whiten
 from forge_rl.recipes.ppo import PPOConfig, PPORun, PPOSection, with_advantages
 from forge_rl.types import TrainBatch

@@ -104,7 +104,7 @@ def test_a_row_without_response_tokens_is_named():
 
 @pytest.mark.parametrize("key, value", [("pack_max_fraction", 0.0), ("pack_max_fraction", 1.5), ("pack_max_len", 0)])
 def test_bad_packing_settings_name_the_key(key, value):
-    from forge_rl.actors.trainer import TrainerConfig
+    from forge_rl.actors.trainer_config import TrainerConfig
 
     with pytest.raises(ValueError, match=f"trainer.{key}"):
         TrainerConfig(**{key: value})

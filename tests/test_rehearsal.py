@@ -9,7 +9,7 @@ parameter shows."""
 
 import pytest
 
-from forge_rl.actors.trainer import ParallelConfig, TrainerConfig
+from forge_rl.actors.trainer_config import ParallelConfig, TrainerConfig
 from forge_rl.rehearsal.bounds import findings, phase_plan
 from forge_rl.rehearsal.run import PHASES, Rehearsal, rehearse
 from forge_rl.rehearsal.sparse_checkpoint import hf_config, write_sparse_checkpoint
@@ -79,7 +79,7 @@ def test_a_mixture_of_experts_trainer_with_expert_parallelism(tmp_path):
     exactly once, no rank making a tensor larger than one block or its own shard."""
     from dataclasses import replace
 
-    from forge_rl.actors.trainer import ParallelConfig
+    from forge_rl.actors.trainer_config import ParallelConfig
 
     cfg = hf_config(MOE_SHAPE)
     trainer = replace(CFG, parallel=ParallelConfig(dp_shard=4, tp=1, ep=2, activation_checkpointing=True),

@@ -11,7 +11,8 @@ import pytest
 import torch
 from monarch.actor import ActorError
 
-from forge_rl.actors.trainer import OptimizerConfig, ParallelConfig, Trainer, TrainerConfig
+from forge_rl.actors.trainer import Trainer
+from forge_rl.actors.trainer_config import OptimizerConfig, ParallelConfig, TrainerConfig
 from forge_rl.types import TrainBatch
 from tests.actors import Echo
 from tests.conftest import TINY_MODEL, small_tmpfs

@@ -20,7 +20,8 @@ import time
 import torch
 from monarch.actor import endpoint
 
-from forge_rl.actors.trainer import Trainer, TrainerConfig, _peak_rss_mb
+from forge_rl.actors.trainer import Trainer, _peak_rss_mb
+from forge_rl.actors.trainer_config import TrainerConfig
 from forge_rl.losses.grpo import reduce_loss
 from forge_rl.losses.ppo import value_loss
 from forge_rl.types import BatchShape, TrainBatch

@@ -21,7 +21,8 @@ import dataclasses
 import torch
 from monarch.actor import endpoint
 
-from forge_rl.actors.trainer import Trainer, TrainerConfig
+from forge_rl.actors.trainer import Trainer
+from forge_rl.actors.trainer_config import TrainerConfig
 from forge_rl.models.sharded_load import load_sharded
 from forge_rl.types import BatchShape, TrainBatch
 from forge_rl.weights import ShmWeightStore, WeightStoreConfig

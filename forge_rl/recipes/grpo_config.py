@@ -10,7 +10,7 @@ from typing import Any
 from forge_rl.actors.generator import SWAP_MODES
 from forge_rl.actors.generator_engine import route_engine_args
 from forge_rl.actors.reward import RewardSpec, check_reward_columns, reward_model_errors
-from forge_rl.actors.trainer import TrainerConfig
+from forge_rl.actors.trainer_config import TrainerConfig
 from forge_rl.config import ConfigError
 from forge_rl.deps.vllm import check_engine_args
 from forge_rl.launch.launcher import LauncherConfig

@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 
 from forge_rl.actors.critic import Critic
-from forge_rl.actors.trainer import OptimizerConfig, TrainerConfig
+from forge_rl.actors.trainer_config import OptimizerConfig, TrainerConfig
 from forge_rl.config import ConfigError
 from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, call_for_batches, data_shards
 from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, whiten
 from forge_rl.models import model_path
-from forge_rl.models.lora import LoRAConfig
+from forge_rl.models.lora_config import LoRAConfig
 from forge_rl.recipes.grpo import GRPORun, train
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.startup import on_trainer_procs

@@ -30,7 +30,8 @@ from rich.table import Table
 from tqdm import tqdm
 
 from forge_rl.actors.reward import RewardActor, RewardSpec
-from forge_rl.actors.trainer import OptimizerConfig, Trainer, TrainerConfig
+from forge_rl.actors.trainer import Trainer
+from forge_rl.actors.trainer_config import OptimizerConfig, TrainerConfig
 from forge_rl.config import ConfigError
 from forge_rl.launch.launcher import LauncherConfig, weight_server
 from forge_rl.runtime.provisioner import visible_gpus
