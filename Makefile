@@ -48,7 +48,7 @@ PYTHON_VERSION ?= 3.12
 wheelhouse:  # the no-vLLM tier's wheels for PYTHON_VERSION, manylinux x86_64, without torch or vLLM (ARGS="--with-vllm --glibc 2.35" adds it), in parts of <= 60 MB under wheelhouse/
 	python3 scripts/wheelhouse.py --python $(PYTHON_VERSION) $(ARGS)
 
-setup-slurm:  # Debian's Slurm and munge, for tests/test_slurm.py (a real cluster in network namespaces; root)
+setup-slurm:  # Debian's Slurm and munge, for tests/integration/test_slurm.py (a real cluster in network namespaces; root)
 	apt-get install -y -q slurm-wlm munge || (apt-get update -q && apt-get install -y -q slurm-wlm munge)
 
 clean:

@@ -2,7 +2,7 @@
 
     python -m benchmarks.scale_memory [--size 1b|0.6b|debug] [--no-train] [--seqs 2] [--tokens 32]
 
-Needs root and the test Slurm cluster's packages (tests/slurm_cluster.py; `make setup-slurm`). It writes a random-init
+Needs root and the test Slurm cluster's packages (tests/support/slurm_cluster.py; `make setup-slurm`). It writes a random-init
 Qwen3-shaped checkpoint (bf16 safetensors, several files) into a temp dir, starts a Slurm cluster of network-namespace
 hosts (a login host and three nodes, each node with a /dev/shm of its own), and from a controller on the login host
 runs, through the same launcher as `launcher.kind=slurm`: a trainer of 2 ranks on 2 nodes (FSDP2 across hosts, fp32
@@ -267,7 +267,7 @@ def table(res: dict, params: int, args) -> str:
 
 
 def run_on_cluster(args, model: Path, work: Path) -> dict:
-    from tests.slurm_cluster import SlurmCluster, missing
+    from tests.support.slurm_cluster import SlurmCluster, missing
 
     if why := missing():
         sys.exit(f"scale_memory needs the test Slurm cluster: {why}")

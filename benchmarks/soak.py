@@ -6,7 +6,7 @@ Runs `python -m apps.grpo.main --config configs/grpo/tiny.yaml` as a user would,
 from outside it: kills one generator replica's proc (and so its vLLM engine) each time the run reaches a
 multiple of --kill-every steps, samples the resident memory of every process of the run, and after the run
 exits checks that every process it started is gone and none of the run's /dev/shm entries is left (its
-forge_rl-<run>-* entries and whatever its processes mapped there: tests/run_shm.py; other runs on the
+forge_rl-<run>-* entries and whatever its processes mapped there: tests/support/run_shm.py; other runs on the
 machine may come and go meanwhile). Prints:
 
 - steps completed, replicas killed and respawned, and every episode accounted for
@@ -15,7 +15,7 @@ machine may come and go meanwhile). Prints:
 - RSS per role after warm-up (the first kill's step / 2) and at the end, and the change (target: <= +10%);
 - processes left alive and /dev/shm entries left behind after exit (target: none).
 
-`soak(...)` returns the same figures as a dict (tests/test_soak.py runs a short one in CI).
+`soak(...)` returns the same figures as a dict (tests/integration/test_soak.py runs a short one in CI).
 """
 
 import argparse
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.run_shm import RunShm
+from tests.support.run_shm import RunShm
 
 REPO = Path(__file__).resolve().parents[1]
 

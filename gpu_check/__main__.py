@@ -4,14 +4,14 @@
 
 It first says which tiers this host can run and why not the others (gpu_check/tiers.py), then runs them:
 1. CPU logic: the CPU tests of the CUDA-only logic (backend, start method, placement, memory plan) — everywhere.
-2. no-vLLM (tests/test_gpu.py, with vLLM made unimportable for every process it starts): a FSDP2 bf16 step of a
+2. no-vLLM (tests/gpu/test_gpu.py, with vLLM made unimportable for every process it starts): a FSDP2 bf16 step of a
    Qwen3-0.6B-shaped model with fp32 master weights over NCCL and its peak GPU memory against the memory plan,
    both publish paths from CUDA, the critic; then the trainer's step against a plain transformers loop at equal work
    at Qwen3-0.6B and -1.7B shapes (benchmarks/trainer.py, its table in OUT/trainer.md). It needs no vLLM, so a host with a site PyTorch of another version
    and a wheelhouse install runs it (docs/getting_started.md). Without CUDA it runs on CPU with a small model as
    a logic check of the same code, and says the GPU part did not run.
 3. vLLM, where CUDA is visible and vLLM imports with this torch (vLLM pins one torch): vLLM's behaviour logprobs
-   against the trainer's bf16 forward (tests/test_gpu_vllm.py), then GRPO runs of that model (random weights,
+   against the trainer's bf16 forward (tests/gpu/test_gpu_vllm.py), then GRPO runs of that model (random weights,
    the real vocabulary size) on one GPU, colocated (the engine sleeps while the trainer steps): steps/min, peak
    GPU memory per role (nvidia-smi, sampled), time to sleep, wake and load weights per step, versions advancing,
    staleness held; a LoRA run (adapter swap, and adapters still applied after a wake: the trainer's approx KL to
@@ -36,8 +36,8 @@ from gpu_check.pytest_report import pytest_rows
 from gpu_check.tiers import Tier, decide, describe, host_facts
 
 REPO = Path(__file__).resolve().parents[1]
-CPU_LOGIC_TESTS = ["tests/test_gpu_logic.py", "tests/test_resources.py", "tests/test_gpu_placement.py",
-                   "tests/test_memory_plan.py", "tests/test_gpu_tiers.py"]
+CPU_LOGIC_TESTS = ["tests/unit/gpu_check/test_gpu_logic.py", "tests/unit/runtime/test_resources.py", "tests/integration/test_gpu_placement.py",
+                   "tests/unit/runtime/test_memory_plan.py", "tests/unit/gpu_check/test_gpu_tiers.py"]
 NO_VLLM = REPO / "gpu_check" / "no_vllm"  # first on PYTHONPATH in the no-vLLM tier: `import vllm` fails there
 QWEN3_0_6B_SHAPE = dict(hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, vocab_size=151936,
                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
@@ -126,7 +126,7 @@ def no_vllm_rows(tier: Tier, out: Path) -> list[tuple[str, str]]:
     if tier.on == "cpu":
         env["FORGE_GPU_TIER_ON_CPU"] = "1"
     where = "on CUDA" if tier.on == "cuda" else "on CPU, a logic check"
-    rows = pytest_rows(f"no-vLLM tier ({where}; tests/test_gpu.py)", ["-m", "gpu", "tests/test_gpu.py"], out,
+    rows = pytest_rows(f"no-vLLM tier ({where}; tests/gpu/test_gpu.py)", ["-m", "gpu", "tests/gpu/test_gpu.py"], out,
                        "no_vllm_tier", env)
     if report.exists():
         rows += [tuple(json.loads(line)) for line in report.read_text().splitlines()]
@@ -160,8 +160,8 @@ def trainer_speed_rows(tier: Tier, out: Path) -> list[tuple[str, str]]:
 def vllm_rows(args, facts) -> list[tuple[str, str]]:
     from forge_rl.models.build_tiny import build
 
-    rows = pytest_rows("vLLM tier: logprobs vs the trainer (tests/test_gpu_vllm.py)",
-                       ["-m", "gpu", "tests/test_gpu_vllm.py"], args.out, "vllm_tier")
+    rows = pytest_rows("vLLM tier: logprobs vs the trainer (tests/gpu/test_gpu_vllm.py)",
+                       ["-m", "gpu", "tests/gpu/test_gpu_vllm.py"], args.out, "vllm_tier")
     model = build(args.out / "qwen3-0.6b-shape", **QWEN3_0_6B_SHAPE)
     rows += grpo_rows("colocated, 1 GPU", model, args.out, [f"steps={args.steps}"])
     rows += grpo_rows("LoRA colocated, sync", model, args.out,

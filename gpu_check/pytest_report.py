@@ -1,7 +1,7 @@
 """A pytest run as rows of `make gpu-check`'s table: its verdict, and for each test that failed, its name, the line
 that failed and what it said; pytest's whole output kept in a file beside the table.
 
-    rows = pytest_rows("no-vLLM tier", ["-m", "gpu", "tests/test_gpu.py"], out_dir, "no_vllm_tier", env)
+    rows = pytest_rows("no-vLLM tier", ["-m", "gpu", "tests/gpu/test_gpu.py"], out_dir, "no_vllm_tier", env)
 
 The failures come from pytest's JUnit XML report (--junitxml), not from its console, whose layout changes between
 pytest versions and options.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WHERE = re.compile(r"^(\S+\.py):(\d+): ", re.MULTILINE)  # pytest's "tests/test_gpu.py:155: AssertionError"
+WHERE = re.compile(r"^(\S+\.py):(\d+): ", re.MULTILINE)  # pytest's "tests/gpu/test_gpu.py:155: AssertionError"
 MESSAGE_CHARS = 300
 
 

@@ -3,7 +3,7 @@
 Tiers:
 - CPU logic: the CPU tests of the CUDA-only logic; everywhere.
 - no-vLLM: a bf16 train step over NCCL, both publish paths from CUDA, the critic, peak memory against the plan
-  (tests/test_gpu.py, which imports nothing from vLLM). Needs forge_rl's stack without vLLM (a wheelhouse
+  (tests/gpu/test_gpu.py, which imports nothing from vLLM). Needs forge_rl's stack without vLLM (a wheelhouse
   install next to the site's torch is enough); without CUDA it runs on CPU as a logic check of the same code.
   Torch 2.11 and later: what TorchTitan 0.3.0 imports of torch 2.12 and forge_rl never uses is given a placeholder
   (forge_rl/deps/torch_for_torchtitan.py), and the tier says so.

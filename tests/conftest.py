@@ -9,37 +9,29 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# Monarch procs are new Python processes: let them import test actors (tests/actors.py).
+# Monarch procs are new Python processes: let them import test actors (tests/support/actors.py).
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 TINY_MODEL = REPO / "forge_rl" / "models" / "tiny"
 
-# Test files that start real processes (Monarch procs, a vLLM engine, TorchTitan ranks, Slurm, a notebook
-# kernel): their tests are marked `integration`, and `make test-fast` leaves them out (CONTRIBUTING.md).
-INTEGRATION_TESTS = {
-    "test_bad_inputs.py", "test_checkpoint.py", "test_critic.py", "test_reward_model.py", "test_distill.py", "test_ppo_app.py", "test_generator.py", "test_grpo_app.py", "test_logprobs_tp.py",
-    "test_gpu_placement.py", "test_lora.py", "test_mismatch.py", "test_notebooks.py", "test_provisioner.py",
-    "test_qwen3_template.py", "test_timeouts.py", "test_replay_buffer.py", "test_reward.py", "test_reward_workers.py",
-    "test_hostile_verifiers.py", "test_rollout.py", "test_service.py", "test_sft_app.py",
-    "test_shutdown.py", "test_slurm.py", "test_soak.py", "test_tiny_model.py", "test_trainer.py", "test_vllm_logs.py",
-    "test_weight_store.py", "test_reference.py", "test_run_ownership.py", "test_rehearsal.py", "test_moe.py", "test_moe_grpo.py",
-    "test_gpu_check.py",  # make gpu-check's CPU part in a subprocess: its tiers start trainer ranks (minutes)
-}
+# tests/integration/ holds the tests that start real processes (Monarch procs, a vLLM engine, TorchTitan ranks,
+# Slurm, a notebook kernel): they are marked `integration`, and `make test-fast` leaves them out (CONTRIBUTING.md).
+INTEGRATION = REPO / "tests" / "integration"
 
 
 def pytest_collection_modifyitems(config, items):
     import torch
 
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU, and none is visible here: `make gpu-check` runs the gpu "
-                                     "tier on a GPU machine (the CPU side of its logic: tests/test_gpu_logic.py)")
+                                     "tier on a GPU machine (the CPU side of its logic: tests/unit/gpu_check/test_gpu_logic.py)")
     for item in items:
-        if item.path.name in INTEGRATION_TESTS:
+        if item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.integration)
         if "gpu" in item.keywords and not torch.cuda.is_available() and not on_cpu(item):
             item.add_marker(no_gpu)
 
 
 def on_cpu(item) -> bool:
-    """The no-vLLM GPU tier (tests/test_gpu.py) runs on CPU as a logic check when `make gpu-check` asks for it."""
+    """The no-vLLM GPU tier (tests/gpu/test_gpu.py) runs on CPU as a logic check when `make gpu-check` asks for it."""
     return item.path.name == "test_gpu.py" and os.environ.get("FORGE_GPU_TIER_ON_CPU") == "1"
 
 

@@ -56,7 +56,7 @@ def job_end_time(job_id: str) -> float | None:
 
 class SlurmHosts(SlurmJob):
     """SlurmJob with a job reader that works across Slurm versions (see the module docstring). The method it
-    overrides is private to Monarch (forge_rl.deps.monarch.SLURM_JOB_READER; tests/test_deps.py checks it)."""
+    overrides is private to Monarch (forge_rl.deps.monarch.SLURM_JOB_READER; tests/unit/deps/test_deps.py checks it)."""
 
     def _get_job_info_json(self, job_id: str) -> dict[str, Any] | None:
         found = squeue_job(job_id)

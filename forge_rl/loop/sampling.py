@@ -4,7 +4,7 @@ The importance ratio compares the trainer's logprob of a token with the generato
 Both must be of the same distribution: softmax(logits / temperature). The trainer therefore takes its
 temperature from the generator's sampling config (never from a second setting).
 
-Every vLLM SamplingParams field is classified here, once (tests/test_sampling.py enumerates vLLM's fields,
+Every vLLM SamplingParams field is classified here, once (tests/unit/loop/test_sampling.py enumerates vLLM's fields,
 so a field a new vLLM release adds fails the test until it is classified):
 - REPRODUCED: any value; it decides where a response ends or what comes back with it, never which token is
   drawn (temperature included: the trainer divides by the same one);

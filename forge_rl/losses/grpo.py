@@ -132,7 +132,7 @@ def per_token_loss(
     Corrected mode (is_correction != "none"): the same clip on pi_theta / pi_behaviour decides which tokens get
     a gradient (the trust region: a stale token the policy has already moved away from in its advantage's
     direction gets none), and those get -w * A * grad log pi, w the weight of `mismatch_weight`, which bounds
-    (tis) or removes (mis, icepop) what very mismatched tokens would bring (tested in tests/test_losses.py).
+    (tis) or removes (mis, icepop) what very mismatched tokens would bring (tested in tests/unit/losses/test_losses.py).
     The trainer takes one optimizer step per batch, so a ratio against the proximal policy pi_old would be 1 and
     could not clip: the clip must be against the behaviour policy.
     """

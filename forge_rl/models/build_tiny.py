@@ -5,7 +5,7 @@
 The output is an ordinary Hugging Face model directory (config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json, generation_config.json) that transformers, vLLM and
 TorchTitan's Qwen3 state-dict adapter all load. Everything is derived from a fixed seed, so
-re-running the script reproduces the shipped files bit for bit (tests/test_tiny_model.py checks).
+re-running the script reproduces the shipped files bit for bit (tests/integration/test_tiny_model.py checks).
 """
 
 import argparse
@@ -99,7 +99,7 @@ def build(out: Path, **config_overrides) -> Path:
 
 def save_random_model(out: Path, config: dict, generation_config: dict, seed: int = SEED) -> Path:
     """Write config.json, generation_config.json and model.safetensors of a Qwen3 with random weights from
-    `seed` (HF Qwen3 config keys) to `out`; the tokenizer files are the caller's (e.g. tests/qwen3_fixture.py:
+    `seed` (HF Qwen3 config keys) to `out`; the tokenizer files are the caller's (e.g. tests/support/qwen3_fixture.py:
     Qwen3's real vocabulary on a small random model)."""
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM

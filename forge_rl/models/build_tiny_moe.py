@@ -15,7 +15,7 @@ TOP_K of them per token:
 
 So GRPO starts from tiny-warm's arithmetic instead of from zero. The weights are stored in bfloat16 (the
 checkpoint is 5.6 MB instead of 11); every reader upcasts them to its own dtype. Deterministic: a fixed seed,
-tests/test_tiny_moe.py rebuilds it and compares bit for bit.
+tests/integration/test_moe.py rebuilds it and compares bit for bit.
 """
 
 import argparse

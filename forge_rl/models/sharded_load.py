@@ -6,7 +6,7 @@ when the masters are upcast): 32 ranks of a 32B model would hold ~130 GB each. H
 `safe_open(...).get_slice` reads, tensor by tensor, the rows or columns of this rank's shard (its offset in
 the whole tensor comes from the DTensor's placements), converts just that slice to the parameter's dtype and
 wraps it as the local shard. Peak host memory per rank: its shard of the model plus one tensor's slice.
-`SafetensorsCheckpoint` counts the bytes it read, which tests/test_trainer.py checks against that bound.
+`SafetensorsCheckpoint` counts the bytes it read, which tests/integration/test_trainer.py checks against that bound.
 """
 
 from pathlib import Path

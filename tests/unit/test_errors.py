@@ -1,0 +1,84 @@
+"""A user's mistake ends the app in one line and exit status 2 wherever it was found: in the config, before any actor,
+or inside an actor (Monarch's ActorError carries it back), chained or in a group; a stated stop in one line and
+status 1; anything else keeps its traceback. The apps themselves: tests/integration/test_bad_inputs.py."""
+
+from dataclasses import dataclass
+
+import pytest
+from monarch.actor import ActorError
+
+from forge_rl.errors import ConfigError, DataError, RunStopped, one_line, stated_error
+from forge_rl.recipes.command_line import run_from_command_line
+
+
+def test_the_stated_error_is_found_under_every_wrapper():
+    bad_row = DataError("rows.jsonl:3: no column 'answer' (task.answer_column)")
+    assert stated_error(bad_row) is bad_row
+    assert stated_error(ActorError(bad_row)) is bad_row  # raised in an actor
+    try:
+        try:
+            raise ActorError(bad_row)
+        except ActorError as e:
+            raise RuntimeError("the rollout task failed") from e
+    except RuntimeError as chained:
+        assert stated_error(chained) is bad_row
+    group = ExceptionGroup("tasks", [RuntimeError("other"), ActorError(bad_row)])
+    assert stated_error(group) is bad_row
+    stopped = RunStopped("the Trainer process died (Killed(sig=9))")
+    assert stated_error(RuntimeError("x")) is None
+    assert stated_error(ExceptionGroup("tasks", [stopped, bad_row])) is bad_row  # the user's mistake first
+    try:
+        try:
+            raise bad_row
+        except DataError:
+            raise RuntimeError("a bug in a handler") from None  # context suppressed on purpose
+    except RuntimeError as e:
+        assert stated_error(e) is None
+
+
+def test_a_message_becomes_one_line():
+    assert one_line(ConfigError("config file x.yaml is not valid YAML: while parsing\n  in 'x.yaml', line 1\n\n")) == (
+        "config file x.yaml is not valid YAML: while parsing in 'x.yaml', line 1")
+
+
+@dataclass
+class Tiny:
+    steps: int = 1
+
+
+def _app(error: BaseException):
+    async def main(cfg):
+        raise error
+    return main
+
+
+@pytest.mark.parametrize("error, status", [
+    (ActorError(DataError("rows.jsonl:3: no column 'answer'")), 2),
+    (ConfigError("steps must be >= 1, got 0"), 2),
+    (RunStopped("the Trainer process died"), 1),
+])
+def test_the_app_ends_on_one_line_and_its_status(error, status, capsys, monkeypatch):
+    monkeypatch.delenv("FORGE_RL_DEBUG", raising=False)
+    monkeypatch.setattr("forge_rl.recipes.command_line.handle_stop_signals", lambda: None)  # pytest's stay
+    with pytest.raises(SystemExit) as end:
+        run_from_command_line(Tiny, _app(error), "tiny", [])
+    assert end.value.code == status
+    err = capsys.readouterr().err
+    assert err == f"forge_rl: {stated_error(error)}\n"
+
+
+def test_debug_adds_the_traceback_and_a_bug_keeps_it(capsys, monkeypatch):
+    monkeypatch.setenv("FORGE_RL_DEBUG", "1")
+    monkeypatch.setattr("forge_rl.recipes.command_line.handle_stop_signals", lambda: None)
+    with pytest.raises(SystemExit) as end:
+        run_from_command_line(Tiny, _app(ConfigError("steps must be >= 1, got 0")), "tiny", [])
+    assert end.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.endswith("forge_rl: steps must be >= 1, got 0\n")
+    monkeypatch.delenv("FORGE_RL_DEBUG")
+    with pytest.raises(ZeroDivisionError):  # not the user's: the traceback is the report
+        run_from_command_line(Tiny, _app(ZeroDivisionError("bug")), "tiny", [])
+    with pytest.raises(SystemExit) as end:  # a config error on the command line: status 2, one line
+        run_from_command_line(Tiny, _app(RuntimeError()), "tiny", ["stepz=3"])
+    assert end.value.code == 2
+    assert capsys.readouterr().err == "forge_rl: unknown config key 'stepz' in command-line override 'stepz=3'; did you mean 'steps'?\n"
