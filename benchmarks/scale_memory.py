@@ -216,7 +216,7 @@ async def measure(args) -> dict:
             step = batches(WORLD, args.seqs, args.tokens, hf_config(args.size)["vocab_size"])
             with sent_bytes() as wire:
                 _, res["phases"]["train"] = await phase.run(
-                    call_each_rank(trainer, Trainer.train_step, batches_for_ranks(step, shards)))
+                    call_each_rank(trainer, Trainer.optimizer_step, batches_for_ranks(step, shards)))
             res["sent"] = dict(after=wire.total, per_rank=wire.calls, before=WORLD * message_bytes(step),
                                each_batch_once=sum(message_bytes([b]) for b in step))
             res["publish"].append(await publish(phase, trainer, reader, 1, res, "publish_v1"))

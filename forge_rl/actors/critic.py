@@ -2,7 +2,7 @@
 
     critic = await Critic.options(procs=2, spmd=True).as_actor(trainer_cfg, value_clip=0.2, epochs=1)
     values = await critic.values.call(batches)       # each rank: its own batch's values [B, T]
-    metrics = await critic.train_step.call(batches)  # batches carrying `values` and `returns` (GAE's targets)
+    metrics = await critic.optimizer_step.call(batches)  # batches carrying `values` and `returns` (GAE's targets)
 
 It is the Trainer with its lm_head replaced by a 1-wide linear (no weight tying): everything else is the
 trainer's, so the critic has its own FSDP2 x TP ranks, fp32 masters, AdamW, learning-rate schedule and DCP
@@ -99,7 +99,7 @@ class Critic(Trainer):
                     for b in batches]
 
     @endpoint
-    async def train_step(self, batches: list[TrainBatch | BatchShape]) -> dict[str, float]:
+    async def optimizer_step(self, batches: list[TrainBatch | BatchShape]) -> dict[str, float]:
         """`epochs` optimizer steps of the clipped value loss on the step's batches (each rank its own; every
         TrainBatch must carry `values`, the critic's before this step, and `returns`). The loss is a mean over
         the whole step's response tokens, so ranks and micro-batches sum to the batch's. The clip acts from the
@@ -107,7 +107,7 @@ class Critic(Trainer):
         self._validate_everywhere(batches)
         batch = batches[self.dp_rank]
         if batch.values is None or batch.returns is None:
-            raise ValueError(f"critic.train_step: batch[{self.dp_rank}] has no values/returns (compute them with "
+            raise ValueError(f"critic.optimizer_step: batch[{self.dp_rank}] has no values/returns (compute them with "
                              "critic.values and forge_rl.losses.ppo.gae first)")
         start = time.perf_counter()
         total_seqs = sum(b.num_sequences for b in batches)
@@ -126,7 +126,7 @@ class Critic(Trainer):
                 loss = reduce_loss(token_loss, mask, "token_mean", total_seqs, total_tokens)
                 loss.backward()
                 sums += torch.tensor([loss.item(), float((clipped & mask).sum())], dtype=torch.float64)
-            grad_norm, _ = self._optimizer_step(float(sums[0]))
+            grad_norm, _ = self._apply_gradients(float(sums[0]))
             grad_norms.append(grad_norm)
             sums, _ = self._reduce_over_data_parallel(sums, 0.0)
             first = sums if first is None else first

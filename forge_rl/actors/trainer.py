@@ -1,7 +1,7 @@
 """Trainer: TorchTitan's Qwen3 under FSDP2 and/or tensor parallelism, on a Monarch proc mesh of dp x tp ranks.
 
     trainer = await Trainer.options(procs=2, spmd=True).as_actor(TrainerConfig(model="tiny", parallel=...))
-    metrics = await trainer.train_step.call_one(batches)   # a list of dp_size TrainBatches
+    metrics = await trainer.optimizer_step.call_one(batches)   # a list of dp_size TrainBatches
 
 Every rank runs the same endpoint (`.call()` on the mesh); each rank picks its data-parallel rank's batch,
 and the ranks of one tensor-parallel group share it. The model is built on the meta device from the HF
@@ -214,16 +214,16 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
     # ---- training (the step itself: forge_rl/actors/trainer_step.py) ------------------------------
 
     @endpoint
-    async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
+    async def optimizer_step(self, batches: list[TrainBatch]) -> dict[str, float]:
         """One optimizer step on `batches` (one TrainBatch per dp rank). Returns metrics reduced over ranks."""
         self._validate_everywhere(batches)
         self.profiler.begin(self.step + 1)  # trainer.profile_steps; a no-op for other steps
-        await hang_if_asked("train_step", self.rank, self.step + 1)  # a test's fault (runtime/timeouts.py); no-op
+        await hang_if_asked("optimizer_step", self.rank, self.step + 1)  # a test's fault (runtime/timeouts.py); no-op
         start = time.perf_counter()
         total_tokens = sum(b.num_response_tokens for b in batches)
         sums, mismatch_max = self._accumulate_gradients(batches)
         lr = self.scheduler.get_last_lr()[0]
-        grad_norm, finite = self._optimizer_step(float(sums[0]))
+        grad_norm, finite = self._apply_gradients(float(sums[0]))
         sums, mismatch_max = self._reduce_over_data_parallel(sums, mismatch_max)
         elapsed = time.perf_counter() - start
         tokens = sum(b.num_tokens for b in batches)

@@ -20,7 +20,7 @@ from forge_rl.models.moe_aux import unpadded, unpadded_packed
 from forge_rl.models.route_replay import packed_routes
 from forge_rl.types import BatchShape, TrainBatch
 
-# train_step's per-token means: the metric's name and the per_token_loss diagnostic it averages
+# optimizer_step's per-token means: the metric's name and the per_token_loss diagnostic it averages
 TOKEN_SUMS = ("clip_fraction", "approx_kl", "entropy", "ratio_mean", "kl_ref", "reverse_kl_teacher",
               "mismatch_abs_mean", "mismatch_k3", "is_weight_mean", "is_corrected_fraction")
 DIAGNOSTIC = {"clip_fraction": "clipped", "approx_kl": "approx_kl_behaviour", "ratio_mean": "ratio",
@@ -172,7 +172,7 @@ class TrainerStep:
                 mismatch_max = torch.maximum(mismatch_max, diag["mismatch_abs"].detach().where(mask, 0.0).max())
         return sums, float(mismatch_max)
 
-    def _optimizer_step(self, loss: float) -> tuple[float, bool]:
+    def _apply_gradients(self, loss: float) -> tuple[float, bool]:
         """Clip, then step unless the gradient norm is not finite (the weights, optimizer state and schedule
         then stay as they were); too many such steps in a row stop the run. Returns (grad norm, finite)."""
         grad_norm = self._clip_grad_norm()  # global over ranks, so every rank takes the same branch

@@ -203,7 +203,7 @@ class GRPORun(RecipeRun):
                 scored, score_metrics = await self.score(batches, version)
                 # 3. train: the policy's optimizer step, each rank on its own data-parallel shard
                 metrics = (await within(
-                    call_each_rank(self.trainer, Trainer.train_step, batches_for_ranks(scored, self.shards["trainer"])),
+                    call_each_rank(self.trainer, Trainer.optimizer_step, batches_for_ranks(scored, self.shards["trainer"])),
                     cfg.timeouts.train_step_s, "train_step_s", f"the Trainer's train_step to version {version}",
                     self._where()))[0]
                 # 4. publish version + 1 into the weight store, while anything trained beside the policy steps

@@ -13,7 +13,7 @@ class StepRecord:
     """Everything measured about one training step, as the run collected it."""
 
     step: int
-    trainer: dict  # Trainer.train_step's metrics
+    trainer: dict  # Trainer.optimizer_step's metrics
     push: dict  # Trainer.push_weights' timing and bytes
     updates: list[dict] | None  # the newest finished generator weight update (one dict per replica)
     buffer: dict  # ReplayBuffer.stats after the step

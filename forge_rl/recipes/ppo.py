@@ -139,7 +139,7 @@ class PPORun(GRPORun):
     async def train_beside(self, batches: list, version: int) -> dict:
         """The critic's steps on the batch's returns, while the policy's new weights publish."""
         critic = (await within(
-            call_each_rank(self.critic, Critic.train_step, batches_for_ranks(batches, self.shards["critic"])),
+            call_each_rank(self.critic, Critic.optimizer_step, batches_for_ranks(batches, self.shards["critic"])),
             self.cfg.timeouts.train_step_s, "train_step_s", f"the Critic's train_step at version {version}",
             self._where()))[0]
         return {f"critic/{k}": critic[k] for k in ("value_loss", "value_loss_last_epoch", "value_clip_fraction",

@@ -187,7 +187,7 @@ class SFTRun(RecipeRun):
         interrupt lets the step in flight finish and logs it before the CancelledError goes on."""
         with self.timeline.span("controller", "batch", step=self.step + 1):
             batches = train_batches(self.source, self.step, self.cfg.batch_size, self.dp, self.tokenizer.pad_token_id)
-        call = asyncio.ensure_future(self._timed("trainer", "train step", self.trainer.train_step.call(batches),
+        call = asyncio.ensure_future(self._timed("trainer", "train step", self.trainer.optimizer_step.call(batches),
                                                  step=self.step + 1))
         try:
             m = (await asyncio.shield(call)).get(0)

@@ -14,7 +14,7 @@ from typing import Any, Awaitable
 
 from forge_rl.errors import RunStopped
 
-# A test-only fault: "operation:rank:step" (e.g. "train_step:1:2") makes that trainer rank hang in that
+# A test-only fault: "operation:rank:step" (e.g. "optimizer_step:1:2") makes that trainer rank hang in that
 # operation at that step, so a test can check the error arrives within the timeout. Never set in a real run.
 HANG_ENV = "FORGE_RL_TEST_HANG"
 

@@ -29,7 +29,7 @@ def test_a_trainer_rank_that_hangs_stops_the_run_within_the_timeout(tmp_path, mo
     """Rank 1 of two FSDP ranks hangs in its second train step (a test-only fault, runtime/timeouts.py); rank 0
     waits in a collective. The run stops with the named error once timeouts.train_step_s has passed, and says
     to resume from the checkpoint the first step left."""
-    monkeypatch.setenv(HANG_ENV, "train_step:1:2")
+    monkeypatch.setenv(HANG_ENV, "optimizer_step:1:2")
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", [
         "batch_groups=2", "group_size=4", "rollout_tasks=2", "eval_size=8", "eval_every=0", "buffer.capacity=4",
         "generator.sampling.max_tokens=6", "steps=3", "trainer_procs=2", "checkpoint_every=1",
