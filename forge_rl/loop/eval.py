@@ -17,6 +17,8 @@ from typing import Any
 from forge_rl.data.arithmetic import Problem, chat_prompt
 from forge_rl.rewards.exact_match import exact_match
 from forge_rl.actors.reward import RewardRoleDied
+from forge_rl.envs import env_factory
+from forge_rl.loop.multiturn import TurnRenderer, evaluate_env
 
 RETRY_PROBE = 8  # examples a failed eval reward is retried on alone before the rest are tried too
 
@@ -127,3 +129,17 @@ async def _one_reward_each(reward, examples, completions, names: list[str], name
         return probe + [None] * (len(examples) - len(probe))
     rest = await asyncio.gather(*(one(e, c) for e, c in zip(examples[RETRY_PROBE:], completions[RETRY_PROBE:])))
     return probe + list(rest)
+
+
+async def evaluate_held_out(cfg, generator, reward, held_out: list, tokenizer, eval_reward: str) -> dict[str, float]:
+    """`eval/accuracy`: the mean of the eval reward over the held-out examples, greedy (NaN when the task has
+    none); with an environment (cfg.env), the fraction solved within env.max_turns, and `eval/first_turn`."""
+    if not held_out:
+        return {"eval/accuracy": float("nan")}
+    max_tokens = cfg.generator.sampling.get("max_tokens", 8)
+    if cfg.env.name is not None:  # solved within env.max_turns, greedy
+        renderer = TurnRenderer(tokenizer, **cfg.chat_template_kwargs)
+        result = await evaluate_env(generator, held_out, env_factory(cfg.env, cfg), renderer, cfg.env, max_tokens)
+        return {"eval/accuracy": result["accuracy"], "eval/first_turn": result["first_turn"]}
+    result = await evaluate_task(generator, reward, held_out, eval_reward, max_tokens=max_tokens)
+    return {"eval/accuracy": result["accuracy"]}

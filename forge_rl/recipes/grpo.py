@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import socket
-import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,10 +35,8 @@ from forge_rl.actors.replay_buffer import ReplayBufferConfig
 from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.actors.trainer import Trainer
 from forge_rl.deps.monarch import SupervisionError
-from forge_rl.envs import env_factory
 from forge_rl.loop.checkpoint import save_checkpoint
-from forge_rl.loop.eval import evaluate_task
-from forge_rl.loop.multiturn import TurnRenderer, evaluate_env
+from forge_rl.loop.eval import evaluate_held_out
 from forge_rl.loop.rollout_tasks import RolloutTasks, rollout_once_of
 from forge_rl.loop.train_loop import (
     RoleDied, RunState, batch_staleness, batches_for_ranks, call_each_rank, call_for_batches, resume_hint, role_died, update_generators,
@@ -52,8 +49,7 @@ from forge_rl.recipes import startup
 from forge_rl.recipes.run import RecipeRun
 from forge_rl.recipes.grpo_config import (GRPOConfig, check_config, check_group_size, check_moe, check_prompt_lengths,
                                           check_task, dp_size)
-from forge_rl.recipes.grpo_report import (StepRecord, batch_rewards, console_line, drops, shown_reward, step_metrics,
-                                          summary_block)
+from forge_rl.recipes.grpo_report import console_line, occupancy, run_summary, shown_reward, step_line, summary_block
 from forge_rl.runtime.timeouts import within
 
 
@@ -74,7 +70,8 @@ class GRPORun(RecipeRun):
         self._step_task: asyncio.Future | None = None  # score + train + publish of the step in flight
         self._started: float | None = None  # the training clock: from the first step (evaluations move it on)
         self._stopped: float | None = None  # ... to the end of the last step
-        self._gen_busy_start = self._eval_busy_s = self._occupancy = 0.0
+        self._gen_busy_start = self._eval_busy_s = 0.0
+        self.engine_occupancy = 0.0  # mean sequences in a generator's batch over the run (finish() sets it)
         self._gen_at_start: dict = {}
         self._checkpointed: tuple[int, Path] | None = None  # (step, path) of the last checkpoint this run wrote
 
@@ -179,43 +176,35 @@ class GRPORun(RecipeRun):
     # ---- the step -------------------------------------------------------------------------------------
 
     async def train_step(self) -> dict[str, float]:
-        """One step: collect a batch of scored groups at the current policy version, score it, train on it,
-        publish version + 1 and swap the generators to it (in async mode the swap runs on while the next step
-        collects). Returns the step's metrics line, also logged."""
+        """One step: collect a batch at the policy version, score it, train on it, publish version + 1, swap the
+        generators to it (async: while the next step collects). Returns the step's metrics line, also logged."""
         s, cfg = self.state, self.cfg
         if not self.rollouts:  # the rollout tasks start with the first step and run beside every step after it
             await self._start_rollouts()
         step_start, tokens_before = time.perf_counter(), s.rollouts.generated_tokens
         buffer_before = await self.buffer.stats.call_one()
         # 1. collect: the rollout tasks generate, score and buffer groups; take a batch at the trainer's version
-        with self.timeline.span("controller", "wait for a batch", step=s.version + 1):
-            batches, sample_wait = await wait_for_batch(s, self.buffer, self.rollouts.tasks)
-        stored = s.admission.stored  # the next batch is sampled at version + 1: admit only what it can still use
-        await s.admission.sampled((await self.buffer.stats.call_one())["groups"], s.version + 1, stored)
-        staleness, oldest = batch_staleness(batches, s.version)
-        s.max_staleness = max(s.max_staleness, oldest)
+        batches, sample_wait, staleness = await self._collect()
         hold_s = await self.weights.step_aside() if self.placement.colocated else None  # the trainer's device
 
         async def score_train_publish() -> tuple[dict, dict]:
-            version = s.version + 1
+            version, t, where = s.version + 1, cfg.timeouts, self._where()
             with self.timeline.span("trainer", "score + train + publish", step=version):
                 # 2. score: reference (or teacher) logprobs; PPO's critic values and advantages
                 scored, score_metrics = await self.score(batches, version)
                 # 3. train: the policy's optimizer step, each rank on its own data-parallel shard
-                metrics = (await within(
-                    call_each_rank(self.trainer, Trainer.optimizer_step, batches_for_ranks(scored, self.shards["trainer"])),
-                    cfg.timeouts.train_step_s, "train_step_s", f"the Trainer's train_step to version {version}",
-                    self._where()))[0]
+                sent = batches_for_ranks(scored, self.shards["trainer"])
+                metrics = (await within(call_each_rank(self.trainer, Trainer.optimizer_step, sent), t.train_step_s,
+                                        "train_step_s", f"the Trainer's optimizer_step to version {version}", where))[0]
                 # 4. publish version + 1 into the weight store, while anything trained beside the policy steps
-                beside, push = await asyncio.gather(self.train_beside(scored, version), within(
-                    self.trainer.push_weights.call(version), cfg.timeouts.publish_s, "publish_s",
-                    f"the Trainer's push_weights of version {version}", self._where()))
+                push = within(self.trainer.push_weights.call(version), t.publish_s, "publish_s",
+                              f"the Trainer's push_weights of version {version}", where)
+                beside, push = await asyncio.gather(self.train_beside(scored, version), push)
             s.version = version
             return {**metrics, **score_metrics, **beside}, push.get(0)
 
         busy_start, reference_version = time.perf_counter(), await self.weights.reference_caught_up()
-        # shielded: an interrupt lets the step finish, so a checkpoint never holds a trainer ahead of the run
-        self._step_task = asyncio.ensure_future(score_train_publish())
+        self._step_task = asyncio.ensure_future(score_train_publish())  # shielded: an interrupt lets it finish
         metrics, push = await asyncio.shield(self._step_task)
         s.trainer_busy_s += time.perf_counter() - busy_start
         if reference_version is not None:  # the version whose logprobs this step's batch was scored with
@@ -223,13 +212,28 @@ class GRPORun(RecipeRun):
         self.weights.follow_policy(self.step)
         if hold_s is not None:  # the generators take the device back (GPU: wake up)
             push = dict(push, hold_s=hold_s, release_s=await self.weights.take_back())
-        s.staleness_sum, s.staleness_steps = s.staleness_sum + staleness, s.staleness_steps + 1
         s.mismatch.append((metrics["mismatch_abs_mean"], metrics["mismatch_abs_max"]))
         # 5. swap: every generator replica prefetches the new version and swaps between engine steps
         await self.weights.swap_generators(s.version)
         self.rollouts.raise_if_failed()
-        return await self._report(metrics, push, batches, buffer_before, staleness, sample_wait,
-                                  time.perf_counter() - step_start, s.rollouts.generated_tokens - tokens_before)
+        took = dict(step_s=time.perf_counter() - step_start, generated_tokens=s.rollouts.generated_tokens - tokens_before)
+        line = await step_line(self, metrics, push, batches, buffer_before, staleness, sample_wait, **took)
+        self.log.log(self.step, line)
+        self.timeline.mark(f"step {self.step}")
+        return line
+
+    async def _collect(self) -> tuple[list, float, float]:
+        """A batch of groups at the trainer's version, how long it was waited for, and its mean staleness. The next
+        batch is sampled at version + 1: admission then admits only what that batch can still use."""
+        s = self.state
+        with self.timeline.span("controller", "wait for a batch", step=s.version + 1):
+            batches, sample_wait = await wait_for_batch(s, self.buffer, self.rollouts.tasks)
+        stored = s.admission.stored
+        await s.admission.sampled((await self.buffer.stats.call_one())["groups"], s.version + 1, stored)
+        staleness, oldest = batch_staleness(batches, s.version)
+        s.max_staleness = max(s.max_staleness, oldest)
+        s.staleness_sum, s.staleness_steps = s.staleness_sum + staleness, s.staleness_steps + 1
+        return batches, sample_wait, staleness
 
     async def _start_rollouts(self) -> None:
         """The rollout tasks, as many as admission allows (synchronous: the whole batch is generated at once)."""
@@ -242,24 +246,6 @@ class GRPORun(RecipeRun):
                                                                                         cfg.batch_groups))
         self._started = time.perf_counter()
 
-    async def _report(self, metrics: dict, push: dict, batches: list, buffer_before: dict, staleness: float,
-                      sample_wait: float, step_s: float, generated_tokens: int) -> dict[str, float]:
-        """The step's metrics line (forge_rl/recipes/grpo_report.py), logged and on the timeline."""
-        s = self.state
-        buffer, data = await self.buffer.stats.call_one(), await self.dataset.stats.call_one()
-        rewards, parts = s.rollouts.take_rewards()
-        line = step_metrics(StepRecord(
-            step=self.step, trainer=metrics, push=push, updates=s.last_updates, buffer=buffer,
-            buffer_before=buffer_before, staleness=staleness, max_staleness=s.max_staleness,
-            sample_wait_s=sample_wait, step_s=step_s, generated_tokens=generated_tokens,
-            generator=await self.generator.stats.route(), data=data, drops=drops(buffer, s.drops, data),
-            rewards=rewards, reward_parts=parts, batch_rewards=batch_rewards(batches),
-        ))
-        line.update({k: v for k, v in metrics.items() if "/" in k})  # another stage's, named (PPO's critic/...)
-        self.log.log(self.step, line)
-        self.timeline.mark(f"step {self.step}")
-        return line
-
     # ---- between steps --------------------------------------------------------------------------------
 
     async def evaluate(self) -> dict[str, float]:
@@ -270,7 +256,8 @@ class GRPORun(RecipeRun):
         await self.state.admission.pause()
         try:
             with self.timeline.span("generators", "evaluate", step=self.step):
-                scores = await self._evaluate_held_out()
+                scores = await evaluate_held_out(self.cfg, self.generator, self.reward, self.held_out,
+                                                 self.tokenizer, self.eval_reward_name())
         finally:
             await self.state.admission.pause(False)
         self.evals.append((self.step, at_s, scores["eval/accuracy"]))
@@ -335,7 +322,7 @@ class GRPORun(RecipeRun):
                                 self._where())
         gen_stats = await self.generator.stats.route()
         gen_busy_s = gen_stats["busy_s"] - self._gen_busy_start - self._eval_busy_s
-        self._occupancy = occupancy(self._gen_at_start, gen_stats)
+        self.engine_occupancy = occupancy(self._gen_at_start, gen_stats)
         if self.step > self.start_step or not self.evals:  # none yet: finish() right after start() (a notebook)
             await self.evaluate()
         checkpoint = await self.checkpoint()
@@ -343,7 +330,7 @@ class GRPORun(RecipeRun):
             await self.trainer.export_hf.call(cfg.export_dir)  # with LoRA: merged into the base
             if cfg.trainer.lora.enabled:  # and the adapter alone, as PEFT saves one
                 await self.trainer.export_adapter.call(str(Path(cfg.export_dir) / "adapter"))
-        summary = dict(await self._summary(wall, gen_busy_s), run_id=self.claim.run_id, checkpoint=str(checkpoint))
+        summary = dict(await run_summary(self, wall, gen_busy_s), run_id=self.claim.run_id, checkpoint=str(checkpoint))
         summary["busy_fraction"] = {lane: round(f, 3) for lane, f in self.timeline.role_busy_fractions().items()}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         png = plot_run(self.out / "metrics.jsonl", self.out / "curves.png", title=f"{self.algorithm()} {cfg.model}")
@@ -389,58 +376,6 @@ class GRPORun(RecipeRun):
         if self.cfg.env.name is not None:
             return f"solved within {self.cfg.env.max_turns} turns ({self.cfg.env.name})"
         return self.cfg.task.eval_reward or self.cfg.rewards[0].name
-
-    async def _evaluate_held_out(self) -> dict[str, float]:
-        """`eval/accuracy`: the mean of the eval reward over the held-out examples, greedy (NaN when the task has
-        none); with an environment, the fraction solved within env.max_turns, and `eval/first_turn`."""
-        cfg = self.cfg
-        if not self.held_out:
-            return {"eval/accuracy": float("nan")}
-        max_tokens = cfg.generator.sampling.get("max_tokens", 8)
-        if cfg.env.name is not None:  # solved within env.max_turns, greedy
-            renderer = TurnRenderer(self.tokenizer, **cfg.chat_template_kwargs)
-            result = await evaluate_env(self.generator, self.held_out, env_factory(cfg.env, cfg), renderer, cfg.env,
-                                        max_tokens)
-            return {"eval/accuracy": result["accuracy"], "eval/first_turn": result["first_turn"]}
-        result = await evaluate_task(self.generator, self.reward, self.held_out, self.eval_reward_name(),
-                                     max_tokens=max_tokens)
-        return {"eval/accuracy": result["accuracy"]}
-
-    async def _summary(self, wall: float, gen_busy_s: float) -> dict:
-        s = self.state
-        final_buffer = await self.buffer.evict.call_one()
-        data = await self.dataset.stats.call_one()
-        last3 = [acc for *_, acc in self.evals[-3:]]
-        generated = final_buffer["added"] + sum(n for k, n in s.drops.items() if k.startswith("reward_"))
-        done = self.step - self.start_step
-        return dict(
-            steps=self.step, start_step=self.start_step, wall_s=wall, steps_per_min=done / wall * 60 if wall else 0.0,
-            eval_first=self.evals[0][2] if self.evals else None,
-            eval_last3_mean=statistics.mean(last3) if last3 else None, evals=self.evals,
-            time_to_60=next((t for _, t, acc in self.evals if acc >= 0.6), None),
-            generator_version=await self.generator.version.route(),
-            generator_versions=await self.generator.version.call_all(),  # every replica, respawned ones included
-            trainer_version=s.version, generator_respawns=self.generator.service_stats.respawns,
-            max_staleness=s.max_staleness, mean_staleness=s.staleness_sum / max(s.staleness_steps, 1),
-            mismatch_abs_mean=statistics.mean(m for m, _ in s.mismatch) if s.mismatch else None,
-            mismatch_abs_max=max((x for _, x in s.mismatch), default=None),
-            trainer_idle_fraction=1 - s.trainer_busy_s / wall if wall else 0.0,
-            generator_idle_fraction=1 - gen_busy_s / wall if wall else 0.0,
-            generator_stats=await self.generator.stats.route(), admission_wait_s=s.admission.wait_s,
-            placement=self.placement.describe(), stale_fraction=final_buffer["dropped"]["stale"] / max(generated, 1),
-            mean_running_sequences=self._occupancy, partial_rollouts=s.rollouts.partial_rollouts(),
-            buffer=final_buffer, drops=drops(final_buffer, s.drops, data), data=data,
-        )
-
-
-def occupancy(before: dict, after: dict) -> float:
-    """The engine's mean batch occupancy between two Generator.stats of one replica: sequences in it (running or
-    queued), averaged over the time it generated (evaluations in between included)."""
-    if not before:  # no rollout started
-        return 0.0
-    busy = after["busy_s"] - before["busy_s"]
-    return (after["sequence_s"] - before["sequence_s"]) / busy if busy > 0 else 0.0
-
 
 async def train(run: GRPORun) -> dict:
     """The loop `make demo` runs: evaluate, then train step by step with evaluations and checkpoints on their

@@ -1,6 +1,7 @@
-"""What a GRPO run reports: one metrics line per step (`StepRecord` -> `step_metrics`), the console line
-of a step, and the summary block at the end. Pure functions of what the run measured; nothing here calls
-an actor."""
+"""What a GRPO run reports: one metrics line per step (`step_line`: the actors' stats gathered into a
+`StepRecord`, then `step_metrics`), the console line of a step, and the summary at the end (`run_summary`, then
+`summary_block`). Only `step_line` and `run_summary` call actors (their stats); the rest are pure functions of
+what the run measured."""
 
 import math
 import statistics
@@ -158,3 +159,59 @@ def summary_block(summary: dict, eval_reward: str, out: Path, png: Path, checkpo
         rows.append(("logs", f"{log_dir}/ (vLLM, TorchTitan, Monarch)"))
     width = max(len(k) for k, _ in rows)
     return "[bold green]done[/bold green]\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+async def step_line(run, metrics: dict, push: dict, batches: list, buffer_before: dict, staleness: float,
+                    sample_wait: float, step_s: float, generated_tokens: int) -> dict[str, float]:
+    """The metrics line of the step `run` just took: what the trainer and the publish returned, with the buffer's,
+    the dataset's and a generator's stats and the rewards scored meanwhile."""
+    s = run.state
+    buffer, data = await run.buffer.stats.call_one(), await run.dataset.stats.call_one()
+    rewards, parts = s.rollouts.take_rewards()
+    line = step_metrics(StepRecord(
+        step=run.step, trainer=metrics, push=push, updates=s.last_updates, buffer=buffer,
+        buffer_before=buffer_before, staleness=staleness, max_staleness=s.max_staleness,
+        sample_wait_s=sample_wait, step_s=step_s, generated_tokens=generated_tokens,
+        generator=await run.generator.stats.route(), data=data, drops=drops(buffer, s.drops, data),
+        rewards=rewards, reward_parts=parts, batch_rewards=batch_rewards(batches),
+    ))
+    line.update({k: v for k, v in metrics.items() if "/" in k})  # another stage's, named (PPO's critic/...)
+    return line
+
+
+async def run_summary(run, wall: float, gen_busy_s: float) -> dict:
+    """The run's summary (summary.json): steps and their rate over `wall` seconds of training, evaluations,
+    versions, staleness, train/inference mismatch, idle fractions, the buffer's and the data's final counts."""
+    s = run.state
+    final_buffer = await run.buffer.evict.call_one()
+    data = await run.dataset.stats.call_one()
+    last3 = [acc for *_, acc in run.evals[-3:]]
+    generated = final_buffer["added"] + sum(n for k, n in s.drops.items() if k.startswith("reward_"))
+    done = run.step - run.start_step
+    return dict(
+        steps=run.step, start_step=run.start_step, wall_s=wall, steps_per_min=done / wall * 60 if wall else 0.0,
+        eval_first=run.evals[0][2] if run.evals else None,
+        eval_last3_mean=statistics.mean(last3) if last3 else None, evals=run.evals,
+        time_to_60=next((t for _, t, acc in run.evals if acc >= 0.6), None),
+        generator_version=await run.generator.version.route(),
+        generator_versions=await run.generator.version.call_all(),  # every replica, respawned ones included
+        trainer_version=s.version, generator_respawns=run.generator.service_stats.respawns,
+        max_staleness=s.max_staleness, mean_staleness=s.staleness_sum / max(s.staleness_steps, 1),
+        mismatch_abs_mean=statistics.mean(m for m, _ in s.mismatch) if s.mismatch else None,
+        mismatch_abs_max=max((x for _, x in s.mismatch), default=None),
+        trainer_idle_fraction=1 - s.trainer_busy_s / wall if wall else 0.0,
+        generator_idle_fraction=1 - gen_busy_s / wall if wall else 0.0,
+        generator_stats=await run.generator.stats.route(), admission_wait_s=s.admission.wait_s,
+        placement=run.placement.describe(), stale_fraction=final_buffer["dropped"]["stale"] / max(generated, 1),
+        mean_running_sequences=run.engine_occupancy, partial_rollouts=s.rollouts.partial_rollouts(),
+        buffer=final_buffer, drops=drops(final_buffer, s.drops, data), data=data,
+    )
+
+
+def occupancy(before: dict, after: dict) -> float:
+    """The engine's mean batch occupancy between two Generator.stats of one replica: sequences in it (running or
+    queued), averaged over the time it generated (evaluations in between included)."""
+    if not before:  # no rollout started
+        return 0.0
+    busy = after["busy_s"] - before["busy_s"]
+    return (after["sequence_s"] - before["sequence_s"]) / busy if busy > 0 else 0.0

@@ -140,7 +140,7 @@ class PPORun(GRPORun):
         """The critic's steps on the batch's returns, while the policy's new weights publish."""
         critic = (await within(
             call_each_rank(self.critic, Critic.optimizer_step, batches_for_ranks(batches, self.shards["critic"])),
-            self.cfg.timeouts.train_step_s, "train_step_s", f"the Critic's train_step at version {version}",
+            self.cfg.timeouts.train_step_s, "train_step_s", f"the Critic's optimizer_step at version {version}",
             self._where()))[0]
         return {f"critic/{k}": critic[k] for k in ("value_loss", "value_loss_last_epoch", "value_clip_fraction",
                                                    "grad_norm", "step", "step_s")}

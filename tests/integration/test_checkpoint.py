@@ -14,7 +14,7 @@ import torch
 
 from forge_rl.recipes.grpo import GRPORun
 from forge_rl.recipes.grpo_config import GRPOConfig
-from forge_rl.recipes.grpo_report import summary_block
+from forge_rl.recipes.grpo_report import run_summary, summary_block
 from forge_rl.loop.checkpoint import APP_STATE, complete_checkpoints, newest_intact, save_checkpoint
 from forge_rl.runtime.manifest import verify
 from forge_rl.loop.rollout_tasks import RolloutTasks
@@ -148,7 +148,7 @@ def test_the_summary_of_a_run_never_evaluated_says_so(tmp_path):
                                     stats=SimpleNamespace(route=endpoint(lambda: {}).call_one),
                                     service_stats=SimpleNamespace(respawns=0))
     run.placement = SimpleNamespace(describe=lambda: "cpu")
-    summary = asyncio.run(run._summary(0.0, 0.0))
+    summary = asyncio.run(run_summary(run, 0.0, 0.0))
     assert summary["eval_first"] is None and summary["eval_last3_mean"] is None and summary["evals"] == []
     summary.update(run_id="r", busy_fraction={})
     block = summary_block(summary, "exact_match", tmp_path, tmp_path / "curves.png", tmp_path / "step-0", None,

@@ -38,7 +38,7 @@ def test_a_trainer_rank_that_hangs_stops_the_run_within_the_timeout(tmp_path, mo
     with pytest.raises(StepTimeout) as error:
         asyncio.run(main(cfg))
     message = str(error.value)
-    assert "the Trainer's train_step to version 2 did not finish within timeouts.train_step_s=20 s" in message
+    assert "the Trainer's optimizer_step to version 2 did not finish within timeouts.train_step_s=20 s" in message
     assert f"host {socket.gethostname()}" in message and f"{tmp_path}/logs/" in message
     assert f"the last complete checkpoint is {tmp_path}/checkpoints/step-1" in message
     assert time.perf_counter() - start < 240  # start-up, one step, the 20 s timeout and the shutdown
