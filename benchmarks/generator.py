@@ -33,7 +33,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from forge_rl.actors.generator import SWAP_MODES, Generator
+from forge_rl.actors.generator import Generator
+from forge_rl.actors.generator_modes import SWAP_MODES
 from forge_rl.actors.generator_engine import CPU_ENGINE_DEFAULTS, ENGINE_DEFAULTS
 from forge_rl.runtime import provisioned, stop_actor
 from forge_rl.models import TINY_MODEL_DIR

@@ -29,7 +29,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from forge_rl.actors.reward import RewardActor, RewardSpec
+from forge_rl.actors.reward import RewardActor
+from forge_rl.rewards.reward_config import RewardConfig
 from forge_rl.actors.reward_model import RewardModel
 from forge_rl.data.arithmetic import training_problems
 from forge_rl.models import resolve_model_path
@@ -93,13 +94,13 @@ async def measure(model: str, groups, concurrency: int) -> list[tuple[str, float
     async with provisioned():
         for label, threads in (("as written", 0), (f"tuned: {split} thread(s) per worker", split)):
             function = await RewardActor.options(mesh_name=f"in_function_{threads}").as_actor(
-                [RewardSpec("benchmarks.reward_model:classifier_in_function",
+                [RewardConfig("benchmarks.reward_model:classifier_in_function",
                             args={"model": model, "threads": threads})], 600.0, workers)
             rows.append((f"in a reward function, {label}", await groups_per_s(function, groups, concurrency),
                          f"{workers} workers, a model and a forward per group in each"))
         for label, max_batch, window_ms in (("batching off", group, 0.0), ("batched across groups", 64, 10.0)):
             rm = await RewardModel.options(mesh_name=f"rm_{max_batch}").as_actor(model, max_batch, window_ms)
-            spec = RewardSpec(model=model)
+            spec = RewardConfig(model=model)
             actor = await RewardActor.options(mesh_name=f"as_actor_{max_batch}").as_actor(
                 [spec], 600.0, models={spec.name: rm})
             rate = await groups_per_s(actor, groups, concurrency)

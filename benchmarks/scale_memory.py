@@ -196,7 +196,8 @@ async def spawn(args, out: Path):
 
 async def measure(args) -> dict:
     from forge_rl.actors.trainer import Trainer
-    from forge_rl.launch.launcher import LauncherConfig, SlurmConfig, run_hosts
+    from forge_rl.launch.launcher import run_hosts
+    from forge_rl.launch.launcher_config import LauncherConfig, SlurmConfig
     from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, data_shards
     from forge_rl.runtime.message_bytes import message_bytes, sent_bytes
 

@@ -37,13 +37,11 @@ from forge_rl.deps.vllm_routes import routes_from_rpc
 from forge_rl.loop.sampling import top_k_over_cap, truncation
 from forge_rl.runtime import ForgeActor
 from forge_rl.runtime.reaper import reap_descendants_on_exit
+from forge_rl.actors.generator_modes import SWAP_MODES
 from forge_rl.models.lora_config import LoRAConfig
 from forge_rl.types import Completion
 from forge_rl.weights.shm import ShmWeightStore
-from forge_rl.weights.store import WeightStoreConfig
-
-# How a live weight update treats in-flight requests (see update_weights).
-SWAP_MODES = ("keep_kv", "recompute_kv", "drain")
+from forge_rl.weights.store_config import WeightStoreConfig
 
 
 class PromptTooLong(ValueError):

@@ -22,41 +22,17 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
+from forge_rl.actors.replay_buffer_config import ReplayBufferConfig
 from forge_rl.loop.sampling import untrainable
 from forge_rl.runtime import ForgeActor
 from forge_rl.types import Completion, Episode, Group, TrainBatch
 
 DROP_REASONS = ("stale", "zero_advantage", "evicted")
-
-
-@dataclass
-class ReplayBufferConfig:
-    capacity: int = 64  # groups
-    max_policy_age: int = 1
-    dp_size: int = 1
-    order: str = "oldest"  # "oldest" (oldest tokens first, then arrival) | "random"
-    max_resample: int = 1  # times a group may be trained on
-    min_fresh_groups: int = 1  # per batch, groups never trained on before (matters when max_resample > 1)
-    drop_zero_advantage: bool = True  # groups whose advantages are all zero carry no signal
-    pad_id: int = 0
-    seed: int = 0
-    # the trainer's temperature: an episode sampled at another one, or with an option the trainer does not
-    # reproduce (forge_rl/loop/sampling.py), is refused at add. None: any temperature
-    temperature: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.order not in ("oldest", "random"):
-            raise ValueError(f"replay_buffer.order={self.order!r}; choose 'oldest' or 'random'")
-        for name in ("capacity", "dp_size", "max_resample"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"replay_buffer.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_policy_age", "min_fresh_groups"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"replay_buffer.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass
@@ -71,7 +47,17 @@ class _Entry:
 
 @dataclass
 class GroupStore:
+    """The buffer's groups and counts. `cfg` holds the user's settings; the rest is the run's: max_policy_age
+    (top-level `max_policy_age`), dp_size (the trainer's data-parallel size), pad_id (the tokenizer's), seed and
+    temperature (the trainer's: an episode sampled at another one, or with an option the trainer does not
+    reproduce (forge_rl/loop/sampling.py), is refused at add; None: any temperature)."""
+
     cfg: ReplayBufferConfig
+    max_policy_age: int = 1
+    dp_size: int = 1
+    pad_id: int = 0
+    seed: int = 0
+    temperature: float | None = None
     entries: list[_Entry] = field(default_factory=list)  # oldest first
     added: int = 0
     trained: int = 0
@@ -79,7 +65,11 @@ class GroupStore:
     staleness: Counter = field(default_factory=Counter)  # policy_version - oldest_version of sampled episodes
 
     def __post_init__(self) -> None:
-        self.rng = random.Random(self.cfg.seed)
+        if self.dp_size < 1:
+            raise ValueError(f"the replay buffer's dp_size must be >= 1, got {self.dp_size}")
+        if self.max_policy_age < 0:
+            raise ValueError(f"max_policy_age must be >= 0, got {self.max_policy_age}")
+        self.rng = random.Random(self.seed)
 
     @property
     def present(self) -> int:
@@ -94,7 +84,7 @@ class GroupStore:
         validate_group(group)
         for i, ep in enumerate(group.episodes):  # whoever called the generator, with whatever overrides
             c = ep.completion
-            if why := untrainable(c.sampling, self.cfg.temperature, c.kept_offsets is not None, c.kept_over_cap):
+            if why := untrainable(c.sampling, self.temperature, c.kept_offsets is not None, c.kept_over_cap):
                 raise ValueError(f"group {group.prompt_id!r} episode {i} cannot be trained on: {why}. Only episodes of "
                                  "the behaviour policy the trainer reproduces can be trained on (evaluate with any "
                                  "sampling, but do not add those episodes to the buffer)")
@@ -109,7 +99,7 @@ class GroupStore:
         """Drop every group with an episode older than max_policy_age, whole (see the module doc)."""
         keep = []
         for entry in self.entries:
-            if policy_version - entry.oldest <= self.cfg.max_policy_age:
+            if policy_version - entry.oldest <= self.max_policy_age:
                 keep.append(entry)
             else:
                 self.dropped["stale"] += len(entry.group)
@@ -117,13 +107,13 @@ class GroupStore:
 
     def sample(self, policy_version: int, batch_groups: int) -> list[TrainBatch] | None:
         cfg = self.cfg
-        if batch_groups < 1 or batch_groups % cfg.dp_size:
+        if batch_groups < 1 or batch_groups % self.dp_size:
             raise ValueError(
-                f"batch_groups={batch_groups} must be a positive multiple of replay_buffer.dp_size={cfg.dp_size} "
+                f"batch_groups={batch_groups} must be a positive multiple of the data-parallel size {self.dp_size} "
                 "(groups are never split across ranks)"
             )
         if batch_groups > cfg.capacity:
-            raise ValueError(f"batch_groups={batch_groups} exceeds replay_buffer.capacity={cfg.capacity}")
+            raise ValueError(f"batch_groups={batch_groups} exceeds buffer.capacity={cfg.capacity}")
         self.drop_stale(policy_version)
         fresh = [e for e in self.entries if e.uses == 0]
         reused = [e for e in self.entries if e.uses > 0]
@@ -138,13 +128,13 @@ class GroupStore:
             for ep in entry.group.episodes:
                 self.staleness[policy_version - ep.oldest_version] += 1
         self._retire([e for e in picked if e.uses >= cfg.max_resample])
-        per_rank = batch_groups // cfg.dp_size
+        per_rank = batch_groups // self.dp_size
         return [
             TrainBatch.collate(
                 [ep for entry in picked[r * per_rank : (r + 1) * per_rank] for ep in entry.group.episodes],
-                pad_id=cfg.pad_id,
+                pad_id=self.pad_id,
             )
-            for r in range(cfg.dp_size)
+            for r in range(self.dp_size)
         ]
 
     def _order(self, entries: list[_Entry]) -> list[_Entry]:
@@ -248,8 +238,9 @@ def _check_1d(at: str, name: str, value) -> None:
 
 
 class ReplayBuffer(ForgeActor):
-    def __init__(self, cfg: ReplayBufferConfig | None = None):
-        self.store = GroupStore(cfg or ReplayBufferConfig())
+    def __init__(self, cfg: ReplayBufferConfig | None = None, **run: Any):
+        """`run`: GroupStore's settings that the run decides (max_policy_age, dp_size, pad_id, seed, temperature)."""
+        self.store = GroupStore(cfg or ReplayBufferConfig(), **run)
         self.add_blocked_s = 0.0  # producers waiting for room
         self.sample_empty_s = 0.0  # consumer getting None: from the first None to the next batch
         self._empty_since: float | None = None

@@ -30,7 +30,6 @@ import inspect
 import math
 import re
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from monarch.actor import concurrent_endpoint, endpoint
@@ -38,6 +37,7 @@ from monarch.actor import concurrent_endpoint, endpoint
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.errors import RunStopped
 from forge_rl.rewards.judge import PARSE_TARGET
+from forge_rl.rewards.reward_config import RewardConfig
 from forge_rl.rewards.workers import (DEFAULT_MEMORY_MB, RewardCrash, RewardError,  # noqa: F401 (re-exported)
                                       RewardOutOfMemory, RewardPool, RewardTimeout, default_reward_workers)
 from forge_rl.runtime import ForgeActor
@@ -51,41 +51,7 @@ REWARDS = {
 }
 
 
-KINDS = ("classifier", "judge")
-DEFAULT_JUDGE_TEMPLATE = ("Question: {prompt}\nAnswer: {completion}\nIs the answer correct? Reply with a score "
-                          "from 0 to 10.\nScore:")
-
-
-@dataclass
-class RewardSpec:
-    """A reward function (`name`), or a learned reward model (`model`) on procs of its own
-    (forge_rl/actors/reward_model.py)."""
-
-    name: str = ""  # a key of REWARDS, or "package.module:function"; a model reward's name (default: its dir's)
-    weight: float = 1.0
-    args: dict[str, Any] = field(default_factory=dict)  # fixed keyword arguments (e.g. a sandbox's limits)
-    model: str | None = None  # a reward model: an HF checkpoint directory (or an embedded model's name)
-    kind: str = "classifier"  # classifier (an HF sequence classifier) | judge (an LLM through vLLM)
-    max_batch: int = 64  # classifier: sequences per forward
-    batch_window_ms: float = 10.0  # classifier: how long a forward waits for more groups to batch with
-    template: str = DEFAULT_JUDGE_TEMPLATE  # judge: the user turn, with {prompt} and {completion}
-    parser: str = r"(-?\d+(?:\.\d+)?)"  # judge: a regex whose first group is the number, or "package.module:function"
-    scale: float = 0.1  # judge: the reward is the parsed number times this (0-10 -> 0-1)
-    max_tokens: int = 16  # judge: the verdict's length
-    max_concurrency: int = 32  # groups in flight to the model at once; more wait (within reward_timeout_s)
-    engine_args: dict[str, Any] = field(default_factory=dict)  # judge: its vLLM engine's (tensor_parallel_size 1
-    # unless set; never the policy generator's)
-
-    def __post_init__(self) -> None:
-        if self.model is None and not self.name:
-            raise ValueError("rewards: each entry needs a name (a reward function) or a model (a reward model)")
-        if self.model is not None:
-            if self.kind not in KINDS:
-                raise ValueError(f"rewards: model {self.model!r} has kind={self.kind!r}; choose one of {KINDS}")
-            self.name = self.name or f"{self.kind}:{self.model.rstrip('/').rsplit('/', 1)[-1]}"
-
-
-def reward_model_errors(spec: RewardSpec) -> list[str]:
+def reward_model_errors(spec: RewardConfig) -> list[str]:
     """What is wrong with a reward model's settings, each as "key: why" (check_config prefixes rewards[i])."""
     errors = [f"{key}={getattr(spec, key)}: it must be >= 1" for key in ("max_batch", "max_concurrency", "max_tokens")
               if getattr(spec, key) < 1]
@@ -143,7 +109,7 @@ def _tokenizer(model: str):
     return AutoTokenizer.from_pretrained(resolve_model_path(model))
 
 
-def judge_context(spec: RewardSpec) -> int:
+def judge_context(spec: RewardConfig) -> int:
     """The tokens a judge's engine holds: its engine_args' max_model_len, else its model's positions."""
     from transformers import AutoConfig
 
@@ -154,7 +120,7 @@ def judge_context(spec: RewardSpec) -> int:
     return int(AutoConfig.from_pretrained(resolve_model_path(spec.model)).max_position_embeddings)
 
 
-def judge_engine_args(spec: RewardSpec) -> dict[str, Any]:
+def judge_engine_args(spec: RewardConfig) -> dict[str, Any]:
     """A judge's vLLM engine args: its own `engine_args` on tensor_parallel_size 1 (it gets one GPU)."""
     return {"tensor_parallel_size": 1, **spec.engine_args}
 
@@ -164,7 +130,7 @@ def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.01, deadline - time.monotonic())
 
 
-def check_reward_columns(specs: list[RewardSpec], columns: list[str]) -> None:
+def check_reward_columns(specs: list[RewardConfig], columns: list[str]) -> None:
     """Every parameter a reward function requires must be a column of the task (or `finish_reason`)."""
     given = set(columns) | {"finish_reason"}
     for spec in (s for s in specs if s.model is None):  # a reward model reads prompts and completions only
@@ -198,7 +164,7 @@ def sample_input(prompts: list, completions: list[str], columns: dict[str, list]
 
 
 class RewardActor(ForgeActor):
-    def __init__(self, specs: list[RewardSpec], timeout_s: float | None = None, workers: int | None = None,
+    def __init__(self, specs: list[RewardConfig], timeout_s: float | None = None, workers: int | None = None,
                  memory_mb: int | None = DEFAULT_MEMORY_MB, models: dict[str, Any] | None = None):
         """`models`: each reward model spec's name -> its actor (a RewardModel, or a judge's Generator), started by
         the run."""
@@ -222,7 +188,7 @@ class RewardActor(ForgeActor):
         functions = sorted({t for t in self.targets if t is not None} | ({PARSE_TARGET} if judges else set()))
         self.pool = RewardPool(workers or default_reward_workers(), memory_mb, preload=functions)
 
-    async def _model_values(self, spec: RewardSpec, prompts: list, completions: list[str]) -> list[float]:
+    async def _model_values(self, spec: RewardConfig, prompts: list, completions: list[str]) -> list[float]:
         """A reward model's values, within reward_timeout_s (waiting for a place under max_concurrency included);
         its failures are RewardErrors naming it. The model is given what is left of that time, and drops or
         aborts the request when it runs out: a slot freed by a timeout is a slot the model has freed too."""
@@ -254,7 +220,7 @@ class RewardActor(ForgeActor):
             raise RewardError(f"reward model {spec.name!r} returned {values!r} for {len(completions)} completions")
         return list(values)
 
-    def _judge_prompt(self, spec: RewardSpec, prompt, completion: str) -> str:
+    def _judge_prompt(self, spec: RewardConfig, prompt, completion: str) -> str:
         """The judge's user turn for one completion, in its chat template, cut to fit its context with the
         verdict's max_tokens (the completion keeps its end)."""
         from forge_rl.actors.reward_model import as_messages, fit_completion
@@ -272,7 +238,7 @@ class RewardActor(ForgeActor):
         except ValueError as e:
             raise RewardError(f"judge {spec.name!r}: {e} (its template and the prompt)") from None
 
-    async def _judge(self, spec: RewardSpec, judge, prompts: list, completions: list[str],
+    async def _judge(self, spec: RewardConfig, judge, prompts: list, completions: list[str],
                      deadline: float | None) -> list[float]:
         """The judge's verdicts, then its parser on them in a reward worker (a user's parser cannot stall this
         actor), both within the deadline."""
@@ -338,7 +304,7 @@ class RewardActor(ForgeActor):
                 raise ValueError(f"score: {name} has {len(values)} values for {n} completions")
         return columns
 
-    async def _values(self, spec: RewardSpec, target: str | None, prompts: list, completions: list[str],
+    async def _values(self, spec: RewardConfig, target: str | None, prompts: list, completions: list[str],
                       finish_reasons: list[str], columns: dict[str, list]) -> list[float]:
         """One reward's values for a group; its RewardError carries the reward's name and a sample input."""
         try:

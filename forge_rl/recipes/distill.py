@@ -16,17 +16,10 @@ logprobs share one numerical path (temperature included); a vLLM teacher would r
 prompt and on CPU take cores from the student's generator (docs/benchmarks.md compares the demos' step rates).
 """
 
-from dataclasses import dataclass
-
 from forge_rl.config import ConfigError
 from forge_rl.models import load_tokenizer, model_path
 from forge_rl.recipes.grpo import GRPORun, train
-from forge_rl.recipes.grpo_config import GRPOConfig
-
-
-@dataclass
-class DistillConfig(GRPOConfig):
-    teacher: str = "???"  # "tiny-teacher" or a local HF model directory sharing the student's tokenizer
+from forge_rl.recipes.distill_config import DistillConfig
 
 
 def check_same_tokenizer(student: str, teacher: str) -> None:

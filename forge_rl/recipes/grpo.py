@@ -25,13 +25,11 @@ import contextlib
 import json
 import socket
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from tqdm import tqdm
 
 from forge_rl.actors.reference import Reference
-from forge_rl.actors.replay_buffer import ReplayBufferConfig
 from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.actors.trainer import Trainer
 from forge_rl.deps.monarch import SupervisionError
@@ -47,8 +45,9 @@ from forge_rl.models import load_tokenizer, model_path
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.recipes import startup
 from forge_rl.recipes.run import RecipeRun
-from forge_rl.recipes.grpo_config import (GRPOConfig, check_config, check_group_size, check_moe, check_prompt_lengths,
-                                          check_task, dp_size)
+from forge_rl.recipes.grpo_checks import (check_config, check_group_size, check_moe, check_prompt_lengths, check_task,
+                                          derive_settings, dp_size)
+from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.grpo_report import console_line, occupancy, run_summary, shown_reward, step_line, summary_block
 from forge_rl.runtime.timeouts import within
 
@@ -153,6 +152,7 @@ class GRPORun(RecipeRun):
             self.console.print("[yellow]async_mode: false runs a synchronous loop; max_policy_age is set to 0[/yellow]")
             cfg.max_policy_age = 0
         check_config(cfg)
+        derive_settings(cfg)
         if self.group_advantages():
             check_group_size(cfg, self.algorithm())
         self.model_dir = model_path(cfg.model)
@@ -163,9 +163,9 @@ class GRPORun(RecipeRun):
         self.tokenizer = load_tokenizer(self.model_dir)
         check_prompt_lengths(cfg, rows, self.tokenizer, self.model_dir)
         self.claim_output(self.checkpoint_dir, self.algorithm().lower())
-        self.buffer_cfg = ReplayBufferConfig(**asdict(cfg.buffer), max_policy_age=cfg.max_policy_age,
-                                             dp_size=dp_size(cfg), pad_id=self.tokenizer.pad_token_id or 0,
-                                             seed=cfg.seed, temperature=cfg.trainer.temperature)
+        self.buffer_cfg = cfg.buffer  # the user's settings, and beside them what the run decides for the buffer
+        self.buffer_run = dict(max_policy_age=cfg.max_policy_age, dp_size=dp_size(cfg),
+                               pad_id=self.tokenizer.pad_token_id or 0, seed=cfg.seed, temperature=cfg.trainer.temperature)
         self.state = RunState(cfg)
         self.rollouts = RolloutTasks(self.state, self.timeline)
         if cfg.launcher.kind == "slurm":

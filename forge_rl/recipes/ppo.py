@@ -12,53 +12,27 @@ critic's in step-N/critic) and Slurm are GRPO's. Values are computed at train ti
 by the critic of the version being trained, not the one that sampled it.
 """
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from forge_rl.actors.critic import Critic
-from forge_rl.actors.trainer_config import OptimizerConfig, TrainerConfig
+from forge_rl.actors.trainer_config import TrainerConfig
 from forge_rl.config import ConfigError
 from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, call_for_batches, data_shards
 from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, whiten
 from forge_rl.models import model_path
 from forge_rl.models.lora_config import LoRAConfig
 from forge_rl.recipes.grpo import GRPORun, train
-from forge_rl.recipes.grpo_config import GRPOConfig
+from forge_rl.recipes.ppo_config import GAEConfig, PPOConfig
 from forge_rl.recipes.startup import on_trainer_procs
 from forge_rl.runtime.memory_plan import ModelShape
 from forge_rl.runtime.timeouts import within
 from forge_rl.types import TrainBatch
 
 
-@dataclass
-class CriticSection:
-    model: str | None = None  # the body's checkpoint; null: the policy's (model). The value head starts at 0
-    value_clip: float = 0.2  # |V - V_old| beyond this is clipped in the value loss (PPO); 0: no clip
-    epochs: int = 1  # critic optimizer steps per train step on its batch (the clip acts from the second)
-    optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=1e-4))
-
-
-@dataclass
-class PPOSection:
-    gamma: float = 1.0  # discount per model token
-    lam: float = 0.95  # GAE's lambda: 1 is the Monte-Carlo return minus the value, 0 one-step TD
-    whiten_advantages: bool = True  # (A - mean) / std over the step's model tokens
-
-    def __post_init__(self) -> None:
-        if not (0 < self.gamma <= 1 and 0 <= self.lam <= 1):
-            raise ValueError(f"ppo.gamma={self.gamma} must be in (0, 1] and ppo.lam={self.lam} in [0, 1]")
-
-
-@dataclass
-class PPOConfig(GRPOConfig):
-    group_size: int = 1  # PPO's baseline is the critic: one sample per prompt is enough
-    critic: CriticSection = field(default_factory=CriticSection)
-    ppo: PPOSection = field(default_factory=PPOSection)
-
-
-def with_advantages(batches: list[TrainBatch], values: list[torch.Tensor], ppo: PPOSection,
+def with_advantages(batches: list[TrainBatch], values: list[torch.Tensor], ppo: GAEConfig,
                     ) -> tuple[list[TrainBatch], dict[str, float]]:
     """Each batch with GAE's per-token advantages (whitened over the whole step when asked), the critic's values
     and its returns; and what the critic's values explain of the returns, before this step's update."""

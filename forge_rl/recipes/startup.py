@@ -16,12 +16,13 @@ from forge_rl.actors.replay_buffer import ReplayBuffer
 from forge_rl.actors.reward import RewardActor, judge_engine_args
 from forge_rl.actors.reward_model import RewardModel
 from forge_rl.actors.trainer import Trainer
-from forge_rl.launch.launcher import LauncherConfig, weight_server
+from forge_rl.launch.launcher import weight_server
+from forge_rl.launch.launcher_config import LauncherConfig
 from forge_rl.loop.checkpoint import resume_from_checkpoint
 from forge_rl.loop.train_loop import data_shards
 from forge_rl.models import resolve_model_path
 from forge_rl.observability import MetricsLogger
-from forge_rl.recipes.grpo_config import dp_size, max_prompt_tokens
+from forge_rl.recipes.grpo_checks import dp_size, max_prompt_tokens
 from forge_rl.runtime.memory_plan import ModelShape, gpu_total_bytes, plan_memory
 from forge_rl.runtime.placement import Placement, plan_placement, plan_reward_models
 from forge_rl.runtime.provisioner import visible_gpus
@@ -83,7 +84,7 @@ async def start_actors(run, hosts: dict, gpus: list[str]) -> None:
             log_level=cfg.generator.log_level, lora=cfg.trainer.lora, max_kept_tokens=cfg.generator.max_kept_tokens,
             record_routes=cfg.trainer.keep_routing,  # Keep Routing: the trainer replays the engine's experts
         ),
-        ReplayBuffer.as_actor(run.buffer_cfg),
+        ReplayBuffer.as_actor(run.buffer_cfg, **run.buffer_run),
         RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_memory_mb,
                              reward_models),
         PromptDataset.as_actor(cfg.task, run.model_dir, cfg.seed, max_prompt_tokens(cfg, run.model_dir),

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from forge_rl.config import ConfigError, load_config
-from forge_rl.recipes.grpo_config import check_moe
+from forge_rl.recipes.grpo_checks import check_moe
 from forge_rl.rehearsal.bounds import findings, phase_plan
 from forge_rl.rehearsal.run import Rehearsal, rehearse
 from forge_rl.rehearsal.sparse_checkpoint import hf_config, write_sparse_checkpoint
@@ -34,7 +34,7 @@ GB = 1e9
 def spec_of(args, model_dir: Path):
     from dataclasses import replace
 
-    from forge_rl.recipes.ppo import PPOConfig
+    from forge_rl.recipes.ppo_config import PPOConfig
 
     cfg = load_config(PPOConfig, args.config, [*args.overrides, "model=rehearsal"])
     # Keep Routing is rehearsed off: its batches' routes are the engine's (none here), and what it adds is small next

@@ -8,35 +8,33 @@
     with store.pinned(5) as path:                    # writers leave v5's pages alone meanwhile
         engine.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
     views = store.load(5)                            # or: read-only views, pinned while they live
+
+The names below are imported on first use, so that store_config.py (WeightStoreConfig) is read without torch.
 """
 
-from forge_rl.weights.runs import cleanup_stale_runs, register_process, remove_run
-from forge_rl.weights.shm import ShmVersionWriter, ShmWeightStore
-from forge_rl.weights.store import (
-    TensorSpec,
-    VersionUnavailable,
-    VersionWriter,
-    WeightMismatch,
-    WeightStore,
-    WeightStoreConfig,
-    WeightStoreFull,
-    check_spec,
-    spec_of,
-)
+import importlib
 
-__all__ = [
-    "ShmVersionWriter",
-    "ShmWeightStore",
-    "TensorSpec",
-    "VersionUnavailable",
-    "VersionWriter",
-    "WeightMismatch",
-    "WeightStore",
-    "WeightStoreConfig",
-    "WeightStoreFull",
-    "check_spec",
-    "cleanup_stale_runs",
-    "register_process",
-    "remove_run",
-    "spec_of",
-]
+_HOMES = {
+    "ShmVersionWriter": "forge_rl.weights.shm",
+    "ShmWeightStore": "forge_rl.weights.shm",
+    "TensorSpec": "forge_rl.weights.store",
+    "VersionUnavailable": "forge_rl.weights.store",
+    "VersionWriter": "forge_rl.weights.store",
+    "WeightMismatch": "forge_rl.weights.store",
+    "WeightStore": "forge_rl.weights.store",
+    "WeightStoreConfig": "forge_rl.weights.store_config",
+    "WeightStoreFull": "forge_rl.weights.store",
+    "check_spec": "forge_rl.weights.store",
+    "cleanup_stale_runs": "forge_rl.weights.runs",
+    "register_process": "forge_rl.weights.runs",
+    "remove_run": "forge_rl.weights.runs",
+    "spec_of": "forge_rl.weights.store",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

@@ -25,7 +25,8 @@ from forge_rl.weights.layout import version_dir
 from forge_rl.weights.maps import server_map
 from forge_rl.weights.rdma_fetch import Missing, RemoteVersion
 from forge_rl.weights.shm import ShmWeightStore
-from forge_rl.weights.store import VersionUnavailable, WeightStoreConfig
+from forge_rl.weights.store import VersionUnavailable
+from forge_rl.weights.store_config import WeightStoreConfig
 
 LEASE_S = 600.0
 SWEEP_S = 0.5

@@ -47,13 +47,13 @@ from forge_rl.weights.rdma_fetch import fetch
 from forge_rl.weights.runs import (RUN_ID_ENV, SHM_DIR, cleanup_stale_runs, register_process, release_process,
                                   run_prefix)
 from forge_rl.weights.shards import local_piece, region
+from forge_rl.weights.store_config import WeightStoreConfig
 from forge_rl.weights.store import (
     TensorSpec,
     VersionUnavailable,
     VersionWriter,
     WeightMismatch,
     WeightStore,
-    WeightStoreConfig,
     WeightStoreFull,
     check_spec,
     spec_of,

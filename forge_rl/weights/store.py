@@ -16,27 +16,12 @@ Guarantees every backend keeps:
 import errno
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 # {HF name: (dtype, shape)}: enough to lay out a version before any tensor is written.
 TensorSpec = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
-
-
-@dataclass(frozen=True)
-class WeightStoreConfig:
-    keep_versions: int = 2  # newest K versions kept per host; older ones are freed
-    root: str | None = None  # this host's version directory; default /dev/shm/forge_rl-<run>-weights-<host>
-    bucket_mb: int = 64  # size of one RDMA read across hosts (64 MB measured best on the TCP fallback)
-    host_id: str | None = None  # who counts as "this host"; default $FORGE_RL_HOST_ID or the hostname
-
-    def __post_init__(self) -> None:
-        if self.keep_versions < 1:
-            raise ValueError(f"WeightStoreConfig.keep_versions must be >= 1, got {self.keep_versions}")
-        if self.bucket_mb < 1:
-            raise ValueError(f"WeightStoreConfig.bucket_mb must be >= 1, got {self.bucket_mb}")
 
 
 class VersionUnavailable(LookupError):

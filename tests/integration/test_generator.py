@@ -75,11 +75,12 @@ def test_every_completion_records_its_sampling_and_the_buffer_refuses_an_overrid
         generator):
     """A notebook or a custom loop calling the generator with top_p gets episodes the buffer will not train on
     (their behaviour logprobs are of a truncated distribution); greedy evaluation calls stay free."""
-    from forge_rl.actors.replay_buffer import GroupStore, ReplayBufferConfig
+    from forge_rl.actors.replay_buffer import GroupStore
+    from forge_rl.actors.replay_buffer_config import ReplayBufferConfig
     from forge_rl.types import Episode, Group
 
     loop, svc = generator
-    store = GroupStore(ReplayBufferConfig(temperature=1.0))
+    store = GroupStore(ReplayBufferConfig(), temperature=1.0)
 
     def add(completions) -> bool:
         return store.add(Group("p", [Episode(c, advantage=a) for c, a in zip(completions, (0.5, -0.5))]))

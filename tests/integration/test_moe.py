@@ -221,7 +221,7 @@ def test_the_trainer_adds_the_load_balancing_loss_when_asked(loop, tmp_path):
 def test_moe_settings_the_trainer_cannot_take_are_refused_by_name(overrides, message):
     from forge_rl.models import model_path
     from forge_rl.recipes.grpo import GRPOConfig
-    from forge_rl.recipes.grpo_config import check_moe
+    from forge_rl.recipes.grpo_checks import check_moe
 
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", ["model=tiny-moe", *overrides])
     with pytest.raises(ConfigError, match=message):

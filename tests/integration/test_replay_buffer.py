@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 from monarch.actor import ActorError
 
-from forge_rl.actors.replay_buffer import GroupStore, ReplayBuffer, ReplayBufferConfig
+from forge_rl.actors.replay_buffer import GroupStore, ReplayBuffer
+from forge_rl.actors.replay_buffer_config import ReplayBufferConfig
 from forge_rl.runtime import provisioned
 from forge_rl.types import Completion, Episode, Group
 from tests.conftest import run
@@ -40,8 +41,8 @@ ops = st.lists(
 @given(ops=ops, max_age=st.integers(0, 2), dp=st.sampled_from([1, 2]), order=st.sampled_from(["oldest", "random"]),
        resample=st.integers(1, 2), min_fresh=st.integers(0, 2))
 def test_bound_accounting_and_whole_groups(ops, max_age, dp, order, resample, min_fresh):
-    store = GroupStore(ReplayBufferConfig(capacity=8, max_policy_age=max_age, dp_size=dp, order=order,
-                                          max_resample=resample, min_fresh_groups=min_fresh))
+    store = GroupStore(ReplayBufferConfig(capacity=8, order=order, max_resample=resample, min_fresh_groups=min_fresh),
+                       max_policy_age=max_age, dp_size=dp)
     uses: dict[str, int] = {}
     sizes: dict[str, int] = {}
     version, n = 0, 0
@@ -78,7 +79,7 @@ def ep_prompt(batch, i: int) -> str:
 
 
 def test_sampled_batches_keep_groups_together_and_split_evenly():
-    store = GroupStore(ReplayBufferConfig(capacity=8, dp_size=2))
+    store = GroupStore(ReplayBufferConfig(capacity=8), dp_size=2)
     for i in range(4):
         store.add(make_group(f"p{i}", [0, 0, 0]))
     batches = store.sample(0, 4)
@@ -87,7 +88,7 @@ def test_sampled_batches_keep_groups_together_and_split_evenly():
 
 
 def test_stale_and_zero_advantage_drops_are_counted():
-    store = GroupStore(ReplayBufferConfig(capacity=8, max_policy_age=1))
+    store = GroupStore(ReplayBufferConfig(capacity=8), max_policy_age=1)
     store.add(make_group("old", [0, 3]))
     store.add(make_group("new", [2, 3]))
     assert store.add(make_group("flat", [3, 3], [0.0, 0.0])) is False
@@ -101,9 +102,9 @@ def test_bad_input_names_the_field():
     store = GroupStore(ReplayBufferConfig(capacity=2))
     with pytest.raises(ValueError, match="episode 0: advantage is None"):
         store.add(make_group("p", [0], [None]))
-    with pytest.raises(ValueError, match="exceeds replay_buffer.capacity=2"):
+    with pytest.raises(ValueError, match="exceeds buffer.capacity=2"):
         store.sample(0, 3)
-    with pytest.raises(ValueError, match="replay_buffer.order="):
+    with pytest.raises(ValueError, match="buffer.order="):
         ReplayBufferConfig(order="newest")
 
 
@@ -147,7 +148,7 @@ def test_add_blocks_at_capacity_until_sampled():
 
 
 def test_groups_in_a_batch_stay_whole_and_in_order():
-    store = GroupStore(ReplayBufferConfig(capacity=8, dp_size=2))
+    store = GroupStore(ReplayBufferConfig(capacity=8), dp_size=2)
     for i in range(4):
         store.add(make_group(f"p{i}", [0, 0, 0]))
     b0, b1 = store.sample(0, 4)
@@ -158,7 +159,7 @@ def test_groups_in_a_batch_stay_whole_and_in_order():
 def test_a_straggler_that_arrives_late_is_trained_before_groups_started_after_it():
     """order "oldest": the group whose tokens are oldest goes first, so a long response started under version 0
     that arrives after version-1 groups is trained at version 1 instead of being dropped as stale at version 2."""
-    store = GroupStore(ReplayBufferConfig(capacity=8, max_policy_age=1))
+    store = GroupStore(ReplayBufferConfig(capacity=8), max_policy_age=1)
     for i in range(3):
         store.add(make_group(f"p{i}", [1, 1]))
     store.add(make_group("p9", [0, 1]))  # the straggler
@@ -171,7 +172,7 @@ def test_a_straggler_that_arrives_late_is_trained_before_groups_started_after_it
 
 def test_random_order_split_is_deterministic_given_seed():
     def split(seed):
-        store = GroupStore(ReplayBufferConfig(capacity=16, dp_size=2, order="random", seed=seed))
+        store = GroupStore(ReplayBufferConfig(capacity=16, order="random"), dp_size=2, seed=seed)
         for i in range(12):
             store.add(make_group(f"p{i}", [0, 0]))
         return [[ep_prompt(b, i) for i in range(b.num_sequences)] for b in store.sample(0, 8)]

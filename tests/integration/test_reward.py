@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 from monarch.actor import ActorError
 
-from forge_rl.actors.reward import RewardActor, RewardSpec, check_reward_columns, resolve_reward
+from forge_rl.actors.reward import RewardActor, check_reward_columns, resolve_reward
+from forge_rl.rewards.reward_config import RewardConfig
 from forge_rl.runtime import provisioned
 from tests.conftest import run
 
@@ -15,13 +16,13 @@ from tests.conftest import run
 def test_weighted_rewards_columns_failures_and_timeouts():
     async def body():
         async with provisioned():
-            reward = await RewardActor.as_actor([RewardSpec("exact_match", 1.0), RewardSpec("format", 0.5)])
+            reward = await RewardActor.as_actor([RewardConfig("exact_match", 1.0), RewardConfig("format", 0.5)])
             totals, parts = await reward.score.call_one(["1+2="] * 3, ["3", "3x", "4"], ["stop", "stop", "length"],
                                                         {"answer": ["3"] * 3})
             assert parts == {"exact_match": [1.0, 0.0, 0.0], "format": [1.0, 0.0, 0.0]}
             assert totals == [1.5, 0.0, 0.0]
             # a user's reward gets every column of the row, under the column's name
-            custom = await RewardActor.as_actor([RewardSpec("tests.support.actors:unit_reward")])
+            custom = await RewardActor.as_actor([RewardConfig("tests.support.actors:unit_reward")])
             _, parts = await custom.score.call_one(["q", "q"], ["3 cm", "3"], ["stop", "stop"],
                                                    {"answer": ["3", "3"], "unit": ["cm", "cm"]})
             assert parts["tests.support.actors:unit_reward"] == [1.0, 0.0]
@@ -29,17 +30,17 @@ def test_weighted_rewards_columns_failures_and_timeouts():
                 await custom.score.call_one(["q", "q"], ["a", "b"], ["stop", "stop"], {"answer": ["3", "3"], "unit": ["cm"]})
             for name, message in [("tests.support.actors:raising_reward", "raised ZeroDivisionError"),
                                   ("tests.support.actors:nan_reward", "returned NaN")]:
-                broken = await RewardActor.as_actor([RewardSpec("exact_match"), RewardSpec(name)])
+                broken = await RewardActor.as_actor([RewardConfig("exact_match"), RewardConfig(name)])
                 with pytest.raises(ActorError, match=f"reward '{name}' {message}"):
                     await broken.score.call_one(["1+2="], ["3"], ["stop"], {"answer": ["3"]})
             # a hanging verifier: the call ends at the timeout with RewardTimeout, and other groups still score
-            slow = await RewardActor.as_actor([RewardSpec("tests.support.actors:slow_reward")], 0.5)
+            slow = await RewardActor.as_actor([RewardConfig("tests.support.actors:slow_reward")], 0.5)
             start = time.perf_counter()
             with pytest.raises(ActorError, match="RewardTimeout.*took longer than reward_timeout_s=0.5"):
                 await slow.score.call_one(["q"], ["a"], ["stop"], {})
             assert time.perf_counter() - start < 4
             # a verifier that kills its process: the actor lives on, the caller reads the reason to count
-            crashing = await RewardActor.as_actor([RewardSpec("tests.support.hostile_rewards:segfaults")], 5.0, 1)
+            crashing = await RewardActor.as_actor([RewardConfig("tests.support.hostile_rewards:segfaults")], 5.0, 1)
             with pytest.raises(ActorError, match="RewardCrash.*segfaults' crashed its worker") as failed:
                 await crashing.score.call_one(["q"], ["a"], ["stop"], {"answer": ["a"]})
             assert failed.value.exception.reason == "reward_crash"
@@ -59,11 +60,11 @@ def test_unknown_reward_names_the_choices():
 
 
 def test_a_reward_needing_a_column_the_task_lacks_is_named():
-    check_reward_columns([RewardSpec("tests.support.actors:unit_reward")], ["answer", "unit"])
+    check_reward_columns([RewardConfig("tests.support.actors:unit_reward")], ["answer", "unit"])
     with pytest.raises(ValueError, match=r"reward 'tests.support.actors:unit_reward' needs \['unit'\]"):
-        check_reward_columns([RewardSpec("exact_match"), RewardSpec("tests.support.actors:unit_reward")], ["answer", "id"])
+        check_reward_columns([RewardConfig("exact_match"), RewardConfig("tests.support.actors:unit_reward")], ["answer", "id"])
     with pytest.raises(ValueError, match=r"reward 'exact_match' needs \['answer'\]"):
-        check_reward_columns([RewardSpec("exact_match")], ["id"])
+        check_reward_columns([RewardConfig("exact_match")], ["id"])
 
 
 def scripted_generator(texts: list[str]):
@@ -95,7 +96,7 @@ def test_a_reward_failing_on_its_first_groups_stops_the_run_with_its_error_and_a
 
     async def body():
         async with provisioned():
-            reward = await RewardActor.as_actor([RewardSpec("exact_match"), RewardSpec("tests.support.hostile_rewards:raises")])
+            reward = await RewardActor.as_actor([RewardConfig("exact_match"), RewardConfig("tests.support.hostile_rewards:raises")])
             stats = RolloutStats()
             once = dict(dataset=dataset, generator=scripted_generator(["46", "45"]), reward=reward, buffer=None,
                         group_size=2, stats=stats)
@@ -133,7 +134,7 @@ def test_a_failing_reward_does_not_zero_another_rewards_evaluation():
 
     async def body():
         async with provisioned():
-            reward = await RewardActor.as_actor([RewardSpec("exact_match"), RewardSpec("tests.support.hostile_rewards:raises")])
+            reward = await RewardActor.as_actor([RewardConfig("exact_match"), RewardConfig("tests.support.hostile_rewards:raises")])
             return (await evaluate_task(generator, reward, examples, "exact_match"),
                     await evaluate_task(generator, reward, examples, "tests.support.hostile_rewards:raises"))
 
@@ -160,7 +161,7 @@ def test_a_dead_reward_model_stops_the_run_named_not_counted_as_drops():
     async def body():
         async with provisioned():
             rm = await RewardModel.options(mesh_name="DoomedRM").as_actor("tiny-rm")
-            spec = RewardSpec(model="tiny-rm")
+            spec = RewardConfig(model="tiny-rm")
             reward = await RewardActor.options(mesh_name="DoomedRA").as_actor([spec], 30.0, models={spec.name: rm})
 
             async def score(completions):

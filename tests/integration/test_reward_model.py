@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from forge_rl.actors.reward import RewardActor, RewardSpec, RewardTimeout, RewardUnparsable, judge_engine_args
+from forge_rl.actors.reward import RewardActor, RewardTimeout, RewardUnparsable, judge_engine_args
+from forge_rl.rewards.reward_config import RewardConfig
 from forge_rl.actors.reward_model import RewardModel, judge_score
 from forge_rl.config import ConfigError, load_config
 from forge_rl.models import resolve_model_path
@@ -66,9 +67,9 @@ def transformers_scores(path: Path, prompts: list[str], completions: list[str]) 
 
 def test_classifier_batches_concurrent_groups_and_mixes_with_function_rewards(loop, classifier):
     rm = loop.run_until_complete(RewardModel.as_actor(str(classifier), 64, 50.0))
-    spec = RewardSpec(model=str(classifier), weight=2.0)
+    spec = RewardConfig(model=str(classifier), weight=2.0)
     reward = loop.run_until_complete(RewardActor.as_actor(
-        [spec, RewardSpec("format", 0.5)], 30.0, models={spec.name: rm}))
+        [spec, RewardConfig("format", 0.5)], 30.0, models={spec.name: rm}))
 
     async def groups():  # three groups scored at once, as concurrent rollouts do
         return await asyncio.gather(*(reward.score.call_one([q] * 3, a, ["stop"] * 3) for q, a in zip(QUESTIONS, ANSWERS)))
@@ -84,7 +85,7 @@ def test_classifier_batches_concurrent_groups_and_mixes_with_function_rewards(lo
     assert len({round(v, 4) for _, parts in results for v in parts[spec.name]}) > 3  # it tells completions apart
 
     # max_concurrency=1: the same three groups go to the model one at a time, a forward each
-    one = RewardSpec(model=str(classifier), max_concurrency=1)
+    one = RewardConfig(model=str(classifier), max_concurrency=1)
     single_rm = loop.run_until_complete(RewardModel.options(mesh_name="single").as_actor(str(classifier), 64, 50.0))
     single = loop.run_until_complete(RewardActor.options(mesh_name="single_reward").as_actor(
         [one], 30.0, models={one.name: single_rm}))
@@ -158,14 +159,14 @@ def test_judge_parsing_and_reward_spec_errors():
     assert judge_score("no verdict", r"(\d+)", 0.1) is None
     assert judge_score("score: nan", r"score: (\w+)", 1.0) is None
     assert judge_score("12", "tests.integration.test_reward_model:halve", 1.0) == 6.0
-    assert judge_engine_args(RewardSpec(model="tiny", kind="judge")) == {"tensor_parallel_size": 1}
-    assert judge_engine_args(RewardSpec(model="tiny", kind="judge", engine_args={"max_model_len": 256})) == {
+    assert judge_engine_args(RewardConfig(model="tiny", kind="judge")) == {"tensor_parallel_size": 1}
+    assert judge_engine_args(RewardConfig(model="tiny", kind="judge", engine_args={"max_model_len": 256})) == {
         "tensor_parallel_size": 1, "max_model_len": 256}
     assert RewardUnparsable("x").reason == "reward_unparsable"
     with pytest.raises(ValueError, match="a name .* or a model"):
-        RewardSpec()
+        RewardConfig()
     with pytest.raises(ValueError, match="kind='regression'"):
-        RewardSpec(model="tiny", kind="regression")
+        RewardConfig(model="tiny", kind="regression")
 
 
 def halve(text: str) -> float:
@@ -173,7 +174,8 @@ def halve(text: str) -> float:
 
 
 def test_a_missing_reward_model_or_a_bad_setting_is_refused_at_start_naming_the_key(tmp_path):
-    from forge_rl.recipes.grpo_config import GRPOConfig, check_config
+    from forge_rl.recipes.grpo_checks import check_config
+    from forge_rl.recipes.grpo_config import GRPOConfig
 
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
                       [f"output_dir={tmp_path}", "rewards=[{name: exact_match}, {model: /nonexistent/rm}]"])
@@ -242,12 +244,12 @@ def test_a_judges_unparsable_or_stuck_parser_fails_its_groups_named(loop):
     from forge_rl.actors.generator import Generator
 
     judge = loop.run_until_complete(Generator.options(mesh_name="judge").as_actor(
-        resolve_model_path("tiny-warm"), engine_args=judge_engine_args(RewardSpec(model="tiny-warm", kind="judge")),
+        resolve_model_path("tiny-warm"), engine_args=judge_engine_args(RewardConfig(model="tiny-warm", kind="judge")),
         sampling=dict(temperature=0.0, max_tokens=4), policy_weights=False))
     judged = dict(model="tiny-warm", kind="judge", template="{prompt}{completion}")
-    specs = [RewardSpec("ok", parser=r"(\d+)", max_tokens=4, **judged),
-             RewardSpec("never", parser=r"VERDICT=(\d+)", **judged),
-             RewardSpec("stuck", parser="tests.integration.test_reward_model:stuck_parser", **judged)]
+    specs = [RewardConfig("ok", parser=r"(\d+)", max_tokens=4, **judged),
+             RewardConfig("never", parser=r"VERDICT=(\d+)", **judged),
+             RewardConfig("stuck", parser="tests.integration.test_reward_model:stuck_parser", **judged)]
     reward = loop.run_until_complete(RewardActor.options(mesh_name="judged").as_actor(
         specs, 10.0, 2, models={s.name: judge for s in specs}))
     loop.run_until_complete(judge.generate.call_one("1+1=", n=1))  # the engine's first step (warm-up) is slow

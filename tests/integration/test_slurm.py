@@ -229,7 +229,8 @@ def _slurm_out(out: Path, job_id: str) -> str:
 
 def test_slurm_config_errors_name_the_key():
     """Without a cluster: sizes that an allocation cannot hold fail at start, before any job is queued."""
-    from forge_rl.recipes.grpo_config import GRPOConfig, check_config
+    from forge_rl.recipes.grpo_checks import check_config
+    from forge_rl.recipes.grpo_config import GRPOConfig
     from forge_rl.config import ConfigError, load_config
 
     def check(*overrides):

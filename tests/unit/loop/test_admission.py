@@ -13,7 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge_rl.actors.replay_buffer import GroupStore, ReplayBufferConfig
+from forge_rl.actors.replay_buffer import GroupStore
+from forge_rl.actors.replay_buffer_config import ReplayBufferConfig
 from forge_rl.loop.rollout import Admission
 from forge_rl.types import Completion, Episode, Group
 
@@ -37,7 +38,7 @@ def simulate(seed: int, max_policy_age: int, batch_groups: int, concurrency: int
 
     async def run() -> GroupStore:
         adm = Admission(max_policy_age, batch_groups)
-        store = GroupStore(ReplayBufferConfig(capacity=10_000, max_policy_age=max_policy_age))
+        store = GroupStore(ReplayBufferConfig(capacity=10_000), max_policy_age=max_policy_age)
         version, gen_version, swap_due = 0, 0, None  # swap_due: the version the generators load next
         in_flight: list[tuple[int, int]] = []  # (admission order, generator version when admitted)
         admitted = 0
@@ -121,7 +122,7 @@ def test_stale_groups_dropped_by_a_failed_sample_free_their_slots():
     admission must count what the buffer really holds, or it waits forever (seen before the fix)."""
     async def run():
         adm = Admission(max_policy_age=0, batch_groups=4, version=3)
-        store = GroupStore(ReplayBufferConfig(capacity=8, max_policy_age=0))
+        store = GroupStore(ReplayBufferConfig(capacity=8), max_policy_age=0)
         for i in range(4):  # restored from a checkpoint: one group made by version 2, three by version 3
             store.add(make_group(i, 2 if i == 0 else 3, zero_advantage=False))
         await adm.buffer_holds(len(store.entries))

@@ -12,7 +12,8 @@ from forge_rl.errors import ConfigError
 from forge_rl.loop.lengths import LengthDraws, ResponseLengths
 from forge_rl.loop.rollout import RolloutStats
 from forge_rl.models import model_path
-from forge_rl.recipes.grpo_config import GRPOConfig, check_single_turn_options
+from forge_rl.recipes.grpo_checks import check_single_turn_options
+from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.types import Completion
 
 

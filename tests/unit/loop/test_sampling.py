@@ -5,11 +5,13 @@ naming them, and the replay buffer refuses episodes drawn with them, whoever cal
 import pytest
 import torch
 
-from forge_rl.actors.replay_buffer import GroupStore, ReplayBufferConfig
+from forge_rl.actors.replay_buffer import GroupStore
+from forge_rl.actors.replay_buffer_config import ReplayBufferConfig
 from forge_rl.config import ConfigError, load_config
 from forge_rl.loop.sampling import (KEPT_SET, NEUTRAL, REPRODUCED, SET_BY_GENERATOR, behaviour_temperature, truncation,
                                     untrainable)
-from forge_rl.recipes.grpo_config import GRPOConfig, check_config
+from forge_rl.recipes.grpo_checks import check_config, derive_settings
+from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.types import Completion, Episode, Group
 from tests.conftest import REPO
 
@@ -75,6 +77,7 @@ def grpo(*overrides: str) -> GRPOConfig:
 def test_trainer_reads_the_sampling_temperature():
     cfg = grpo("generator.sampling.temperature=0.7")  # the override the docs show
     check_config(cfg)
+    derive_settings(cfg)
     assert cfg.trainer.temperature == 0.7
 
 
@@ -82,6 +85,7 @@ def test_trainer_reads_the_sampling_temperature():
 def test_truncated_sampling_in_the_grpo_config_passes_its_check(truncated):
     cfg = grpo("generator.sampling.temperature=0.7", *(f"generator.sampling.{t}" for t in truncated))
     check_config(cfg)
+    derive_settings(cfg)
     assert cfg.trainer.temperature == 0.7 and cfg.generator.max_kept_tokens == 64
 
 
@@ -114,7 +118,7 @@ def group_sampled_with(sampling: dict | None, **kept) -> Group:
 
 
 def test_the_buffer_refuses_episodes_drawn_with_what_the_trainer_does_not_reproduce():
-    store = GroupStore(ReplayBufferConfig(temperature=1.0))
+    store = GroupStore(ReplayBufferConfig(), temperature=1.0)
     assert store.add(group_sampled_with({"temperature": 1.0, "max_tokens": 8, "stop": ["\n"]}))
     assert store.add(group_sampled_with(None))  # made by hand, not by a generator: nothing to check
     kept = dict(kept_ids=torch.tensor([3, 9, 4], dtype=torch.int32), kept_offsets=torch.tensor([0, 2, 3],

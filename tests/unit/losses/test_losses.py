@@ -147,16 +147,19 @@ def test_token_sum_divides_by_a_constant_never_the_batch():
 
 
 def test_grpo_run_sets_token_sum_constant_to_the_generation_budget():
-    from forge_rl.recipes.grpo_config import GRPOConfig, check_config
+    from forge_rl.recipes.grpo_checks import check_config, derive_settings
+    from forge_rl.recipes.grpo_config import GRPOConfig
 
     cfg = GRPOConfig()
     cfg.trainer.grpo.normalize = "token_sum"
     cfg.generator.sampling["max_tokens"] = 24
     check_config(cfg)
+    derive_settings(cfg)
     assert cfg.trainer.grpo.max_response_len == 24
     cfg = GRPOConfig()
     cfg.trainer.grpo.normalize, cfg.trainer.grpo.max_response_len = "token_sum", 100  # the user's own is kept
     check_config(cfg)
+    derive_settings(cfg)
     assert cfg.trainer.grpo.max_response_len == 100
 
 

@@ -177,16 +177,17 @@ def test_completion_checks_its_csr_and_counts_its_bytes():
 
 
 def test_collate_pads_kept_sets_into_the_tokens_places_and_the_buffer_checkpoint_keeps_them(tmp_path):
-    from forge_rl.actors.replay_buffer import GroupStore, ReplayBufferConfig
+    from forge_rl.actors.replay_buffer import GroupStore
+    from forge_rl.actors.replay_buffer_config import ReplayBufferConfig
     from forge_rl.actors.batch_checks import validate_batches
     from forge_rl.types import Episode, Group
 
     a = _completion([1, 2, 9], [3, 4], [[3, 7], [4]])
     b = _completion([1, 2, 9], [5, 6, 8], [[5], [6, 10, 11], [8, 12]])
-    store = GroupStore(ReplayBufferConfig(temperature=0.7))
+    store = GroupStore(ReplayBufferConfig(), temperature=0.7)
     assert store.add(Group("p", [Episode(a, advantage=1.0), Episode(b, advantage=-1.0)]))
     torch.save(store.state_dict(), tmp_path / "state.pt")  # as save_checkpoint writes the buffer
-    resumed = GroupStore(ReplayBufferConfig(temperature=0.7))
+    resumed = GroupStore(ReplayBufferConfig(), temperature=0.7)
     resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))
     batch, = resumed.sample(policy_version=0, batch_groups=1)
     assert batch.kept.dtype == torch.int32 and tuple(batch.kept.shape) == (2, 6, 3)

@@ -145,7 +145,8 @@ def test_routes_travel_in_completions_batches_and_packed_rows():
 
 
 def test_routes_survive_the_replay_buffer_and_its_checkpoint(tmp_path):
-    from forge_rl.actors.replay_buffer import GroupStore, ReplayBufferConfig
+    from forge_rl.actors.replay_buffer import GroupStore
+    from forge_rl.actors.replay_buffer_config import ReplayBufferConfig
     from forge_rl.types import Group
 
     a, b = _completion([1, 2, 3], [4, 5], _routes(4, 5)), _completion([1, 2, 3], [6], _routes(3, 6))

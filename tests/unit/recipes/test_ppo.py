@@ -11,7 +11,8 @@ from forge_rl.config import ConfigError
 from forge_rl.losses.config import GRPOLossConfig
 from forge_rl.losses.grpo import per_token_loss
 from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, value_loss, whiten
-from forge_rl.recipes.ppo import PPOConfig, PPORun, PPOSection, with_advantages
+from forge_rl.recipes.ppo import PPORun, with_advantages
+from forge_rl.recipes.ppo_config import GAEConfig, PPOConfig
 from forge_rl.types import TrainBatch
 
 
@@ -101,7 +102,7 @@ def test_the_runs_advantage_stage_whitens_over_the_step_and_passes_validation():
     mask = torch.tensor([[False, True, True], [False, True, False]])
     batches = [batch([1.0, 0.0], mask), batch([0.5, 1.0], mask)]
     values = [torch.where(mask, 0.25, 0.0), torch.where(mask, 0.5, 0.0)]
-    out, stats = with_advantages(batches, values, PPOSection(gamma=1.0, lam=1.0))
+    out, stats = with_advantages(batches, values, GAEConfig(gamma=1.0, lam=1.0))
     picked = torch.cat([b.advantages[b.response_mask] for b in out])
     assert picked.mean().abs() < 1e-6 and picked.std(unbiased=False) == pytest.approx(1.0, abs=1e-5)
     assert out[0].returns[0].tolist() == [0.0, 1.0, 1.0] and out[1].values is values[1]
@@ -125,7 +126,7 @@ def test_ppo_config_errors_name_the_key(change, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
         PPORun(cfg).prepare()
     with pytest.raises(ValueError, match="ppo.gamma"):
-        PPOSection(gamma=0.0)
+        GAEConfig(gamma=0.0)
 
 
 def test_one_sample_per_prompt_is_ppos_default_and_refused_for_grpo(tmp_path):
