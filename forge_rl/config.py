@@ -10,7 +10,8 @@ the key and where it came from: an unknown key (with the closest valid keys), a 
 wrong type (with the expected type) or a missing required key.
 
 Fields typed `dict[str, Any]` accept any keys: they pass options through to a library under its
-own names (vLLM engine arguments, sampling parameters).
+own names (vLLM engine arguments, sampling parameters). A key a config class renamed (its `RENAMED`) is refused
+naming the new key.
 """
 
 import argparse
@@ -144,10 +145,14 @@ def _missing_keys(node: DictConfig, prefix: str = "") -> list[str]:
 
 
 def _check_keys(schema: type, node: DictConfig, prefix: str, source: str) -> None:
-    """Reject keys the schema does not have, naming the closest valid ones."""
+    """Reject keys the schema does not have, naming the closest valid ones; a key the schema renamed (its class's
+    `RENAMED`: old key -> new key) is refused naming the new one."""
     fields = _field_types(schema)
+    renamed = getattr(schema, "RENAMED", {})
     for key in node.keys():
         full_key = f"{prefix}{key}"
+        if key not in fields and key in renamed:
+            raise ConfigError(f"config key '{full_key}' in {source} is now '{prefix}{renamed[key]}'")
         if key not in fields:
             name, colon, value = str(key).partition(":")
             if colon and name in fields:  # {name:x} in YAML flow style is one key, "name:x"
@@ -166,7 +171,7 @@ def _check_keys(schema: type, node: DictConfig, prefix: str, source: str) -> Non
             _check_keys(child_type, child, f"{full_key}.", source)
         item_type = (typing.get_args(child_type) or [None])[0]
         if typing.get_origin(child_type) is list and dataclasses.is_dataclass(item_type) and isinstance(child, ListConfig):
-            for i, item in enumerate(child):  # e.g. rewards: a list of RewardSpec
+            for i, item in enumerate(child):  # e.g. rewards: a list of RewardConfig
                 if isinstance(item, DictConfig):
                     _check_keys(item_type, item, f"{full_key}[{i}].", source)
 

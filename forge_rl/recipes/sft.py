@@ -22,21 +22,20 @@ import asyncio
 import json
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 from tqdm import tqdm
 
-from forge_rl.actors.reward import RewardActor, RewardSpec
+from forge_rl.actors.reward import RewardActor
 from forge_rl.actors.trainer import Trainer
-from forge_rl.actors.trainer_config import OptimizerConfig, TrainerConfig
 from forge_rl.config import ConfigError
-from forge_rl.launch.launcher import LauncherConfig, weight_server
+from forge_rl.launch.launcher import weight_server
 from forge_rl.runtime.provisioner import visible_gpus
 from forge_rl.data.sft_sources import make_source, train_batches
-from forge_rl.data.task import TaskConfig, TaskRows, check_prompts_fit, render
+from forge_rl.data.task import TaskRows, check_prompts_fit, render
 from forge_rl.deps.vllm import check_engine_args
 from forge_rl.errors import UserError
 from forge_rl.loop.checkpoint import commit_checkpoint
@@ -44,58 +43,14 @@ from forge_rl.loop.eval import evaluate_task
 from forge_rl.models import load_tokenizer, model_path
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.observability.plots import SFT_PANELS
+from forge_rl.recipes import run_config
 from forge_rl.recipes.run import RecipeRun
-
-
-def _default_trainer() -> TrainerConfig:
-    return TrainerConfig(loss="sft", optim=OptimizerConfig(lr=1e-3), checkpoint_dir="${output_dir}/checkpoints")
-
-
-@dataclass
-class SFTConfig:
-    model: str = "tiny"  # "tiny", "tiny-warm" or a local HF model directory
-    dataset: str = "arithmetic"  # "arithmetic" (generated in code) or a local .jsonl file / HF dataset directory
-    seed: int = 0  # data order (arithmetic stream / epoch shuffles)
-    steps: int = 300  # optimizer steps in total (a resumed run continues up to this)
-    batch_size: int = 256  # sequences per step, over all data-parallel ranks
-    procs: int = 1  # trainer procs (dp_shard x tp, see trainer.parallel)
-    trainer: TrainerConfig = field(default_factory=_default_trainer)  # optim, parallel, micro_batch_size, ...
-    # the evaluation: the task's held-out set (forge_rl/data/task.py), greedy, scored by `rewards` like GRPO's
-    task: TaskConfig = field(default_factory=TaskConfig)
-    rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("exact_match", 1.0)])
-    eval_every: int = 0  # greedy held-out evaluation every N steps; 0 = only at the end
-    eval_size: int = 500  # held-out prompts per evaluation (the first of the task's); 0 = no evaluation
-    eval_max_tokens: int = 8
-    engine_args: dict[str, Any] = field(default_factory=lambda: dict(max_model_len=128))  # vLLM, for evaluation
-    save_every: int = 0  # DCP checkpoint every N steps (and always at the end); 0 = only at the end
-    resume: bool = False  # continue the output_dir's run from its newest intact checkpoint in trainer.checkpoint_dir
-    overwrite: bool = False  # a new run where another run's outputs or checkpoints lie replaces them (else refused)
-    output_dir: str = "outputs/sft"
-    # local, or a Slurm allocation: the trainer on launcher.slurm.trainer_nodes, the evaluation generator on a
-    # generator node (docs/slurm.md)
-    launcher: LauncherConfig = field(default_factory=LauncherConfig)
-    verbose: bool = False  # true (or --verbose): the procs' output (TorchTitan, vLLM) on the console, not output_dir/logs
-    export_dir: str | None = "${output_dir}/hf"  # HF export at the end (empty = none)
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "procs", "eval_max_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "eval_size", "save_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+from forge_rl.recipes.sft_config import SFTConfig
 
 
 def dp_size(cfg: SFTConfig) -> int:
-    p = cfg.trainer.parallel
-    if cfg.procs % p.tp:
-        raise ConfigError(f"procs={cfg.procs} is not a multiple of trainer.parallel.tp={p.tp}")
-    dp = cfg.procs // p.tp if p.dp_shard == -1 else p.dp_shard
-    if dp * p.tp != cfg.procs:
-        raise ConfigError(f"trainer.parallel dp_shard={p.dp_shard} x tp={p.tp} does not fit procs={cfg.procs}")
-    if cfg.batch_size % dp:
-        raise ConfigError(f"batch_size={cfg.batch_size} is not divisible by the data-parallel degree {dp}")
-    return dp
+    """The trainer's data-parallel size, which must divide batch_size (each rank takes an equal share)."""
+    return run_config.dp_size(cfg, "batch_size")
 
 
 def check_config(cfg: SFTConfig) -> None:
@@ -171,8 +126,8 @@ class SFTRun(RecipeRun):
         self.weight_source = await weight_server(None) if hosts else None  # the default store, as the trainer's
         if self.log_dir:
             self.console.print(f"the procs' logs (TorchTitan, vLLM, Monarch) go to {self.log_dir}/ (--verbose: here)")
-        self.console.print(f"starting the trainer ({cfg.procs} proc(s), dp={self.dp}) on {self.model_dir} ...")
-        self.trainer = await Trainer.options(procs=cfg.procs, spmd=True, gpus=self.use_gpus,
+        self.console.print(f"starting the trainer ({cfg.trainer_procs} proc(s), dp={self.dp}) on {self.model_dir} ...")
+        self.trainer = await Trainer.options(procs=cfg.trainer_procs, spmd=True, gpus=self.use_gpus,
                                              host_mesh="trainer").as_actor(self.trainer_cfg)
         path = self.claim.resume_from  # chosen and verified by claim_output_dir
         if path is not None:
@@ -308,7 +263,7 @@ async def train(run: SFTRun) -> dict[str, Any]:
                     line = await run.train_step()
                     bar.update(1)
                     bar.set_postfix(loss=f"{line['train/loss']:.4f}")
-                    if cfg.save_every and run.step % cfg.save_every == 0:
+                    if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
                         await run.checkpoint()
                     if run.held_out and cfg.eval_every and run.step % cfg.eval_every == 0 and run.step < cfg.steps:
                         r = await run.evaluate()

@@ -43,7 +43,7 @@ def read_metrics(path):
 
 
 def test_sft_smoke_loss_falls_and_outputs_are_written(tmp_path):
-    summary = asyncio.run(main(sft_config(tmp_path, "steps=8", "save_every=4", f"export_dir={tmp_path}/hf")))
+    summary = asyncio.run(main(sft_config(tmp_path, "steps=8", "checkpoint_every=4", f"export_dir={tmp_path}/hf")))
     losses = [r["train/loss"] for r in read_metrics(tmp_path) if "train/loss" in r]
     assert len(losses) == 8 and summary["steps"] == 8 and not summary["interrupted"]
     assert losses[-1] < 0.7 * losses[0], losses
@@ -73,7 +73,7 @@ def test_resume_continues_at_the_saved_step(tmp_path, tokenizer):
         json.dumps({"prompt": p.question, "completion": p.answer}) + "\n" for p in training_problems(100, seed=3)
     ))
     run = tmp_path / "run"
-    args = [f"dataset={data}", "batch_size=32", "save_every=2"]
+    args = [f"dataset={data}", "batch_size=32", "checkpoint_every=2"]
     asyncio.run(main(sft_config(run, "steps=4", *args)))
     first = read_metrics(run)
     shutil.rmtree(run / "checkpoints" / "step-4")
@@ -89,7 +89,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "apps.sft.main", "--config", "configs/sft/tiny.yaml", f"output_dir={tmp_path}",
-         "steps=100000", "batch_size=32", "eval_size=0", "export_dir=", "save_every=0"],
+         "steps=100000", "batch_size=32", "eval_size=0", "export_dir=", "checkpoint_every=0"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         preexec_fn=started_in_the_background,  # SIGINT inherited ignored, as under nohup or `cmd &`
     )

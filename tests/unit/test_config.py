@@ -114,10 +114,10 @@ def test_required_marker_in_a_file_overrides_the_default(tmp_path):
 # ---- every shipped config ------------------------------------------------------------------------
 
 def _app_schema(path):
-    from forge_rl.recipes.distill import DistillConfig
+    from forge_rl.recipes.distill_config import DistillConfig
     from forge_rl.recipes.grpo_config import GRPOConfig
-    from forge_rl.recipes.ppo import PPOConfig
-    from forge_rl.recipes.sft import SFTConfig
+    from forge_rl.recipes.ppo_config import PPOConfig
+    from forge_rl.recipes.sft_config import SFTConfig
 
     return {"grpo": GRPOConfig, "sft": SFTConfig, "distill": DistillConfig, "ppo": PPOConfig}[path.parent.name]
 
@@ -135,9 +135,10 @@ def test_every_shipped_config_loads_and_validates(path):
         overrides.append("task.source=/data/some-local-dir")
     cfg = load_config(_app_schema(path), path, overrides)
     if path.parent.name in ("grpo", "distill", "ppo"):  # distillation and PPO are the GRPO app with a stage more
-        from forge_rl.recipes.grpo_config import check_config
+        from forge_rl.recipes.grpo_checks import check_config, derive_settings
 
         check_config(cfg)
+        derive_settings(cfg)
         assert cfg.trainer.temperature == cfg.generator.sampling.get("temperature", 1.0)
 
 
@@ -188,7 +189,8 @@ def test_a_run_fills_in_its_own_copy_of_the_config(tmp_path):
     (["reference.follow_every=-1"], "reference.follow_every=-1 must be >= 0"),
 ])
 def test_a_following_reference_needs_a_reference_and_a_version_the_store_keeps(overrides, message):
-    from forge_rl.recipes.grpo_config import GRPOConfig, check_config
+    from forge_rl.recipes.grpo_checks import check_config
+    from forge_rl.recipes.grpo_config import GRPOConfig
 
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", overrides)
     with pytest.raises(ConfigError, match=message):
@@ -198,7 +200,8 @@ def test_a_following_reference_needs_a_reference_and_a_version_the_store_keeps(o
 def test_profile_steps_are_steps_of_the_run():
     """trainer.profile_steps: numbered from 1 (the config's own check) and not past `steps` (a window that never
     ends writes no trace)."""
-    from forge_rl.recipes.grpo_config import GRPOConfig, check_config
+    from forge_rl.recipes.grpo_checks import check_config
+    from forge_rl.recipes.grpo_config import GRPOConfig
 
     tiny = REPO / "configs/grpo/tiny.yaml"
     with pytest.raises(ConfigError, match=r"trainer.profile_steps=\[0, 1\]: steps are numbered from 1"):
@@ -208,3 +211,73 @@ def test_profile_steps_are_steps_of_the_run():
     cfg = load_config(GRPOConfig, tiny, ["trainer.profile_steps=[3,4]", "steps=3"])
     with pytest.raises(ConfigError, match=r"trainer.profile_steps=\[3, 4\] goes past the run's last step \(steps=3\)"):
         check_config(cfg)
+
+
+# ---- what every run shares: one key each ------------------------------------------------------------
+
+def test_a_renamed_key_is_refused_naming_the_new_one(tmp_path):
+    """SFT's older keys for what every run shares (RunConfig) are refused in one line, in a file and on the
+    command line alike, naming the key to write instead."""
+    from forge_rl.recipes.sft_config import SFTConfig
+
+    old = tmp_path / "old.yaml"
+    old.write_text("steps: 3\nsave_every: 2\n")
+    with pytest.raises(ConfigError, match=rf"config key 'save_every' in file {old} is now 'checkpoint_every'"):
+        load_config(SFTConfig, old)
+    with pytest.raises(ConfigError, match="config key 'procs' in command-line override 'procs=2' is now 'trainer_procs'"):
+        load_config(SFTConfig, None, ["procs=2"])
+    cfg = load_config(SFTConfig, None, ["trainer_procs=2", "checkpoint_every=5"])
+    assert (cfg.trainer_procs, cfg.checkpoint_every) == (2, 5)
+
+
+def test_grpo_and_sft_share_the_run_keys():
+    """The keys of RunConfig are the same keys, with the same checks, in every recipe's config."""
+    import dataclasses
+
+    from forge_rl.recipes.grpo_config import GRPOConfig
+    from forge_rl.recipes.ppo_config import PPOConfig
+    from forge_rl.recipes.run_config import RunConfig
+    from forge_rl.recipes.sft_config import SFTConfig
+
+    shared = {f.name for f in dataclasses.fields(RunConfig)}
+    for schema in (GRPOConfig, PPOConfig, SFTConfig):
+        assert issubclass(schema, RunConfig) and shared <= {f.name for f in dataclasses.fields(schema)}
+        with pytest.raises(ConfigError, match="checkpoint_every must be >= 0"):
+            load_config(schema, None, ["checkpoint_every=-1"])
+        with pytest.raises(ConfigError, match="resume='sometimes': use true, false or auto"):
+            load_config(schema, None, ["resume=sometimes"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer_procs=3", "trainer.parallel.tp=2"], r"trainer_procs=3 is not a multiple of trainer.parallel.tp=2"),
+    (["trainer_procs=4", "trainer.parallel.dp_shard=3"], r"dp_shard=3 x tp=1 does not fit trainer_procs=4"),
+])
+def test_one_data_parallel_size_for_every_run(overrides, message):
+    """dp_size reads trainer_procs and trainer.parallel the same way for GRPO and SFT; each run's batch must divide
+    by it."""
+    from forge_rl.recipes.grpo_config import GRPOConfig
+    from forge_rl.recipes.run_config import dp_size
+    from forge_rl.recipes.sft_config import SFTConfig
+
+    for schema, batch_key in ((GRPOConfig, "batch_groups"), (SFTConfig, "batch_size")):
+        with pytest.raises(ConfigError, match=message):
+            dp_size(load_config(schema, None, overrides), batch_key)
+    assert dp_size(load_config(GRPOConfig, None, ["trainer_procs=4", "trainer.parallel.tp=2"]), "batch_groups") == 2
+    with pytest.raises(ConfigError, match="batch_size=30 must be a multiple of the data-parallel size 4"):
+        dp_size(load_config(SFTConfig, None, ["trainer_procs=4", "batch_size=30"]), "batch_size")
+
+
+def test_checking_a_config_leaves_it_as_it_was():
+    """check_config only checks; derive_settings fills in what follows from the other settings."""
+    import copy
+
+    from forge_rl.recipes.grpo_checks import check_config, derive_settings
+    from forge_rl.recipes.grpo_config import GRPOConfig
+
+    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
+                      ["generator.sampling.temperature=0.7", "trainer.grpo.normalize=token_sum"])
+    before = copy.deepcopy(cfg)
+    check_config(cfg)
+    assert cfg == before
+    derive_settings(cfg)
+    assert cfg.trainer.temperature == 0.7 and cfg.trainer.grpo.max_response_len == cfg.generator.sampling["max_tokens"]

@@ -82,9 +82,9 @@ def _config_keys() -> list[tuple[str, str]]:
 
 def _config_roots():
     """Every run's config: distillation's and PPO's hold GRPO's keys and add their own (teacher; critic, ppo)."""
-    from forge_rl.recipes.distill import DistillConfig
-    from forge_rl.recipes.ppo import PPOConfig
-    from forge_rl.recipes.sft import SFTConfig
+    from forge_rl.recipes.distill_config import DistillConfig
+    from forge_rl.recipes.ppo_config import PPOConfig
+    from forge_rl.recipes.sft_config import SFTConfig
 
     return [DistillConfig, PPOConfig, SFTConfig]
 
