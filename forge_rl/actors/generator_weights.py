@@ -47,16 +47,8 @@ class GeneratorWeights:
             if version == self.policy_version:  # a replica that caught up when it (re)started
                 return dict(version=version, mode="already_loaded", prefetch_s=prefetched - start, drain_wait_s=0.0,
                             pause_s=0.0, requests_in_flight=0, tokens_in_flight=0)
-            if self.lora is not None:
-                # No pause: requests in flight finish on their adapter, new ones take this one.
-                loading = time.perf_counter()
-                await self._load(version)
-                self._abort_too_old()
-                record = dict(version=version, mode="adapter", prefetch_s=prefetched - start, drain_wait_s=0.0,
-                              pause_s=0.0, adapter_load_s=time.perf_counter() - loading,
-                              requests_in_flight=sum(len(c) for _, c in self._in_flight.values()), tokens_in_flight=0)
-                self.updates.append(record)
-                return record
+            if self.lora is not None:  # no pause: requests in flight finish on their adapter, new ones take this one
+                return await self._add_adapter(version, prefetched - start)
             pause_mode = {"keep_kv": "keep", "recompute_kv": "keep", "drain": "wait"}[mode]
             await self.engine.pause_generation(mode=pause_mode, clear_cache=mode != "keep_kv")
             paused = time.perf_counter()
@@ -76,6 +68,17 @@ class GeneratorWeights:
             drain_wait_s=paused - prefetched if mode == "drain" else 0.0,
             pause_s=done - paused, requests_in_flight=requests, tokens_in_flight=tokens,
         )
+        self.updates.append(record)
+        return record
+
+    async def _add_adapter(self, version: int, prefetch_s: float) -> dict[str, float]:
+        """LoRA: version's adapter loaded beside the ones requests in flight use; the engine never pauses."""
+        loading = time.perf_counter()
+        await self._load(version)
+        self._abort_too_old()
+        record = dict(version=version, mode="adapter", prefetch_s=prefetch_s, drain_wait_s=0.0, pause_s=0.0,
+                      adapter_load_s=time.perf_counter() - loading,
+                      requests_in_flight=sum(len(c) for _, c in self._in_flight.values()), tokens_in_flight=0)
         self.updates.append(record)
         return record
 

@@ -37,7 +37,6 @@ class TrainerStep:
         each token's kept set (truncated sampling: TrainBatch.kept), the distribution renormalised over it.
         `routes` [B, T, layers, top-k]: the engine's experts (TrainBatch.routes), replayed under
         trainer.keep_routing."""
-        temperature = self.cfg.temperature or 1.0
         packed = None
         if response_mask is not None and self.cfg.share_prompts:
             packed = plan_packing(tokens, response_mask, self.cfg.pack_max_fraction, self.cfg.pack_max_len)
@@ -59,18 +58,32 @@ class TrainerStep:
             where = response_mask.nonzero(as_tuple=True)
             pred, targets = where[0] * tokens.shape[1] + where[1] - 1, tokens[where]
         else:
-            out, shard = self._model_out(tokens)
-            if self.fused_lm_head:
-                lp, ent = hidden_logprobs(out, self._lm_head_weight(), tokens.to(d), temperature, entropy,
-                                          memory_bytes=self.head_memory_bytes, kept=kept)
-            else:
-                lp, ent = token_logprobs(out, tokens.to(d), temperature, entropy=entropy, shard=shard, kept=kept)
-            if response_mask is None:
-                return lp, ent
-            keep = response_mask.to(d)  # same result either way: 0 outside the responses
-            return lp.where(keep, 0.0), (ent.where(keep, 0.0) if ent is not None else None)
+            return self._every_position(*self._model_out(tokens), tokens, response_mask, entropy, kept)
+        return self._at_positions(out, shard, pred, targets, where, tokens.shape, response_mask, entropy, kept)
+
+    def _every_position(self, out: torch.Tensor, shard, tokens: torch.Tensor, response_mask: torch.Tensor | None,
+                        entropy: str, kept: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logprob (and entropy) of every token of `tokens` from the model's output at every position; with
+        `response_mask`, 0 outside the responses."""
+        temperature, d = self.cfg.temperature or 1.0, self.device
+        if self.fused_lm_head:
+            lp, ent = hidden_logprobs(out, self._lm_head_weight(), tokens.to(d), temperature, entropy,
+                                      memory_bytes=self.head_memory_bytes, kept=kept)
+        else:
+            lp, ent = token_logprobs(out, tokens.to(d), temperature, entropy=entropy, shard=shard, kept=kept)
+        if response_mask is None:
+            return lp, ent
+        keep = response_mask.to(d)  # same result either way: 0 outside the responses
+        return lp.where(keep, 0.0), (ent.where(keep, 0.0) if ent is not None else None)
+
+    def _at_positions(self, out: torch.Tensor, shard, pred: torch.Tensor, targets: torch.Tensor, where: tuple,
+                      shape: torch.Size, response_mask: torch.Tensor, entropy: str,
+                      kept: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logprob (and entropy) of `targets` from the model's output at positions `pred` only, put back at
+        `where` in a [B, T] of `shape` (0 elsewhere, and outside the responses)."""
+        temperature, d = self.cfg.temperature or 1.0, self.device
         picked, targets = out.flatten(0, 1)[pred.to(d)], targets.to(d)
-        where = (where[0].to(d), where[1].to(d))  # each target's place in `tokens`
+        where = (where[0].to(d), where[1].to(d))  # each target's place in the batch's tokens
         kept = kept[where] if kept is not None else None
         if self.fused_lm_head:
             lp, ent = hidden_logprobs(picked[None], self._lm_head_weight(), targets[None], temperature, entropy,
@@ -79,7 +92,7 @@ class TrainerStep:
             lp, ent = lp[0], (ent[0] if ent is not None else None)
         else:
             lp, ent = selected_logprobs(picked, targets, temperature, entropy=entropy, shard=shard, kept=kept)
-        zeros = torch.zeros(tokens.shape, dtype=lp.dtype, device=d)
+        zeros = torch.zeros(shape, dtype=lp.dtype, device=d)
         keep = response_mask.to(d)  # packed spans hold an environment's tokens too (multi-turn): 0 for them
         return (zeros.index_put(where, lp).where(keep, 0.0),
                 zeros.index_put(where, ent).where(keep, 0.0) if ent is not None else None)

@@ -50,20 +50,13 @@ def drops(buffer: dict, rollout_drops: dict[str, int], data: dict) -> dict[str, 
 
 def step_metrics(r: StepRecord) -> dict[str, float]:
     """The metrics line of one step (metrics.jsonl, TensorBoard, W&B)."""
-    t, parts = r.trainer, r.reward_parts
+    parts = r.reward_parts
     line = {
         "reward/mean": statistics.mean(r.rewards) if r.rewards else math.nan,
         "reward/std": statistics.pstdev(r.rewards) if len(r.rewards) > 1 else 0.0,
         **{f"reward/{k}": statistics.mean(v) for k, v in parts.items() if v},
         "train/accuracy": statistics.mean(parts.get("exact_match") or parts.get("solved") or [math.nan]),
-        **{f"trainer/{k}": t[k] for k in ("loss", "grad_norm", "clip_fraction", "approx_kl", "kl_ref",
-                                          "reverse_kl_teacher", "entropy", "tokens_per_s", "step_s", "skipped_steps",
-                                          "mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3")},
-        # the is_correction's weight and the share of tokens it truncated or masked (absent when off)
-        **{f"trainer/{k}": t[k] for k in ("is_weight_mean", "is_corrected_fraction") if t.get("is_weight_mean")},
-        # Keep Routing (trainer.keep_routing): the replayed (position, layer) pairs, the share the trainer's routers
-        # would have routed elsewhere, and the share the expert layers received with the engine's experts
-        **{f"trainer/{k}": v for k, v in t.items() if k.startswith("keep_routing/")},
+        **trainer_metrics(r.trainer),
         **({"generator/routes_bytes_per_token": r.generator["routes_bytes_per_token"]}
            if r.generator.get("routes_bytes_per_token") else {}),
         **({"batch/reward_mean": statistics.mean(r.batch_rewards),
@@ -91,6 +84,20 @@ def step_metrics(r: StepRecord) -> dict[str, float]:
     if r.eval_scores is not None:
         line.update(r.eval_scores)
     return line
+
+
+def trainer_metrics(t: dict) -> dict[str, float]:
+    """The trainer's part of a step's line, from Trainer.optimizer_step's metrics, as `trainer/<name>`."""
+    return {
+        **{f"trainer/{k}": t[k] for k in ("loss", "grad_norm", "clip_fraction", "approx_kl", "kl_ref",
+                                          "reverse_kl_teacher", "entropy", "tokens_per_s", "step_s", "skipped_steps",
+                                          "mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3")},
+        # the is_correction's weight and the share of tokens it truncated or masked (absent when off)
+        **{f"trainer/{k}": t[k] for k in ("is_weight_mean", "is_corrected_fraction") if t.get("is_weight_mean")},
+        # Keep Routing (trainer.keep_routing): the replayed (position, layer) pairs, the share the trainer's routers
+        # would have routed elsewhere, and the share the expert layers received with the engine's experts
+        **{f"trainer/{k}": v for k, v in t.items() if k.startswith("keep_routing/")},
+    }
 
 
 def shown_reward(m: dict[str, float]) -> str:

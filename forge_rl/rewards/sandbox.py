@@ -103,19 +103,41 @@ def _limits(limits: SandboxLimits):
     return apply
 
 
-def run_sandboxed(code: str, limits: SandboxLimits | None = None, stdin: str = "") -> SandboxResult:
-    """Run Python `code` in the sandbox; never raises for anything the code does."""
-    limits = limits or SandboxLimits()
+def _sandbox_command(code: str, limits: SandboxLimits) -> list[str]:
+    """bwrap running the system's Python on `code`: no network, a read-only system, a small /tmp, no environment."""
     # The system's interpreter: the caller's may live where the sandbox's user cannot read (/root/.pyenv).
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(
         os.path.join(sys.base_prefix, "bin", "python3"))
-    cmd = [
+    return [
         _bwrap(), "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--hostname", "sandbox",
         *_ro_binds(), "--proc", "/proc", "--dev", "/dev", "--size", str(limits.scratch_mb << 20), "--tmpfs", "/tmp",
         "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
         "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--disable-userns",
         "--", python, "-I", "-S", "-c", code,
     ]
+
+
+def _outcome(status: int | None, timed_out: bool, output_full: bool, stderr: str) -> str:
+    """Why the sandboxed code ended: ok, error, or the limit that stopped it."""
+    if timed_out:
+        return "timeout"
+    if output_full:
+        return "output_limit"
+    if status == 0:
+        return "ok"
+    if status == -signal.SIGXCPU:
+        return "cpu_limit"
+    if "MemoryError" in stderr:
+        return "memory_limit"
+    if status is not None and status < 0:
+        return "killed"
+    return "error"
+
+
+def run_sandboxed(code: str, limits: SandboxLimits | None = None, stdin: str = "") -> SandboxResult:
+    """Run Python `code` in the sandbox; never raises for anything the code does."""
+    limits = limits or SandboxLimits()
+    cmd = _sandbox_command(code, limits)
     start = time.monotonic()
     # Output goes to files: RLIMIT_FSIZE caps them in the kernel, so a flood never fills our memory.
     with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
@@ -142,20 +164,7 @@ def run_sandboxed(code: str, limits: SandboxLimits | None = None, stdin: str = "
     status = proc.returncode
     if status is not None and status > 128:  # bwrap reports a signal that ended the code as 128 + signal
         status = -(status - 128)
-    if timed_out:
-        reason = "timeout"
-    elif max(sizes) >= min(limits.output_bytes, limits.file_mb << 20):
-        reason = "output_limit"
-    elif status == 0:
-        reason = "ok"
-    elif status == -signal.SIGXCPU:
-        reason = "cpu_limit"
-    elif "MemoryError" in stderr:
-        reason = "memory_limit"
-    elif status is not None and status < 0:
-        reason = "killed"
-    else:
-        reason = "error"
+    reason = _outcome(status, timed_out, max(sizes) >= min(limits.output_bytes, limits.file_mb << 20), stderr)
     return SandboxResult(reason == "ok", reason, status, stdout, stderr, wall)
 
 

@@ -195,12 +195,21 @@ def test_apps_are_thin():
     assert {p: n for p, n in sizes.items() if n > MAX_APP_LINES} == {}
 
 
+def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines from a function's first statement after its docstring to its end: what a reader holds. The signature
+    and the docstring are left out: the formatter puts a long signature one parameter a line."""
+    body = node.body
+    if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return node.end_lineno - body[0].lineno + 1
+
+
 def test_no_function_is_longer_than_a_reader_can_hold():
     long = []
     for path in _python_files("forge_rl", "apps"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
+                lines = _body_lines(node)
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
-    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+    assert long == [], f"function bodies over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
