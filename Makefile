@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 
-.PHONY: setup setup-slurm demo demo-ppo demo-rm demo-multiturn demo-distill demo-lora demo-moe test test-fast gpu-check wheelhouse clean
+.PHONY: setup setup-slurm demo demo-ppo demo-rm demo-multiturn demo-distill demo-lora demo-moe test test-fast lint format gpu-check wheelhouse clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -34,11 +34,18 @@ demo-lora: setup  # GRPO training LoRA adapters, adapter-only weight sync (confi
 demo-moe: setup  # GRPO on a mixture-of-experts model, tiny-moe (Qwen3-MoE in TorchTitan and vLLM; configs/grpo/tiny_moe.yaml)
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny_moe.yaml $(DEMO) $(ARGS)
 
-test: setup
+test: setup lint
 	$(PY) -m pytest $(ARGS)
 
-test-fast: setup  # unit tests only (no procs, engines or ranks): what to run while developing (CONTRIBUTING.md)
+test-fast: setup lint  # unit tests only (no procs, engines or ranks): what to run while developing (CONTRIBUTING.md)
 	$(PY) -m pytest -m "not integration" $(ARGS)
+
+lint: setup  # the formatter's check and the linter (ruff, configured in pyproject.toml); `make format` fixes the first
+	$(PY) -m ruff format --check --quiet . || { echo "make lint: run 'make format' to format the files above"; exit 1; }
+	$(PY) -m ruff check --quiet .
+
+format: setup
+	$(PY) -m ruff format --quiet .
 
 gpu-check: setup  # the GPU path in one command (<= 10 min on one H100): says which tiers run here and why not the others, runs them; on CPU: its logic checks
 	$(PY) -m gpu_check $(ARGS)
