@@ -48,25 +48,62 @@ def cli() -> None:
     ap.add_argument("--ages", default="1,2")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    common = [f"steps={args.steps}", "eval_every=0", "checkpoint_every=0", "rollout_tasks=16",
-              "rewards=[{name: exact_match, weight: 1.0}, {name: format, weight: 0.1}, "
-              "{name: 'benchmarks.async_vs_sync:slow_verifier', weight: 0.0}]", *args.overrides]
-    runs = [("synchronous", common + ["async_mode=false", "max_policy_age=0", "output_dir=outputs/bench/sync", "overwrite=true"])]
+    common = [
+        f"steps={args.steps}",
+        "eval_every=0",
+        "checkpoint_every=0",
+        "rollout_tasks=16",
+        "rewards=[{name: exact_match, weight: 1.0}, {name: format, weight: 0.1}, "
+        "{name: 'benchmarks.async_vs_sync:slow_verifier', weight: 0.0}]",
+        *args.overrides,
+    ]
+    runs = [
+        (
+            "synchronous",
+            common + ["async_mode=false", "max_policy_age=0", "output_dir=outputs/bench/sync", "overwrite=true"],
+        )
+    ]
     for age in args.ages.split(","):
-        runs.append((f"async, max_policy_age {age}",
-                     common + ["async_mode=true", f"max_policy_age={age}", f"output_dir=outputs/bench/async{age}", "overwrite=true"]))
+        runs.append(
+            (
+                f"async, max_policy_age {age}",
+                common
+                + [
+                    "async_mode=true",
+                    f"max_policy_age={age}",
+                    f"output_dir=outputs/bench/async{age}",
+                    "overwrite=true",
+                ],
+            )
+        )
     results = [(label, run_one(args.config, overrides, label)) for label, overrides in runs]
     base = results[0][1]["steps_per_min"]
     table = Table(title=f"GRPO {args.steps} steps, slow heavy-tailed verifier ({args.config})")
-    for col in ("loop", "steps/min", "vs sync", "trainer idle", "generator idle", "mean staleness",
-                "max staleness", "held-out acc before", "after", "drops"):
+    for col in (
+        "loop",
+        "steps/min",
+        "vs sync",
+        "trainer idle",
+        "generator idle",
+        "mean staleness",
+        "max staleness",
+        "held-out acc before",
+        "after",
+        "drops",
+    ):
         table.add_column(col, justify="right")
     for label, s in results:
         table.add_row(
-            label, f"{s['steps_per_min']:.1f}", f"{s['steps_per_min'] / base:.2f}x",
-            f"{s['trainer_idle_fraction']:.0%}", f"{s['generator_idle_fraction']:.0%}",
-            f"{s['mean_staleness']:.2f}", str(s["max_staleness"]), f"{s['eval_first']:.1%}",
-            f"{s['evals'][-1][-1]:.1%}", ", ".join(f"{k}={v}" for k, v in s["drops"].items() if v),
+            label,
+            f"{s['steps_per_min']:.1f}",
+            f"{s['steps_per_min'] / base:.2f}x",
+            f"{s['trainer_idle_fraction']:.0%}",
+            f"{s['generator_idle_fraction']:.0%}",
+            f"{s['mean_staleness']:.2f}",
+            str(s["max_staleness"]),
+            f"{s['eval_first']:.1%}",
+            f"{s['evals'][-1][-1]:.1%}",
+            ", ".join(f"{k}={v}" for k, v in s["drops"].items() if v),
         )
     Console(width=200).print(table)
 

@@ -41,12 +41,26 @@ def main() -> None:
     out = (REPO / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(f"plain loop ({args.steps} steps) ...", flush=True)
-    plain_wall = timed([sys.executable, "-m", "benchmarks.plain_grpo", "--steps", str(args.steps),
-                        "--out", str(out / "plain.json")], out / "plain.log")
+    plain_wall = timed(
+        [sys.executable, "-m", "benchmarks.plain_grpo", "--steps", str(args.steps), "--out", str(out / "plain.json")],
+        out / "plain.log",
+    )
     plain = json.loads((out / "plain.json").read_text())
     print(f"forge_rl demo ({args.steps} steps) ...", flush=True)
-    forge_wall = timed([sys.executable, "-m", "apps.grpo.main", "--config", "configs/grpo/tiny.yaml",
-                        f"steps={args.steps}", f"output_dir={out / 'forge_rl'}", "overwrite=true", *args.overrides], out / "forge_rl.log")
+    forge_wall = timed(
+        [
+            sys.executable,
+            "-m",
+            "apps.grpo.main",
+            "--config",
+            "configs/grpo/tiny.yaml",
+            f"steps={args.steps}",
+            f"output_dir={out / 'forge_rl'}",
+            "overwrite=true",
+            *args.overrides,
+        ],
+        out / "forge_rl.log",
+    )
     forge = json.loads((out / "forge_rl" / "summary.json").read_text())
     forge["train_s"] = forge["wall_s"]
     equal = min(plain["train_s"], forge["train_s"])
@@ -58,12 +72,24 @@ def main() -> None:
         return f"{x:.0f} s" if x is not None else "never"
 
     rows = [
-        ("steps/min (training)", f"{plain['steps_per_min']:.1f}", f"{forge['steps_per_min']:.1f}",
-         ratio(forge["steps_per_min"], plain["steps_per_min"])),
-        ("training time to 60% held-out", secs(plain["time_to_60"]), secs(forge["time_to_60"]),
-         ratio(forge["time_to_60"], plain["time_to_60"])),
-        (f"accuracy at {equal:.0f} s of training", f"{accuracy_at(plain['evals'], equal):.1%}",
-         f"{accuracy_at(forge['evals'], equal):.1%}", ""),
+        (
+            "steps/min (training)",
+            f"{plain['steps_per_min']:.1f}",
+            f"{forge['steps_per_min']:.1f}",
+            ratio(forge["steps_per_min"], plain["steps_per_min"]),
+        ),
+        (
+            "training time to 60% held-out",
+            secs(plain["time_to_60"]),
+            secs(forge["time_to_60"]),
+            ratio(forge["time_to_60"], plain["time_to_60"]),
+        ),
+        (
+            f"accuracy at {equal:.0f} s of training",
+            f"{accuracy_at(plain['evals'], equal):.1%}",
+            f"{accuracy_at(forge['evals'], equal):.1%}",
+            "",
+        ),
         ("held-out, mean of last 3 evals", f"{plain['eval_last3_mean']:.1%}", f"{forge['eval_last3_mean']:.1%}", ""),
         ("whole command (start-up, evals)", secs(plain_wall), secs(forge_wall), ratio(forge_wall, plain_wall)),
     ]
@@ -74,7 +100,9 @@ def main() -> None:
     for name, a, b, r in rows:
         print(f"{name:{width}} | {a:>12} | {b:>12} | {r}")
     print(f"\nforge_rl placement: {forge.get('placement', '?')}; logs and summaries in {out}")
-    (out / "table.json").write_text(json.dumps(dict(rows=rows, plain_wall_s=plain_wall, forge_wall_s=forge_wall), indent=2))
+    (out / "table.json").write_text(
+        json.dumps(dict(rows=rows, plain_wall_s=plain_wall, forge_wall_s=forge_wall), indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,14 @@ from forge_rl.models import TINY_MODEL_DIR
 
 SIZES = {
     "tiny": None,
-    "100M": dict(hidden_size=768, intermediate_size=2304, num_hidden_layers=14, num_attention_heads=12,
-                 num_key_value_heads=4, head_dim=64),
+    "100M": dict(
+        hidden_size=768,
+        intermediate_size=2304,
+        num_hidden_layers=14,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
 }
 PROMPT = "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n"
 console = Console()
@@ -85,8 +91,19 @@ async def raw_engine_tok_s(model: str, groups: int, n: int, tokens: int) -> floa
 def raw_engine_in_own_process(model: str, groups: int, n: int, tokens: int) -> float:
     """`raw_engine_tok_s` in a fresh Python process (`--raw MODEL`), so that no event loop, Monarch
     runtime or actor of this process competes with the raw engine's."""
-    cmd = [sys.executable, "-m", "benchmarks.generator", "--raw", model, "--groups", str(groups), "--n", str(n),
-           "--tokens", str(tokens)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.generator",
+        "--raw",
+        model,
+        "--groups",
+        str(groups),
+        "--n",
+        str(n),
+        "--tokens",
+        str(tokens),
+    ]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["tok_s"]
 
@@ -121,8 +138,16 @@ async def main() -> None:
     for col in ("model", "raw AsyncLLM tok/s", "Generator actor tok/s", "actor / raw"):
         throughput.add_column(col, justify="right")
     updates = Table(title=f"live weight updates: {args.rounds} rounds, one update every {args.every} rounds")
-    for col in ("model", "mode", "updates", "reload+pause s (median)", "drain wait s (median)",
-                "tokens in flight", "tok/s", "time lost to updates"):
+    for col in (
+        "model",
+        "mode",
+        "updates",
+        "reload+pause s (median)",
+        "drain wait s (median)",
+        "tokens in flight",
+        "tok/s",
+        "time lost to updates",
+    ):
         updates.add_column(col, justify="right")
     store_table = Table(title="weight store on vLLM's reload path (medians over every update)")
     for col in ("model", "MB", "publish s", "publish GB/s", "engine reload + pause s", "reload GB/s"):
@@ -164,10 +189,14 @@ async def main() -> None:
                     wall = time.perf_counter() - start
                     lost = sum(u["pause_s"] + u["drain_wait_s"] for u in records)
                     updates.add_row(
-                        size, mode, str(len(records)), f"{statistics.median(u['pause_s'] for u in records):.3f}",
+                        size,
+                        mode,
+                        str(len(records)),
+                        f"{statistics.median(u['pause_s'] for u in records):.3f}",
                         f"{statistics.median(u['drain_wait_s'] for u in records):.3f}",
                         f"{statistics.median(u['tokens_in_flight'] for u in records):,.0f}",
-                        f"{tokens / wall:,.0f}", f"{lost / wall:.1%}",
+                        f"{tokens / wall:,.0f}",
+                        f"{lost / wall:.1%}",
                     )
                     console.print(f"  {mode}: {[round(u['pause_s'], 3) for u in records]} s pauses")
                     reloads += [u["pause_s"] for u in records]  # pause, reload_weights, resume
@@ -175,7 +204,9 @@ async def main() -> None:
             store.close()
             gb = sum(t.numel() * t.element_size() for t in weights.values()) / 1e9
             pub, rel = statistics.median(publish_s), statistics.median(reloads)
-            store_table.add_row(size, f"{gb * 1e3:,.0f}", f"{pub:.3f}", f"{gb / pub:.2f}", f"{rel:.3f}", f"{gb / rel:.2f}")
+            store_table.add_row(
+                size, f"{gb * 1e3:,.0f}", f"{pub:.3f}", f"{gb / pub:.2f}", f"{rel:.3f}", f"{gb / rel:.2f}"
+            )
     console.print(throughput)
     console.print(updates)
     console.print(store_table)

@@ -33,10 +33,12 @@ async def sample(dtype: str, groups: int, group_size: int, max_tokens: int, seed
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, 128) for _ in range(rng.randrange(8, 24))] for _ in range(groups)]
     async with provisioned():
-        generator = await Generator.as_actor(str(TINY_MOE), engine_args=dict(dtype=dtype, max_model_len=128),
-                                             record_routes=True, seed=seed)
-        results = await asyncio.gather(*(generator.generate.call_one(p, n=group_size, temperature=1.0,
-                                                                     max_tokens=max_tokens) for p in prompts))
+        generator = await Generator.as_actor(
+            str(TINY_MOE), engine_args=dict(dtype=dtype, max_model_len=128), record_routes=True, seed=seed
+        )
+        results = await asyncio.gather(
+            *(generator.generate.call_one(p, n=group_size, temperature=1.0, max_tokens=max_tokens) for p in prompts)
+        )
     return [c for group in results for c in group]
 
 
@@ -77,25 +79,38 @@ def score(completions: list, dtype: str) -> dict:
         replay.stats()
     free, replayed, rerouted = torch.cat(gaps["free"]), torch.cat(gaps["replay"]), torch.cat(rerouted)
     at = (lambda gap: float(gap[rerouted].mean())) if rerouted.any() else (lambda gap: float("nan"))
-    return dict(dtype=dtype, completions=len(completions), response_tokens=tokens,
-                routes_bytes_per_token=completions[0].routes.shape[1] * completions[0].routes.shape[2]
-                * completions[0].routes.element_size(),
-                pairs_differ=differ_pairs / pairs, tokens_differ=differ_tokens / tokens,
-                free_mean=float(free.mean()), free_max=float(free.max()),
-                replay_mean=float(replayed.mean()), replay_max=float(replayed.max()),
-                # on the response tokens whose own position the trainer's routers routed elsewhere
-                rerouted_free_mean=at(free), rerouted_replay_mean=at(replayed))
+    return dict(
+        dtype=dtype,
+        completions=len(completions),
+        response_tokens=tokens,
+        routes_bytes_per_token=completions[0].routes.shape[1]
+        * completions[0].routes.shape[2]
+        * completions[0].routes.element_size(),
+        pairs_differ=differ_pairs / pairs,
+        tokens_differ=differ_tokens / tokens,
+        free_mean=float(free.mean()),
+        free_max=float(free.max()),
+        replay_mean=float(replayed.mean()),
+        replay_max=float(replayed.max()),
+        # on the response tokens whose own position the trainer's routers routed elsewhere
+        rerouted_free_mean=at(free),
+        rerouted_replay_mean=at(replayed),
+    )
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| engine and trainer | (position, layer) pairs routed differently | response tokens routed differently "
-             "(any layer) | mismatch mean, trainer routes | mismatch mean, replayed | mismatch max, trainer routes | "
-             "mismatch max, replayed | mismatch mean on the rerouted tokens, trainer routes | the same, replayed |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| engine and trainer | (position, layer) pairs routed differently | response tokens routed differently "
+        "(any layer) | mismatch mean, trainer routes | mismatch mean, replayed | mismatch max, trainer routes | "
+        "mismatch max, replayed | mismatch mean on the rerouted tokens, trainer routes | the same, replayed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['dtype']} | {r['pairs_differ']:.2%} | {r['tokens_differ']:.2%} | {r['free_mean']:.2e} | "
-                     f"{r['replay_mean']:.2e} | {r['free_max']:.2e} | {r['replay_max']:.2e} | "
-                     f"{r['rerouted_free_mean']:.2e} | {r['rerouted_replay_mean']:.2e} |")
+        lines.append(
+            f"| {r['dtype']} | {r['pairs_differ']:.2%} | {r['tokens_differ']:.2%} | {r['free_mean']:.2e} | "
+            f"{r['replay_mean']:.2e} | {r['free_max']:.2e} | {r['replay_max']:.2e} | "
+            f"{r['rerouted_free_mean']:.2e} | {r['rerouted_replay_mean']:.2e} |"
+        )
     return "\n".join(lines)
 
 

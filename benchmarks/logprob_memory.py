@@ -67,9 +67,17 @@ def one_step(variant: str, batch: int, seq: int, vocab: int, out: str, rank: int
 
     torch.manual_seed(0)
     torch.set_num_threads(1 if variant == "tp" else 2)
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=seq,
-                      tie_word_embeddings=True)
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=seq,
+        tie_word_embeddings=True,
+    )
     model = Qwen3ForCausalLM(cfg)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, vocab, (batch, seq), generator=g)
@@ -128,25 +136,53 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for variant in ("full", "chunked", "fused", "tp"):
             out = f"{tmp}/{variant}.pt"
-            cmd = [sys.executable, __file__, "--variant", variant, "--out", out, "--batch", str(args.batch),
-                   "--seq", str(args.seq), "--vocab", str(args.vocab), "--init", f"{tmp}/init"]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--variant",
+                variant,
+                "--out",
+                out,
+                "--batch",
+                str(args.batch),
+                "--seq",
+                str(args.seq),
+                "--vocab",
+                str(args.vocab),
+                "--init",
+                f"{tmp}/init",
+            ]
             ranks = [subprocess.Popen([*cmd, "--rank", str(r)]) for r in range(TP if variant == "tp" else 1)]
             if any(p.wait() for p in ranks):
                 raise SystemExit(f"variant {variant} failed")
             results[variant] = torch.load(out)
     full = results["full"]
     logits_gb = args.batch * args.seq * args.vocab * 4 / 1e9
-    print(f"one GRPO train step, batch {args.batch} x {args.seq} tokens, vocab {args.vocab} "
-          f"(fp32 logits: {logits_gb:.2f} GB per copy), CPU, peak RSS added by the step:")
+    print(
+        f"one GRPO train step, batch {args.batch} x {args.seq} tokens, vocab {args.vocab} "
+        f"(fp32 logits: {logits_gb:.2f} GB per copy), CPU, peak RSS added by the step:"
+    )
     summary = dict(full_gib=full["peak_mb"] / 1024)
-    for variant, label in (("full", "full log-softmax (first)"), ("chunked", "blockwise from logits"),
-                           ("fused", "blockwise, lm_head fused"), ("tp", f"loss parallel, TP {TP} (per rank)")):
+    for variant, label in (
+        ("full", "full log-softmax (first)"),
+        ("chunked", "blockwise from logits"),
+        ("fused", "blockwise, lm_head fused"),
+        ("tp", f"loss parallel, TP {TP} (per rank)"),
+    ):
         r = results[variant]
         grad_gap = max((full["grads"][n] - r["grads"][n]).abs().max().item() for n in r["grads"])
-        print(f"  {label:32s} {r['peak_mb'] / 1024:6.2f} GiB ({r['peak_mb'] / full['peak_mb']:.2f}x)  "
-              f"loss {r['loss']:.8f}  max gradient difference {grad_gap:.1e}")
-        summary.update({f"{variant}_gib": r["peak_mb"] / 1024, f"{variant}_ratio": r["peak_mb"] / full["peak_mb"],
-                        f"{variant}_grad_gap": grad_gap, f"{variant}_loss_gap": abs(full["loss"] - r["loss"])})
+        print(
+            f"  {label:32s} {r['peak_mb'] / 1024:6.2f} GiB ({r['peak_mb'] / full['peak_mb']:.2f}x)  "
+            f"loss {r['loss']:.8f}  max gradient difference {grad_gap:.1e}"
+        )
+        summary.update(
+            {
+                f"{variant}_gib": r["peak_mb"] / 1024,
+                f"{variant}_ratio": r["peak_mb"] / full["peak_mb"],
+                f"{variant}_grad_gap": grad_gap,
+                f"{variant}_loss_gap": abs(full["loss"] - r["loss"]),
+            }
+        )
     print(json.dumps(summary))
 
 

@@ -36,8 +36,13 @@ from forge_rl.config import load_config
 from forge_rl.recipes.grpo import GRPOConfig, main
 
 OUT = Path("outputs/bench/long_tail")
-WORKLOAD = ["generator.lengths.median=16", "generator.lengths.p99_over_median=9", "generator.lengths.min_tokens=8",
-            "generator.sampling.max_tokens=160", "generator.engine_args.max_model_len=192"]
+WORKLOAD = [
+    "generator.lengths.median=16",
+    "generator.lengths.p99_over_median=9",
+    "generator.lengths.min_tokens=8",
+    "generator.sampling.max_tokens=160",
+    "generator.engine_args.max_model_len=192",
+]
 LOOPS = {"sync": ["async_mode=false", "max_policy_age=0"], "async": ["async_mode=true", "max_policy_age=1"]}
 
 
@@ -58,12 +63,19 @@ def run(label: str, overrides: list[str]) -> dict:
 def row(s: dict, best_sync: float) -> list[str]:
     p = s["partial_rollouts"]
     generated = s["generator_stats"]["generated_tokens"]
-    return [s["label"], f"{s['steps_per_min']:.1f}", f"{s['steps_per_min'] / best_sync:.2f}x",
-            f"{s['trainer_idle_fraction']:.0%}", f"{s['generator_idle_fraction']:.0%}",
-            f"{s['mean_running_sequences']:.0f}",
-            f"{p['swapped_tokens']:,} ({p['swapped_tokens'] / max(generated, 1):.1%})",
-            f"{s['drops'].get('stale', 0)}", f"{p['requeued_groups']}", f"{s['trained_tokens'] / 1e6:.2f}M",
-            f"{s['eval_first']:.1%} -> {s['evals'][-1][-1]:.1%}"]
+    return [
+        s["label"],
+        f"{s['steps_per_min']:.1f}",
+        f"{s['steps_per_min'] / best_sync:.2f}x",
+        f"{s['trainer_idle_fraction']:.0%}",
+        f"{s['generator_idle_fraction']:.0%}",
+        f"{s['mean_running_sequences']:.0f}",
+        f"{p['swapped_tokens']:,} ({p['swapped_tokens'] / max(generated, 1):.1%})",
+        f"{s['drops'].get('stale', 0)}",
+        f"{p['requeued_groups']}",
+        f"{s['trained_tokens'] / 1e6:.2f}M",
+        f"{s['eval_first']:.1%} -> {s['evals'][-1][-1]:.1%}",
+    ]
 
 
 def cli() -> None:
@@ -73,22 +85,49 @@ def cli() -> None:
     ap.add_argument("--images", default=None, help="copy the best sync and async timelines here")
     ap.add_argument("overrides", nargs="*", help="apps.grpo.main overrides for every run")
     args = ap.parse_args()
-    common = [f"steps={args.steps}", "eval_every=0", "eval_size=200", "checkpoint_every=0", "export_dir=null",
-              *WORKLOAD, *args.overrides]
-    results = [run(f"{loop}, {where}", common + mode + [f"resources.placement={where}"])
-               for where in args.placements.split(",") for loop, mode in LOOPS.items()]
-    best = {loop: max((s for s in results if s["label"].startswith(loop)), key=lambda s: s["steps_per_min"])
-            for loop in LOOPS}
-    table = Table(title=f"GRPO {args.steps} steps, long-tailed response lengths (median 16, p99 144 tokens), "
-                        "tiny-warm, G=8 x 16 groups")
-    for col in ("loop, placement", "steps/min", "vs best sync", "trainer idle", "engine idle", "engine occupancy",
-                "tokens after a swap mid-sequence", "stale drops", "requeued", "tokens trained", "held-out"):
+    common = [
+        f"steps={args.steps}",
+        "eval_every=0",
+        "eval_size=200",
+        "checkpoint_every=0",
+        "export_dir=null",
+        *WORKLOAD,
+        *args.overrides,
+    ]
+    results = [
+        run(f"{loop}, {where}", common + mode + [f"resources.placement={where}"])
+        for where in args.placements.split(",")
+        for loop, mode in LOOPS.items()
+    ]
+    best = {
+        loop: max((s for s in results if s["label"].startswith(loop)), key=lambda s: s["steps_per_min"])
+        for loop in LOOPS
+    }
+    table = Table(
+        title=f"GRPO {args.steps} steps, long-tailed response lengths (median 16, p99 144 tokens), "
+        "tiny-warm, G=8 x 16 groups"
+    )
+    for col in (
+        "loop, placement",
+        "steps/min",
+        "vs best sync",
+        "trainer idle",
+        "engine idle",
+        "engine occupancy",
+        "tokens after a swap mid-sequence",
+        "stale drops",
+        "requeued",
+        "tokens trained",
+        "held-out",
+    ):
         table.add_column(col, justify="right")
     for s in results:
         table.add_row(*row(s, best["sync"]["steps_per_min"]))
     Console(width=220).print(table)
-    print(f"best async / best sync: {best['async']['steps_per_min'] / best['sync']['steps_per_min']:.2f}x "
-          f"({best['async']['label']} against {best['sync']['label']})")
+    print(
+        f"best async / best sync: {best['async']['steps_per_min'] / best['sync']['steps_per_min']:.2f}x "
+        f"({best['async']['label']} against {best['sync']['label']})"
+    )
     (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
     if args.images:
         for loop, s in best.items():

@@ -33,10 +33,22 @@ from forge_rl.models.lora_config import LoRAConfig
 from forge_rl.types import TrainBatch
 
 SIZES = {
-    "83M": dict(hidden_size=768, intermediate_size=2304, num_hidden_layers=12, num_attention_heads=12,
-                num_key_value_heads=4, head_dim=64),
-    "0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                 num_key_value_heads=8, head_dim=128),
+    "83M": dict(
+        hidden_size=768,
+        intermediate_size=2304,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
+    "0.6B": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+    ),
 }
 
 
@@ -44,9 +56,10 @@ def make_batch(B: int = 8, T: int = 64) -> TrainBatch:
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, 128, (B, T), generator=g)
     mask = torch.zeros(B, T, dtype=torch.bool)
-    mask[:, T // 2:] = True
-    return TrainBatch(tokens, mask, -torch.rand(B, T, generator=g) * mask, torch.where(mask, 0, -1),
-                      torch.randn(B, generator=g))
+    mask[:, T // 2 :] = True
+    return TrainBatch(
+        tokens, mask, -torch.rand(B, T, generator=g) * mask, torch.where(mask, 0, -1), torch.randn(B, generator=g)
+    )
 
 
 async def measure(model_dir: str, lora: LoRAConfig, rounds: int, tmp: Path) -> dict:
@@ -72,15 +85,27 @@ async def _measure(model_dir: str, lora: LoRAConfig, rounds: int, tmp: Path) -> 
         assert check[0].policy_versions.eq(rounds).all()
     finally:
         await asyncio.gather(stop_actor(trainer), generator.shutdown())
-    return dict(bytes=pushes[-1]["bytes"], push_s=statistics.median(p["push_s"] for p in pushes),
-                load_s=statistics.median(loads), peak_rss_mb=step["peak_rss_mb"], step_s=step["step_s"])
+    return dict(
+        bytes=pushes[-1]["bytes"],
+        push_s=statistics.median(p["push_s"] for p in pushes),
+        load_s=statistics.median(loads),
+        peak_rss_mb=step["peak_rss_mb"],
+        step_s=step["step_s"],
+    )
 
 
 async def main(sizes: list[str], rank: int, rounds: int) -> None:
     console = Console()
     table = Table(title=f"one policy version: full weights vs a rank-{rank} LoRA adapter (every decoder linear)")
-    for col in ("model", "training", "bytes / version", "publish s", "load into vLLM s", "trainer peak RSS MB",
-                "train step s"):
+    for col in (
+        "model",
+        "training",
+        "bytes / version",
+        "publish s",
+        "load into vLLM s",
+        "trainer peak RSS MB",
+        "train step s",
+    ):
         table.add_column(col, justify="right")
     for size in sizes:
         with tempfile.TemporaryDirectory() as tmp:
@@ -90,13 +115,26 @@ async def main(sizes: list[str], rank: int, rounds: int) -> None:
                 console.print(f"{size} {name} ...")
                 rows[name] = await measure(model_dir, lora, rounds, Path(tmp) / name)
             for name, r in rows.items():
-                table.add_row(size, name, f"{r['bytes'] / 1e6:,.2f} MB", f"{r['push_s']:.3f}", f"{r['load_s']:.3f}",
-                              f"{r['peak_rss_mb']:,.0f}", f"{r['step_s']:.2f}")
+                table.add_row(
+                    size,
+                    name,
+                    f"{r['bytes'] / 1e6:,.2f} MB",
+                    f"{r['push_s']:.3f}",
+                    f"{r['load_s']:.3f}",
+                    f"{r['peak_rss_mb']:,.0f}",
+                    f"{r['step_s']:.2f}",
+                )
             full, ad = rows["full"], rows["LoRA"]
-            table.add_row(size, "LoRA / full", f"{ad['bytes'] / full['bytes']:.4f}x",
-                          f"{ad['push_s'] / full['push_s']:.2f}x", f"{ad['load_s'] / full['load_s']:.2f}x",
-                          f"{ad['peak_rss_mb'] / full['peak_rss_mb']:.2f}x", f"{ad['step_s'] / full['step_s']:.2f}x",
-                          end_section=True)
+            table.add_row(
+                size,
+                "LoRA / full",
+                f"{ad['bytes'] / full['bytes']:.4f}x",
+                f"{ad['push_s'] / full['push_s']:.2f}x",
+                f"{ad['load_s'] / full['load_s']:.2f}x",
+                f"{ad['peak_rss_mb'] / full['peak_rss_mb']:.2f}x",
+                f"{ad['step_s'] / full['step_s']:.2f}x",
+                end_section=True,
+            )
     console.print(table)
 
 

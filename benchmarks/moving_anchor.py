@@ -26,10 +26,15 @@ from forge_rl.recipes.grpo_config import GRPOConfig
 
 def runs(args) -> list[tuple[str, list[str]]]:
     kl = [f"trainer.grpo.kl_coef={args.kl_coef}"]
-    return [("no KL", []),
-            (f"KL {args.kl_coef} to the frozen start", kl),
-            (f"KL {args.kl_coef} to the policy {args.follow_lag} version(s) ago, reloaded every {args.follow_every} "
-             "step(s)", kl + [f"reference.follow_every={args.follow_every}", f"reference.follow_lag={args.follow_lag}"])]
+    return [
+        ("no KL", []),
+        (f"KL {args.kl_coef} to the frozen start", kl),
+        (
+            f"KL {args.kl_coef} to the policy {args.follow_lag} version(s) ago, reloaded every {args.follow_every} "
+            "step(s)",
+            kl + [f"reference.follow_every={args.follow_every}", f"reference.follow_lag={args.follow_lag}"],
+        ),
+    ]
 
 
 def main() -> None:
@@ -41,23 +46,34 @@ def main() -> None:
     parser.add_argument("--out", default="outputs/bench/moving_anchor")
     args = parser.parse_args()
     table = Table(title=f"KL anchors on the demo task, {args.steps} steps each")
-    for column in ("run", "held-out first -> last 3", "KL to the reference (last 20 steps)", "reference versions",
-                   "steps/min"):
+    for column in (
+        "run",
+        "held-out first -> last 3",
+        "KL to the reference (last 20 steps)",
+        "reference versions",
+        "steps/min",
+    ):
         table.add_column(column)
     stamp = time.strftime("%Y%m%d-%H%M%S")  # a folder of its own per invocation
     for i, (name, overrides) in enumerate(runs(args)):
         out = f"{args.out}/{stamp}-{i}"
-        cfg = load_config(GRPOConfig, "configs/grpo/tiny.yaml",
-                          [f"steps={args.steps}", f"output_dir={out}", "export_dir=null", *overrides])
+        cfg = load_config(
+            GRPOConfig,
+            "configs/grpo/tiny.yaml",
+            [f"steps={args.steps}", f"output_dir={out}", "export_dir=null", *overrides],
+        )
         Console().print(f"[bold]{name}[/bold] -> {out}")
         summary = asyncio.run(train(GRPORun(cfg)))
         rows = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "trainer/loss" in r]
         kl = [r["trainer/kl_ref"] for r in rows[-20:] if "trainer/kl_ref" in r]
         versions = sorted({int(r["reference/version"]) for r in rows if "reference/version" in r})
-        table.add_row(name, f"{summary['eval_first']:.1%} -> {summary['eval_last3_mean']:.1%}",
-                      f"{statistics.mean(kl):.4f}" if kl and overrides else "-",
-                      (f"{versions[0]}..{versions[-1]}" if len(versions) > 1 else str(versions[0])) if versions else "-",
-                      f"{summary['steps_per_min']:.0f}")
+        table.add_row(
+            name,
+            f"{summary['eval_first']:.1%} -> {summary['eval_last3_mean']:.1%}",
+            f"{statistics.mean(kl):.4f}" if kl and overrides else "-",
+            (f"{versions[0]}..{versions[-1]}" if len(versions) > 1 else str(versions[0])) if versions else "-",
+            f"{summary['steps_per_min']:.0f}",
+        )
     Console().print(table)
 
 

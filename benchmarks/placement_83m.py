@@ -33,33 +33,57 @@ from forge_rl.config import load_config
 from forge_rl.models.build_tiny import build
 from forge_rl.recipes.grpo import GRPOConfig, main
 
-SHAPE_83M = dict(hidden_size=768, intermediate_size=2304, num_hidden_layers=12, num_attention_heads=12,
-                 num_key_value_heads=4, head_dim=64)
+SHAPE_83M = dict(
+    hidden_size=768,
+    intermediate_size=2304,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    head_dim=64,
+)
 
 
 def cli() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--placements", default="disaggregated,colocated")
-    ap.add_argument("--async-swap-modes", default="recompute_kv",
-                    help="one async run per generator.swap_mode (keep_kv: no KV recomputed at a swap)")
+    ap.add_argument(
+        "--async-swap-modes",
+        default="recompute_kv",
+        help="one async run per generator.swap_mode (keep_kv: no KV recomputed at a swap)",
+    )
     ap.add_argument("overrides", nargs="*", help="apps.grpo.main overrides for every run")
     args = ap.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         model = build(Path(tmp) / "qwen3_83m", **SHAPE_83M)
-        common = [f"model={model}", f"steps={args.steps}", "group_size=8", "batch_groups=4", "rollout_tasks=8",
-                  "generator.sampling.max_tokens=64",
-                  "generator.sampling.ignore_eos=true", "generator.engine_args.max_model_len=256",
-                  "buffer.drop_zero_advantage=false", "eval_every=0", "eval_size=8", "checkpoint_every=0",
-                  "no_batch_timeout_s=900", *args.overrides]
+        common = [
+            f"model={model}",
+            f"steps={args.steps}",
+            "group_size=8",
+            "batch_groups=4",
+            "rollout_tasks=8",
+            "generator.sampling.max_tokens=64",
+            "generator.sampling.ignore_eos=true",
+            "generator.engine_args.max_model_len=256",
+            "buffer.drop_zero_advantage=false",
+            "eval_every=0",
+            "eval_size=8",
+            "checkpoint_every=0",
+            "no_batch_timeout_s=900",
+            *args.overrides,
+        ]
         sync, asynchronous = ["async_mode=false", "max_policy_age=0"], ["async_mode=true", "max_policy_age=1"]
         modes = args.async_swap_modes.split(",")
-        loops = [("sync", sync)] + [("async" if m == "recompute_kv" else f"async {m}",
-                                     asynchronous + [f"generator.swap_mode={m}"]) for m in modes]
-        runs = [(f"{loop}, {where}", mode + [f"resources.placement={where}"])
-                for where in args.placements.split(",")  # sync then async per placement: each set shares conditions
-                for loop, mode in loops]
+        loops = [("sync", sync)] + [
+            ("async" if m == "recompute_kv" else f"async {m}", asynchronous + [f"generator.swap_mode={m}"])
+            for m in modes
+        ]
+        runs = [
+            (f"{loop}, {where}", mode + [f"resources.placement={where}"])
+            for where in args.placements.split(",")  # sync then async per placement: each set shares conditions
+            for loop, mode in loops
+        ]
         for label, extra in runs:
             Console().rule(label)
             out = f"output_dir=outputs/bench/placement_83m/{label.replace(', ', '_').replace(' ', '_')}"
@@ -68,18 +92,35 @@ def cli() -> None:
     # the baseline: the faster of the two synchronous placements, as a user would set sync up
     base = max(s["steps_per_min"] for label, s in results if label.startswith("sync"))
     table = Table(title=f"GRPO on an 83M-parameter Qwen3 shape, {args.steps} steps, G=8 x 4 groups x 64 tokens")
-    for col in ("loop", "steps/min", "s/step", "vs best sync", "trainer idle", "generator idle", "stale drops",
-                "generated / trained", "recomputed at swaps", "swap pauses"):
+    for col in (
+        "loop",
+        "steps/min",
+        "s/step",
+        "vs best sync",
+        "trainer idle",
+        "generator idle",
+        "stale drops",
+        "generated / trained",
+        "recomputed at swaps",
+        "swap pauses",
+    ):
         table.add_column(col, justify="right")
     for label, s in results:
         g = s["generator_stats"]
         trained = args.steps * 4 * 8 * 64  # every response is 64 tokens
         evaluated = 2 * 8 * 64  # the evaluations before and after: 8 prompts, 64 tokens each
-        table.add_row(label, f"{s['steps_per_min']:.2f}", f"{60 / s['steps_per_min']:.1f}",
-                      f"{s['steps_per_min'] / base:.2f}x", f"{s['trainer_idle_fraction']:.0%}",
-                      f"{s['generator_idle_fraction']:.0%}", f"{s['stale_fraction']:.1%}",
-                      f"{(g['generated_tokens'] - evaluated) / trained:.2f}",
-                      f"{g['recomputed_tokens_total']:,} tokens", f"{g['pause_s_total']:.1f} s")
+        table.add_row(
+            label,
+            f"{s['steps_per_min']:.2f}",
+            f"{60 / s['steps_per_min']:.1f}",
+            f"{s['steps_per_min'] / base:.2f}x",
+            f"{s['trainer_idle_fraction']:.0%}",
+            f"{s['generator_idle_fraction']:.0%}",
+            f"{s['stale_fraction']:.1%}",
+            f"{(g['generated_tokens'] - evaluated) / trained:.2f}",
+            f"{g['recomputed_tokens_total']:,} tokens",
+            f"{g['pause_s_total']:.1f} s",
+        )
     Console(width=160).print(table)
 
 

@@ -45,8 +45,14 @@ def generate(model, tok, problems, n: int, max_tokens: int, greedy: bool = False
     response_ids run up to and including EOS, as vLLM reports them."""
     enc = tok([chat_prompt(tok, p) for p in problems], return_tensors="pt", padding=True, add_special_tokens=False)
     sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
-    out = model.generate(**enc, **sampling, num_return_sequences=n, max_new_tokens=max_tokens,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    out = model.generate(
+        **enc,
+        **sampling,
+        num_return_sequences=n,
+        max_new_tokens=max_tokens,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     P = enc.input_ids.shape[1]
     episodes = []
     for i, row in enumerate(out):
@@ -55,8 +61,14 @@ def generate(model, tok, problems, n: int, max_tokens: int, greedy: bool = False
         stops = (response == tok.eos_token_id).nonzero()
         if len(stops):
             response = response[: int(stops[0]) + 1]
-        episodes.append(dict(prompt_ids=prompt, response_ids=response, finish_reason="stop" if len(stops) else "length",
-                             text=tok.decode(response, skip_special_tokens=True)))
+        episodes.append(
+            dict(
+                prompt_ids=prompt,
+                response_ids=response,
+                finish_reason="stop" if len(stops) else "length",
+                text=tok.decode(response, skip_special_tokens=True),
+            )
+        )
     return episodes
 
 
@@ -68,8 +80,8 @@ def collate(episodes: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     attn = torch.zeros_like(ids)
     for i, e in enumerate(episodes):
         p, r = len(e["prompt_ids"]), len(e["response_ids"])
-        ids[i, P - p:P], ids[i, P:P + r] = e["prompt_ids"], e["response_ids"]
-        attn[i, P - p:P + r] = 1
+        ids[i, P - p : P], ids[i, P : P + r] = e["prompt_ids"], e["response_ids"]
+        attn[i, P - p : P + r] = 1
     return dict(ids=ids, attn=attn, P=P, mask=attn[:, P:].bool())
 
 
@@ -77,21 +89,26 @@ def response_logprobs(model, b: dict) -> torch.Tensor:
     """log pi(token | prefix) of every response column [B, R]; positions as generate gives them under left padding."""
     pos = (b["attn"].cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=b["ids"], attention_mask=b["attn"], position_ids=pos).logits
-    logp = torch.log_softmax(logits[:, b["P"] - 1:-1].float() / 1.0, dim=-1)  # / the sampling temperature
-    return logp.gather(-1, b["ids"][:, b["P"]:, None])[..., 0]
+    logp = torch.log_softmax(logits[:, b["P"] - 1 : -1].float() / 1.0, dim=-1)  # / the sampling temperature
+    return logp.gather(-1, b["ids"][:, b["P"] :, None])[..., 0]
 
 
 def score(episodes: list[dict], answer: str) -> list[float]:
     texts, n = [e["text"] for e in episodes], len(episodes)
-    parts = [fn([""] * n, texts, answer=[answer] * n, finish_reason=[e["finish_reason"] for e in episodes])
-             for fn, _ in REWARDS]
+    parts = [
+        fn([""] * n, texts, answer=[answer] * n, finish_reason=[e["finish_reason"] for e in episodes])
+        for fn, _ in REWARDS
+    ]
     return [sum(w * p[i] for (_, w), p in zip(REWARDS, parts)) for i in range(n)]
 
 
 @torch.no_grad()
 def evaluate(model, tok, problems, max_tokens: int, chunk: int = 250) -> float:
-    texts = [e["text"] for i in range(0, len(problems), chunk)
-             for e in generate(model, tok, problems[i:i + chunk], 1, max_tokens, greedy=True)]
+    texts = [
+        e["text"]
+        for i in range(0, len(problems), chunk)
+        for e in generate(model, tok, problems[i : i + chunk], 1, max_tokens, greedy=True)
+    ]
     return sum(exact_match([], texts, answer=[p.answer for p in problems])) / len(problems)
 
 
@@ -116,7 +133,7 @@ def run(args) -> dict:
                 episodes = generate(model, tok, problems, args.group_size, args.max_tokens)
             generated += len(episodes)
             for k, problem in enumerate(problems):
-                group = episodes[k * args.group_size:(k + 1) * args.group_size]
+                group = episodes[k * args.group_size : (k + 1) * args.group_size]
                 totals = score(group, problem.answer)
                 rewards += totals
                 adv = group_advantages(totals, scale_by_std=True)
@@ -138,16 +155,26 @@ def run(args) -> dict:
         train_s += time.perf_counter() - start
         if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
             raise FloatingPointError(f"step {step}: loss {loss.item()}, grad norm {grad_norm.item()}")
-        bar.set_postfix(reward=f"{statistics.mean(rewards):.2f}", loss=f"{loss.item():+.1e}",
-                        gnorm=f"{grad_norm.item():.2f}", acc=f"{evals[-1][2]:.0%}", s_step=f"{train_s / step:.2f}")
+        bar.set_postfix(
+            reward=f"{statistics.mean(rewards):.2f}",
+            loss=f"{loss.item():+.1e}",
+            gnorm=f"{grad_norm.item():.2f}",
+            acc=f"{evals[-1][2]:.0%}",
+            s_step=f"{train_s / step:.2f}",
+        )
         if (args.eval_every and step % args.eval_every == 0) or step == args.steps:  # the demo's schedule
             evals.append([step, train_s, evaluate(model, tok, held_out, args.max_tokens)])
     bar.close()
     summary = dict(
-        steps=args.steps, train_s=train_s, steps_per_min=args.steps / train_s * 60, evals=evals,
-        eval_first=evals[0][2], eval_last3_mean=statistics.mean(acc for *_, acc in evals[-3:]),
+        steps=args.steps,
+        train_s=train_s,
+        steps_per_min=args.steps / train_s * 60,
+        evals=evals,
+        eval_first=evals[0][2],
+        eval_last3_mean=statistics.mean(acc for *_, acc in evals[-3:]),
         time_to_60=next((t for _, t, acc in evals if acc >= 0.6), None),
-        dropped_zero_advantage=dropped, generated_episodes=generated,
+        dropped_zero_advantage=dropped,
+        generated_episodes=generated,
     )
     table = Table(title=f"plain GRPO, {args.steps} steps, {args.eval_size} held-out prompts (greedy)")
     for col in ("step", "train s", "accuracy"):
@@ -156,8 +183,10 @@ def run(args) -> dict:
         table.add_row(str(step), f"{t:.1f}", f"{acc:.1%}")
     console = Console()
     console.print(table)
-    console.print(f"{summary['steps_per_min']:.1f} steps/min ({train_s / args.steps:.2f} s/step); dropped "
-                  f"{dropped} of {generated} generated episodes (zero advantage); time to 60%: {summary['time_to_60']}")
+    console.print(
+        f"{summary['steps_per_min']:.1f} steps/min ({train_s / args.steps:.2f} s/step); dropped "
+        f"{dropped} of {generated} generated episodes (zero advantage); time to 60%: {summary['time_to_60']}"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2))

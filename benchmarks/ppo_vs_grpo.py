@@ -22,8 +22,10 @@ from forge_rl.recipes.grpo import GRPORun
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.ppo import PPOConfig, PPORun
 
-RUNS = (("GRPO, G=8 x 16 prompts", GRPORun, GRPOConfig, "configs/grpo/tiny.yaml"),
-        ("PPO, critic, G=1 x 64 prompts", PPORun, PPOConfig, "configs/ppo/tiny.yaml"))
+RUNS = (
+    ("GRPO, G=8 x 16 prompts", GRPORun, GRPOConfig, "configs/grpo/tiny.yaml"),
+    ("PPO, critic, G=1 x 64 prompts", PPORun, PPOConfig, "configs/ppo/tiny.yaml"),
+)
 
 
 async def train_for(run, budget_s: float, eval_every: int) -> dict:
@@ -35,8 +37,10 @@ async def train_for(run, budget_s: float, eval_every: int) -> dict:
             if run.step % eval_every == 0:
                 line.update(await run.evaluate())
             if run.step % 10 == 0:
-                Console().print(f"  step {run.step}: {run.training_s():.0f} s of training, "
-                                f"held-out {run.evals[-1][2]:.1%} at step {run.evals[-1][0]}")
+                Console().print(
+                    f"  step {run.step}: {run.training_s():.0f} s of training, "
+                    f"held-out {run.evals[-1][2]:.1%} at step {run.evals[-1][0]}"
+                )
         return await run.finish()
 
 
@@ -73,19 +77,34 @@ def cli() -> None:
     for label, run_cls, schema, config in RUNS:
         Console().rule(label)
         name = "ppo" if run_cls is PPORun else "grpo"
-        cfg = load_config(schema, config, ["steps=100000", "eval_every=0", f"output_dir={args.out}/{name}", "overwrite=true"])
+        cfg = load_config(
+            schema, config, ["steps=100000", "eval_every=0", f"output_dir={args.out}/{name}", "overwrite=true"]
+        )
         results.append((label, asyncio.run(train_for(run_cls(cfg), args.budget_s, args.eval_every))))
     marks = [args.budget_s * f for f in (0.25, 0.5, 0.75)]
     table = Table(title=f"PPO against GRPO on the demo task, {args.budget_s:.0f} s of training each")
-    for col in ("run", "steps", "steps/min", "episodes trained", "held-out at 0 s",
-                *[f"at {m:.0f} s" for m in marks], "final (last 3)", "time to 60%"):
+    for col in (
+        "run",
+        "steps",
+        "steps/min",
+        "episodes trained",
+        "held-out at 0 s",
+        *[f"at {m:.0f} s" for m in marks],
+        "final (last 3)",
+        "time to 60%",
+    ):
         table.add_column(col, justify="right")
     for label, s in results:
-        table.add_row(label, str(s["steps"]), f"{s['steps_per_min']:.1f}", str(s["buffer"]["trained"]),
-                      f"{s['eval_first']:.1%}",
-                      *[f"{a:.1%}" if (a := accuracy_at(s["evals"], m)) is not None else "-" for m in marks],
-                      f"{s['eval_last3_mean']:.1%}",
-                      f"{s['time_to_60']:.0f} s" if s["time_to_60"] is not None else "-")
+        table.add_row(
+            label,
+            str(s["steps"]),
+            f"{s['steps_per_min']:.1f}",
+            str(s["buffer"]["trained"]),
+            f"{s['eval_first']:.1%}",
+            *[f"{a:.1%}" if (a := accuracy_at(s["evals"], m)) is not None else "-" for m in marks],
+            f"{s['eval_last3_mean']:.1%}",
+            f"{s['time_to_60']:.0f} s" if s["time_to_60"] is not None else "-",
+        )
     Console(width=200).print(table)
     plot(results, f"{args.out}.png")
     Console().print(f"accuracy against training time: {args.out}.png")

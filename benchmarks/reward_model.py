@@ -40,8 +40,9 @@ from forge_rl.runtime import provisioned
 _LOADED = {}  # in a reward worker: path -> (tokenizer, model), loaded on its first call
 
 
-def classifier_in_function(prompts: list[str], completions: list[str], model: str, threads: int = 0,
-                           **_) -> list[float]:
+def classifier_in_function(
+    prompts: list[str], completions: list[str], model: str, threads: int = 0, **_
+) -> list[float]:
     """The reward model as a plain reward function: one group, one forward, in the reward worker's process.
     `threads`: torch threads in this worker (0: torch's default, one per core)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -49,11 +50,15 @@ def classifier_in_function(prompts: list[str], completions: list[str], model: st
     if model not in _LOADED:
         if threads:
             torch.set_num_threads(threads)
-        _LOADED[model] = (AutoTokenizer.from_pretrained(model),
-                          AutoModelForSequenceClassification.from_pretrained(model).eval())
+        _LOADED[model] = (
+            AutoTokenizer.from_pretrained(model),
+            AutoModelForSequenceClassification.from_pretrained(model).eval(),
+        )
     tok, net = _LOADED[model]
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": c}],
-                                     tokenize=False) for p, c in zip(prompts, completions)]
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": c}], tokenize=False)
+        for p, c in zip(prompts, completions)
+    ]
     with torch.no_grad():
         logits = net(**tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)).logits
     return (logits[:, 0] if logits.shape[1] == 1 else torch.softmax(logits, -1)[:, 1]).tolist()  # as the actor does
@@ -94,19 +99,32 @@ async def measure(model: str, groups, concurrency: int) -> list[tuple[str, float
     async with provisioned():
         for label, threads in (("as written", 0), (f"tuned: {split} thread(s) per worker", split)):
             function = await RewardActor.options(mesh_name=f"in_function_{threads}").as_actor(
-                [RewardConfig("benchmarks.reward_model:classifier_in_function",
-                            args={"model": model, "threads": threads})], 600.0, workers)
-            rows.append((f"in a reward function, {label}", await groups_per_s(function, groups, concurrency),
-                         f"{workers} workers, a model and a forward per group in each"))
+                [
+                    RewardConfig(
+                        "benchmarks.reward_model:classifier_in_function", args={"model": model, "threads": threads}
+                    )
+                ],
+                600.0,
+                workers,
+            )
+            rows.append(
+                (
+                    f"in a reward function, {label}",
+                    await groups_per_s(function, groups, concurrency),
+                    f"{workers} workers, a model and a forward per group in each",
+                )
+            )
         for label, max_batch, window_ms in (("batching off", group, 0.0), ("batched across groups", 64, 10.0)):
             rm = await RewardModel.options(mesh_name=f"rm_{max_batch}").as_actor(model, max_batch, window_ms)
             spec = RewardConfig(model=model)
             actor = await RewardActor.options(mesh_name=f"as_actor_{max_batch}").as_actor(
-                [spec], 600.0, models={spec.name: rm})
+                [spec], 600.0, models={spec.name: rm}
+            )
             rate = await groups_per_s(actor, groups, concurrency)
             stats = await rm.stats.call_one()
-            rows.append((f"as a RewardModel actor, {label}", rate,
-                         f"1 proc, {stats['mean_batch']:.1f} sequences per forward"))
+            rows.append(
+                (f"as a RewardModel actor, {label}", rate, f"1 proc, {stats['mean_batch']:.1f} sequences per forward")
+            )
     return rows
 
 
@@ -119,14 +137,17 @@ def cli() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     args = ap.parse_args()
     problems = training_problems(args.groups, seed=1)
-    groups = [([p.question] * args.group_size, [str(int(p.answer) + d) for d in range(args.group_size)])
-              for p in problems]
+    groups = [
+        ([p.question] * args.group_size, [str(int(p.answer) + d) for d in range(args.group_size)]) for p in problems
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         model = classifier_83m(Path(tmp)) if args.shape else resolve_model_path(args.model)
         rows = asyncio.run(measure(model, groups, args.concurrency))
     base = rows[0][1]
-    table = Table(title=f"reward model throughput: {args.groups} groups of {args.group_size}, {args.concurrency} "
-                        f"in flight ({args.shape or args.model}, {os.cpu_count()} cores)")
+    table = Table(
+        title=f"reward model throughput: {args.groups} groups of {args.group_size}, {args.concurrency} "
+        f"in flight ({args.shape or args.model}, {os.cpu_count()} cores)"
+    )
     for col in ("scored", "groups/s", "vs function as written", "how"):
         table.add_column(col, justify="right")
     for label, rate, note in rows:

@@ -48,11 +48,26 @@ WORLD = 2  # trainer ranks, one per node
 
 def hf_config(size: str) -> dict:
     h, layers, heads, kv, hd, inter, vocab = SIZES[size]
-    return dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=vocab, hidden_size=h,
-                intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-                head_dim=hd, hidden_act="silu", max_position_embeddings=4096, rms_norm_eps=1e-6,
-                rope_parameters=dict(rope_type="default", rope_theta=1e6), tie_word_embeddings=True,
-                attention_bias=False, torch_dtype="bfloat16", eos_token_id=2, pad_token_id=0)
+    return dict(
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        vocab_size=vocab,
+        hidden_size=h,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=hd,
+        hidden_act="silu",
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        rope_parameters=dict(rope_type="default", rope_theta=1e6),
+        tie_word_embeddings=True,
+        attention_bias=False,
+        torch_dtype="bfloat16",
+        eos_token_id=2,
+        pad_token_id=0,
+    )
 
 
 def write_checkpoint(out: Path, size: str) -> int:
@@ -70,8 +85,10 @@ def write_checkpoint(out: Path, size: str) -> int:
         files.setdefault("x" if layer == "x" else str(int(layer) // 4), {})[name] = shape
     total = 0
     for i, (key, shapes) in enumerate(sorted(files.items())):
-        part = {n: (torch.ones(s) if n.endswith("norm.weight") else torch.randn(s, generator=g) * 0.02)
-                .to(torch.bfloat16) for n, s in shapes.items()}
+        part = {
+            n: (torch.ones(s) if n.endswith("norm.weight") else torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)
+            for n, s in shapes.items()
+        }
         total += sum(t.numel() for t in part.values())
         save_file(part, str(out / f"model-{i:05d}.safetensors"), metadata={"format": "pt"})
         del part
@@ -145,9 +162,16 @@ class Phase:
         finally:
             done = True
             await sampler
-        return result, [dict(before=b["VmRSS"], anon_before=b["RssAnon"], peak=_status(pid)["VmHWM"],
-                             anon_peak=pk["anon"], shm_peak=pk["shm"])
-                        for pid, b, pk in zip(self.pids, before, peaks)]
+        return result, [
+            dict(
+                before=b["VmRSS"],
+                anon_before=b["RssAnon"],
+                peak=_status(pid)["VmHWM"],
+                anon_peak=pk["anon"],
+                shm_peak=pk["shm"],
+            )
+            for pid, b, pk in zip(self.pids, before, peaks)
+        ]
 
 
 def by_rank(values) -> list:
@@ -164,10 +188,16 @@ def batches(world: int, seqs: int, tokens: int, vocab: int):
     out = []
     for _ in range(world):
         mask = torch.zeros(seqs, tokens, dtype=torch.bool)
-        mask[:, tokens // 2:] = True
-        out.append(TrainBatch(torch.randint(3, vocab, (seqs, tokens), generator=g), mask,
-                              -torch.rand(seqs, tokens, generator=g) * mask, torch.where(mask, 0, -1),
-                              torch.randn(seqs, generator=g)))
+        mask[:, tokens // 2 :] = True
+        out.append(
+            TrainBatch(
+                torch.randint(3, vocab, (seqs, tokens), generator=g),
+                mask,
+                -torch.rand(seqs, tokens, generator=g) * mask,
+                torch.where(mask, 0, -1),
+                torch.randn(seqs, generator=g),
+            )
+        )
     return out
 
 
@@ -186,8 +216,13 @@ async def spawn(args, out: Path):
     prov = get_provisioner()
     mesh = await prov.get_proc_mesh(procs=WORLD, mesh_name="Trainer", spmd=True, host_mesh="trainer")
     where = by_rank(await mesh.spawn("probe", me.Probe).flatten("rank").where.call())
-    cfg = TrainerConfig(model=str(args.model), parallel=ParallelConfig(dp_shard=WORLD), publish_dtype="bfloat16",
-                        optim=OptimizerConfig(lr=1e-5), checkpoint_dir=str(out / "ckpt"))
+    cfg = TrainerConfig(
+        model=str(args.model),
+        parallel=ParallelConfig(dp_shard=WORLD),
+        publish_dtype="bfloat16",
+        optim=OptimizerConfig(lr=1e-5),
+        checkpoint_dir=str(out / "ckpt"),
+    )
     trainer = mesh.spawn("Trainer", Trainer, cfg, store_cfg)
     reader_mesh = await prov.get_proc_mesh(mesh_name="Reader", host_mesh="generator", host_index=0)
     reader = reader_mesh.spawn("reader", me.Reader, server, store_cfg)
@@ -202,8 +237,10 @@ async def measure(args) -> dict:
     from forge_rl.runtime.message_bytes import message_bytes, sent_bytes
 
     out = Path(args.out)
-    launcher = LauncherConfig(kind="slurm", slurm=SlurmConfig(trainer_nodes=WORLD, generator_nodes=1, time="02:00:00",
-                                                              state_file=str(out / "job.pkl")))
+    launcher = LauncherConfig(
+        kind="slurm",
+        slurm=SlurmConfig(trainer_nodes=WORLD, generator_nodes=1, time="02:00:00", state_file=str(out / "job.pkl")),
+    )
     res: dict = dict(phases={}, publish=[])
     async with run_hosts(launcher, out, out / "logs"):
         trainer, reader, where = await spawn(args, out)
@@ -217,9 +254,14 @@ async def measure(args) -> dict:
             step = batches(WORLD, args.seqs, args.tokens, hf_config(args.size)["vocab_size"])
             with sent_bytes() as wire:
                 _, res["phases"]["train"] = await phase.run(
-                    call_each_rank(trainer, Trainer.optimizer_step, batches_for_ranks(step, shards)))
-            res["sent"] = dict(after=wire.total, per_rank=wire.calls, before=WORLD * message_bytes(step),
-                               each_batch_once=sum(message_bytes([b]) for b in step))
+                    call_each_rank(trainer, Trainer.optimizer_step, batches_for_ranks(step, shards))
+                )
+            res["sent"] = dict(
+                after=wire.total,
+                per_rank=wire.calls,
+                before=WORLD * message_bytes(step),
+                each_batch_once=sum(message_bytes([b]) for b in step),
+            )
             res["publish"].append(await publish(phase, trainer, reader, 1, res, "publish_v1"))
     return res
 
@@ -228,42 +270,73 @@ async def publish(phase: Phase, trainer, reader, version: int, res: dict, key: s
     pushed, res["phases"][key] = await phase.run(trainer.flatten("rank").push_weights.call(version))
     records = by_rank(pushed)
     fetched = await reader.fetch.call_one(version)
-    return dict(version=version, push_s=records[0]["push_s"], bytes=records[0]["bytes"], load_s=fetched["load_s"],
-                remote_fetches=fetched["remote_fetches"],
-                largest_held=[r.get("largest_held_bytes", 0) for r in records])
+    return dict(
+        version=version,
+        push_s=records[0]["push_s"],
+        bytes=records[0]["bytes"],
+        load_s=fetched["load_s"],
+        remote_fetches=fetched["remote_fetches"],
+        largest_held=[r.get("largest_held_bytes", 0) for r in records],
+    )
 
 
 # ---------------------------------------------------------------- outside: checkpoint, cluster, table
 def table(res: dict, params: int, args) -> str:
     fp32 = 4 * params
     frac = lambda b: f"{b / fp32:.3f}"  # noqa: E731
-    rows = [f"model: {args.size}, P = {params / 1e9:.3f}e9, fp32 4P = {fp32 / 1e9:.2f} GB, world {WORLD} "
-            f"(one rank per node), batch {WORLD} x {args.seqs} sequences x {args.tokens} tokens", "",
-            "| rank (host) | phase | peak RSS / 4P | peak private / 4P | private added / 4P | shm mapped / 4P | "
-            "before: added / 4P (formula) |", "|---|---|---|---|---|---|---|"]
-    before = dict(load="1.5 (whole files read, upcast to fp32)", train="(unchanged)",
-                  publish_v0=f"{0.5 + 0.5 / WORLD:.2f} (whole model gathered in bf16)",
-                  publish_v1=f"{0.5 + 0.5 / WORLD:.2f} (whole model gathered in bf16)")
+    rows = [
+        f"model: {args.size}, P = {params / 1e9:.3f}e9, fp32 4P = {fp32 / 1e9:.2f} GB, world {WORLD} "
+        f"(one rank per node), batch {WORLD} x {args.seqs} sequences x {args.tokens} tokens",
+        "",
+        "| rank (host) | phase | peak RSS / 4P | peak private / 4P | private added / 4P | shm mapped / 4P | "
+        "before: added / 4P (formula) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    before = dict(
+        load="1.5 (whole files read, upcast to fp32)",
+        train="(unchanged)",
+        publish_v0=f"{0.5 + 0.5 / WORLD:.2f} (whole model gathered in bf16)",
+        publish_v1=f"{0.5 + 0.5 / WORLD:.2f} (whole model gathered in bf16)",
+    )
     for r, w in enumerate(res["ranks"]):
         for name, per_rank in res["phases"].items():
             p = per_rank[r]
-            rows.append(f"| {r} ({w['host']}) | {name} | {frac(p['peak'])} | {frac(p['anon_peak'])} | "
-                        f"{frac(p['anon_peak'] - p['anon_before'])} | {frac(p['shm_peak'])} | {before[name]} |")
-    rows += ["", "baseline (a rank's proc with its imports, before the model): "
-             + ", ".join(f"rank {r} {w['rss'] / 1e9:.2f} GB" for r, w in enumerate(res["ranks"]))]
-    rows += ["", "load: " + "; ".join(f"rank {r}: read {s['bytes_read'] / 1e9:.2f} of {s['checkpoint_bytes'] / 1e9:.2f}"
-                                      f" GB, largest read {s['largest_read'] / 1e6:.0f} MB"
-                                      for r, s in enumerate(res["load_stats"])), ""]
-    rows += ["| version | published (GB, bf16) | publish s | cross-host load s | largest block held per rank (MB) |",
-             "|---|---|---|---|---|"]
+            rows.append(
+                f"| {r} ({w['host']}) | {name} | {frac(p['peak'])} | {frac(p['anon_peak'])} | "
+                f"{frac(p['anon_peak'] - p['anon_before'])} | {frac(p['shm_peak'])} | {before[name]} |"
+            )
+    rows += [
+        "",
+        "baseline (a rank's proc with its imports, before the model): "
+        + ", ".join(f"rank {r} {w['rss'] / 1e9:.2f} GB" for r, w in enumerate(res["ranks"])),
+    ]
+    rows += [
+        "",
+        "load: "
+        + "; ".join(
+            f"rank {r}: read {s['bytes_read'] / 1e9:.2f} of {s['checkpoint_bytes'] / 1e9:.2f}"
+            f" GB, largest read {s['largest_read'] / 1e6:.0f} MB"
+            for r, s in enumerate(res["load_stats"])
+        ),
+        "",
+    ]
+    rows += [
+        "| version | published (GB, bf16) | publish s | cross-host load s | largest block held per rank (MB) |",
+        "|---|---|---|---|---|",
+    ]
     for p in res["publish"]:
-        rows.append(f"| {p['version']} | {p['bytes'] / 1e9:.2f} | {p['push_s']:.1f} | {p['load_s']:.1f} | "
-                    f"{', '.join(f'{b / 1e6:.0f}' for b in p['largest_held'])} |")
+        rows.append(
+            f"| {p['version']} | {p['bytes'] / 1e9:.2f} | {p['push_s']:.1f} | {p['load_s']:.1f} | "
+            f"{', '.join(f'{b / 1e6:.0f}' for b in p['largest_held'])} |"
+        )
     if "sent" in res:
         s = res["sent"]
-        rows += ["", f"controller -> trainer ranks per step: {s['after']} bytes ({s['per_rank']} per rank); each batch "
-                     f"once would be {s['each_batch_once']}; every batch to every rank was {s['before']} (W x the "
-                     f"message of all batches)"]
+        rows += [
+            "",
+            f"controller -> trainer ranks per step: {s['after']} bytes ({s['per_rank']} per rank); each batch "
+            f"once would be {s['each_batch_once']}; every batch to every rank was {s['before']} (W x the "
+            f"message of all batches)",
+        ]
     return "\n".join(rows)
 
 
@@ -274,16 +347,37 @@ def run_on_cluster(args, model: Path, work: Path) -> dict:
         sys.exit(f"scale_memory needs the test Slurm cluster: {why}")
     cluster = SlurmCluster(work / "slurm", nodes=WORLD + 1).start()
     try:
-        argv = [sys.executable, "-m", "benchmarks.scale_memory", "--inner", "--size", args.size, "--model", str(model),
-                "--out", str(work / "run"), "--seqs", str(args.seqs), "--tokens", str(args.tokens),
-                *(["--no-train"] if args.no_train else [])]
+        argv = [
+            sys.executable,
+            "-m",
+            "benchmarks.scale_memory",
+            "--inner",
+            "--size",
+            args.size,
+            "--model",
+            str(model),
+            "--out",
+            str(work / "run"),
+            "--seqs",
+            str(args.seqs),
+            "--tokens",
+            str(args.tokens),
+            *(["--no-train"] if args.no_train else []),
+        ]
         env = cluster.env(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-        proc = subprocess.run(cluster.on_login(argv), cwd=REPO, env=env, capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=3600)
+        proc = subprocess.run(
+            cluster.on_login(argv),
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=3600,
+        )
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
             sys.exit(f"the run failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
-        return json.loads(lines[-1][len("RESULT "):])
+        return json.loads(lines[-1][len("RESULT ") :])
     finally:
         cluster.stop()
 
@@ -323,8 +417,10 @@ def main() -> None:
     need, free = memory_needed(args.size, not args.no_train), mem_available()
     print(f"needs about {need / 1e9:.1f} GB of RAM; {free / 1e9:.1f} GB available", flush=True)
     if need > 0.9 * free and not args.force:  # no swap here: running short would OOM-kill someone's processes
-        sys.exit(f"not enough memory for --size {args.size}{' --no-train' if args.no_train else ''}: "
-                 "choose a smaller size, --no-train, or --force")
+        sys.exit(
+            f"not enough memory for --size {args.size}{' --no-train' if args.no_train else ''}: "
+            "choose a smaller size, --no-train, or --force"
+        )
     with tempfile.TemporaryDirectory(prefix="scale_memory-", dir="/tmp") as tmp:
         work = Path(tmp)
         start = time.time()

@@ -67,8 +67,11 @@ def _rss_by_role(root: psutil.Process) -> dict[str, float]:
 def _last_step(metrics: Path) -> int:
     if not metrics.exists():
         return 0
-    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()
-             if line.strip() and '"trainer/loss"' in line]
+    steps = [
+        json.loads(line)["step"]
+        for line in metrics.read_text().splitlines()
+        if line.strip() and '"trainer/loss"' in line
+    ]
     return max(steps, default=0)
 
 
@@ -84,12 +87,28 @@ def _kill_a_replica(root: psutil.Process) -> int | None:
     return None
 
 
-def soak(steps: int, kill_every: int, out: Path, overrides: list[str] = (), sample_s: float = 2.0,
-         timeout_s: float = 3 * 3600) -> dict:
+def soak(
+    steps: int,
+    kill_every: int,
+    out: Path,
+    overrides: list[str] = (),
+    sample_s: float = 2.0,
+    timeout_s: float = 3 * 3600,
+) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     shm = RunShm()
-    cmd = [sys.executable, "-m", "apps.grpo.main", "--config", "configs/grpo/tiny.yaml", f"steps={steps}",
-           f"output_dir={out}", "overwrite=true", "eval_every=0", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "apps.grpo.main",
+        "--config",
+        "configs/grpo/tiny.yaml",
+        f"steps={steps}",
+        f"output_dir={out}",
+        "overwrite=true",
+        "eval_every=0",
+        *overrides,
+    ]
     warm_step = max(1, min(kill_every // 2, steps // 2))
     rss_warm: dict[str, float] | None = None
     rss_end: dict[str, float] = {}
@@ -122,35 +141,58 @@ def soak(steps: int, kill_every: int, out: Path, overrides: list[str] = (), samp
             time.sleep(sample_s)
     wall = time.monotonic() - start
     time.sleep(1.0)  # the watcher's last sweep after the controller exits
-    alive = [pid for pid in seen if pid != app.pid and psutil.pid_exists(pid)
-             and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    alive = [
+        pid
+        for pid in seen
+        if pid != app.pid and psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     buf = summary.get("buffer", {})
     return dict(
-        returncode=app.returncode, wall_s=wall, steps=summary.get("trainer_version", _last_step(out / "metrics.jsonl")),
-        kills=kills, respawns=summary.get("generator_respawns"), generator_versions=summary.get("generator_versions"),
-        added=buf.get("added"), trained=buf.get("trained"), dropped=buf.get("dropped", {}),
+        returncode=app.returncode,
+        wall_s=wall,
+        steps=summary.get("trainer_version", _last_step(out / "metrics.jsonl")),
+        kills=kills,
+        respawns=summary.get("generator_respawns"),
+        generator_versions=summary.get("generator_versions"),
+        added=buf.get("added"),
+        trained=buf.get("trained"),
+        dropped=buf.get("dropped", {}),
         accounted=bool(buf) and buf["added"] == buf["trained"] + sum(buf["dropped"].values()),
-        drops=summary.get("drops", {}), stale_fraction=summary.get("stale_fraction"),
-        steps_per_min=summary.get("steps_per_min"), eval_first=summary.get("eval_first"),
-        eval_last=summary["evals"][-1][2] if summary.get("evals") else None, rss_warm=rss_warm or {}, rss_end=rss_end,
+        drops=summary.get("drops", {}),
+        stale_fraction=summary.get("stale_fraction"),
+        steps_per_min=summary.get("steps_per_min"),
+        eval_first=summary.get("eval_first"),
+        eval_last=summary["evals"][-1][2] if summary.get("evals") else None,
+        rss_warm=rss_warm or {},
+        rss_end=rss_end,
         rss_series=series,
-        processes_seen=len(seen), processes_left=alive, shm_seen=sorted(shm.entries),
+        processes_seen=len(seen),
+        processes_left=alive,
+        shm_seen=sorted(shm.entries),
         shm_left=shm.left(),
     )
 
 
 def print_report(r: dict) -> None:
-    print(f"\nsoak: {r['steps']} steps in {r['wall_s']:.0f} s (exit code {r['returncode']}), "
-          f"{len(r['kills'])} generator replicas killed at steps {[s for s, _ in r['kills']]}, "
-          f"{r['respawns']} respawned; final generator versions {r['generator_versions']}")
-    print(f"episodes: added {r['added']} = trained {r['trained']} + dropped {sum(r['dropped'].values())} "
-          f"({'accounted' if r['accounted'] else 'NOT ACCOUNTED'}); drops {r['drops']}; "
-          f"stale {r['stale_fraction']:.2%} of generated" if r["added"] is not None else "no summary written")
+    print(
+        f"\nsoak: {r['steps']} steps in {r['wall_s']:.0f} s (exit code {r['returncode']}), "
+        f"{len(r['kills'])} generator replicas killed at steps {[s for s, _ in r['kills']]}, "
+        f"{r['respawns']} respawned; final generator versions {r['generator_versions']}"
+    )
+    print(
+        f"episodes: added {r['added']} = trained {r['trained']} + dropped {sum(r['dropped'].values())} "
+        f"({'accounted' if r['accounted'] else 'NOT ACCOUNTED'}); drops {r['drops']}; "
+        f"stale {r['stale_fraction']:.2%} of generated"
+        if r["added"] is not None
+        else "no summary written"
+    )
     if r["eval_first"] is not None:
-        print(f"held-out accuracy {r['eval_first']:.1%} at the start -> {r['eval_last']:.1%} at the end; "
-              f"{r['steps_per_min']:.1f} steps/min (replica respawns included)")
+        print(
+            f"held-out accuracy {r['eval_first']:.1%} at the start -> {r['eval_last']:.1%} at the end; "
+            f"{r['steps_per_min']:.1f} steps/min (replica respawns included)"
+        )
     print(f"\n| process | RSS after warm-up (MiB) | RSS at the end (MiB) | change |\n|---|---|---|---|")
     for role in sorted(set(r["rss_warm"]) | set(r["rss_end"])):
         warm, end = r["rss_warm"].get(role), r["rss_end"].get(role)
@@ -160,10 +202,14 @@ def print_report(r: dict) -> None:
     if total_w:
         print(f"| all | {total_w:.0f} | {total_e:.0f} | {total_e / total_w - 1:+.1%} |")
     if r["rss_series"]:
-        print("\ncontroller RSS (MiB) by step: " + ", ".join(f"{step}: {rss.get('controller', 0):.0f}"
-                                                            for step, rss in r["rss_series"]))
-    print(f"\nafter exit: {len(r['processes_left'])} of {r['processes_seen']} processes left alive "
-          f"{r['processes_left'] or ''}; /dev/shm entries left: {r['shm_left'] or 'none'}")
+        print(
+            "\ncontroller RSS (MiB) by step: "
+            + ", ".join(f"{step}: {rss.get('controller', 0):.0f}" for step, rss in r["rss_series"])
+        )
+    print(
+        f"\nafter exit: {len(r['processes_left'])} of {r['processes_seen']} processes left alive "
+        f"{r['processes_left'] or ''}; /dev/shm entries left: {r['shm_left'] or 'none'}"
+    )
 
 
 def main() -> None:

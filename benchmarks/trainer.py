@@ -44,17 +44,39 @@ from forge_rl.runtime import provisioned, stop_actor
 from forge_rl.types import TrainBatch
 
 VOCAB = 151936
-_QWEN3 = dict(vocab_size=VOCAB, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
-              tie_word_embeddings=True)
+_QWEN3 = dict(
+    vocab_size=VOCAB, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True
+)
 # shape: (HF config, sequences, sequence length, micro-batch); the GPU shapes' micro-batches fit the plain loop's
 # fp32 logits (and their copies) on an 80 GB H100
 SHAPES = {
-    "cpu": (dict(_QWEN3, hidden_size=512, num_hidden_layers=4, intermediate_size=1536, num_attention_heads=8,
-                 num_key_value_heads=4, head_dim=64, max_position_embeddings=512), 8, 256, 4),
-    "0.6b": (dict(_QWEN3, hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, num_attention_heads=16),
-             16, 2048, 4),
-    "1.7b": (dict(_QWEN3, hidden_size=2048, num_hidden_layers=28, intermediate_size=6144, num_attention_heads=16),
-             16, 2048, 2),
+    "cpu": (
+        dict(
+            _QWEN3,
+            hidden_size=512,
+            num_hidden_layers=4,
+            intermediate_size=1536,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=64,
+            max_position_embeddings=512,
+        ),
+        8,
+        256,
+        4,
+    ),
+    "0.6b": (
+        dict(_QWEN3, hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, num_attention_heads=16),
+        16,
+        2048,
+        4,
+    ),
+    "1.7b": (
+        dict(_QWEN3, hidden_size=2048, num_hidden_layers=28, intermediate_size=6144, num_attention_heads=16),
+        16,
+        2048,
+        2,
+    ),
 }
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 CLIP_LOW, CLIP_HIGH, LR = 0.2, 0.28, 1e-6  # forge_rl's GRPO defaults; a small lr keeps the batch on-policy
@@ -81,7 +103,7 @@ def make_model_dir(shape: str, root: Path) -> Path:
 def make_batch(B: int, T: int, seed: int = 0) -> TrainBatch:
     g = torch.Generator().manual_seed(seed)
     mask = torch.zeros(B, T, dtype=torch.bool)
-    mask[:, T // 4:] = True
+    mask[:, T // 4 :] = True
     tokens = torch.randint(3, VOCAB, (B, T), generator=g)
     return TrainBatch(tokens, mask, torch.zeros(B, T), torch.where(mask, 0, -1), torch.randn(B, generator=g))
 
@@ -91,8 +113,7 @@ def plain_logprobs(model, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     with torch.autocast(tokens.device.type, dtype=dtype, enabled=dtype != torch.float32):
         logits = model(tokens).logits[:, :-1]
     B, n, V = logits.shape
-    return -F.cross_entropy(logits.float().reshape(B * n, V), tokens[:, 1:].reshape(B * n),
-                            reduction="none").view(B, n)
+    return -F.cross_entropy(logits.float().reshape(B * n, V), tokens[:, 1:].reshape(B * n), reduction="none").view(B, n)
 
 
 class PlainLoop:
@@ -101,14 +122,19 @@ class PlainLoop:
     def __init__(self, model_dir: Path, batch: TrainBatch, micro: int, device: torch.device, param_dtype: torch.dtype):
         from transformers import Qwen3ForCausalLM
 
-        self.model = Qwen3ForCausalLM.from_pretrained(str(model_dir), dtype=param_dtype,
-                                                      attn_implementation="sdpa").to(device)
+        self.model = Qwen3ForCausalLM.from_pretrained(str(model_dir), dtype=param_dtype, attn_implementation="sdpa").to(
+            device
+        )
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, fused=True)
         self.tokens, self.mask = batch.tokens.to(device), batch.response_mask[:, 1:].to(device)
         self.adv, self.micro, self.device = batch.advantages.to(device), micro, device
         with torch.no_grad():  # behaviour logprobs: the model's own
-            self.old = torch.cat([plain_logprobs(self.model, self.tokens[i:i + micro], torch.bfloat16)
-                                  for i in range(0, len(self.tokens), micro)])
+            self.old = torch.cat(
+                [
+                    plain_logprobs(self.model, self.tokens[i : i + micro], torch.bfloat16)
+                    for i in range(0, len(self.tokens), micro)
+                ]
+            )
         self.grad_norm = 0.0
 
     async def step(self) -> float:
@@ -142,15 +168,18 @@ class ForgeRLTrainer:
     """The Trainer actor on one proc, called as a run calls it (its time includes the call); behaviour logprobs from
     its own `logprobs` endpoint."""
 
-    async def start(self, model_dir: Path, batch: TrainBatch, micro: int, profile_step: int | None,
-                    profile_dir: Path | None) -> "ForgeRLTrainer":
+    async def start(
+        self, model_dir: Path, batch: TrainBatch, micro: int, profile_step: int | None, profile_dir: Path | None
+    ) -> "ForgeRLTrainer":
         profile = dict(profile_steps=[profile_step], profile_dir=str(profile_dir)) if profile_dir else {}
-        cfg = TrainerConfig(model=str(model_dir), dtype="bfloat16", micro_batch_size=micro,
-                            optim=OptimizerConfig(lr=LR), **profile)
+        cfg = TrainerConfig(
+            model=str(model_dir), dtype="bfloat16", micro_batch_size=micro, optim=OptimizerConfig(lr=LR), **profile
+        )
         self.trainer = await Trainer.options(procs=1, spmd=True).as_actor(cfg)
         own = await self.trainer.logprobs.call_one(batch)
-        self.batch = TrainBatch(batch.tokens, batch.response_mask, own * batch.response_mask, batch.policy_versions,
-                                batch.advantages)
+        self.batch = TrainBatch(
+            batch.tokens, batch.response_mask, own * batch.response_mask, batch.policy_versions, batch.advantages
+        )
         self.metrics = {}
         return self
 
@@ -176,7 +205,9 @@ async def timed(sides: dict, steps: int, warmup: int, alternate: bool) -> list[S
     """Each side's mean step time after `warmup` steps: side after side, or (`alternate`) a step of each in turn,
     so that a shared machine's load falls on both alike."""
     times = {name: [] for name in sides}
-    rounds = [list(sides)] * (warmup + steps) if alternate else [[name] for name in sides for _ in range(warmup + steps)]
+    rounds = (
+        [list(sides)] * (warmup + steps) if alternate else [[name] for name in sides for _ in range(warmup + steps)]
+    )
     for round_ in rounds:
         for name in round_:
             times[name].append(await sides[name].step())
@@ -210,10 +241,13 @@ async def run_shape(shape: str, args, root: Path) -> list[dict]:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     params = _parameter_count(model_dir)
     batch = make_batch(B, T)
-    Console().print(f"[dim]{shape}: {params / 1e6:.1f}M parameters, {B} x {T} tokens, micro-batch {micro}, "
-                    f"{device.type}[/dim]")
-    plain = {f"plain ({d} params, bf16 autocast)" if d == "float32" else f"plain ({d} params)": getattr(torch, d)
-             for d in args.plain_dtype.split(",")}
+    Console().print(
+        f"[dim]{shape}: {params / 1e6:.1f}M parameters, {B} x {T} tokens, micro-batch {micro}, {device.type}[/dim]"
+    )
+    plain = {
+        f"plain ({d} params, bf16 autocast)" if d == "float32" else f"plain ({d} params)": getattr(torch, d)
+        for d in args.plain_dtype.split(",")
+    }
     profile = args.out / f"profile-{shape}" if args.profile and args.out else None
     alternate = device.type == "cpu"  # a shared CPU's load falls on both sides alike; a GPU runs one side at a time
     sides = []
@@ -239,12 +273,23 @@ async def run_shape(shape: str, args, root: Path) -> list[dict]:
         Console().print(f"[dim]{side.name}: {side.step_s:.3f} s/step[/dim]")
     peak, tokens = peak_tflops(device), B * T
     plain_s = sides[0].step_s
-    return [dict(shape=shape, side=s.name, params_m=params / 1e6, tokens=tokens, step_s=s.step_s,
-                 tokens_per_s=tokens / s.step_s, grad_norm=s.grad_norm, peak_gb=s.peak_gb,
-                 mfu=(flops_per_token(hf, params, T) * tokens / s.step_s / 1e12 / peak) if peak else None,
-                 vs_plain=plain_s / s.step_s, device=torch.cuda.get_device_name(device) if device.type == "cuda"
-                 else f"CPU ({os.cpu_count()} cores)", torch=torch.__version__)
-            for s in sides]
+    return [
+        dict(
+            shape=shape,
+            side=s.name,
+            params_m=params / 1e6,
+            tokens=tokens,
+            step_s=s.step_s,
+            tokens_per_s=tokens / s.step_s,
+            grad_norm=s.grad_norm,
+            peak_gb=s.peak_gb,
+            mfu=(flops_per_token(hf, params, T) * tokens / s.step_s / 1e12 / peak) if peak else None,
+            vs_plain=plain_s / s.step_s,
+            device=torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)",
+            torch=torch.__version__,
+        )
+        for s in sides
+    ]
 
 
 def _parameter_count(model_dir: Path) -> int:
@@ -256,12 +301,17 @@ def _parameter_count(model_dir: Path) -> int:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| shape | side | s/step | tokens/s | MFU | peak GB | grad norm | vs plain |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| shape | side | s/step | tokens/s | MFU | peak GB | grad norm | vs plain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
-        lines.append(f"| {r['shape']} ({r['params_m']:.0f}M) | {r['side']} | {r['step_s']:.3f} | "
-                     f"{r['tokens_per_s']:,.0f} | {mfu} | {r['peak_gb']:.1f} | {r['grad_norm']:.3f} | "
-                     f"{r['vs_plain']:.2f}x |")
+        lines.append(
+            f"| {r['shape']} ({r['params_m']:.0f}M) | {r['side']} | {r['step_s']:.3f} | "
+            f"{r['tokens_per_s']:,.0f} | {mfu} | {r['peak_gb']:.1f} | {r['grad_norm']:.3f} | "
+            f"{r['vs_plain']:.2f}x |"
+        )
     return "\n".join(lines) + f"\n\n{rows[0]['device']}, torch {rows[0]['torch']}\n"
 
 
@@ -289,9 +339,16 @@ async def main() -> None:
     for col in ("shape", "side", "s/step", "tokens/s", "MFU", "peak GB", "grad norm", "vs plain"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r["shape"], r["side"], f"{r['step_s']:.3f}", f"{r['tokens_per_s']:,.0f}",
-                      f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-", f"{r['peak_gb']:.1f}",
-                      f"{r['grad_norm']:.3f}", f"{r['vs_plain']:.2f}x")
+        table.add_row(
+            r["shape"],
+            r["side"],
+            f"{r['step_s']:.3f}",
+            f"{r['tokens_per_s']:,.0f}",
+            f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-",
+            f"{r['peak_gb']:.1f}",
+            f"{r['grad_norm']:.3f}",
+            f"{r['vs_plain']:.2f}x",
+        )
     Console(width=160).print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

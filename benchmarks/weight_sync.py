@@ -29,6 +29,8 @@ from benchmarks.shapes import model_spec  # noqa: E402
 from forge_rl.weights import ShmWeightStore, WeightStoreConfig  # noqa: E402
 
 KEEP = 2
+
+
 class BenchWriter(Actor):
     def __init__(self, size: str, cfg: WeightStoreConfig):
         self.store = ShmWeightStore(cfg=cfg)
@@ -145,6 +147,7 @@ async def measure(writer, reader, rounds: int) -> dict:
     out["recycled"] = await writer.recycled.call_one()
     return out
 
+
 async def same_host(size: str, rounds: int, me) -> dict:
     from forge_rl.runtime import provisioned
 
@@ -185,26 +188,47 @@ async def cross_host(size: str, rounds: int, me, bucket_mb: int) -> dict:
             for j in jobs:
                 j.kill()
         peak = sampler.stop()
-    return dict(size=size, path=f"cross host (RDMA, {cfg.bucket_mb} MB buckets)", bytes=nbytes, shm=peak,
-                rounds=rounds, **row)
+    return dict(
+        size=size, path=f"cross host (RDMA, {cfg.bucket_mb} MB buckets)", bytes=nbytes, shm=peak, rounds=rounds, **row
+    )
 
 
 def table(rows: list[dict]):
     from rich.table import Table
 
     t = Table(title=f"weight sync, fp32, keep_versions={KEEP}, {os.cpu_count()}-core CPU (GB/s = 1e9 B/s, median)")
-    for col in ("model", "path", "GB", "publish GB/s", "fetch GB/s", "end-to-end GB/s (s)", "memcpy warm GB/s",
-                "e2e / memcpy", "+ copy out GB/s", "e2e + copy / memcpy", "recycled", "peak shm per host (GB)",
-                "<= K x model"):
+    for col in (
+        "model",
+        "path",
+        "GB",
+        "publish GB/s",
+        "fetch GB/s",
+        "end-to-end GB/s (s)",
+        "memcpy warm GB/s",
+        "e2e / memcpy",
+        "+ copy out GB/s",
+        "e2e + copy / memcpy",
+        "recycled",
+        "peak shm per host (GB)",
+        "<= K x model",
+    ):
         t.add_column(col, justify="right")
     for r in rows:
         gb = r["bytes"] / 1e9
         hosts = {h: b for h, b in r["shm"].items() if h != "all (meminfo)"}
         peak = max(max(hosts.values(), default=0), r["shm"]["all (meminfo)"] / max(len(hosts), 1))
         t.add_row(
-            r["size"], r["path"], f"{gb:.2f}", f"{gb / r['publish']:.2f}", f"{gb / r['fetch']:.2f}",
-            f"{gb / r['e2e']:.2f} ({r['e2e']:.3f})", f"{gb / r['memcpy']:.2f}", f"{r['memcpy'] / r['e2e']:.2f}x",
-            f"{gb / r['e2e_copy']:.2f}", f"{r['memcpy'] / r['e2e_copy']:.2f}x", f"{r['recycled']}/{r['rounds'] + WARMUP}",
+            r["size"],
+            r["path"],
+            f"{gb:.2f}",
+            f"{gb / r['publish']:.2f}",
+            f"{gb / r['fetch']:.2f}",
+            f"{gb / r['e2e']:.2f} ({r['e2e']:.3f})",
+            f"{gb / r['memcpy']:.2f}",
+            f"{r['memcpy'] / r['e2e']:.2f}x",
+            f"{gb / r['e2e_copy']:.2f}",
+            f"{r['memcpy'] / r['e2e_copy']:.2f}x",
+            f"{r['recycled']}/{r['rounds'] + WARMUP}",
             ", ".join(f"{h}: {b / 1e9:.2f}" for h, b in sorted(r["shm"].items())),
             "yes" if peak <= KEEP * (r["bytes"] + (1 << 20)) else "NO",  # + 1 MiB: safetensors header
         )

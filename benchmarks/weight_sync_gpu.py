@@ -103,8 +103,13 @@ def run_size(size: str, rounds: int) -> dict:
     assert w.exitcode == 0 and r.exitcode == 0, (w.exitcode, r.exitcode)
     warm = range(4, rounds + 1)  # after versions 1..3: first touch, the K files, their maps
     nbytes = sum(torch.Size(s).numel() * DTYPES[size].itemsize for s in model_spec(size).values())
-    return dict(size=size, bytes=nbytes, publish=statistics.median(rows["publish"][v] for v in warm),
-                fetch=statistics.median(rows["fetch"][v] for v in warm), **baselines(size))
+    return dict(
+        size=size,
+        bytes=nbytes,
+        publish=statistics.median(rows["publish"][v] for v in warm),
+        fetch=statistics.median(rows["fetch"][v] for v in warm),
+        **baselines(size),
+    )
 
 
 def main() -> None:
@@ -115,16 +120,37 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"weight sync GPU -> shm -> GPU, {torch.cuda.get_device_name()}, {os.cpu_count()} CPUs (GB/s = 1e9 B/s, median)")
-    for col in ("model", "dtype", "GB", "publish (D2H) GB/s", "load + H2D GB/s", "store end-to-end GB/s (s)",
-                "pinned D2H+H2D GB/s", "e2e / pinned", "pageable D2H+H2D GB/s", "e2e / pageable"):
+    t = Table(
+        title=f"weight sync GPU -> shm -> GPU, {torch.cuda.get_device_name()}, {os.cpu_count()} CPUs (GB/s = 1e9 B/s, median)"
+    )
+    for col in (
+        "model",
+        "dtype",
+        "GB",
+        "publish (D2H) GB/s",
+        "load + H2D GB/s",
+        "store end-to-end GB/s (s)",
+        "pinned D2H+H2D GB/s",
+        "e2e / pinned",
+        "pageable D2H+H2D GB/s",
+        "e2e / pageable",
+    ):
         t.add_column(col, justify="right")
     for size in args.sizes.split(","):
         r = run_size(size, args.rounds)
         gb, e2e = r["bytes"] / 1e9, r["publish"] + r["fetch"]
-        t.add_row(size, str(DTYPES[size]).removeprefix("torch."), f"{gb:.2f}", f"{gb / r['publish']:.2f}",
-                  f"{gb / r['fetch']:.2f}", f"{gb / e2e:.2f} ({e2e:.3f})", f"{gb / r['pinned']:.2f}",
-                  f"{r['pinned'] / e2e:.2f}x", f"{gb / r['pageable']:.2f}", f"{r['pageable'] / e2e:.2f}x")
+        t.add_row(
+            size,
+            str(DTYPES[size]).removeprefix("torch."),
+            f"{gb:.2f}",
+            f"{gb / r['publish']:.2f}",
+            f"{gb / r['fetch']:.2f}",
+            f"{gb / e2e:.2f} ({e2e:.3f})",
+            f"{gb / r['pinned']:.2f}",
+            f"{r['pinned'] / e2e:.2f}x",
+            f"{gb / r['pageable']:.2f}",
+            f"{r['pageable'] / e2e:.2f}x",
+        )
     Console(width=220).print(t)
 
 

@@ -79,8 +79,9 @@ def command_line(schema: type, description: str | None = None) -> argparse.Argum
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", type=Path, help="YAML config file")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.lr=1e-4")
-    parser.add_argument("--debug", action="store_true",
-                        help="on an error, show its traceback too (also: FORGE_RL_DEBUG=1)")
+    parser.add_argument(
+        "--debug", action="store_true", help="on an error, show its traceback too (also: FORGE_RL_DEBUG=1)"
+    )
     if "verbose" in _field_types(schema):
         parser.add_argument("--verbose", action="store_true", help="same as verbose=true")
     return parser
@@ -156,8 +157,10 @@ def _check_keys(schema: type, node: DictConfig, prefix: str, source: str) -> Non
         if key not in fields:
             name, colon, value = str(key).partition(":")
             if colon and name in fields:  # {name:x} in YAML flow style is one key, "name:x"
-                raise ConfigError(f"config key '{prefix}{name}' in {source} is written '{key}': YAML needs a space "
-                                  f"after the colon ('{name}: {value}'; quote a value that has colons of its own)")
+                raise ConfigError(
+                    f"config key '{prefix}{name}' in {source} is written '{key}': YAML needs a space "
+                    f"after the colon ('{name}: {value}'; quote a value that has colons of its own)"
+                )
             hint = did_you_mean(str(key), fields, prefix) or (
                 f"valid keys here: {', '.join(repr(prefix + f) for f in fields)}"
             )
@@ -170,7 +173,11 @@ def _check_keys(schema: type, node: DictConfig, prefix: str, source: str) -> Non
         if dataclasses.is_dataclass(child_type) and isinstance(child, DictConfig):
             _check_keys(child_type, child, f"{full_key}.", source)
         item_type = (typing.get_args(child_type) or [None])[0]
-        if typing.get_origin(child_type) is list and dataclasses.is_dataclass(item_type) and isinstance(child, ListConfig):
+        if (
+            typing.get_origin(child_type) is list
+            and dataclasses.is_dataclass(item_type)
+            and isinstance(child, ListConfig)
+        ):
             for i, item in enumerate(child):  # e.g. rewards: a list of RewardConfig
                 if isinstance(item, DictConfig):
                     _check_keys(item_type, item, f"{full_key}[{i}].", source)

@@ -66,6 +66,6 @@ def one_line(error: BaseException) -> str:
 
 
 def did_you_mean(name: str, valid: Iterable[str], prefix: str = "") -> str | None:
-    """"did you mean 'x', 'y'?" naming the valid names closest to `name`, or None when none is close."""
+    """ "did you mean 'x', 'y'?" naming the valid names closest to `name`, or None when none is close."""
     close = difflib.get_close_matches(name, list(valid), n=3, cutoff=0.5)
     return f"did you mean {', '.join(repr(prefix + c) for c in close)}?" if close else None

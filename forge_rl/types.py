@@ -27,8 +27,17 @@ import numpy as np
 import torch
 
 # Dtypes numpy holds without loss; others (bfloat16, ...) cross as tensors.
-_NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
-                 torch.uint8, torch.bool}
+_NUMPY_DTYPES = {
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+}
 
 
 class _NumpyOnTheWire:
@@ -42,8 +51,13 @@ class _NumpyOnTheWire:
 
 
 def _numpy_compatible(v: Any) -> bool:
-    return (isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dtype in _NUMPY_DTYPES
-            and not v.requires_grad and type(v) is torch.Tensor)
+    return (
+        isinstance(v, torch.Tensor)
+        and v.device.type == "cpu"
+        and v.dtype in _NUMPY_DTYPES
+        and not v.requires_grad
+        and type(v) is torch.Tensor
+    )
 
 
 @dataclass
@@ -75,19 +89,22 @@ class Completion(_NumpyOnTheWire):
         n = len(self.response_ids)
         for name in ("logprobs", "policy_versions", "env_mask"):
             if getattr(self, name) is not None and len(getattr(self, name)) != n:
-                raise ValueError(
-                    f"Completion.{name} has {len(getattr(self, name))} entries for {n} response tokens"
-                )
+                raise ValueError(f"Completion.{name} has {len(getattr(self, name))} entries for {n} response tokens")
         if (self.kept_ids is None) != (self.kept_offsets is None):
             raise ValueError("Completion.kept_ids and kept_offsets come together (CSR): give both or neither")
-        if self.kept_offsets is not None and (len(self.kept_offsets) != n + 1 or self.kept_offsets[0] != 0
-                                              or self.kept_offsets[-1] != len(self.kept_ids)):
-            raise ValueError(f"Completion.kept_offsets must hold {n + 1} offsets from 0 to len(kept_ids)="
-                             f"{len(self.kept_ids)}, got {len(self.kept_offsets)}")
+        if self.kept_offsets is not None and (
+            len(self.kept_offsets) != n + 1 or self.kept_offsets[0] != 0 or self.kept_offsets[-1] != len(self.kept_ids)
+        ):
+            raise ValueError(
+                f"Completion.kept_offsets must hold {n + 1} offsets from 0 to len(kept_ids)="
+                f"{len(self.kept_ids)}, got {len(self.kept_offsets)}"
+            )
         ran = len(self.prompt_ids) + n - 1
         if self.routes is not None and (self.routes.ndim != 3 or len(self.routes) != ran):
-            raise ValueError(f"Completion.routes must be [prompt + response - 1 = {ran}, layers, top-k], "
-                             f"got {list(self.routes.shape)}")
+            raise ValueError(
+                f"Completion.routes must be [prompt + response - 1 = {ran}, layers, top-k], "
+                f"got {list(self.routes.shape)}"
+            )
 
     @property
     def routes_bytes(self) -> int:
@@ -208,9 +225,16 @@ class TrainBatch(_NumpyOnTheWire):
             logprobs[b, P : P + R] = c.logprobs
             versions[b, P : P + R] = c.policy_versions
             advantages[b] = ep.advantage
-        return cls(tokens, mask, logprobs, versions, advantages, kept=collate_kept(episodes, T),
-                   routes=collate_routes(episodes, T),
-                   rewards=torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32))
+        return cls(
+            tokens,
+            mask,
+            logprobs,
+            versions,
+            advantages,
+            kept=collate_kept(episodes, T),
+            routes=collate_routes(episodes, T),
+            rewards=torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32),
+        )
 
 
 def collate_kept(episodes: list[Episode], T: int) -> torch.Tensor | None:
@@ -240,8 +264,10 @@ def collate_routes(episodes: list[Episode], T: int) -> torch.Tensor | None:
     routes = torch.full((len(episodes), T, *shape), -1, dtype=torch.int16)
     for b, r in recorded:
         if r.shape[1:] != shape:
-            raise ValueError(f"episode {b}'s routes are {list(r.shape[1:])} (layers, top-k), episode "
-                             f"{recorded[0][0]}'s {list(shape)}: not one model's")
+            raise ValueError(
+                f"episode {b}'s routes are {list(r.shape[1:])} (layers, top-k), episode "
+                f"{recorded[0][0]}'s {list(shape)}: not one model's"
+            )
         routes[b, : len(r)] = r.to(torch.int16)
     return routes
 

@@ -36,17 +36,40 @@ from gpu_check.pytest_report import pytest_rows
 from gpu_check.tiers import Tier, decide, describe, host_facts
 
 REPO = Path(__file__).resolve().parents[1]
-CPU_LOGIC_TESTS = ["tests/unit/gpu_check/test_gpu_logic.py", "tests/unit/runtime/test_resources.py", "tests/integration/test_gpu_placement.py",
-                   "tests/unit/runtime/test_memory_plan.py", "tests/unit/gpu_check/test_gpu_tiers.py"]
+CPU_LOGIC_TESTS = [
+    "tests/unit/gpu_check/test_gpu_logic.py",
+    "tests/unit/runtime/test_resources.py",
+    "tests/integration/test_gpu_placement.py",
+    "tests/unit/runtime/test_memory_plan.py",
+    "tests/unit/gpu_check/test_gpu_tiers.py",
+]
 NO_VLLM = REPO / "gpu_check" / "no_vllm"  # first on PYTHONPATH in the no-vLLM tier: `import vllm` fails there
-QWEN3_0_6B_SHAPE = dict(hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, vocab_size=151936,
-                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                        max_position_embeddings=4096, torch_dtype="bfloat16")
+QWEN3_0_6B_SHAPE = dict(
+    hidden_size=1024,
+    num_hidden_layers=28,
+    intermediate_size=3072,
+    vocab_size=151936,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
+    torch_dtype="bfloat16",
+)
 # A random-weight model earns no reward: groups are kept (zero advantage) so that every step trains.
-GPU_RUN = ["generator.engine_args.dtype=bfloat16", "generator.engine_args.max_model_len=1024",
-           "trainer.dtype=bfloat16", "generator.sampling.max_tokens=64", "batch_groups=8", "group_size=8",
-           "buffer.drop_zero_advantage=false", "eval_size=64", "eval_every=0", "resources.placement=colocated",
-           "export_dir=null"]
+GPU_RUN = [
+    "generator.engine_args.dtype=bfloat16",
+    "generator.engine_args.max_model_len=1024",
+    "trainer.dtype=bfloat16",
+    "generator.sampling.max_tokens=64",
+    "batch_groups=8",
+    "group_size=8",
+    "buffer.drop_zero_advantage=false",
+    "eval_size=64",
+    "eval_every=0",
+    "resources.placement=colocated",
+    "export_dir=null",
+]
 
 
 class GpuMemorySampler(threading.Thread):
@@ -62,8 +85,11 @@ class GpuMemorySampler(threading.Thread):
         import psutil
 
         while not self.done.wait(0.5):
-            out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True).stdout
+            out = subprocess.run(
+                ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+            ).stdout
             for line in out.strip().splitlines():
                 pid, mib = (x.strip() for x in line.split(","))
                 try:
@@ -73,8 +99,14 @@ class GpuMemorySampler(threading.Thread):
                 self.peak_mib[role] = max(self.peak_mib.get(role, 0), int(mib))
 
 
-def grpo_rows(name: str, model: Path, out: Path, overrides: list[str], recipe: str = "grpo",
-              config: str = "configs/grpo/tiny.yaml") -> list[tuple[str, str]]:
+def grpo_rows(
+    name: str,
+    model: Path,
+    out: Path,
+    overrides: list[str],
+    recipe: str = "grpo",
+    config: str = "configs/grpo/tiny.yaml",
+) -> list[tuple[str, str]]:
     """One GRPO run (or another recipe's on its loop: PPO) in a process of its own (a fresh CUDA state), with GPU
     memory sampled per role."""
     run_dir = out / name
@@ -82,8 +114,19 @@ def grpo_rows(name: str, model: Path, out: Path, overrides: list[str], recipe: s
     sampler = GpuMemorySampler()
     sampler.start()
     start = time.perf_counter()
-    cmd = [sys.executable, "-m", "forge_rl.recipes", recipe, "--config", config, f"model={model}",
-           f"output_dir={run_dir}", "overwrite=true", *GPU_RUN, *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "forge_rl.recipes",
+        recipe,
+        "--config",
+        config,
+        f"model={model}",
+        f"output_dir={run_dir}",
+        "overwrite=true",
+        *GPU_RUN,
+        *overrides,
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     sampler.done.set()
     log = out / f"{name.replace(' ', '_').replace(',', '')}.log"
@@ -101,18 +144,30 @@ def grpo_rows(name: str, model: Path, out: Path, overrides: list[str], recipe: s
 
     memory = ", ".join(f"{role} {mib / 1024:.1f} GB" for role, mib in sorted(sampler.peak_mib.items()))
     return [
-        (f"{name}: steps", f"{summary['steps'] - summary['start_step']} in {summary['wall_s']:.0f} s, "
-                           f"{summary['steps_per_min']:.1f} steps/min (whole command {time.perf_counter() - start:.0f} s)"),
-        (f"{name}: versions", f"trainer {summary['trainer_version']}, generators {summary['generator_versions']}; "
-                              f"max staleness {summary['max_staleness']}"),
+        (
+            f"{name}: steps",
+            f"{summary['steps'] - summary['start_step']} in {summary['wall_s']:.0f} s, "
+            f"{summary['steps_per_min']:.1f} steps/min (whole command {time.perf_counter() - start:.0f} s)",
+        ),
+        (
+            f"{name}: versions",
+            f"trainer {summary['trainer_version']}, generators {summary['generator_versions']}; "
+            f"max staleness {summary['max_staleness']}",
+        ),
         (f"{name}: peak GPU memory", memory or "nvidia-smi showed no process"),
-        (f"{name}: per step", f"sleep {mean('sync/hold_s')}, wake {mean('sync/release_s')}, publish "
-                              f"{mean('sync/push_s')}, load into the engine {mean('sync/pause_s')}"),
-        (f"{name}: loss / mismatch", f"final loss {steps[-1]['trainer/loss']:.4f}; train/inference mismatch "
-                                     f"|log pi - log mu| mean {steps[-1]['trainer/mismatch_abs_mean']:.2e}, max "
-                                     f"{steps[-1]['trainer/mismatch_abs_max']:.2e}, KL(mu||pi) k3 "
-                                     f"{steps[-1]['trainer/mismatch_k3']:.2e} (bf16 kernels differ between the engine "
-                                     "and the trainer; staleness adds to it)"),
+        (
+            f"{name}: per step",
+            f"sleep {mean('sync/hold_s')}, wake {mean('sync/release_s')}, publish "
+            f"{mean('sync/push_s')}, load into the engine {mean('sync/pause_s')}",
+        ),
+        (
+            f"{name}: loss / mismatch",
+            f"final loss {steps[-1]['trainer/loss']:.4f}; train/inference mismatch "
+            f"|log pi - log mu| mean {steps[-1]['trainer/mismatch_abs_mean']:.2e}, max "
+            f"{steps[-1]['trainer/mismatch_abs_max']:.2e}, KL(mu||pi) k3 "
+            f"{steps[-1]['trainer/mismatch_k3']:.2e} (bf16 kernels differ between the engine "
+            "and the trainer; staleness adds to it)",
+        ),
     ]
 
 
@@ -121,13 +176,20 @@ def no_vllm_rows(tier: Tier, out: Path) -> list[tuple[str, str]]:
     their figures (train step, peak memory against the plan, publish, critic) as rows."""
     report = out / "no_vllm_tier.jsonl"
     report.unlink(missing_ok=True)
-    env = {"FORGE_GPU_CHECK_REPORT": str(report),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(NO_VLLM), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        "FORGE_GPU_CHECK_REPORT": str(report),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(NO_VLLM), os.environ.get("PYTHONPATH")) if p),
+    }
     if tier.on == "cpu":
         env["FORGE_GPU_TIER_ON_CPU"] = "1"
     where = "on CUDA" if tier.on == "cuda" else "on CPU, a logic check"
-    rows = pytest_rows(f"no-vLLM tier ({where}; tests/gpu/test_gpu.py)", ["-m", "gpu", "tests/gpu/test_gpu.py"], out,
-                       "no_vllm_tier", env)
+    rows = pytest_rows(
+        f"no-vLLM tier ({where}; tests/gpu/test_gpu.py)",
+        ["-m", "gpu", "tests/gpu/test_gpu.py"],
+        out,
+        "no_vllm_tier",
+        env,
+    )
     if report.exists():
         rows += [tuple(json.loads(line)) for line in report.read_text().splitlines()]
     return rows
@@ -140,8 +202,23 @@ def trainer_speed_rows(tier: Tier, out: Path) -> list[tuple[str, str]]:
     if tier.on != "cuda":
         return [(name, "NOT RUN: no CUDA device (on a CPU: python -m benchmarks.trainer, minutes on 2 cores)")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(NO_VLLM), os.environ.get("PYTHONPATH")) if p)}
-    cmd = [sys.executable, "-m", "benchmarks.trainer", "--shape", "0.6b,1.7b", "--plain-dtype", "float32,bfloat16",
-           "--steps", "3", "--warmup", "1", "--out", str(out), "--models", str(out / "models")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.trainer",
+        "--shape",
+        "0.6b,1.7b",
+        "--plain-dtype",
+        "float32,bfloat16",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--out",
+        str(out),
+        "--models",
+        str(out / "models"),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     (out / "trainer.log").write_text(proc.stdout + proc.stderr)
     results = out / "trainer.json"
@@ -151,27 +228,46 @@ def trainer_speed_rows(tier: Tier, out: Path) -> list[tuple[str, str]]:
     rows = []
     for r in json.loads(results.read_text()):
         mfu = f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] is not None else ""
-        rows.append((f"trainer speed, {r['shape']}: {r['side']}",
-                     f"{r['step_s']:.3f} s/step, {r['tokens_per_s']:,.0f} tokens/s{mfu}, peak {r['peak_gb']:.1f} GB, "
-                     f"{r['vs_plain']:.2f}x the plain loop"))
+        rows.append(
+            (
+                f"trainer speed, {r['shape']}: {r['side']}",
+                f"{r['step_s']:.3f} s/step, {r['tokens_per_s']:,.0f} tokens/s{mfu}, peak {r['peak_gb']:.1f} GB, "
+                f"{r['vs_plain']:.2f}x the plain loop",
+            )
+        )
     return rows
 
 
 def vllm_rows(args, facts) -> list[tuple[str, str]]:
     from forge_rl.models.build_tiny import build
 
-    rows = pytest_rows("vLLM tier: logprobs vs the trainer (tests/gpu/test_gpu_vllm.py)",
-                       ["-m", "gpu", "tests/gpu/test_gpu_vllm.py"], args.out, "vllm_tier")
+    rows = pytest_rows(
+        "vLLM tier: logprobs vs the trainer (tests/gpu/test_gpu_vllm.py)",
+        ["-m", "gpu", "tests/gpu/test_gpu_vllm.py"],
+        args.out,
+        "vllm_tier",
+    )
     model = build(args.out / "qwen3-0.6b-shape", **QWEN3_0_6B_SHAPE)
     rows += grpo_rows("colocated, 1 GPU", model, args.out, [f"steps={args.steps}"])
-    rows += grpo_rows("LoRA colocated, sync", model, args.out,
-                      ["steps=5", "trainer.lora.rank=16", "async_mode=false", "max_policy_age=0"])
+    rows += grpo_rows(
+        "LoRA colocated, sync",
+        model,
+        args.out,
+        ["steps=5", "trainer.lora.rank=16", "async_mode=false", "max_policy_age=0"],
+    )
     # PPO: the critic (a second trained model: value head, AdamW) time-shares the GPU with trainer and engine
-    rows += grpo_rows("PPO colocated, critic", model, args.out,
-                      ["steps=5", "group_size=1", "batch_groups=32", "rollout_tasks=32", "buffer.capacity=64"],
-                      recipe="ppo", config="configs/ppo/tiny.yaml")
+    rows += grpo_rows(
+        "PPO colocated, critic",
+        model,
+        args.out,
+        ["steps=5", "group_size=1", "batch_groups=32", "rollout_tasks=32", "buffer.capacity=64"],
+        recipe="ppo",
+        config="configs/ppo/tiny.yaml",
+    )
     if facts.cuda_devices >= 2:
-        rows += grpo_rows("colocated, 2 replicas", model, args.out, [f"steps={args.steps // 2}", "generator.replicas=2"])
+        rows += grpo_rows(
+            "colocated, 2 replicas", model, args.out, [f"steps={args.steps // 2}", "generator.replicas=2"]
+        )
     return rows
 
 
@@ -197,8 +293,17 @@ def main() -> int:
     else:
         rows.append(("vLLM tier", f"NOT RUN: {tiers['vLLM'].why}"))
     if not facts.cuda_devices:
-        rows.append(("GPU part", "NOT RUN: " + ("--cpu-only was given" if args.cpu_only else
-                                                "no CUDA device visible (torch.cuda.is_available() is False)")))
+        rows.append(
+            (
+                "GPU part",
+                "NOT RUN: "
+                + (
+                    "--cpu-only was given"
+                    if args.cpu_only
+                    else "no CUDA device visible (torch.cuda.is_available() is False)"
+                ),
+            )
+        )
     width = max(len(k) for k, _ in rows)
     cells = [(k, v.replace("|", "\\|")) for k, v in rows]  # a `|` in a failure's source line ends a cell
     table = "\n".join(f"| {k:<{width}} | {v} |" for k, v in cells)
@@ -206,8 +311,7 @@ def main() -> int:
     print(table)
     failed = any(v.startswith("FAILED") for _, v in rows)
     if not facts.cuda_devices:
-        print("gpu-check: the GPU part was NOT run. Run `make gpu-check` on a machine with an "
-              "NVIDIA GPU for the rest.")
+        print("gpu-check: the GPU part was NOT run. Run `make gpu-check` on a machine with an NVIDIA GPU for the rest.")
     print(f"gpu-check: {'FAILED' if failed else 'ok'}; table in {args.out / 'gpu_check.md'}")
     return 1 if failed else 0
 

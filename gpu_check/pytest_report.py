@@ -43,8 +43,9 @@ def failures(junit_xml: Path) -> list[Failure]:
                 where = f"{outside_the_repo(file)}:{line}"
                 lines = [ln[1:].strip() for ln in text.splitlines() if ln.startswith(">")]
                 message = (node.get("message") or "").strip().splitlines() or ["(no message)"]
-                found.append(Failure(case.get("name", "?"), where, lines[-1] if lines else "",
-                                     message[0][:MESSAGE_CHARS], kind))
+                found.append(
+                    Failure(case.get("name", "?"), where, lines[-1] if lines else "", message[0][:MESSAGE_CHARS], kind)
+                )
     return found
 
 
@@ -57,8 +58,10 @@ def outside_the_repo(file: str) -> str:
 
 def rows_of(failed: list[Failure]) -> list[tuple[str, str]]:
     """One table row per failure: the test, then where, the failing line and what it said."""
-    return [(f"  {f.kind}: {f.test}", f"{f.where}: `{f.line}`: {f.message}" if f.line else f"{f.where}: {f.message}")
-            for f in failed]
+    return [
+        (f"  {f.kind}: {f.test}", f"{f.where}: `{f.line}`: {f.message}" if f.line else f"{f.where}: {f.message}")
+        for f in failed
+    ]
 
 
 def summary_of(stdout: str) -> str:
@@ -67,14 +70,20 @@ def summary_of(stdout: str) -> str:
     return tail[-1].strip(" =") if tail else (stdout.strip().splitlines() or ["no output"])[-1][-300:]
 
 
-def pytest_rows(what: str, args: list[str], out: Path, name: str,
-                env: dict[str, str] | None = None) -> list[tuple[str, str]]:
+def pytest_rows(
+    what: str, args: list[str], out: Path, name: str, env: dict[str, str] | None = None
+) -> list[tuple[str, str]]:
     """Run pytest on `args`; its output goes to OUT/<name>.log, its JUnit report to OUT/<name>.xml."""
     log, report = out / f"{name}.log", out / f"{name}.xml"
     report.unlink(missing_ok=True)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                           *args], cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     took = time.perf_counter() - start
     log.write_text(f"$ pytest {' '.join(args)}\n(exit {proc.returncode}, {took:.0f} s)\n\n{proc.stdout}\n{proc.stderr}")
     verdict = "ok" if proc.returncode == 0 else "FAILED"

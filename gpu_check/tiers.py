@@ -53,41 +53,67 @@ def release(version: str) -> str:
 def decide(facts: HostFacts) -> list[Tier]:
     """The tiers and, for each, whether it runs here and why (or why not)."""
     cuda = facts.cuda_devices > 0
-    no_cuda = ("--cpu-only was given" if facts.cpu_only_asked else
-               "no CUDA device visible (torch.cuda.is_available() is False)")
+    no_cuda = (
+        "--cpu-only was given"
+        if facts.cpu_only_asked
+        else "no CUDA device visible (torch.cuda.is_available() is False)"
+    )
     tiers = [Tier("CPU logic", True, "cpu", "CPU tests of the CUDA-only logic")]
     if facts.stack_import_error:
         broken = f"forge_rl's trainer stack does not import with torch {facts.torch}: {facts.stack_import_error}"
         return tiers + [Tier("no-vLLM", False, "", broken), Tier("vLLM", False, "", broken)]
-    placeholders = (f"; torch {release(facts.torch)} lacks {', '.join(facts.torch_placeholders)}, which TorchTitan "
-                    "imports and forge_rl never uses: a placeholder stands in" if facts.torch_placeholders else "")
+    placeholders = (
+        f"; torch {release(facts.torch)} lacks {', '.join(facts.torch_placeholders)}, which TorchTitan "
+        "imports and forge_rl never uses: a placeholder stands in"
+        if facts.torch_placeholders
+        else ""
+    )
     if cuda:
-        tiers.append(Tier("no-vLLM", True, "cuda", f"{facts.cuda_devices} x {facts.device_name}, torch {facts.torch}"
-                          + placeholders))
+        tiers.append(
+            Tier(
+                "no-vLLM",
+                True,
+                "cuda",
+                f"{facts.cuda_devices} x {facts.device_name}, torch {facts.torch}" + placeholders,
+            )
+        )
     else:
-        tiers.append(Tier("no-vLLM", True, "cpu", f"on CPU as a logic check: {no_cuda}, so no GPU figures"
-                          + placeholders))
+        tiers.append(
+            Tier("no-vLLM", True, "cpu", f"on CPU as a logic check: {no_cuda}, so no GPU figures" + placeholders)
+        )
     reasons = [] if cuda else [no_cuda]
     pin = facts.vllm_torch_pin
     if facts.vllm is None:
-        reasons.append(f"vLLM is not installed (the gpu extra's {facts.vllm_wanted or 'vllm'}"
-                       + (f" needs torch {pin}" if pin else "") + "; a wheelhouse leaves it out)")
+        reasons.append(
+            f"vLLM is not installed (the gpu extra's {facts.vllm_wanted or 'vllm'}"
+            + (f" needs torch {pin}" if pin else "")
+            + "; a wheelhouse leaves it out)"
+        )
     if pin and release(facts.torch) != pin:
-        reasons.append(f"torch {facts.torch} here, vLLM {facts.vllm or facts.vllm_wanted.split('==')[-1]} "
-                       f"needs torch {pin}")
+        reasons.append(
+            f"torch {facts.torch} here, vLLM {facts.vllm or facts.vllm_wanted.split('==')[-1]} needs torch {pin}"
+        )
     if not reasons and facts.vllm_import_error:
         reasons.append(f"`import vllm` fails: {facts.vllm_import_error}")
-    tiers.append(Tier("vLLM", not reasons, "cuda" if not reasons else "",
-                      "; ".join(reasons) or f"vLLM {facts.vllm} with torch {facts.torch} on CUDA"))
+    tiers.append(
+        Tier(
+            "vLLM",
+            not reasons,
+            "cuda" if not reasons else "",
+            "; ".join(reasons) or f"vLLM {facts.vllm} with torch {facts.torch} on CUDA",
+        )
+    )
     return tiers
 
 
 def describe(facts: HostFacts, tiers: list[Tier]) -> str:
-    head = (f"gpu-check on this host: Python {facts.python}, torch {facts.torch}, "
-            + (f"{facts.cuda_devices} x {facts.device_name}" if facts.cuda_devices else "no CUDA") + ", vLLM "
-            + (facts.vllm or "not installed"))
-    lines = [head] + [f"  {t.name} tier: " + (f"runs ({t.why})" if t.runs else f"cannot run ({t.why})")
-                      for t in tiers]
+    head = (
+        f"gpu-check on this host: Python {facts.python}, torch {facts.torch}, "
+        + (f"{facts.cuda_devices} x {facts.device_name}" if facts.cuda_devices else "no CUDA")
+        + ", vLLM "
+        + (facts.vllm or "not installed")
+    )
+    lines = [head] + [f"  {t.name} tier: " + (f"runs ({t.why})" if t.runs else f"cannot run ({t.why})") for t in tiers]
     return "\n".join(lines)
 
 
@@ -133,10 +159,18 @@ def host_facts(cpu_only: bool) -> HostFacts:
 
     cuda = 0 if cpu_only or not torch.cuda.is_available() else torch.cuda.device_count()
     vllm, pin, wanted = vllm_facts()
-    facts = HostFacts(python=platform.python_version(), torch=torch.__version__, cuda_devices=cuda,
-                      device_name=torch.cuda.get_device_name(0) if cuda else "", vllm=vllm, vllm_torch_pin=pin,
-                      vllm_wanted=wanted, cpu_only_asked=cpu_only, stack_import_error=import_error(STACK_IMPORTS),
-                      torch_placeholders=tuple(torch_for_torchtitan.missing()))
+    facts = HostFacts(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        cuda_devices=cuda,
+        device_name=torch.cuda.get_device_name(0) if cuda else "",
+        vllm=vllm,
+        vllm_torch_pin=pin,
+        vllm_wanted=wanted,
+        cpu_only_asked=cpu_only,
+        stack_import_error=import_error(STACK_IMPORTS),
+        torch_placeholders=tuple(torch_for_torchtitan.missing()),
+    )
     if decide(facts)[-1].runs:  # only where nothing else rules the tier out: importing vLLM takes ~10 s
         facts = HostFacts(**{**facts.__dict__, "vllm_import_error": import_error("import vllm")})
     return facts

@@ -37,8 +37,10 @@ def run(cmd: list, what: str) -> str:
 def site_torch(python: str) -> str:
     out = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
     if out.returncode != 0:
-        raise SystemExit(f"install_wheelhouse: {python} cannot import torch: the wheelhouse leaves torch out (the "
-                         "site's build is used); load the site's PyTorch (module load, conda activate) and run again")
+        raise SystemExit(
+            f"install_wheelhouse: {python} cannot import torch: the wheelhouse leaves torch out (the "
+            "site's build is used); load the site's PyTorch (module load, conda activate) and run again"
+        )
     return out.stdout.strip()
 
 
@@ -62,8 +64,18 @@ def pip_check(python: Path) -> tuple[list[str], list[str]]:
 
 
 def install(python: Path, wheels: Path) -> None:
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--no-index", "--no-deps",
-           "--find-links", wheels]
+    pip = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--quiet",
+        "--no-index",
+        "--no-deps",
+        "--find-links",
+        wheels,
+    ]
     run([*pip, *sorted(wheels.glob("*.whl"))], "installing the wheels")
     run([*pip, "--no-build-isolation", "-e", REPO], f"installing forge_rl from {REPO}")
 
@@ -82,9 +94,11 @@ def main() -> int:
         raise SystemExit(f"install_wheelhouse: {e}") from None
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if here != manifest["python"]:
-        raise SystemExit(f"install_wheelhouse: the wheelhouse is for Python {manifest['python']} ({manifest['abi']}), "
-                         f"this is Python {here}: run it with python{manifest['python']}, or make one with "
-                         f"`make wheelhouse PYTHON_VERSION={here}`")
+        raise SystemExit(
+            f"install_wheelhouse: the wheelhouse is for Python {manifest['python']} ({manifest['abi']}), "
+            f"this is Python {here}: run it with python{manifest['python']}, or make one with "
+            f"`make wheelhouse PYTHON_VERSION={here}`"
+        )
     torch_version = site_torch(sys.executable)
     with tempfile.TemporaryDirectory(prefix="forge_rl-wheelhouse-") as scratch:
         try:
@@ -98,29 +112,58 @@ def main() -> int:
         (python.parent.parent / SETUP_STAMP).touch()
     versions = run([python, "-c", IMPORTS], "importing torch, monarch, torchtitan and forge_rl").split()
     about_torch, other = pip_check(python)
-    vllm = subprocess.run([python, "-c", "import importlib.util as u; print(u.find_spec('vllm') is not None)"],
-                          capture_output=True, text=True).stdout.strip() == "True"
-    report(args, manifest, python, created, torch_version, versions, about_torch, other, vllm,
-           checked, time.perf_counter() - start)
+    vllm = (
+        subprocess.run(
+            [python, "-c", "import importlib.util as u; print(u.find_spec('vllm') is not None)"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        == "True"
+    )
+    report(
+        args,
+        manifest,
+        python,
+        created,
+        torch_version,
+        versions,
+        about_torch,
+        other,
+        vllm,
+        checked,
+        time.perf_counter() - start,
+    )
     return 1 if other else 0
 
 
 def report(args, manifest, python, created, torch_version, versions, about_torch, other, vllm, checked, total) -> None:
     parts = manifest["parts"]
-    env = "this Python's environment" if args.into_current else (
-        f"{'new ' if created else 'existing '}venv {python.parent.parent} (system site packages visible)")
-    print(f"install_wheelhouse: {len(parts)} parts ({sum(p['bytes'] for p in parts) / 1e6:.0f} MB) checked and "
-          f"joined in {checked:.0f} s; {len(manifest['wheels'])} wheels and forge_rl (editable, {REPO}) installed "
-          f"into {env} in {total:.0f} s, offline")
-    print(f"  torch: the site's {torch_version} (CUDA available: {versions[1]}); forge_rl pins torch=="
-          f"{manifest.get('torch_pin', '2.13.0')}, so pip check names torch {len(about_torch)} time(s): expected")
+    env = (
+        "this Python's environment"
+        if args.into_current
+        else (f"{'new ' if created else 'existing '}venv {python.parent.parent} (system site packages visible)")
+    )
+    print(
+        f"install_wheelhouse: {len(parts)} parts ({sum(p['bytes'] for p in parts) / 1e6:.0f} MB) checked and "
+        f"joined in {checked:.0f} s; {len(manifest['wheels'])} wheels and forge_rl (editable, {REPO}) installed "
+        f"into {env} in {total:.0f} s, offline"
+    )
+    print(
+        f"  torch: the site's {torch_version} (CUDA available: {versions[1]}); forge_rl pins torch=="
+        f"{manifest.get('torch_pin', '2.13.0')}, so pip check names torch {len(about_torch)} time(s): expected"
+    )
     for line in other:
         print(f"  pip check: {line}")
     venv = python.parent.parent
-    check = ("python -m gpu_check" if args.into_current else
-             f"make gpu-check VENV={venv.relative_to(REPO) if venv.is_relative_to(REPO) else venv}")
-    print(f"  vLLM: {'installed' if vllm else 'not installed (the wheelhouse leaves it out)'}; `{check}` says which "
-          "tiers run here and runs them")
+    check = (
+        "python -m gpu_check"
+        if args.into_current
+        else f"make gpu-check VENV={venv.relative_to(REPO) if venv.is_relative_to(REPO) else venv}"
+    )
+    print(
+        f"  vLLM: {'installed' if vllm else 'not installed (the wheelhouse leaves it out)'}; `{check}` says which "
+        "tiers run here and runs them"
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,20 @@ def target_flags(python: str, glibc: str) -> list[str]:
     tag = f"cp{python.replace('.', '')}"
     platforms = [f"manylinux_{major}_{m}_x86_64" for m in range(5, minor + 1)]
     platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
-    return ["--only-binary=:all:", "--python-version", python, "--implementation", "cp", "--abi", tag,
-            "--abi", "abi3", "--abi", "none", *(f for p in platforms for f in ("--platform", p))]
+    return [
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "--abi",
+        tag,
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        *(f for p in platforms for f in ("--platform", p)),
+    ]
 
 
 def project_requirements(with_vllm: bool) -> list[str]:
@@ -56,26 +68,51 @@ def project_requirements(with_vllm: bool) -> list[str]:
 def resolve(requirements: list[str], flags: list[str], scratch: Path) -> list[dict]:
     """pip's resolution for the target, from metadata (no wheel is downloaded): the report's install items."""
     report = scratch / "report.json"
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed", "--report",
-           str(report), "--target", str(scratch / "target"), *flags, *requirements]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--quiet",
+        "--ignore-installed",
+        "--report",
+        str(report),
+        "--target",
+        str(scratch / "target"),
+        *flags,
+        *requirements,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         errors = [line for line in out.stderr.splitlines() if line.startswith("ERROR")]
-        sys.exit(f"wheelhouse: pip could not resolve forge_rl's dependencies for this target: "
-                 f"{' / '.join(errors) or out.stderr[-500:]}")
+        sys.exit(
+            f"wheelhouse: pip could not resolve forge_rl's dependencies for this target: "
+            f"{' / '.join(errors) or out.stderr[-500:]}"
+        )
     return json.loads(report.read_text())["install"]
 
 
 def needed(items: list[dict], python: str, left_out: set[str]) -> set[str]:
     """Names reachable from the requested roots without passing through `left_out` (markers evaluated for the
     target: Linux x86_64, this Python, the extras each package was asked for)."""
-    env = dict(python_version=python, python_full_version=f"{python}.0", sys_platform="linux",
-               platform_system="Linux", platform_machine="x86_64", os_name="posix", implementation_name="cpython",
-               platform_python_implementation="CPython")
+    env = dict(
+        python_version=python,
+        python_full_version=f"{python}.0",
+        sys_platform="linux",
+        platform_system="Linux",
+        platform_machine="x86_64",
+        os_name="posix",
+        implementation_name="cpython",
+        platform_python_implementation="CPython",
+    )
     by_name = {canonical(i["metadata"]["name"]): i for i in items}
     extras: dict[str, set[str]] = {}  # each reached package with the extras asked of it (datasets: fsspec[http])
-    todo = [(n, set(i.get("requested_extras") or [])) for n, i in by_name.items()
-            if i.get("requested") and n not in left_out]
+    todo = [
+        (n, set(i.get("requested_extras") or []))
+        for n, i in by_name.items()
+        if i.get("requested") and n not in left_out
+    ]
     while todo:
         name, asked = todo.pop()
         if name in extras and asked <= extras[name]:
@@ -86,8 +123,9 @@ def needed(items: list[dict], python: str, left_out: set[str]) -> set[str]:
             dep = canonical(req.name)
             if dep in left_out or dep not in by_name:
                 continue
-            if req.marker is None or any(Marker(str(req.marker)).evaluate(dict(env, extra=e))
-                                         for e in {"", *extras[name]}):
+            if req.marker is None or any(
+                Marker(str(req.marker)).evaluate(dict(env, extra=e)) for e in {"", *extras[name]}
+            ):
                 todo.append((dep, set(req.extras)))
     return set(extras)
 
@@ -105,8 +143,15 @@ def wheel_records(wheels: Path, items: dict[str, dict]) -> list[dict]:
     records = []
     for path in sorted(wheels.glob("*.whl")):
         name = canonical(path.name.split("-")[0])
-        records.append(dict(file=path.name, name=name, version=items[name]["metadata"]["version"],
-                            bytes=path.stat().st_size, sha256=sha256_of(path)))
+        records.append(
+            dict(
+                file=path.name,
+                name=name,
+                version=items[name]["metadata"]["version"],
+                bytes=path.stat().st_size,
+                sha256=sha256_of(path),
+            )
+        )
     return records
 
 
@@ -115,8 +160,11 @@ def main() -> int:
     ap.add_argument("--python", required=True, help="the host's Python as X.Y, e.g. 3.12")
     ap.add_argument("--out", type=Path, default=None, help="default: wheelhouse/cpXY")
     ap.add_argument("--glibc", default="2.28", help="the host's glibc at least (`ldd --version`); default 2.28")
-    ap.add_argument("--with-vllm", action="store_true",
-                    help="vLLM too (its tier needs torch 2.13.0 on the host; its llguidance needs --glibc 2.35)")
+    ap.add_argument(
+        "--with-vllm",
+        action="store_true",
+        help="vLLM too (its tier needs torch 2.13.0 on the host; its llguidance needs --glibc 2.35)",
+    )
     ap.add_argument("--part-mb", type=float, default=PART_BYTES / 1e6, help="largest part in MB (1e6 bytes)")
     args = ap.parse_args()
     if not re.fullmatch(r"3\.\d+", args.python):
@@ -134,22 +182,34 @@ def main() -> int:
         download([f"{n}=={by_name[n]['metadata']['version']}" for n in sorted(keep)], flags, wheels)
         records = wheel_records(wheels, by_name)
         manifest = dict(
-            python=args.python, abi=tag, platform=f"manylinux (glibc >= {args.glibc}) x86_64",
-            made=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), wheels=records,
-            left_out=dict(torch_and_what_only_torch_needs=[f"{n}=={by_name[n]['metadata']['version']}"
-                                                           for n in left_out],
-                          vllm=("included (needs torch 2.13.0 on the host)" if args.with_vllm else
-                                "left out, and what only it needs: its tier needs torch 2.13.0 on the host")),
-            torch_pin=by_name["torch"]["metadata"]["version"])
+            python=args.python,
+            abi=tag,
+            platform=f"manylinux (glibc >= {args.glibc}) x86_64",
+            made=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            wheels=records,
+            left_out=dict(
+                torch_and_what_only_torch_needs=[f"{n}=={by_name[n]['metadata']['version']}" for n in left_out],
+                vllm=(
+                    "included (needs torch 2.13.0 on the host)"
+                    if args.with_vllm
+                    else "left out, and what only it needs: its tier needs torch 2.13.0 on the host"
+                ),
+            ),
+            torch_pin=by_name["torch"]["metadata"]["version"],
+        )
         (wheels.parent / "wheelhouse.json").write_text(json.dumps(manifest, indent=1) + "\n")
         for old in out.glob(f"forge_rl-wheelhouse-{tag}.tar*") if out.exists() else []:
             old.unlink()
         record = pack(wheels.parent, out, f"forge_rl-wheelhouse-{tag}.tar", manifest, int(args.part_mb * 1e6))
     total = sum(r["bytes"] for r in records)
-    print(f"wheelhouse: {len(records)} wheels for CPython {args.python}, {total / 1e6:.0f} MB, in "
-          f"{len(record['parts'])} parts of at most {args.part_mb:.0f} MB in {out} ({time.perf_counter() - start:.0f} s)")
-    print(f"  left out: torch (the host's own) and {len(left_out) - 1} packages only it needs; "
-          + ("vLLM included" if args.with_vllm else "vLLM and what only it needs (its tier needs torch 2.13.0)"))
+    print(
+        f"wheelhouse: {len(records)} wheels for CPython {args.python}, {total / 1e6:.0f} MB, in "
+        f"{len(record['parts'])} parts of at most {args.part_mb:.0f} MB in {out} ({time.perf_counter() - start:.0f} s)"
+    )
+    print(
+        f"  left out: torch (the host's own) and {len(left_out) - 1} packages only it needs; "
+        + ("vLLM included" if args.with_vllm else "vLLM and what only it needs (its tier needs torch 2.13.0)")
+    )
     print(f"  on the host: python{args.python} scripts/install_wheelhouse.py {out}")
     return 0
 

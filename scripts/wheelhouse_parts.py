@@ -59,8 +59,12 @@ def pack(src_dir: Path, out_dir: Path, archive_name: str, manifest: dict, part_b
         for path in sorted(src_dir.rglob("*")):
             if path.is_file():
                 tar.add(path, arcname=str(path.relative_to(src_dir)))
-    record = dict(manifest, archive=dict(name=archive_name, bytes=archive.stat().st_size, sha256=sha256_of(archive)),
-                  part_limit_bytes=part_bytes, parts=split_file(archive, out_dir, part_bytes))
+    record = dict(
+        manifest,
+        archive=dict(name=archive_name, bytes=archive.stat().st_size, sha256=sha256_of(archive)),
+        part_limit_bytes=part_bytes,
+        parts=split_file(archive, out_dir, part_bytes),
+    )
     archive.unlink()
     (out_dir / MANIFEST).write_text(json.dumps(record, indent=1) + "\n")
     return record
@@ -74,8 +78,9 @@ def read_manifest(parts_dir: Path) -> dict:
         manifest = json.loads(path.read_text())
         manifest["archive"]["sha256"], manifest["parts"][0]["name"]
     except (ValueError, KeyError, IndexError, TypeError):
-        raise PartsError(f"{path} is not a wheelhouse manifest (no archive or parts): make it again with "
-                         "`make wheelhouse`") from None
+        raise PartsError(
+            f"{path} is not a wheelhouse manifest (no archive or parts): make it again with `make wheelhouse`"
+        ) from None
     return manifest
 
 
@@ -86,11 +91,15 @@ def verify_parts(parts_dir: Path, manifest: dict) -> None:
         if not path.is_file():
             raise PartsError(f"part {part['name']} is missing from {parts_dir}: copy it over again")
         if path.stat().st_size != part["bytes"]:
-            raise PartsError(f"part {part['name']} has {path.stat().st_size} bytes, the manifest says "
-                             f"{part['bytes']}: the copy was cut short; copy it over again")
+            raise PartsError(
+                f"part {part['name']} has {path.stat().st_size} bytes, the manifest says "
+                f"{part['bytes']}: the copy was cut short; copy it over again"
+            )
         if sha256_of(path) != part["sha256"]:
-            raise PartsError(f"part {part['name']} does not match its sha256 in {MANIFEST}: it was damaged on the "
-                             "way; copy it over again")
+            raise PartsError(
+                f"part {part['name']} does not match its sha256 in {MANIFEST}: it was damaged on the "
+                "way; copy it over again"
+            )
 
 
 def reassemble(parts_dir: Path, dest_dir: Path) -> dict:
@@ -107,8 +116,10 @@ def reassemble(parts_dir: Path, dest_dir: Path) -> dict:
                     dst.write(block)
                     digest.update(block)
     if digest.hexdigest() != manifest["archive"]["sha256"]:
-        raise PartsError(f"the joined parts do not match the archive's sha256 in {MANIFEST}: the parts are from "
-                         "different wheelhouses; copy one wheelhouse folder over whole")
+        raise PartsError(
+            f"the joined parts do not match the archive's sha256 in {MANIFEST}: the parts are from "
+            "different wheelhouses; copy one wheelhouse folder over whole"
+        )
     with tarfile.open(archive) as tar:
         if hasattr(tarfile, "data_filter"):
             tar.extractall(dest_dir, filter="data")

@@ -21,8 +21,10 @@ INTEGRATION = REPO / "tests" / "integration"
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU, and none is visible here: `make gpu-check` runs the gpu "
-                                     "tier on a GPU machine (the CPU side of its logic: tests/unit/gpu_check/test_gpu_logic.py)")
+    no_gpu = pytest.mark.skip(
+        reason="needs a CUDA GPU, and none is visible here: `make gpu-check` runs the gpu "
+        "tier on a GPU machine (the CPU side of its logic: tests/unit/gpu_check/test_gpu_logic.py)"
+    )
     for item in items:
         if item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.integration)
@@ -53,8 +55,9 @@ def small_tmpfs(path: Path, size: int):
     if shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs the mount command, which is not installed")
     path.mkdir(parents=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         why = (mounted.stderr.strip().splitlines() or [f"mount exited with {mounted.returncode}"])[0]
         pytest.skip(f"mounting a tmpfs needs root (CAP_SYS_ADMIN): {why}")

@@ -7,8 +7,14 @@ from forge_rl.losses.logprobs import kept_refusal
 from forge_rl.types import BatchShape, TrainBatch
 
 
-def validate_batches(batches: list[TrainBatch | BatchShape], dp_size: int, vocab_size: int, max_len: int,
-                     own: int | None = None, routing: tuple[int, int, int] | None = None) -> None:
+def validate_batches(
+    batches: list[TrainBatch | BatchShape],
+    dp_size: int,
+    vocab_size: int,
+    max_len: int,
+    own: int | None = None,
+    routing: tuple[int, int, int] | None = None,
+) -> None:
     """Reject a malformed input before anything changes (no forward, no optimizer step, no step count).
     Whole-tensor checks only, no per-token Python loops. The message names the rank's batch, the field,
     what was expected and what came. Entries other than this rank's (`own`) may be BatchShapes (their counts
@@ -28,8 +34,7 @@ def validate_batches(batches: list[TrainBatch | BatchShape], dp_size: int, vocab
         _check_batch(at, b, vocab_size, max_len, routing)
 
 
-def _check_batch(at: str, b: TrainBatch, vocab_size: int, max_len: int,
-                 routing: tuple[int, int, int] | None) -> None:
+def _check_batch(at: str, b: TrainBatch, vocab_size: int, max_len: int, routing: tuple[int, int, int] | None) -> None:
     """One rank's TrainBatch: its tensors' dtypes and shapes, then what their values must be."""
     _check_tensor(f"{at}.tokens", b.tokens, torch.int64)
     if b.tokens.dim() != 2:
@@ -46,8 +51,13 @@ def _check_batch(at: str, b: TrainBatch, vocab_size: int, max_len: int,
     _check_tensor(f"{at}.behaviour_logprobs", b.behaviour_logprobs, torch.float32, (B, T), like_tokens)
     _check_tensor(f"{at}.policy_versions", b.policy_versions, torch.int64, (B, T), like_tokens)
     per_token = isinstance(b.advantages, torch.Tensor) and tuple(b.advantages.shape) == (B, T)  # PPO's
-    _check_tensor(f"{at}.advantages", b.advantages, torch.float32, (B, T) if per_token else (B,),
-                  f" (one per sequence) or {(B, T)} (one per token)")
+    _check_tensor(
+        f"{at}.advantages",
+        b.advantages,
+        torch.float32,
+        (B, T) if per_token else (B,),
+        f" (one per sequence) or {(B, T)} (one per token)",
+    )
     for name in ("values", "returns", "ref_logprobs"):  # the critic's (PPO), the reference's
         if getattr(b, name) is not None:
             _check_tensor(f"{at}.{name}", getattr(b, name), torch.float32, (B, T), like_tokens)
@@ -63,8 +73,10 @@ def _check_values(at: str, b: TrainBatch, vocab_size: int) -> None:
     outside = (b.tokens < 0) | (b.tokens >= vocab_size)  # pad ids too: the model embeds every token
     if outside.any():
         where = tuple(outside.nonzero()[0].tolist())
-        raise ValueError(f"{at}.tokens has id {int(b.tokens[where])} at {list(where)} "
-                         f"({int(outside.sum())} such ids), outside the model's vocabulary [0, {vocab_size})")
+        raise ValueError(
+            f"{at}.tokens has id {int(b.tokens[where])} at {list(where)} "
+            f"({int(outside.sum())} such ids), outside the model's vocabulary [0, {vocab_size})"
+        )
     if b.num_response_tokens == 0:
         raise ValueError(f"{at} has no response tokens (response_mask is all False)")
     if b.response_mask[:, 0].any():
@@ -74,16 +86,19 @@ def _check_values(at: str, b: TrainBatch, vocab_size: int) -> None:
         value = getattr(b, name)
         if value is not None and not (finite := torch.isfinite(value)).all():
             where = tuple((~finite).nonzero()[0].tolist())
-            raise ValueError(f"{at}.{name} has {value[where].item()} at {list(where)} "
-                             f"({int((~finite).sum())} non-finite values), expected finite values")
+            raise ValueError(
+                f"{at}.{name} has {value[where].item()} at {list(where)} "
+                f"({int((~finite).sum())} non-finite values), expected finite values"
+            )
 
 
 def _check_routes(at: str, routes, tokens_shape: tuple[int, int], layers: int, top_k: int, experts: int) -> None:
     if routes is None:
-        raise ValueError(f"{at} has no routes (TrainBatch.routes) and trainer.keep_routing is on: its completions "
-                         "came from a generator that does not record the engine's experts (generator record_routes)")
-    _check_tensor(f"{at}.routes", routes, torch.int16, (*tokens_shape, layers, top_k),
-                  " (tokens x MoE layers x top-k)")
+        raise ValueError(
+            f"{at} has no routes (TrainBatch.routes) and trainer.keep_routing is on: its completions "
+            "came from a generator that does not record the engine's experts (generator record_routes)"
+        )
+    _check_tensor(f"{at}.routes", routes, torch.int16, (*tokens_shape, layers, top_k), " (tokens x MoE layers x top-k)")
     if ((routes < -1) | (routes >= experts)).any():
         raise ValueError(f"{at}.routes has expert ids outside [0, {experts}) (-1: no record)")
 

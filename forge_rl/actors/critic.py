@@ -52,8 +52,12 @@ class Critic(Trainer):
         if parallelism.tensor_parallel_degree > 1:  # one output column cannot be split over TP ranks: replicate it
             replicated = dense_activation_placement(tp=spmd.R)
             config.lm_head.sharding_config = ShardingConfig(
-                state_shardings={"weight": dense_param_placement(tp=spmd.R)}, in_src_shardings={"input": replicated},
-                in_dst_shardings={"input": replicated}, out_src_shardings=replicated, out_dst_shardings=replicated)
+                state_shardings={"weight": dense_param_placement(tp=spmd.R)},
+                in_src_shardings={"input": replicated},
+                in_dst_shardings={"input": replicated},
+                out_src_shardings=replicated,
+                out_dst_shardings=replicated,
+            )
         config.enable_weight_tying = False  # the embeddings stay the checkpoint's; the head is the value head
         return config
 
@@ -72,8 +76,10 @@ class Critic(Trainer):
             return {"lm_head.weight": torch.zeros(shape)}
         score = checkpoint.read("score.weight").float()
         if score.dim() != 2 or score.shape[0] not in (1, 2) or score.shape[1] != shape[1]:
-            raise ValueError(f"critic.model={self.model_dir}: score.weight has shape {tuple(score.shape)}; a value "
-                             f"head starts from a reward model with 1 or 2 labels over {shape[1]} hidden units")
+            raise ValueError(
+                f"critic.model={self.model_dir}: score.weight has shape {tuple(score.shape)}; a value "
+                f"head starts from a reward model with 1 or 2 labels over {shape[1]} hidden units"
+            )
         return {"lm_head.weight": score[:1] if score.shape[0] == 1 else score[1:] - score[:1]}
 
     def _values(self, tokens: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -95,8 +101,9 @@ class Critic(Trainer):
         (BatchShapes). FSDP ranks gather parameters together: each runs exactly one forward."""
         self.model.eval()
         with torch.no_grad():
-            return [None if isinstance(b, BatchShape) else self._values(b.tokens, b.response_mask).cpu()
-                    for b in batches]
+            return [
+                None if isinstance(b, BatchShape) else self._values(b.tokens, b.response_mask).cpu() for b in batches
+            ]
 
     @endpoint
     async def optimizer_step(self, batches: list[TrainBatch | BatchShape]) -> dict[str, float]:
@@ -107,8 +114,10 @@ class Critic(Trainer):
         self._validate_everywhere(batches)
         batch = batches[self.dp_rank]
         if batch.values is None or batch.returns is None:
-            raise ValueError(f"critic.optimizer_step: batch[{self.dp_rank}] has no values/returns (compute them with "
-                             "critic.values and forge_rl.losses.ppo.gae first)")
+            raise ValueError(
+                f"critic.optimizer_step: batch[{self.dp_rank}] has no values/returns (compute them with "
+                "critic.values and forge_rl.losses.ppo.gae first)"
+            )
         start = time.perf_counter()
         total_seqs = sum(b.num_sequences for b in batches)
         total_tokens = sum(b.num_response_tokens for b in batches)
@@ -121,8 +130,9 @@ class Critic(Trainer):
                 rows = slice(lo, lo + mb)
                 mask = batch.response_mask[rows].to(self.device)
                 v = self._values(batch.tokens[rows], batch.response_mask[rows])
-                token_loss, clipped = value_loss(v, batch.values[rows].to(self.device),
-                                                 batch.returns[rows].to(self.device), self.value_clip)
+                token_loss, clipped = value_loss(
+                    v, batch.values[rows].to(self.device), batch.returns[rows].to(self.device), self.value_clip
+                )
                 loss = reduce_loss(token_loss, mask, "token_mean", total_seqs, total_tokens)
                 loss.backward()
                 sums += torch.tensor([loss.item(), float((clipped & mask).sum())], dtype=torch.float64)
@@ -134,9 +144,15 @@ class Critic(Trainer):
         if self.cfg.release_memory_after_step and self.device.type == "cuda":
             torch.cuda.empty_cache()  # colocated: the engine's wake-up needs what the step cached (as the trainer's)
         elapsed = time.perf_counter() - start
-        return dict(value_loss=float(first[0]), value_loss_last_epoch=float(last[0]),
-                    value_clip_fraction=float(last[1]) / total_tokens, grad_norm=grad_norms[0],
-                    step=self.step, step_s=elapsed, peak_rss_mb=_peak_rss_mb())  # step: optimizer steps so far
+        return dict(
+            value_loss=float(first[0]),
+            value_loss_last_epoch=float(last[0]),
+            value_clip_fraction=float(last[1]) / total_tokens,
+            grad_norm=grad_norms[0],
+            step=self.step,
+            step_s=elapsed,
+            peak_rss_mb=_peak_rss_mb(),
+        )  # step: optimizer steps so far
 
     @endpoint
     async def push_weights(self, version: int) -> dict[str, float]:

@@ -17,8 +17,14 @@ class PromptDataset(ForgeActor):
     """`next()` is the next training example with its prompt rendered (`example.text`). Prompts whose tokens
     plus `max_tokens` exceed the engine's `max_model_len` are skipped and counted (`stats()["too_long"]`)."""
 
-    def __init__(self, task: TaskConfig, model_dir: str, seed: int = 0, max_prompt_tokens: int | None = None,
-                 chat_template_kwargs: dict | None = None):
+    def __init__(
+        self,
+        task: TaskConfig,
+        model_dir: str,
+        seed: int = 0,
+        max_prompt_tokens: int | None = None,
+        chat_template_kwargs: dict | None = None,
+    ):
         from transformers import AutoTokenizer
 
         self.task, self.seed, self.max_prompt_tokens = task, seed, max_prompt_tokens
@@ -43,8 +49,10 @@ class PromptDataset(ForgeActor):
             if example is not None:
                 return example
             self.too_long += 1
-        raise DataError(f"{MAX_CONSECUTIVE_SKIPS} prompts in a row of {self.task.source!r} are longer than "
-                        f"{self.max_prompt_tokens} tokens (the engine's max_model_len minus max_tokens)")
+        raise DataError(
+            f"{MAX_CONSECUTIVE_SKIPS} prompts in a row of {self.task.source!r} are longer than "
+            f"{self.max_prompt_tokens} tokens (the engine's max_model_len minus max_tokens)"
+        )
 
     @endpoint
     async def held_out(self, n: int | None = None) -> list[TaskExample]:
@@ -68,19 +76,30 @@ class PromptDataset(ForgeActor):
 
     @endpoint
     async def stats(self) -> dict:
-        return {"position": self.rows.position, "epoch": self.rows.epoch, "too_long": self.too_long,
-                "held_out_too_long": self.held_out_too_long, "rows": len(self.rows.examples) or None}
+        return {
+            "position": self.rows.position,
+            "epoch": self.rows.epoch,
+            "too_long": self.too_long,
+            "held_out_too_long": self.held_out_too_long,
+            "rows": len(self.rows.examples) or None,
+        }
 
     @endpoint
     async def state_dict(self) -> dict:
-        return {"position": self.rows.position, "seed": self.seed, "source": self.task.source,
-                "too_long": self.too_long}
+        return {
+            "position": self.rows.position,
+            "seed": self.seed,
+            "source": self.task.source,
+            "too_long": self.too_long,
+        }
 
     @endpoint
     async def load_state_dict(self, state: dict) -> None:
         if state.get("source", self.task.source) != self.task.source:
-            raise ValueError(f"the checkpoint's data position is in {state['source']!r}; this run's task.source is "
-                             f"{self.task.source!r}")
+            raise ValueError(
+                f"the checkpoint's data position is in {state['source']!r}; this run's task.source is "
+                f"{self.task.source!r}"
+            )
         if state["seed"] != self.seed:
             raise ValueError(f"dataset state is for seed {state['seed']}, this run uses seed {self.seed}")
         self.rows.seek(int(state["position"]))

@@ -26,9 +26,20 @@ from typing import Any
 import torch
 from monarch.actor import concurrent_endpoint, endpoint
 
-from forge_rl.actors.generator_engine import (CPU_ENGINE_DEFAULTS, ENGINE_DEFAULTS, cpu_engine_env, cuda_visible,
-                                              engine_args_refused, engine_died, engine_start_method, lora_engine_args,
-                                              route_engine_args, start_engine, start_recording_routes, watch_engine)
+from forge_rl.actors.generator_engine import (
+    CPU_ENGINE_DEFAULTS,
+    ENGINE_DEFAULTS,
+    cpu_engine_env,
+    cuda_visible,
+    engine_args_refused,
+    engine_died,
+    engine_start_method,
+    lora_engine_args,
+    route_engine_args,
+    start_engine,
+    start_recording_routes,
+    watch_engine,
+)
 from forge_rl.actors.generator_outputs import Child, completion_of, completion_routes, filler_completion
 from forge_rl.actors.generator_stats import GeneratorStats
 from forge_rl.actors.generator_weights import GeneratorWeights
@@ -109,8 +120,13 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
             raise ValueError(f"generator sampling {self.sampling}: {e} (vLLM SamplingParams names)") from None
         cuda = cuda_visible()
         # truncated sampling asks for cap + 1 processed logprobs per token (generator_outputs.py)
-        args = dict(model=self.model, seed=self.seed, disable_log_stats=True, max_logprobs=self.max_kept_tokens + 1,
-                    **ENGINE_DEFAULTS)
+        args = dict(
+            model=self.model,
+            seed=self.seed,
+            disable_log_stats=True,
+            max_logprobs=self.max_kept_tokens + 1,
+            **ENGINE_DEFAULTS,
+        )
         if not cuda:
             args.update(CPU_ENGINE_DEFAULTS)
         if self.lora is not None:
@@ -122,8 +138,9 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
             args = cpu_engine_env(args)
             # CPU MoE reloads and route recording (forge_rl/deps/vllm.py)
             args.setdefault("worker_extension_cls", WORKER_EXTENSION)
-        self.reload_method = ("forge_rl_reload_weights" if args.get("worker_extension_cls") == WORKER_EXTENSION
-                              else "reload_weights")
+        self.reload_method = (
+            "forge_rl_reload_weights" if args.get("worker_extension_cls") == WORKER_EXTENSION else "reload_weights"
+        )
         with engine_args_refused(self.engine_args, self.engine_args_key):
             self.engine = start_engine(AsyncEngineArgs(**args), engine_start_method(cuda))
         # The engine's processes must not outlive this proc if it is killed (they would be orphaned).
@@ -145,9 +162,15 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
             await self._load(published[-1])
 
     @concurrent_endpoint  # calls overlap, so the engine batches many groups (continuous batching)
-    async def generate(self, prompt: str | list[int], n: int = 1, timeout_s: float | None = None,
-                       max_age: int | None = None, filler_after_eos: bool = False,
-                       **sampling: Any) -> list[Completion]:
+    async def generate(
+        self,
+        prompt: str | list[int],
+        n: int = 1,
+        timeout_s: float | None = None,
+        max_age: int | None = None,
+        filler_after_eos: bool = False,
+        **sampling: Any,
+    ) -> list[Completion]:
         """Sample `n` completions of `prompt` (text, or token ids). `sampling` overrides the config's
         vLLM SamplingParams for this call (e.g. temperature=0, max_tokens=16). Past `timeout_s` the request is
         aborted in the engine (no more tokens computed for it) and TimeoutError raised: a caller that gives up
@@ -182,9 +205,11 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
             if request_id not in self._aborting:  # the call itself was cancelled
                 raise
             tokens = sum(len(c.ids) for c in children)
-            raise SequenceTooOld(f"engine request {request_id} started under version {version} was aborted at "
-                                 f"version {self.policy_version} (max_age {max_age}) after {tokens} tokens",
-                                 tokens) from None
+            raise SequenceTooOld(
+                f"engine request {request_id} started under version {version} was aborted at "
+                f"version {self.policy_version} (max_age {max_age}) after {tokens} tokens",
+                tokens,
+            ) from None
         finally:
             await self._request_done(request_id, stream, version, children)
         if any(c.finish_reason is None for c in children):
@@ -197,8 +222,7 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
             completions = [filler_completion(c, self._eos_ids(), self.tokenizer) for c in completions]
         return completions
 
-    async def _request_done(self, request_id: str, stream: asyncio.Task, version: int,
-                            children: list["Child"]) -> None:
+    async def _request_done(self, request_id: str, stream: asyncio.Task, version: int, children: list["Child"]) -> None:
         """Whatever way a request ended: its stream stopped, the books closed, its recorded routes taken (or
         freed), an unused LoRA adapter dropped."""
         if not stream.done():
@@ -214,16 +238,18 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         self._leave(sum(c.finish_reason is None for c in children))
         await self._done_with_adapter(version)
 
-    async def _stream(self, prompt_ids: list[int], params, request_id: str, adapter, children: list["Child"],
-                      timeout_s: float | None) -> None:
+    async def _stream(
+        self, prompt_ids: list[int], params, request_id: str, adapter, children: list["Child"], timeout_s: float | None
+    ) -> None:
         """Run one request in the engine, its deltas into `children`. Cancelled, it aborts the request in the
         engine (cancelling vLLM's stream does)."""
         from vllm.inputs import TokensPrompt
 
         try:
             async with asyncio.timeout(timeout_s):
-                async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id,
-                                                      lora_request=adapter):
+                async for out in self.engine.generate(
+                    TokensPrompt(prompt_token_ids=prompt_ids), params, request_id, lora_request=adapter
+                ):
                     for c in out.outputs:
                         children[c.index].extend(c)
                         if c.finish_reason is not None:
@@ -277,8 +303,9 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         params.output_kind = RequestOutputKind.DELTA
         return params
 
-    def _completion(self, prompt: str | list[int], prompt_ids: list[int], child: "Child",
-                    sampling: dict[str, Any]) -> Completion:
+    def _completion(
+        self, prompt: str | list[int], prompt_ids: list[int], child: "Child", sampling: dict[str, Any]
+    ) -> Completion:
         self._count_completion(child)
         routes = None
         if self.record_routes:

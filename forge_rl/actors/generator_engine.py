@@ -36,11 +36,15 @@ def route_engine_args(cuda: bool, engine_args: dict[str, Any], key: str) -> dict
     if cuda:
         return dict(enable_return_routed_experts=True)
     if engine_args.get("worker_extension_cls", WORKER_EXTENSION) != WORKER_EXTENSION:
-        raise ConfigError(f"{key}.worker_extension_cls={engine_args['worker_extension_cls']!r} with "
-                          f"trainer.keep_routing: a CPU engine records routes through {WORKER_EXTENSION}; remove it")
+        raise ConfigError(
+            f"{key}.worker_extension_cls={engine_args['worker_extension_cls']!r} with "
+            f"trainer.keep_routing: a CPU engine records routes through {WORKER_EXTENSION}; remove it"
+        )
     if engine_args.get("enable_prefix_caching"):
-        raise ConfigError(f"{key}.enable_prefix_caching=true with trainer.keep_routing: a CPU engine records the "
-                          "experts of the positions a request computes, and a cached prefix is not computed; remove it")
+        raise ConfigError(
+            f"{key}.enable_prefix_caching=true with trainer.keep_routing: a CPU engine records the "
+            "experts of the positions a request computes, and a cached prefix is not computed; remove it"
+        )
     return dict(enable_prefix_caching=False)
 
 
@@ -119,8 +123,9 @@ def start_engine(engine_args, start_method: str | None):
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = start_method  # read when the EngineCore process starts
     if start_method == "fork":
         resource_tracker.ensure_running()
-    return async_llm().from_vllm_config(config, disable_log_stats=engine_args.disable_log_stats,
-                                     enable_log_requests=engine_args.enable_log_requests)
+    return async_llm().from_vllm_config(
+        config, disable_log_stats=engine_args.disable_log_stats, enable_log_requests=engine_args.enable_log_requests
+    )
 
 
 def lora_engine_args(rank: int) -> dict[str, Any]:
@@ -141,8 +146,10 @@ async def start_recording_routes(engine, cuda: bool, model: str) -> torch.dtype:
     if not cuda:
         layers, top_k = (await engine.collective_rpc("forge_rl_record_routes"))[0]
         if not layers:
-            raise ConfigError(f"trainer.keep_routing: {model} has no mixture-of-experts layer in vLLM's "
-                              "model, so there are no routes to keep; set trainer.keep_routing=false")
+            raise ConfigError(
+                f"trainer.keep_routing: {model} has no mixture-of-experts layer in vLLM's "
+                "model, so there are no routes to keep; set trainer.keep_routing=false"
+            )
     return dtype
 
 
@@ -158,6 +165,9 @@ def engine_died() -> None:
     """A dead EngineCore cannot be revived in place. End this proc: a Service then replaces the
     replica and retries the calls that were in flight on it (the reaper clears what the engine
     left); an actor's owner gets a SupervisionError on its next call."""
-    print(f"generator pid {os.getpid()}: the vLLM engine died; ending this proc so that it is replaced",
-          file=sys.stderr, flush=True)
+    print(
+        f"generator pid {os.getpid()}: the vLLM engine died; ending this proc so that it is replaced",
+        file=sys.stderr,
+        flush=True,
+    )
     os.kill(os.getpid(), signal.SIGKILL)

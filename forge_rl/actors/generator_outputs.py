@@ -78,21 +78,31 @@ def completion_routes(child: Child, prompt_len: int, dtype: torch.dtype) -> torc
     routes = child.routes
     if routes is None or len(routes) < ran or (routes[:ran] < 0).any():
         have = "no positions" if routes is None else f"{int((routes[:ran] >= 0).all(axis=(1, 2)).sum())} positions"
-        raise RuntimeError(f"Keep Routing: the engine recorded {have} of the {ran} positions of a completion "
-                           f"(prompt {prompt_len}, response {len(child.ids)} tokens); is prefix caching on "
-                           "(generator.engine_args.enable_prefix_caching)?")
+        raise RuntimeError(
+            f"Keep Routing: the engine recorded {have} of the {ran} positions of a completion "
+            f"(prompt {prompt_len}, response {len(child.ids)} tokens); is prefix caching on "
+            "(generator.engine_args.enable_prefix_caching)?"
+        )
     return torch.from_numpy(np.ascontiguousarray(routes[:ran])).to(dtype)
 
 
-def completion_of(prompt: str | list[int], prompt_ids: list[int], child: Child, sampling: dict[str, Any], text: str,
-                  routes: torch.Tensor | None = None) -> Completion:
+def completion_of(
+    prompt: str | list[int],
+    prompt_ids: list[int],
+    child: Child,
+    sampling: dict[str, Any],
+    text: str,
+    routes: torch.Tensor | None = None,
+) -> Completion:
     """A finished child as the Completion the Generator returns: its kept sets when it recorded every token's (none
     over the cap), its `routes` under Keep Routing. `prompt` as the caller gave it (token ids leave
     Completion.prompt empty); `sampling`: the parameters it was drawn with."""
     kept = {}
     if child.cap is not None and not child.over_cap:
-        kept = dict(kept_ids=torch.tensor(child.kept_ids, dtype=torch.int32),
-                    kept_offsets=torch.tensor(child.kept_offsets, dtype=torch.int32))
+        kept = dict(
+            kept_ids=torch.tensor(child.kept_ids, dtype=torch.int32),
+            kept_offsets=torch.tensor(child.kept_offsets, dtype=torch.int32),
+        )
     if routes is not None:
         kept["routes"] = routes
     return Completion(
@@ -102,7 +112,10 @@ def completion_of(prompt: str | list[int], prompt_ids: list[int], child: Child, 
         policy_versions=torch.tensor(child.versions, dtype=torch.long),
         finish_reason=child.finish_reason,
         text=text,
-        prompt=prompt if isinstance(prompt, str) else "", sampling=sampling, kept_over_cap=child.over_cap, **kept,
+        prompt=prompt if isinstance(prompt, str) else "",
+        sampling=sampling,
+        kept_over_cap=child.over_cap,
+        **kept,
     )
 
 
@@ -116,5 +129,9 @@ def filler_completion(c: Completion, eos_ids: set[int], tokenizer) -> Completion
     if end is None:
         return dataclasses.replace(c, finish_reason="length")
     filler = torch.arange(len(ids)) > end
-    return dataclasses.replace(c, text=tokenizer.decode(ids[:end], skip_special_tokens=True), finish_reason="stop",
-                               env_mask=filler if bool(filler.any()) else None)
+    return dataclasses.replace(
+        c,
+        text=tokenizer.decode(ids[:end], skip_special_tokens=True),
+        finish_reason="stop",
+        env_mask=filler if bool(filler.any()) else None,
+    )

@@ -45,8 +45,15 @@ class GeneratorWeights:
             if version < self.policy_version:
                 raise ValueError(f"update_weights({version}): the generator already has version {self.policy_version}")
             if version == self.policy_version:  # a replica that caught up when it (re)started
-                return dict(version=version, mode="already_loaded", prefetch_s=prefetched - start, drain_wait_s=0.0,
-                            pause_s=0.0, requests_in_flight=0, tokens_in_flight=0)
+                return dict(
+                    version=version,
+                    mode="already_loaded",
+                    prefetch_s=prefetched - start,
+                    drain_wait_s=0.0,
+                    pause_s=0.0,
+                    requests_in_flight=0,
+                    tokens_in_flight=0,
+                )
             if self.lora is not None:  # no pause: requests in flight finish on their adapter, new ones take this one
                 return await self._add_adapter(version, prefetched - start)
             pause_mode = {"keep_kv": "keep", "recompute_kv": "keep", "drain": "wait"}[mode]
@@ -63,10 +70,14 @@ class GeneratorWeights:
             self._abort_too_old()
         done = time.perf_counter()
         record = dict(
-            version=version, mode=mode, prefetch_s=prefetched - start,
+            version=version,
+            mode=mode,
+            prefetch_s=prefetched - start,
             # drain: the wait for in-flight requests is time the engine ran below capacity
             drain_wait_s=paused - prefetched if mode == "drain" else 0.0,
-            pause_s=done - paused, requests_in_flight=requests, tokens_in_flight=tokens,
+            pause_s=done - paused,
+            requests_in_flight=requests,
+            tokens_in_flight=tokens,
         )
         self.updates.append(record)
         return record
@@ -76,9 +87,16 @@ class GeneratorWeights:
         loading = time.perf_counter()
         await self._load(version)
         self._abort_too_old()
-        record = dict(version=version, mode="adapter", prefetch_s=prefetch_s, drain_wait_s=0.0, pause_s=0.0,
-                      adapter_load_s=time.perf_counter() - loading,
-                      requests_in_flight=sum(len(c) for _, c in self._in_flight.values()), tokens_in_flight=0)
+        record = dict(
+            version=version,
+            mode="adapter",
+            prefetch_s=prefetch_s,
+            drain_wait_s=0.0,
+            pause_s=0.0,
+            adapter_load_s=time.perf_counter() - loading,
+            requests_in_flight=sum(len(c) for _, c in self._in_flight.values()),
+            tokens_in_flight=0,
+        )
         self.updates.append(record)
         return record
 
@@ -107,9 +125,11 @@ class GeneratorWeights:
 
             with safe_open(str(path / FILE), "pt") as f:
                 if not all(".lora_A." in k or ".lora_B." in k for k in f.keys()):
-                    raise ValueError(f"weights version {version} holds full weights, not a LoRA adapter: this "
-                                     "generator serves adapters (trainer.lora.rank > 0) and the trainer published "
-                                     "whole weights")
+                    raise ValueError(
+                        f"weights version {version} holds full weights, not a LoRA adapter: this "
+                        "generator serves adapters (trainer.lora.rank > 0) and the trainer published "
+                        "whole weights"
+                    )
             shutil.copyfile(path / FILE, directory / "adapter_model.safetensors")
         (directory / "adapter_config.json").write_text(json.dumps(self.lora.peft_config(self.model)))
         request = LoRARequest(f"forge_rl-{version_dir(version)}", version + 1, str(directory))  # ids start at 1

@@ -29,8 +29,9 @@ from forge_rl.weights import ShmWeightStore, WeightStoreConfig
 
 
 class Reference(Trainer):
-    def __init__(self, cfg: TrainerConfig | None = None, weight_store: WeightStoreConfig | None = None,
-                 weight_source=None):
+    def __init__(
+        self, cfg: TrainerConfig | None = None, weight_store: WeightStoreConfig | None = None, weight_source=None
+    ):
         super().__init__(cfg, weight_store)
         self.weight_source = weight_source  # the weight server, for ranks on another host than the trainer's rank 0
         self.policy_version = 0  # the policy version these weights are: 0, the model it was built from
@@ -50,8 +51,9 @@ class Reference(Trainer):
                     continue
                 # over the kept sets the tokens were drawn from, as the trainer's: the KL is over the same set;
                 # through the engine's experts too under Keep Routing (trainer.keep_routing, the trainer's config)
-                logprobs, _ = self._forward(batch.tokens, response_mask=batch.response_mask, kept=batch.kept,
-                                            routes=batch.routes)
+                logprobs, _ = self._forward(
+                    batch.tokens, response_mask=batch.response_mask, kept=batch.kept, routes=batch.routes
+                )
                 out.append(dataclasses.replace(batch, ref_logprobs=logprobs.cpu()))
         reshard(self.model)
         return out

@@ -85,9 +85,11 @@ class GroupStore:
         for i, ep in enumerate(group.episodes):  # whoever called the generator, with whatever overrides
             c = ep.completion
             if why := untrainable(c.sampling, self.temperature, c.kept_offsets is not None, c.kept_over_cap):
-                raise ValueError(f"group {group.prompt_id!r} episode {i} cannot be trained on: {why}. Only episodes of "
-                                 "the behaviour policy the trainer reproduces can be trained on (evaluate with any "
-                                 "sampling, but do not add those episodes to the buffer)")
+                raise ValueError(
+                    f"group {group.prompt_id!r} episode {i} cannot be trained on: {why}. Only episodes of "
+                    "the behaviour policy the trainer reproduces can be trained on (evaluate with any "
+                    "sampling, but do not add those episodes to the buffer)"
+                )
         self.added += len(group)
         if self.cfg.drop_zero_advantage and all(abs(e.advantage) < 1e-8 for e in group.episodes):
             self.dropped["zero_advantage"] += len(group)
@@ -138,7 +140,7 @@ class GroupStore:
         ]
 
     def _order(self, entries: list[_Entry]) -> list[_Entry]:
-        """"oldest": the groups with the oldest tokens first, then in arrival order. A straggler (a long response
+        """ "oldest": the groups with the oldest tokens first, then in arrival order. A straggler (a long response
         started under an older version) that arrives after groups started later is trained first, before it is too
         old; in arrival order it would wait behind them and could be dropped as stale."""
         if self.cfg.order == "random":
@@ -159,14 +161,22 @@ class GroupStore:
 
     def stats(self) -> dict:
         return dict(
-            added=self.added, trained=self.trained, present=self.present, groups=len(self.entries),
-            dropped={r: self.dropped[r] for r in DROP_REASONS}, staleness=dict(sorted(self.staleness.items())),
+            added=self.added,
+            trained=self.trained,
+            present=self.present,
+            groups=len(self.entries),
+            dropped={r: self.dropped[r] for r in DROP_REASONS},
+            staleness=dict(sorted(self.staleness.items())),
         )
 
     def state_dict(self) -> dict:
         return dict(
-            entries=[(e.group, e.uses) for e in self.entries], added=self.added, trained=self.trained,
-            dropped=dict(self.dropped), staleness=dict(self.staleness), rng=self.rng.getstate(),
+            entries=[(e.group, e.uses) for e in self.entries],
+            added=self.added,
+            trained=self.trained,
+            dropped=dict(self.dropped),
+            staleness=dict(self.staleness),
+            rng=self.rng.getstate(),
         )
 
     def load_state_dict(self, state: dict) -> None:
@@ -204,20 +214,27 @@ def validate_group(group: Group) -> None:
         env_mask = getattr(c, "env_mask", None)  # multi-turn: the environment's tokens (no loss)
         if env_mask is not None:
             if not isinstance(env_mask, torch.Tensor) or env_mask.dtype != torch.bool or env_mask.shape != (R,):
-                got = (f"{env_mask.dtype} {tuple(env_mask.shape)}" if isinstance(env_mask, torch.Tensor)
-                       else type(env_mask).__name__)
+                got = (
+                    f"{env_mask.dtype} {tuple(env_mask.shape)}"
+                    if isinstance(env_mask, torch.Tensor)
+                    else type(env_mask).__name__
+                )
                 raise ValueError(f"{at}: completion.env_mask is {got}, expected a bool tensor of shape ({R},)")
             if env_mask.all():
-                raise ValueError(f"{at}: completion.env_mask marks every response token as the environment's "
-                                 "(no model token to train on)")
+                raise ValueError(
+                    f"{at}: completion.env_mask marks every response token as the environment's "
+                    "(no model token to train on)"
+                )
         if first is None:
             first = c.prompt_ids
         elif not torch.equal(c.prompt_ids, first):
             raise ValueError(f"{at}: completion.prompt_ids differ from episode 0")
         if not (finite := torch.isfinite(c.logprobs)).all():
             where = int((~finite).nonzero()[0])
-            raise ValueError(f"{at}: completion.logprobs has {c.logprobs[where].item()} at response token {where}, "
-                             "expected finite values")
+            raise ValueError(
+                f"{at}: completion.logprobs has {c.logprobs[where].item()} at response token {where}, "
+                "expected finite values"
+            )
         if ep.advantage is None:
             raise ValueError(f"{at}: advantage is None (compute advantages first)")
         if not isinstance(ep.advantage, numbers.Real) or not math.isfinite(ep.advantage):
@@ -311,8 +328,12 @@ class ReplayBuffer(ForgeActor):
         return await self._stats()
 
     async def _stats(self) -> dict:
-        return dict(self.store.stats(), add_blocked_s=self.add_blocked_s, sample_empty_s=self.sample_empty_s,
-                    **{f"waiting_{k}": n for k, n in self.waiting.items()})
+        return dict(
+            self.store.stats(),
+            add_blocked_s=self.add_blocked_s,
+            sample_empty_s=self.sample_empty_s,
+            **{f"waiting_{k}": n for k, n in self.waiting.items()},
+        )
 
     @endpoint
     async def state_dict(self) -> dict:

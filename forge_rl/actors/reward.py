@@ -38,8 +38,15 @@ from forge_rl.deps.monarch import SupervisionError
 from forge_rl.errors import RunStopped
 from forge_rl.rewards.judge import PARSE_TARGET
 from forge_rl.rewards.reward_config import RewardConfig
-from forge_rl.rewards.workers import (DEFAULT_MEMORY_MB, RewardCrash, RewardError,  # noqa: F401 (re-exported)
-                                      RewardOutOfMemory, RewardPool, RewardTimeout, default_reward_workers)
+from forge_rl.rewards.workers import (
+    DEFAULT_MEMORY_MB,
+    RewardCrash,
+    RewardError,  # noqa: F401 (re-exported)
+    RewardOutOfMemory,
+    RewardPool,
+    RewardTimeout,
+    default_reward_workers,
+)
 from forge_rl.runtime import ForgeActor
 
 REWARDS = {
@@ -53,8 +60,11 @@ REWARDS = {
 
 def reward_model_errors(spec: RewardConfig) -> list[str]:
     """What is wrong with a reward model's settings, each as "key: why" (check_config prefixes rewards[i])."""
-    errors = [f"{key}={getattr(spec, key)}: it must be >= 1" for key in ("max_batch", "max_concurrency", "max_tokens")
-              if getattr(spec, key) < 1]
+    errors = [
+        f"{key}={getattr(spec, key)}: it must be >= 1"
+        for key in ("max_batch", "max_concurrency", "max_tokens")
+        if getattr(spec, key) < 1
+    ]
     if spec.batch_window_ms < 0:
         errors.append(f"batch_window_ms={spec.batch_window_ms}: it must be >= 0")
     if spec.kind == "judge":
@@ -77,8 +87,9 @@ def resolve_reward(name: str, args: dict[str, Any] | None = None) -> Callable:
     fn = _import_reward(name)
     if not args:
         return fn
-    named = {p.name for p in inspect.signature(fn).parameters.values()
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    named = {
+        p.name for p in inspect.signature(fn).parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
     unknown = sorted(set(args) - named)  # a misspelt limit must not vanish into **kwargs
     if unknown:
         raise ValueError(f"reward {name!r}: args {unknown} do not fit it (its parameters: {sorted(named)})")
@@ -134,12 +145,21 @@ def check_reward_columns(specs: list[RewardConfig], columns: list[str]) -> None:
     """Every parameter a reward function requires must be a column of the task (or `finish_reason`)."""
     given = set(columns) | {"finish_reason"}
     for spec in (s for s in specs if s.model is None):  # a reward model reads prompts and completions only
-        params = list(inspect.signature(resolve_reward(spec.name, spec.args)).parameters.values())[2:]  # after prompts, completions
-        missing = [p.name for p in params if p.default is inspect.Parameter.empty
-                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given]
+        params = list(inspect.signature(resolve_reward(spec.name, spec.args)).parameters.values())[
+            2:
+        ]  # after prompts, completions
+        missing = [
+            p.name
+            for p in params
+            if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in given
+        ]
         if missing:
-            raise ValueError(f"reward {spec.name!r} needs {missing}, which the task's rows do not have (columns: "
-                             f"{sorted(given)}); map them with task.answer_column or add them to the data")
+            raise ValueError(
+                f"reward {spec.name!r} needs {missing}, which the task's rows do not have (columns: "
+                f"{sorted(given)}); map them with task.answer_column or add them to the data"
+            )
 
 
 class RewardUnparsable(RewardError):
@@ -158,14 +178,23 @@ SAMPLE_CHARS = 80  # of each field of the sample input a failed reward's error s
 
 def sample_input(prompts: list, completions: list[str], columns: dict[str, list]) -> str:
     """The first completion of a group and what came with it, for a failed reward's error message."""
-    fields = {"prompt": prompts[0] if prompts else None, "completion": completions[0] if completions else None,
-              **{k: v[0] for k, v in columns.items() if v}}
+    fields = {
+        "prompt": prompts[0] if prompts else None,
+        "completion": completions[0] if completions else None,
+        **{k: v[0] for k, v in columns.items() if v},
+    }
     return ", ".join(f"{k}={str(v)[:SAMPLE_CHARS]!r}" for k, v in fields.items())
 
 
 class RewardActor(ForgeActor):
-    def __init__(self, specs: list[RewardConfig], timeout_s: float | None = None, workers: int | None = None,
-                 memory_mb: int | None = DEFAULT_MEMORY_MB, models: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        specs: list[RewardConfig],
+        timeout_s: float | None = None,
+        workers: int | None = None,
+        memory_mb: int | None = DEFAULT_MEMORY_MB,
+        models: dict[str, Any] | None = None,
+    ):
         """`models`: each reward model spec's name -> its actor (a RewardModel, or a judge's Generator), started by
         the run."""
         if not specs:
@@ -204,8 +233,9 @@ class RewardActor(ForgeActor):
         try:
             values = await asyncio.wait_for(call(), self.timeout_s)
         except asyncio.TimeoutError:
-            raise RewardTimeout(f"reward model {spec.name!r} took longer than reward_timeout_s={self.timeout_s}") \
-                from None
+            raise RewardTimeout(
+                f"reward model {spec.name!r} took longer than reward_timeout_s={self.timeout_s}"
+            ) from None
         except RewardError:
             raise
         except SupervisionError as e:  # its actor's proc died: no later group can be scored by it either
@@ -231,33 +261,45 @@ class RewardActor(ForgeActor):
         def render(c: str) -> str:
             return tokenizer.apply_chat_template(
                 [{"role": "user", "content": spec.template.format(prompt=question, completion=c)}],
-                tokenize=False, add_generation_prompt=True)
+                tokenize=False,
+                add_generation_prompt=True,
+            )
 
         try:
             return fit_completion(render, completion, tokenizer, context - spec.max_tokens)
         except ValueError as e:
             raise RewardError(f"judge {spec.name!r}: {e} (its template and the prompt)") from None
 
-    async def _judge(self, spec: RewardConfig, judge, prompts: list, completions: list[str],
-                     deadline: float | None) -> list[float]:
+    async def _judge(
+        self, spec: RewardConfig, judge, prompts: list, completions: list[str], deadline: float | None
+    ) -> list[float]:
         """The judge's verdicts, then its parser on them in a reward worker (a user's parser cannot stall this
         actor), both within the deadline."""
         texts = [self._judge_prompt(spec, p, c) for p, c in zip(prompts, completions)]
 
         async def verdict(text: str) -> str:
-            return (await judge.generate.call_one(text, n=1, temperature=0.0, max_tokens=spec.max_tokens,
-                                                  timeout_s=_left(deadline)))[0].text
+            return (
+                await judge.generate.call_one(
+                    text, n=1, temperature=0.0, max_tokens=spec.max_tokens, timeout_s=_left(deadline)
+                )
+            )[0].text
 
         verdicts = list(await asyncio.gather(*(verdict(t) for t in texts)))
         try:
-            values = await self.pool.call(PARSE_TARGET, {"parser": spec.parser, "scale": spec.scale}, list(prompts),
-                                          verdicts, timeout_s=_left(deadline))
+            values = await self.pool.call(
+                PARSE_TARGET,
+                {"parser": spec.parser, "scale": spec.scale},
+                list(prompts),
+                verdicts,
+                timeout_s=_left(deadline),
+            )
         except RewardError as e:
             raise type(e)(f"judge {spec.name!r}'s parser {spec.parser!r}: {e}") from None
         for value, text in zip(values, verdicts):
             if not math.isfinite(value):
-                raise RewardUnparsable(f"judge {spec.name!r}: no number in its verdict {text[:80]!r} "
-                                       f"(parser {spec.parser!r})")
+                raise RewardUnparsable(
+                    f"judge {spec.name!r}: no number in its verdict {text[:80]!r} (parser {spec.parser!r})"
+                )
         return values
 
     @endpoint
@@ -279,9 +321,14 @@ class RewardActor(ForgeActor):
         return totals, parts
 
     @concurrent_endpoint
-    async def score_each_reward(self, prompts: list, completions: list[str], finish_reasons: list[str],
-                                columns: dict[str, list] | None = None,
-                                names: list[str] | None = None) -> dict[str, list[float] | str]:
+    async def score_each_reward(
+        self,
+        prompts: list,
+        completions: list[str],
+        finish_reasons: list[str],
+        columns: dict[str, list] | None = None,
+        names: list[str] | None = None,
+    ) -> dict[str, list[float] | str]:
         """Each reward (of `names`, default all) scored on its own: its values, or its error's message when it
         failed. One reward's failure costs only its own values (the held-out evaluation, forge_rl/loop/eval.py)."""
         columns = self._checked(prompts, completions, finish_reasons, columns)
@@ -295,8 +342,9 @@ class RewardActor(ForgeActor):
         return out
 
     @staticmethod
-    def _checked(prompts: list, completions: list[str], finish_reasons: list[str],
-                 columns: dict[str, list] | None) -> dict[str, list]:
+    def _checked(
+        prompts: list, completions: list[str], finish_reasons: list[str], columns: dict[str, list] | None
+    ) -> dict[str, list]:
         n = len(completions)
         columns = dict(columns or {})
         for name, values in [("prompts", prompts), ("finish_reasons", finish_reasons), *columns.items()]:
@@ -304,14 +352,29 @@ class RewardActor(ForgeActor):
                 raise ValueError(f"score: {name} has {len(values)} values for {n} completions")
         return columns
 
-    async def _values(self, spec: RewardConfig, target: str | None, prompts: list, completions: list[str],
-                      finish_reasons: list[str], columns: dict[str, list]) -> list[float]:
+    async def _values(
+        self,
+        spec: RewardConfig,
+        target: str | None,
+        prompts: list,
+        completions: list[str],
+        finish_reasons: list[str],
+        columns: dict[str, list],
+    ) -> list[float]:
         """One reward's values for a group; its RewardError carries the reward's name and a sample input."""
         try:
             if spec.model is not None:
                 return await self._model_values(spec, prompts, completions)
-            return await self.pool.score(spec.name, target, spec.args, list(prompts), list(completions),
-                                         self.timeout_s, finish_reason=list(finish_reasons), **columns)
+            return await self.pool.score(
+                spec.name,
+                target,
+                spec.args,
+                list(prompts),
+                list(completions),
+                self.timeout_s,
+                finish_reason=list(finish_reasons),
+                **columns,
+            )
         except RewardError as e:
             e.reward, e.sample = spec.name, sample_input(prompts, completions, columns)
             raise

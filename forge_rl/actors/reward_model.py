@@ -43,6 +43,7 @@ def fit_completion(render: Callable[[str], str], completion: str, tokenizer, lim
     """`render(completion)`, with the completion cut to its last tokens when the whole would pass `limit` tokens
     (the model's context): the end of an answer (its verdict, its final number) is what a reward model reads.
     Raises ValueError when the rest of the text alone leaves no room for the completion."""
+
     def length(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False).input_ids)
 
@@ -54,8 +55,9 @@ def fit_completion(render: Callable[[str], str], completion: str, tokenizer, lim
     room = len(ids) - over
     for _ in range(4):  # decoding then re-encoding a cut can shift a token or two
         if room <= 0:
-            raise ValueError(f"the reward model's input passes its context of {limit} tokens even without the "
-                             "completion")
+            raise ValueError(
+                f"the reward model's input passes its context of {limit} tokens even without the completion"
+            )
         text = render(tokenizer.decode(ids[-room:]))
         if (over := length(text) - limit) <= 0:
             return text
@@ -88,8 +90,10 @@ class RewardModel(ForgeActor):
         self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype).eval().to(self.device)
         labels = self.model.config.num_labels
         if labels not in (1, 2):
-            raise ValueError(f"reward model {model!r} has {labels} labels; a reward classifier has 1 (its logit is "
-                             "the score) or 2 (p(label 1) is)")
+            raise ValueError(
+                f"reward model {model!r} has {labels} labels; a reward classifier has 1 (its logit is "
+                "the score) or 2 (p(label 1) is)"
+            )
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model.config.pad_token_id = self.tokenizer.pad_token_id  # where HF pools: the last non-pad token
@@ -102,9 +106,11 @@ class RewardModel(ForgeActor):
 
     def render(self, prompts: list, completions: list[str]) -> list[str]:
         """Each (prompt, completion) as a chat whose last turn is the completion, cut to the model's context."""
+
         def chat(prompt) -> Callable[[str], str]:
             return lambda c: self.tokenizer.apply_chat_template(
-                as_messages(prompt) + [{"role": "assistant", "content": c}], tokenize=False)
+                as_messages(prompt) + [{"role": "assistant", "content": c}], tokenize=False
+            )
 
         return [fit_completion(chat(p), c, self.tokenizer, self.context) for p, c in zip(prompts, completions)]
 
@@ -151,11 +157,11 @@ class RewardModel(ForgeActor):
                 await self._score_batch([r])
             return
         for r in batch:
-            r.done.set_result(scores[:len(r.texts)])
-            scores = scores[len(r.texts):]
+            r.done.set_result(scores[: len(r.texts)])
+            scores = scores[len(r.texts) :]
 
     def _forward_all(self, texts: list[str]) -> list[float]:
-        return [v for i in range(0, len(texts), self.max_batch) for v in self._forward(texts[i:i + self.max_batch])]
+        return [v for i in range(0, len(texts), self.max_batch) for v in self._forward(texts[i : i + self.max_batch])]
 
     def _forward(self, texts: list[str]) -> list[float]:
         start = time.perf_counter()
@@ -171,6 +177,11 @@ class RewardModel(ForgeActor):
 
     @endpoint
     async def stats(self) -> dict:
-        return dict(forwards=self.forwards, sequences=self.sequences, busy_s=self.busy_s, expired=self.expired,
-                    largest_forward=self.largest_forward,
-                    mean_batch=self.sequences / self.forwards if self.forwards else 0.0)
+        return dict(
+            forwards=self.forwards,
+            sequences=self.sequences,
+            busy_s=self.busy_s,
+            expired=self.expired,
+            largest_forward=self.largest_forward,
+            mean_batch=self.sequences / self.forwards if self.forwards else 0.0,
+        )

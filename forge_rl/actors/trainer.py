@@ -78,8 +78,10 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
     def __init__(self, cfg: TrainerConfig | None = None, weight_store: WeightStoreConfig | None = None):
         self.cfg = cfg or TrainerConfig()
         if self.cfg.loss == "grpo" and self.cfg.grpo.normalize == "token_sum" and self.cfg.grpo.max_response_len < 1:
-            raise ValueError("trainer.grpo.normalize='token_sum' divides by a constant: set trainer.grpo."
-                             "max_response_len (the GRPO run sets it to the generation budget)")
+            raise ValueError(
+                "trainer.grpo.normalize='token_sum' divides by a constant: set trainer.grpo."
+                "max_response_len (the GRPO run sets it to the generation budget)"
+            )
         self.store_cfg = weight_store
         self.store: ShmWeightStore | None = None  # opened at the first push_weights
         self.step = 0
@@ -96,8 +98,10 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         self.model_dir = Path(resolve_model_path(self.cfg.model))
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         if not dist.is_initialized():  # env (RANK, WORLD_SIZE, MASTER_*) comes from the spmd mesh option
-            dist.init_process_group(process_group_backend(self.device.type),
-                                    timeout=datetime.timedelta(seconds=self.cfg.collective_timeout_s))
+            dist.init_process_group(
+                process_group_backend(self.device.type),
+                timeout=datetime.timedelta(seconds=self.cfg.collective_timeout_s),
+            )
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(self.cfg.seed)
         self.model, self.adapter, self.parallel_dims = self._build(qwen3)
@@ -113,14 +117,18 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         o = self.cfg.optim
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],  # with LoRA: the adapters only
-            lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+            lr=o.lr,
+            betas=(o.beta1, o.beta2),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
             # one kernel over every tensor (on a CPU 2.5-7x the foreach step over a 90M model); experts' parameters
             # live on another mesh than the rest, which the fused kernel does not take in one call
             **(dict(foreach=True) if self.parallel_dims.ep_enabled else dict(fused=True)),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o))
-        self.profiler = StepProfiler(self.cfg.profile_steps, self.cfg.profile_dir, self.rank,
-                                     cuda=self.device.type == "cuda")
+        self.profiler = StepProfiler(
+            self.cfg.profile_steps, self.cfg.profile_dir, self.rank, cuda=self.device.type == "cuda"
+        )
 
     def _parallel_dims(self):
         """TorchTitan's parallelism config and device mesh for trainer.parallel over this actor's procs."""
@@ -130,14 +138,17 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
 
         p = self.cfg.parallel
         parallelism = ParallelismConfig(
-            data_parallel_shard_degree=p.dp_shard, tensor_parallel_degree=p.tp, expert_parallel_degree=p.ep,
+            data_parallel_shard_degree=p.dp_shard,
+            tensor_parallel_degree=p.tp,
+            expert_parallel_degree=p.ep,
             spmd_backend="partial_dtensor",
         )
         try:
             dims = ParallelDims.from_config(parallelism, self.world)
         except (AssertionError, ValueError) as e:
-            raise ValueError(f"trainer.parallel (dp_shard={p.dp_shard}, tp={p.tp}, ep={p.ep}) does not fit "
-                             f"{self.world} procs: {e}")
+            raise ValueError(
+                f"trainer.parallel (dp_shard={p.dp_shard}, tp={p.tp}, ep={p.ep}) does not fit {self.world} procs: {e}"
+            )
         dist_utils.set_spmd_backend("partial_dtensor")
         dims.build_mesh()
         return parallelism, dims
@@ -181,8 +192,9 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         lora.add_dropout(model, self.cfg.lora.dropout)
         adapter = Qwen3StateDictAdapter(config, str(self.model_dir))
         # each rank reads only its shards of the checkpoint (forge_rl/models/sharded_load.py)
-        self.checkpoint_read = load_sharded(model, adapter, self.model_dir, extra=self._not_in_checkpoint(model),
-                                            ignore=self.NOT_LOADED)
+        self.checkpoint_read = load_sharded(
+            model, adapter, self.model_dir, extra=self._not_in_checkpoint(model), ignore=self.NOT_LOADED
+        )
         self.max_seq_len = config.layers[0].attention.rope.max_seq_len
         self.vocab_size = config.vocab_size
         # Without FSDP there is no mixed-precision policy: autocast gives the compute dtype instead.
@@ -193,8 +205,9 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         self.fused_lm_head = self.cfg.fused_lm_head and dims.tp == 1 and not p.compile
         self.loss_parallel = False  # set once the model hands back vocabulary-sharded logits (TP)
         model._skip_lm_head = self.fused_lm_head  # the decoder returns hidden states; the head is in the logprobs
-        self.head_memory_bytes = (int(self.cfg.lm_head_memory_mb * 2**20) if self.cfg.lm_head_memory_mb
-                                  else default_memory_bytes(self.device))
+        self.head_memory_bytes = (
+            int(self.cfg.lm_head_memory_mb * 2**20) if self.cfg.lm_head_memory_mb else default_memory_bytes(self.device)
+        )
         return model, adapter, dims
 
     def _model_config(self, qwen3, parallelism):
@@ -231,21 +244,38 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         replayed, differed, dispatched = (float(x) for x in sums[-3:])
         profiled = self.profiler.end(self.step)  # a profile window's last step: its trace written, its summary line
         return dict(
-            loss=float(sums[0]), grad_norm=grad_norm, lr=lr, step=self.step, **per_token,
-            mismatch_abs_max=mismatch_max, tokens=tokens,
+            loss=float(sums[0]),
+            grad_norm=grad_norm,
+            lr=lr,
+            step=self.step,
+            **per_token,
+            mismatch_abs_max=mismatch_max,
+            tokens=tokens,
             model_tokens=int(sums[1]),  # what the model ran on: fewer than `tokens` when prompts were shared
             loss_parallel=float(self.loss_parallel),  # TP: logprobs from vocabulary shards, logits never gathered
-            response_tokens=total_tokens, tokens_per_s=tokens / elapsed,
-            step_s=elapsed, peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
-            **({"peak_cuda_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20}
-               if self.device.type == "cuda" else {}),  # this rank's
-            skipped=float(not finite), skipped_steps=self.skipped_steps,
+            response_tokens=total_tokens,
+            tokens_per_s=tokens / elapsed,
+            step_s=elapsed,
+            peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
+            **(
+                {"peak_cuda_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20}
+                if self.device.type == "cuda"
+                else {}
+            ),  # this rank's
+            skipped=float(not finite),
+            skipped_steps=self.skipped_steps,
             # Keep Routing: (position, layer) pairs given the engine's experts; the fraction the trainer's own
             # routers would have sent elsewhere; the fraction whose experts, as the expert layers received them,
             # were the engine's
-            **({"keep_routing/replayed": replayed, "keep_routing/differed_fraction": differed / max(replayed, 1.0),
-                "keep_routing/dispatched_equal_fraction": dispatched / max(replayed, 1.0)}
-               if self.route_replay is not None else {}),
+            **(
+                {
+                    "keep_routing/replayed": replayed,
+                    "keep_routing/differed_fraction": differed / max(replayed, 1.0),
+                    "keep_routing/dispatched_equal_fraction": dispatched / max(replayed, 1.0),
+                }
+                if self.route_replay is not None
+                else {}
+            ),
             **({"profile/summary": profiled} if profiled else {}),
         )
 
@@ -316,8 +346,11 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
     def _state(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return {"model": self._model_tensors(), "optim": get_optimizer_state_dict(self.model, self.optimizer),
-                "train": {"step": self.step, "scheduler": self.scheduler.state_dict()}}
+        return {
+            "model": self._model_tensors(),
+            "optim": get_optimizer_state_dict(self.model, self.optimizer),
+            "train": {"step": self.step, "scheduler": self.scheduler.state_dict()},
+        }
 
     @endpoint
     async def save(self, step: int | None = None, path: str | None = None) -> str:
@@ -357,8 +390,10 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
             newest, skipped = found[0]
             if newest is None:
                 why = f" (passed over {'; '.join(skipped)})" if skipped else ""
-                raise FileNotFoundError(f"no intact checkpoint of Trainer.save() under trainer.checkpoint_dir="
-                                        f"{self.cfg.checkpoint_dir}{why}: pass the path of one to load")
+                raise FileNotFoundError(
+                    f"no intact checkpoint of Trainer.save() under trainer.checkpoint_dir="
+                    f"{self.cfg.checkpoint_dir}{why}: pass the path of one to load"
+                )
             path = str(newest)
         if not (Path(path) / ".metadata").is_file():
             raise FileNotFoundError(f"{path}: not a DCP checkpoint (no .metadata)")

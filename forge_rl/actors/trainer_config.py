@@ -123,8 +123,9 @@ class TrainerConfig:
         if self.publish_block_mb <= 0:
             raise ValueError(f"trainer.publish_block_mb must be > 0, got {self.publish_block_mb}")
         if self.micro_batch_size < 0:
-            raise ValueError(f"trainer.micro_batch_size must be >= 0 (0: a rank's whole batch at once), got "
-                             f"{self.micro_batch_size}")
+            raise ValueError(
+                f"trainer.micro_batch_size must be >= 0 (0: a rank's whole batch at once), got {self.micro_batch_size}"
+            )
         if not self.lm_head_memory_mb >= 0:
             raise ValueError(f"trainer.lm_head_memory_mb must be >= 0 (0: auto), got {self.lm_head_memory_mb}")
         if self.max_nonfinite_steps < 1:
@@ -136,6 +137,8 @@ class TrainerConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"trainer.dtype={self.dtype!r}; choose one of {DTYPES}")
         if self.publish_dtype is not None and self.publish_dtype not in DTYPES:
-            raise ValueError(f"trainer.publish_dtype={self.publish_dtype!r}; choose one of {DTYPES} (or leave it unset)")
+            raise ValueError(
+                f"trainer.publish_dtype={self.publish_dtype!r}; choose one of {DTYPES} (or leave it unset)"
+            )
         if any(s < 1 for s in self.profile_steps):
             raise ValueError(f"trainer.profile_steps={list(self.profile_steps)}: steps are numbered from 1")

@@ -21,17 +21,37 @@ from forge_rl.models.route_replay import packed_routes
 from forge_rl.types import BatchShape, TrainBatch
 
 # optimizer_step's per-token means: the metric's name and the per_token_loss diagnostic it averages
-TOKEN_SUMS = ("clip_fraction", "approx_kl", "entropy", "ratio_mean", "kl_ref", "reverse_kl_teacher",
-              "mismatch_abs_mean", "mismatch_k3", "is_weight_mean", "is_corrected_fraction")
-DIAGNOSTIC = {"clip_fraction": "clipped", "approx_kl": "approx_kl_behaviour", "ratio_mean": "ratio",
-              "mismatch_abs_mean": "mismatch_abs",
-              "is_weight_mean": "is_weight", "is_corrected_fraction": "is_corrected"}
+TOKEN_SUMS = (
+    "clip_fraction",
+    "approx_kl",
+    "entropy",
+    "ratio_mean",
+    "kl_ref",
+    "reverse_kl_teacher",
+    "mismatch_abs_mean",
+    "mismatch_k3",
+    "is_weight_mean",
+    "is_corrected_fraction",
+)
+DIAGNOSTIC = {
+    "clip_fraction": "clipped",
+    "approx_kl": "approx_kl_behaviour",
+    "ratio_mean": "ratio",
+    "mismatch_abs_mean": "mismatch_abs",
+    "is_weight_mean": "is_weight",
+    "is_corrected_fraction": "is_corrected",
+}
 
 
 class TrainerStep:
-    def _forward(self, tokens: torch.Tensor, entropy: str = "none", response_mask: torch.Tensor | None = None,
-                 kept: torch.Tensor | None = None,
-                 routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(
+        self,
+        tokens: torch.Tensor,
+        entropy: str = "none",
+        response_mask: torch.Tensor | None = None,
+        kept: torch.Tensor | None = None,
+        routes: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob (and entropy) [B, T] of every token, or with `response_mask` of its response tokens
         only (0 elsewhere), computed on shared-prompt packed rows when that saves tokens. `kept` [B, T, K]:
         each token's kept set (truncated sampling: TrainBatch.kept), the distribution renormalised over it.
@@ -41,16 +61,27 @@ class TrainerStep:
         if response_mask is not None and self.cfg.share_prompts:
             packed = plan_packing(tokens, response_mask, self.cfg.pack_max_fraction, self.cfg.pack_max_len)
         self.last_forward_tokens = tokens.numel() if packed is None else packed.num_tokens
-        self.last_forward_unpadded = (None if response_mask is None else unpadded(response_mask) if packed is None
-                                      else unpadded_packed(packed.attention_mask))  # the balancing loss's tokens
+        self.last_forward_unpadded = (
+            None
+            if response_mask is None
+            else unpadded(response_mask)
+            if packed is None
+            else unpadded_packed(packed.attention_mask)
+        )  # the balancing loss's tokens
         d = self.device
         kept = kept.to(d) if kept is not None else None
         if self.route_replay is not None:  # set for every forward: a forward without routes lets the routers choose
-            self.route_replay.set(None if routes is None else routes.to(d) if packed is None
-                                  else packed_routes(routes, packed.source).to(d))
+            self.route_replay.set(
+                None
+                if routes is None
+                else routes.to(d)
+                if packed is None
+                else packed_routes(routes, packed.source).to(d)
+            )
         if packed is not None:
-            out, shard = self._model_out(packed.tokens, positions=packed.positions.to(d),
-                                         attention_masks=packed.attention_mask.to(d))
+            out, shard = self._model_out(
+                packed.tokens, positions=packed.positions.to(d), attention_masks=packed.attention_mask.to(d)
+            )
             pred, targets, where = packed.pred_index, packed.targets, (packed.rows, packed.cols)
         elif response_mask is not None and self.fused_lm_head:
             # only the positions that predict a response token go through the head: a prompt's do not count
@@ -61,14 +92,28 @@ class TrainerStep:
             return self._every_position(*self._model_out(tokens), tokens, response_mask, entropy, kept)
         return self._at_positions(out, shard, pred, targets, where, tokens.shape, response_mask, entropy, kept)
 
-    def _every_position(self, out: torch.Tensor, shard, tokens: torch.Tensor, response_mask: torch.Tensor | None,
-                        entropy: str, kept: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _every_position(
+        self,
+        out: torch.Tensor,
+        shard,
+        tokens: torch.Tensor,
+        response_mask: torch.Tensor | None,
+        entropy: str,
+        kept: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob (and entropy) of every token of `tokens` from the model's output at every position; with
         `response_mask`, 0 outside the responses."""
         temperature, d = self.cfg.temperature or 1.0, self.device
         if self.fused_lm_head:
-            lp, ent = hidden_logprobs(out, self._lm_head_weight(), tokens.to(d), temperature, entropy,
-                                      memory_bytes=self.head_memory_bytes, kept=kept)
+            lp, ent = hidden_logprobs(
+                out,
+                self._lm_head_weight(),
+                tokens.to(d),
+                temperature,
+                entropy,
+                memory_bytes=self.head_memory_bytes,
+                kept=kept,
+            )
         else:
             lp, ent = token_logprobs(out, tokens.to(d), temperature, entropy=entropy, shard=shard, kept=kept)
         if response_mask is None:
@@ -76,9 +121,18 @@ class TrainerStep:
         keep = response_mask.to(d)  # same result either way: 0 outside the responses
         return lp.where(keep, 0.0), (ent.where(keep, 0.0) if ent is not None else None)
 
-    def _at_positions(self, out: torch.Tensor, shard, pred: torch.Tensor, targets: torch.Tensor, where: tuple,
-                      shape: torch.Size, response_mask: torch.Tensor, entropy: str,
-                      kept: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _at_positions(
+        self,
+        out: torch.Tensor,
+        shard,
+        pred: torch.Tensor,
+        targets: torch.Tensor,
+        where: tuple,
+        shape: torch.Size,
+        response_mask: torch.Tensor,
+        entropy: str,
+        kept: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob (and entropy) of `targets` from the model's output at positions `pred` only, put back at
         `where` in a [B, T] of `shape` (0 elsewhere, and outside the responses)."""
         temperature, d = self.cfg.temperature or 1.0, self.device
@@ -86,16 +140,25 @@ class TrainerStep:
         where = (where[0].to(d), where[1].to(d))  # each target's place in the batch's tokens
         kept = kept[where] if kept is not None else None
         if self.fused_lm_head:
-            lp, ent = hidden_logprobs(picked[None], self._lm_head_weight(), targets[None], temperature, entropy,
-                                      shift=0, memory_bytes=self.head_memory_bytes,
-                                      kept=kept[None] if kept is not None else None)
+            lp, ent = hidden_logprobs(
+                picked[None],
+                self._lm_head_weight(),
+                targets[None],
+                temperature,
+                entropy,
+                shift=0,
+                memory_bytes=self.head_memory_bytes,
+                kept=kept[None] if kept is not None else None,
+            )
             lp, ent = lp[0], (ent[0] if ent is not None else None)
         else:
             lp, ent = selected_logprobs(picked, targets, temperature, entropy=entropy, shard=shard, kept=kept)
         zeros = torch.zeros(shape, dtype=lp.dtype, device=d)
         keep = response_mask.to(d)  # packed spans hold an environment's tokens too (multi-turn): 0 for them
-        return (zeros.index_put(where, lp).where(keep, 0.0),
-                zeros.index_put(where, ent).where(keep, 0.0) if ent is not None else None)
+        return (
+            zeros.index_put(where, lp).where(keep, 0.0),
+            zeros.index_put(where, ent).where(keep, 0.0) if ent is not None else None,
+        )
 
     def _lm_head_weight(self) -> torch.Tensor:
         """The lm_head's whole weight, as the decoder's forward left it (FSDP2: unsharded until backward)."""
@@ -103,8 +166,10 @@ class TrainerStep:
 
         weight = self.model.lm_head.weight
         if isinstance(weight, DTensor):
-            raise RuntimeError("trainer.fused_lm_head: the lm_head weight is still sharded after the forward "
-                               "(an FSDP reshard-after-forward policy?); set trainer.fused_lm_head=false")
+            raise RuntimeError(
+                "trainer.fused_lm_head: the lm_head weight is still sharded after the forward "
+                "(an FSDP reshard-after-forward policy?); set trainer.fused_lm_head=false"
+            )
         return weight
 
     def _model_out(self, tokens: torch.Tensor, **kwargs) -> tuple[torch.Tensor, VocabShard | None]:
@@ -129,8 +194,14 @@ class TrainerStep:
 
         error = None
         try:
-            validate_batches(batches, self.dp_size, self.vocab_size, self.max_seq_len, own=self.dp_rank,
-                             routing=self.route_replay.shape if self.route_replay is not None else None)
+            validate_batches(
+                batches,
+                self.dp_size,
+                self.vocab_size,
+                self.max_seq_len,
+                own=self.dp_rank,
+                routing=self.route_replay.shape if self.route_replay is not None else None,
+            )
         except ValueError as e:
             error = e
         ok = torch.tensor([0.0 if error else 1.0], device=self.device)
@@ -158,16 +229,25 @@ class TrainerStep:
             rows = slice(lo, lo + mb)
             mask = batch.response_mask[rows].to(self.device)
             # the entropy is logged (detached), and takes gradient only when an entropy bonus uses it
-            logprobs, entropy = self._forward(batch.tokens[rows], "grad" if loss_cfg.entropy_coef else "detached",
-                                              batch.response_mask[rows], batch.kept[rows] if batch.kept is not None
-                                              else None, batch.routes[rows] if batch.routes is not None else None)
+            logprobs, entropy = self._forward(
+                batch.tokens[rows],
+                "grad" if loss_cfg.entropy_coef else "detached",
+                batch.response_mask[rows],
+                batch.kept[rows] if batch.kept is not None else None,
+                batch.routes[rows] if batch.routes is not None else None,
+            )
             if cfg.loss == "sft":
                 token_loss, diag = sft_token_loss(logprobs), {"entropy": entropy.detach()}
             else:
                 ref = batch.ref_logprobs[rows].to(self.device) if batch.ref_logprobs is not None else None
                 token_loss, diag = per_token_loss(
-                    logprobs, batch.behaviour_logprobs[rows].to(self.device), batch.advantages[rows].to(self.device),
-                    loss_cfg, ref_logprobs=ref, entropy=entropy, mask=mask,
+                    logprobs,
+                    batch.behaviour_logprobs[rows].to(self.device),
+                    batch.advantages[rows].to(self.device),
+                    loss_cfg,
+                    ref_logprobs=ref,
+                    entropy=entropy,
+                    mask=mask,
                 )
             loss = reduce_loss(token_loss, mask, normalize, total_seqs, total_tokens, loss_cfg.max_response_len)
             if self.router_stats is not None:  # this micro-batch's share of the batch's load-balancing loss

@@ -22,8 +22,16 @@ from forge_rl.models.lora import is_adapter_key
 from forge_rl.weights import ShmWeightStore, sharded_publish, spec_of
 from forge_rl.weights.hf_export import HFExportWriter
 
-HF_ASSETS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-             "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
+HF_ASSETS = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
 
 
 class TrainerWeights:
@@ -46,19 +54,33 @@ class TrainerWeights:
         if self.cfg.publish_from == "rank0" or not self._on_one_host():
             # Ranks on several hosts: a rank cannot write another host's shared memory. Rank 0 publishes on its
             # host (where the weight server hands versions to other hosts); the others send it their shards.
-            nbytes = self._stream_to_rank0(lambda spec: self.store.writer(version, spec), dtype,
-                                           f"weights version {version}")
+            nbytes = self._stream_to_rank0(
+                lambda spec: self.store.writer(version, spec), dtype, f"weights version {version}"
+            )
         else:
             targets, plan = self._hf_targets(), self._plan()
             spec = sharded_publish.spec(self.model, targets, dtype, self.heads_per_kv, self.head_dim)
             with self.store.writer(version, spec, rank=self.rank, world_size=self.world) as writer:
                 self.publish_largest_held = sharded_publish.write_own(
-                    self.model, plan, targets, writer, self.rank, dtype, self._block_bytes(), self.heads_per_kv,
-                    self.head_dim)
+                    self.model,
+                    plan,
+                    targets,
+                    writer,
+                    self.rank,
+                    dtype,
+                    self._block_bytes(),
+                    self.heads_per_kv,
+                    self.head_dim,
+                )
             nbytes = _spec_bytes(spec)
         elapsed = time.perf_counter() - start
-        return dict(version=version, push_s=elapsed, bytes=nbytes, gb_per_s=nbytes / elapsed / 1e9,
-                    largest_held_bytes=self.publish_largest_held)  # one block of rows at most, on any rank
+        return dict(
+            version=version,
+            push_s=elapsed,
+            bytes=nbytes,
+            gb_per_s=nbytes / elapsed / 1e9,
+            largest_held_bytes=self.publish_largest_held,
+        )  # one block of rows at most, on any rank
 
     def _publish_dtype(self) -> torch.dtype:
         return getattr(torch, self.cfg.publish_dtype or self.cfg.dtype)  # fp32 masters -> the generators' dtype
@@ -108,8 +130,17 @@ class TrainerWeights:
             elif self.cfg.lora.enabled:
                 self._adapter_tensors()  # the same collective as rank 0's
             self.publish_largest_held = sharded_publish.stream_to_rank0(
-                self.model, plan, targets, w, self.rank, dtype, self.device, self._block_bytes(),
-                self.heads_per_kv, self.head_dim)
+                self.model,
+                plan,
+                targets,
+                w,
+                self.rank,
+                dtype,
+                self.device,
+                self._block_bytes(),
+                self.heads_per_kv,
+                self.head_dim,
+            )
         return _spec_bytes(spec)
 
     def _hf_targets(self) -> sharded_publish.Targets:
@@ -148,8 +179,11 @@ class TrainerWeights:
         They are small (rank x the linears' dims)."""
         from torch.distributed.tensor import DTensor
 
-        return {state_dict_name(k): (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
-                for k, v in self.model.named_parameters() if is_adapter_key(k)}
+        return {
+            state_dict_name(k): (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+            for k, v in self.model.named_parameters()
+            if is_adapter_key(k)
+        }
 
     def _peft(self, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return lora.to_peft(adapters, self.head_dim, self.heads_per_kv)
@@ -173,8 +207,11 @@ class TrainerWeights:
         streamed to rank 0 a block at a time; with LoRA the adapters merged in."""
         if dtype is not None and dtype not in ("float32", "bfloat16"):
             raise ValueError(f"export_hf: dtype={dtype!r}; choose 'float32' or 'bfloat16' (or leave it unset)")
-        self._stream_to_rank0(lambda spec: self._open_export(out_dir, spec),
-                              getattr(torch, dtype) if dtype else self._publish_dtype(), f"the HF export {out_dir}")
+        self._stream_to_rank0(
+            lambda spec: self._open_export(out_dir, spec),
+            getattr(torch, dtype) if dtype else self._publish_dtype(),
+            f"the HF export {out_dir}",
+        )
         return str(out_dir)
 
     def _open_export(self, out_dir: str, spec) -> HFExportWriter:

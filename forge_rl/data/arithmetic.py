@@ -27,7 +27,9 @@ def chat_prompt(tokenizer, problem: Problem, **chat_template_kwargs) -> str:
     """The problem as a user turn, ready for the assistant's answer. `chat_template_kwargs` go to the
     template (Qwen3's `enable_thinking=False` turns off its default thinking block)."""
     return tokenizer.apply_chat_template(
-        [{"role": "user", "content": problem.question}], tokenize=False, add_generation_prompt=True,
+        [{"role": "user", "content": problem.question}],
+        tokenize=False,
+        add_generation_prompt=True,
         **chat_template_kwargs,
     )
 
@@ -81,6 +83,7 @@ def training_problems(n: int, seed: int, max_operand: int = 99) -> list[Problem]
 
 
 # ---- as a task (task.source: arithmetic) ------------------------------------------------------------------
+
 
 def training_rows(seed: int = 0):
     """The training stream as task rows: {"id", "prompt", "answer"}, endless."""

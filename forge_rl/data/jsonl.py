@@ -69,17 +69,16 @@ def _messages_of(record: Any, where: str) -> list[dict[str, str]]:
         if not record["completion"]:
             raise DatasetFormatError(f"{where}: 'completion' is empty")
         return [{"role": "user", "content": record["prompt"]}, {"role": "assistant", "content": record["completion"]}]
-    raise DatasetFormatError(
-        f"{where}: expected keys 'prompt' and 'completion', or 'messages'; got {sorted(record)}"
-    )
+    raise DatasetFormatError(f"{where}: expected keys 'prompt' and 'completion', or 'messages'; got {sorted(record)}")
 
 
 def read_records(path: str | Path) -> list[tuple[str, list[dict[str, str]]]]:
     """(where, messages) for every record of a JSONL file or an HF dataset directory, validated."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise DatasetFormatError(f"dataset {path}: no such file or directory; give a .jsonl file, an HF dataset "
-                                 "directory or 'arithmetic'")
+        raise DatasetFormatError(
+            f"dataset {path}: no such file or directory; give a .jsonl file, an HF dataset directory or 'arithmetic'"
+        )
     if path.is_dir():
         return _read_hf_dir(path)
     try:
@@ -93,7 +92,7 @@ def read_records(path: str | Path) -> list[tuple[str, list[dict[str, str]]]]:
 
 
 def _with_line(text: str) -> str:
-    """"file:N..." -> "file:N (line N)...", as SFT's messages name a line."""
+    """ "file:N..." -> "file:N (line N)...", as SFT's messages name a line."""
     return re.sub(r"^(.*?:(\d+))(?=:|$)", r"\1 (line \2)", text, count=1)
 
 
@@ -130,8 +129,8 @@ def tokenize_messages(tokenizer, messages: list[dict[str, str]]) -> SFTExample:
     prompt_text = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
     full_text = tokenizer.apply_chat_template(messages, tokenize=False)
     answer = messages[-1]["content"]
-    if full_text.startswith(prompt_text) and answer in full_text[len(prompt_text):]:
-        response_text = full_text[len(prompt_text):]
+    if full_text.startswith(prompt_text) and answer in full_text[len(prompt_text) :]:
+        response_text = full_text[len(prompt_text) :]
         # cut after the EOS that ends the answer (templates add a newline or more after it)
         end = response_text.find(eos, response_text.find(answer) + len(answer))
         response_text = response_text[: end + len(eos)] if end >= 0 else response_text + eos

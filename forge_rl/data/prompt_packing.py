@@ -67,8 +67,9 @@ def _groups(tokens: torch.Tensor, spans: list[tuple[int, int]]) -> list[list[int
     return groups
 
 
-def plan_packing(tokens: torch.Tensor, response_mask: torch.Tensor, max_fraction: float = 0.75,
-                 max_len: int = 1024) -> PromptPacked | None:
+def plan_packing(
+    tokens: torch.Tensor, response_mask: torch.Tensor, max_fraction: float = 0.75, max_len: int = 1024
+) -> PromptPacked | None:
     """The packed form of these rows, or None when packing would not save enough (see the module doc)."""
     spans = _spans(response_mask)
     groups = _groups(tokens, spans)
@@ -110,5 +111,6 @@ def pack(tokens: torch.Tensor, spans: list[tuple[int, int]], groups: list[list[i
     causal = torch.ones(L, L, dtype=torch.bool).tril()
     mask = causal & (q >= 0) & ((k == 0) | (k == q))
     mask |= torch.eye(L, dtype=torch.bool)  # padding attends to itself: no all-masked row (NaN in softmax)
-    return PromptPacked(packed, positions, mask[:, None], torch.cat(pred), torch.cat(targets),
-                        torch.cat(rows), torch.cat(cols), source)
+    return PromptPacked(
+        packed, positions, mask[:, None], torch.cat(pred), torch.cat(targets), torch.cat(rows), torch.cat(cols), source
+    )

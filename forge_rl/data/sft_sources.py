@@ -69,7 +69,9 @@ def train_batches(source, step: int, batch_size: int, dp: int, pad_id: int) -> l
         c = Completion(
             prompt_ids=torch.tensor(ex.prompt_ids, dtype=torch.long),
             response_ids=torch.tensor(ex.response_ids, dtype=torch.long),
-            logprobs=torch.zeros(R), policy_versions=torch.zeros(R, dtype=torch.long), finish_reason="stop",
+            logprobs=torch.zeros(R),
+            policy_versions=torch.zeros(R, dtype=torch.long),
+            finish_reason="stop",
         )
         episodes.append(Episode(c, advantage=0.0))
     return [TrainBatch.collate(episodes[r::dp], pad_id=pad_id) for r in range(dp)]

@@ -35,7 +35,9 @@ def is_callable_source(source: str) -> bool:
     return bool(sep and attr and module and "/" not in source and not Path(source).exists())
 
 
-def read_rows(source: str, split: str | None = None, seed: int = 0) -> list[tuple[str, dict]] | Iterator[tuple[str, dict]]:
+def read_rows(
+    source: str, split: str | None = None, seed: int = 0
+) -> list[tuple[str, dict]] | Iterator[tuple[str, dict]]:
     """Every row of `source` (a list), or an iterator for a function that yields rows lazily. A function gets
     `split` and `seed` as keyword arguments where it has parameters of those names."""
     if is_callable_source(source):
@@ -46,16 +48,22 @@ def read_rows(source: str, split: str | None = None, seed: int = 0) -> list[tupl
     if path.is_dir():
         return _read_hf_dir(path, split)
     if path.suffix not in FILE_SUFFIXES:
-        raise DataError(f"data source {path}: unknown file type {path.suffix!r}; expected one of {FILE_SUFFIXES}, "
-                        "an HF dataset directory or 'package.module:function'")
+        raise DataError(
+            f"data source {path}: unknown file type {path.suffix!r}; expected one of {FILE_SUFFIXES}, "
+            "an HF dataset directory or 'package.module:function'"
+        )
     if split is not None:
-        raise DataError(f"data source {path}: a single file has no splits (split={split!r}); give the held-out "
-                        "rows as their own file or use held_out_fraction")
+        raise DataError(
+            f"data source {path}: a single file has no splits (split={split!r}); give the held-out "
+            "rows as their own file or use held_out_fraction"
+        )
     read = {".jsonl": read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}[path.suffix]
     try:
         rows = read(path)
     except UnicodeDecodeError as e:
-        raise DataError(f"data source {path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+        raise DataError(
+            f"data source {path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8"
+        ) from None
     except csv.Error as e:  # a NUL byte, a field larger than csv's limit
         raise DataError(f"data source {path}: not a readable CSV file ({e})") from None
     except OSError as e:  # unreadable: permissions, a broken mount
@@ -120,13 +128,14 @@ def _read_hf_dir(path: Path, split: str | None) -> list[tuple[str, dict]]:
     try:
         ds = datasets.load_from_disk(str(path)) if saved else datasets.load_dataset(str(path))
     except Exception as e:
-        raise DataError(f"data source {path}: not an HF dataset directory (save_to_disk) nor a directory of data "
-                        f"files load_dataset reads ({type(e).__name__}: {e})") from None
+        raise DataError(
+            f"data source {path}: not an HF dataset directory (save_to_disk) nor a directory of data "
+            f"files load_dataset reads ({type(e).__name__}: {e})"
+        ) from None
     if isinstance(ds, datasets.DatasetDict):
         name = split or ("train" if "train" in ds else None)
         if name not in ds:
-            raise DataError(f"data source {path}: has splits {sorted(ds)}; choose one with split "
-                            f"(asked for {split!r})")
+            raise DataError(f"data source {path}: has splits {sorted(ds)}; choose one with split (asked for {split!r})")
         ds = ds[name]
     elif split is not None and split != "train":
         raise DataError(f"data source {path}: a single dataset without splits (asked for split={split!r})")
@@ -147,8 +156,9 @@ def _call_source(source: str, split: str | None, seed: int) -> list[tuple[str, d
     if isinstance(result, (list, tuple)):
         return [(f"{source} row {i}", _object(row, f"{source} row {i}")) for i, row in enumerate(result)]
     if not isinstance(result, Iterable):
-        raise DataError(f"data source {source!r} returned {type(result).__name__}; expected a list or an "
-                        "iterable of dicts")
+        raise DataError(
+            f"data source {source!r} returned {type(result).__name__}; expected a list or an iterable of dicts"
+        )
     return ((f"{source} row {i}", _object(row, f"{source} row {i}")) for i, row in enumerate(result))
 
 

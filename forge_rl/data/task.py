@@ -27,8 +27,9 @@ from forge_rl.data.sources import DataError, is_callable_source, read_rows
 
 # Built-in tasks: a name in `task.source` stands for these settings.
 TASKS = {
-    "arithmetic": dict(source="forge_rl.data.arithmetic:training_rows",
-                       held_out="forge_rl.data.arithmetic:held_out_rows"),
+    "arithmetic": dict(
+        source="forge_rl.data.arithmetic:training_rows", held_out="forge_rl.data.arithmetic:held_out_rows"
+    )
 }
 ROLES = ("system", "user", "assistant", "tool")
 # keyword arguments reward functions get from forge_rl itself; a column may not take these names
@@ -56,8 +57,9 @@ class TaskConfig:
         if not 0.0 <= self.held_out_fraction < 1.0:
             raise ValueError(f"task.held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
         if self.held_out_fraction and self.held_out:
-            raise ValueError(f"task.held_out={self.held_out!r} and task.held_out_fraction={self.held_out_fraction}: "
-                             "give one")
+            raise ValueError(
+                f"task.held_out={self.held_out!r} and task.held_out_fraction={self.held_out_fraction}: give one"
+            )
         for i, shot in enumerate(self.few_shot):
             if not isinstance(shot, dict) or set(shot) != {"prompt", "answer"}:
                 raise ValueError(f"task.few_shot[{i}] must be {{prompt: ..., answer: ...}}, got {shot!r}")
@@ -67,7 +69,9 @@ class TaskConfig:
         if self.source not in TASKS:
             return self
         builtin = TASKS[self.source]
-        return dataclasses.replace(self, **{k: v for k, v in builtin.items() if k == "source" or getattr(self, k) is None})
+        return dataclasses.replace(
+            self, **{k: v for k, v in builtin.items() if k == "source" or getattr(self, k) is None}
+        )
 
 
 @dataclass(frozen=True)
@@ -90,22 +94,26 @@ def to_example(row: dict, where: str, index: int, cfg: TaskConfig) -> TaskExampl
     answer = None
     if cfg.answer_column is not None:
         if cfg.answer_column not in row:
-            raise DataError(f"{where}: no column {cfg.answer_column!r} (task.answer_column); the row has "
-                            f"{sorted(row)}; set task.answer_column: null for a task without answers")
+            raise DataError(
+                f"{where}: no column {cfg.answer_column!r} (task.answer_column); the row has "
+                f"{sorted(row)}; set task.answer_column: null for a task without answers"
+            )
         answer = row[cfg.answer_column]
         if answer is None or isinstance(answer, (dict, list)):
-            raise DataError(f"{where}: column {cfg.answer_column!r} (task.answer_column) must be a string or a "
-                            f"number, got {answer!r:.80}")
+            raise DataError(
+                f"{where}: column {cfg.answer_column!r} (task.answer_column) must be a string or a "
+                f"number, got {answer!r:.80}"
+            )
         answer = str(answer)
     for name in RESERVED_COLUMNS:
         if name in row:
-            raise DataError(f"{where}: column {name!r} would clash with the reward argument of that name; "
-                            "rename it")
+            raise DataError(f"{where}: column {name!r} would clash with the reward argument of that name; rename it")
     columns = {k: v for k, v in row.items() if k != cfg.prompt_column}
     for column, name in cfg.columns.items():  # the reward's parameter name for a column of the data
         if column not in row:
-            raise DataError(f"{where}: no column {column!r} (task.columns maps it to {name!r}); the row has "
-                            f"{sorted(row)}")
+            raise DataError(
+                f"{where}: no column {column!r} (task.columns maps it to {name!r}); the row has {sorted(row)}"
+            )
         if name in RESERVED_COLUMNS:
             raise DataError(f"task.columns maps {column!r} to {name!r}, which is a reward argument forge_rl sets")
         columns[name] = columns.pop(column, row[column])
@@ -131,7 +139,9 @@ def _prompt_messages(prompt: Any, where: str, cfg: TaskConfig) -> list[dict[str,
             raise DataError(f"{where}: {col} holds chat messages, but task.chat_template is false")
         for i, m in enumerate(prompt):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise DataError(f"{where}: {col}[{i}] must be an object with string 'role' and 'content', got {m!r:.100}")
+                raise DataError(
+                    f"{where}: {col}[{i}] must be an object with string 'role' and 'content', got {m!r:.100}"
+                )
             if m["role"] not in ROLES:
                 raise DataError(f"{where}: {col}[{i}] has role {m['role']!r}; expected one of {ROLES}")
         turns = [{"role": m["role"], "content": m["content"]} for m in prompt]
@@ -140,8 +150,11 @@ def _prompt_messages(prompt: Any, where: str, cfg: TaskConfig) -> list[dict[str,
     shots = []
     for shot in cfg.few_shot:
         shots += [{"role": "user", "content": shot["prompt"]}, {"role": "assistant", "content": shot["answer"]}]
-    system = [] if turns[0]["role"] == "system" or cfg.system_prompt is None else [
-        {"role": "system", "content": cfg.system_prompt}]
+    system = (
+        []
+        if turns[0]["role"] == "system" or cfg.system_prompt is None
+        else [{"role": "system", "content": cfg.system_prompt}]
+    )
     if turns[0]["role"] == "system":  # the row's own system turn stays first, before the few-shot turns
         system, turns = turns[:1], turns[1:]
     return system + shots + turns
@@ -152,10 +165,13 @@ def render(tokenizer, example: TaskExample, cfg: TaskConfig, **chat_template_kwa
     (task.chat_template: false) the system prompt, few-shot pairs and prompt as plain text."""
     if cfg.chat_template:
         if not getattr(tokenizer, "chat_template", None):
-            raise DataError("the model's tokenizer has no chat template; set task.chat_template: false to give "
-                            "prompts as plain text")
-        return tokenizer.apply_chat_template(example.messages, tokenize=False, add_generation_prompt=True,
-                                             **chat_template_kwargs)
+            raise DataError(
+                "the model's tokenizer has no chat template; set task.chat_template: false to give "
+                "prompts as plain text"
+            )
+        return tokenizer.apply_chat_template(
+            example.messages, tokenize=False, add_generation_prompt=True, **chat_template_kwargs
+        )
     text = ""
     for m in example.messages:  # a few-shot answer follows its prompt directly, as the model should answer
         text += m["content"] + ("\n\n" if m["role"] in ("system", "assistant") else "")
@@ -174,16 +190,20 @@ class TaskRows:
         self._held_out: list[TaskExample] | None = None
         if self.streamed:
             if cfg.held_out_fraction:
-                raise DataError(f"task.held_out_fraction: {cfg.source!r} yields rows lazily (maybe endlessly); "
-                                "give task.held_out instead")
+                raise DataError(
+                    f"task.held_out_fraction: {cfg.source!r} yields rows lazily (maybe endlessly); "
+                    "give task.held_out instead"
+                )
             self.examples: list[TaskExample] = []
         else:
             examples = [to_example(row, where, i, cfg) for i, (where, row) in enumerate(rows)]
             if cfg.held_out_fraction:
                 k = max(1, round(len(examples) * cfg.held_out_fraction))
                 if k >= len(examples):
-                    raise DataError(f"task.held_out_fraction={cfg.held_out_fraction} of {len(examples)} rows leaves "
-                                    "none to train on")
+                    raise DataError(
+                        f"task.held_out_fraction={cfg.held_out_fraction} of {len(examples)} rows leaves "
+                        "none to train on"
+                    )
                 held = set(random.Random(cfg.split_seed).sample(range(len(examples)), k))
                 self._held_out = [e for i, e in enumerate(examples) if i in held]
                 examples = [e for i, e in enumerate(examples) if i not in held]
@@ -239,8 +259,9 @@ class TaskRows:
                 else:  # a split name of the training source
                     rows = read_rows(self.cfg.source, source, self.seed)
                 if not isinstance(rows, list):
-                    raise DataError(f"task.held_out {source!r} yields rows lazily; the held-out set must be finite "
-                                    "(return a list)")
+                    raise DataError(
+                        f"task.held_out {source!r} yields rows lazily; the held-out set must be finite (return a list)"
+                    )
                 self._held_out = [to_example(row, where, i, self.cfg) for i, (where, row) in enumerate(rows)]
         return self._held_out
 
@@ -264,15 +285,19 @@ def first_prompts(rows: TaskRows, n: int = PROMPTS_CHECKED) -> list[TaskExample]
     return [fresh.next() for _ in range(n)]
 
 
-def check_prompts_fit(what: str, examples: list[TaskExample], tokenizer, task: TaskConfig, limit: int, why: str,
-                      **chat_template_kwargs) -> None:
+def check_prompts_fit(
+    what: str, examples: list[TaskExample], tokenizer, task: TaskConfig, limit: int, why: str, **chat_template_kwargs
+) -> None:
     """DataError when none of `examples` (`what`: "task.source 'x'") is at most `limit` tokens once rendered: each
     would be skipped, one by one (`why`: where the limit comes from, what to change)."""
-    n = [len(tokenizer(render(tokenizer, e, task, **chat_template_kwargs), add_special_tokens=False)["input_ids"])
-         for e in examples]
+    n = [
+        len(tokenizer(render(tokenizer, e, task, **chat_template_kwargs), add_special_tokens=False)["input_ids"])
+        for e in examples
+    ]
     if n and min(n) > limit:
-        raise DataError(f"{what}: none of its first {len(n)} prompts fits in {limit} tokens (the shortest has "
-                        f"{min(n)}): {why}")
+        raise DataError(
+            f"{what}: none of its first {len(n)} prompts fits in {limit} tokens (the shortest has {min(n)}): {why}"
+        )
 
 
 def _looks_like_path(source: str) -> bool:

@@ -21,8 +21,17 @@ from monarch._src.actor.endpoint import EndpointProperty
 
 SLURM_JOB_READER = "_get_job_info_json"
 
-__all__ = ["ActorMesh", "ConcurrentEndpointProperty", "EndpointProperty", "SLURM_JOB_READER", "SupervisionError",
-           "endpoint_function", "endpoint_name", "in_batch_job", "slurm_job_id"]
+__all__ = [
+    "ActorMesh",
+    "ConcurrentEndpointProperty",
+    "EndpointProperty",
+    "SLURM_JOB_READER",
+    "SupervisionError",
+    "endpoint_function",
+    "endpoint_name",
+    "in_batch_job",
+    "slurm_job_id",
+]
 
 
 def endpoint_function(prop: EndpointProperty) -> Callable:

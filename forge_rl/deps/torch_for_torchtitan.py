@@ -19,8 +19,12 @@ SINCE = "2.12"  # the torch release that has them all
 
 def missing() -> list[str]:
     """The names TorchTitan imports that this torch lacks, as 'module.Name' (imports nothing of TorchTitan)."""
-    return [f"{module}.{name}" for module, names in NEEDED.items() for name in names
-            if not hasattr(importlib.import_module(module), name)]
+    return [
+        f"{module}.{name}"
+        for module, names in NEEDED.items()
+        for name in names
+        if not hasattr(importlib.import_module(module), name)
+    ]
 
 
 def placeholder(qualified: str) -> type:
@@ -30,11 +34,13 @@ def placeholder(qualified: str) -> type:
         raise NotImplementedError(
             f"{qualified} is a placeholder forge_rl gave TorchTitan: torch {torch.__version__} has no such name "
             f"(torch {SINCE} or later has it). forge_rl's trainer never uses it; a TorchTitan feature that does "
-            f"(its full_dtensor meshes) needs torch {SINCE}+")
+            f"(its full_dtensor meshes) needs torch {SINCE}+"
+        )
 
     module, name = qualified.rsplit(".", 1)
-    return type(name, (), {"__init__": refuse, "__module__": module, "__doc__": refuse.__doc__,
-                           "forge_rl_placeholder": True})
+    return type(
+        name, (), {"__init__": refuse, "__module__": module, "__doc__": refuse.__doc__, "forge_rl_placeholder": True}
+    )
 
 
 def provide() -> list[str]:

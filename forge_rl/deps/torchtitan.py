@@ -48,8 +48,15 @@ def buffers_left_uninitialised(modules):
             del module._init_self_buffers
 
 
-__all__ = ["EMBEDDING_INIT", "LINEAR_INIT", "buffers_left_uninitialised", "build_qwen3_layers",
-           "build_qwen3_moe_layers", "qwen3_norm", "use_cpu_without_accelerator"]
+__all__ = [
+    "EMBEDDING_INIT",
+    "LINEAR_INIT",
+    "buffers_left_uninitialised",
+    "build_qwen3_layers",
+    "build_qwen3_moe_layers",
+    "qwen3_norm",
+    "use_cpu_without_accelerator",
+]
 
 
 @contextlib.contextmanager

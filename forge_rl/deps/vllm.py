@@ -63,18 +63,43 @@ def engine_context():
 # Engine arguments the configs and docs use, known to be AsyncEngineArgs fields (tests/unit/deps/test_deps.py checks them):
 # a config that uses only these is checked without importing vLLM (~5 s on a small CPU); any other name is
 # looked up among AsyncEngineArgs' fields.
-COMMON_ENGINE_ARGS = frozenset({
-    "max_model_len", "dtype", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
-    "logprobs_mode", "enforce_eager", "max_num_seqs", "max_num_batched_tokens", "enable_sleep_mode",
-    "distributed_executor_backend", "enable_prefix_caching", "enable_chunked_prefill", "kv_cache_dtype",
-    "quantization", "seed", "trust_remote_code", "enable_lora", "max_lora_rank", "max_loras", "block_size",
-    "cpu_offload_gb", "enable_return_routed_experts",
-})
+COMMON_ENGINE_ARGS = frozenset(
+    {
+        "max_model_len",
+        "dtype",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "gpu_memory_utilization",
+        "logprobs_mode",
+        "enforce_eager",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "enable_sleep_mode",
+        "distributed_executor_backend",
+        "enable_prefix_caching",
+        "enable_chunked_prefill",
+        "kv_cache_dtype",
+        "quantization",
+        "seed",
+        "trust_remote_code",
+        "enable_lora",
+        "max_lora_rank",
+        "max_loras",
+        "block_size",
+        "cpu_offload_gb",
+        "enable_return_routed_experts",
+    }
+)
 
 
 # Engine arguments forge_rl itself reads as numbers (prompt room, placement): checked here, whatever vLLM says later.
-POSITIVE_INT_ENGINE_ARGS = ("max_model_len", "tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs",
-                            "max_num_batched_tokens")
+POSITIVE_INT_ENGINE_ARGS = (
+    "max_model_len",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+)
 
 
 def engine_arg_names() -> frozenset[str]:
@@ -101,10 +126,13 @@ def check_engine_args(engine_args: dict, key: str) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{key}.{name}={value!r}: give an integer >= 1")
     utilization = engine_args.get("gpu_memory_utilization")
-    if utilization is not None and (isinstance(utilization, bool) or not isinstance(utilization, (int, float))
-                                    or not 0 < utilization <= 1):
-        raise ConfigError(f"{key}.gpu_memory_utilization={utilization!r}: give the fraction of the GPU's memory "
-                          "for the engine, in (0, 1]")
+    if utilization is not None and (
+        isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1
+    ):
+        raise ConfigError(
+            f"{key}.gpu_memory_utilization={utilization!r}: give the fraction of the GPU's memory "
+            "for the engine, in (0, 1]"
+        )
     unknown = sorted(set(engine_args) - COMMON_ENGINE_ARGS)
     if not unknown:
         return

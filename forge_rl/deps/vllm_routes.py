@@ -36,12 +36,15 @@ class RouteRecorder:
             return 0, 0
         for runner in runners:
             if runner.is_monolithic or not isinstance(runner.router, BaseRouter):
-                raise ValueError(f"MoE layer {runner.layer_id}: its kernel routes inside itself "
-                                 f"({type(runner.routed_experts.quant_method).__name__}); forge_rl records routes "
-                                 "from vLLM's modular routers only")
+                raise ValueError(
+                    f"MoE layer {runner.layer_id}: its kernel routes inside itself "
+                    f"({type(runner.routed_experts.quant_method).__name__}); forge_rl records routes "
+                    "from vLLM's modular routers only"
+                )
         layers = sorted(r.layer_id for r in runners)
-        self._forge_rl_routes = _Routes(n_layers=max(layers) + 1, top_k=runners[0].router.top_k,
-                                        runner=self.model_runner)
+        self._forge_rl_routes = _Routes(
+            n_layers=max(layers) + 1, top_k=runners[0].router.top_k, runner=self.model_runner
+        )
         for runner in runners:
             runner.router.set_capture_fn(self._forge_rl_routes.capture_fn(runner.layer_id))
         return len(layers), runners[0].router.top_k
@@ -71,6 +74,7 @@ class _Routes:
     def capture_fn(self, layer: int):
         def capture(topk_ids) -> None:
             self.capture(layer, topk_ids)
+
         return capture
 
     def capture(self, layer: int, topk_ids) -> None:
@@ -95,8 +99,11 @@ class _Routes:
     def _record(self, req_id: str, length: int) -> np.ndarray:
         record = self.records.get(req_id)
         if record is None or len(record) < length:
-            grown = np.full((max(length, 2 * len(record) if record is not None else 64), self.n_layers, self.top_k),
-                            NOT_RECORDED, dtype=np.int16)
+            grown = np.full(
+                (max(length, 2 * len(record) if record is not None else 64), self.n_layers, self.top_k),
+                NOT_RECORDED,
+                dtype=np.int16,
+            )
             if record is not None:
                 grown[: len(record)] = record
             self.records[req_id] = record = grown

@@ -23,10 +23,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-ENVIRONMENTS = {
-    "retry": "forge_rl.envs.retry:RetryEnv",
-    "tools": "forge_rl.envs.tools:ToolEnv",
-}
+ENVIRONMENTS = {"retry": "forge_rl.envs.retry:RetryEnv", "tools": "forge_rl.envs.tools:ToolEnv"}
 
 
 @dataclass

@@ -21,9 +21,17 @@ from forge_rl.rewards.workers import DEFAULT_MEMORY_MB, default_reward_workers, 
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-        ast.USub: operator.neg, ast.UAdd: operator.pos}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 MAX_BITS = 1024  # of an integer the calculator computes: far past any task's arithmetic, and quick to print
@@ -32,8 +40,13 @@ MAX_OUTPUT = 2000  # characters of a tool's output the model gets back
 
 def _power(base, exponent):
     """base ** exponent, refused before it is computed when the integer result would exceed MAX_BITS."""
-    if isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 0 \
-            and exponent * (abs(base).bit_length() - 1) > MAX_BITS:
+    if (
+        isinstance(base, int)
+        and isinstance(exponent, int)
+        and abs(base) > 1
+        and exponent > 0
+        and exponent * (abs(base).bit_length() - 1) > MAX_BITS
+    ):
         raise ValueError("result too large")
     return operator.pow(base, exponent)
 
@@ -82,12 +95,26 @@ TOOLS = {"calculator": calculator, "python": python}
 
 # JSON schemas for the chat template (`tools=` of apply_chat_template), which shows them to the model.
 SCHEMAS = {
-    "calculator": {"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}},
-    "python": {"type": "function", "function": {
-        "name": "python", "description": "Run Python code in a sandbox and return what it prints.",
-        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}},
+    "calculator": {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    },
+    "python": {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run Python code in a sandbox and return what it prints.",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        },
+    },
 }
 
 
@@ -106,9 +133,14 @@ class ToolEnv(Environment):
     names unless env.args sets them). A reward that fails raises its RewardError from `step`, and the rollout
     drops the group under its reason (reward_timeout, reward_crash, ...)."""
 
-    def __init__(self, tools: tuple[str, ...] = ("calculator",), reward: str = "exact_match",
-                 reward_timeout_s: float | None = 60.0, reward_workers: int | None = None,
-                 reward_memory_mb: int | None = DEFAULT_MEMORY_MB):
+    def __init__(
+        self,
+        tools: tuple[str, ...] = ("calculator",),
+        reward: str = "exact_match",
+        reward_timeout_s: float | None = 60.0,
+        reward_workers: int | None = None,
+        reward_memory_mb: int | None = DEFAULT_MEMORY_MB,
+    ):
         from forge_rl.actors.reward import resolve_reward, reward_target
 
         tool_schemas(list(tools))  # unknown names fail when the env is built, not mid-run
@@ -131,8 +163,18 @@ class ToolEnv(Environment):
         if call is None:  # the final answer
             e = self.example
             columns = {k: [v] for k, v in e.columns.items()}
-            value = (await self.pool.score(self.reward_name, self.target, {}, [e.prompt], [reply], self.timeout_s,
-                                           finish_reason=["stop"], **columns))[0]
+            value = (
+                await self.pool.score(
+                    self.reward_name,
+                    self.target,
+                    {},
+                    [e.prompt],
+                    [reply],
+                    self.timeout_s,
+                    finish_reason=["stop"],
+                    **columns,
+                )
+            )[0]
             return EnvStep(reward=value, done=True, solved=value > 0)
         self.calls += 1
         return EnvStep(messages=[{"role": "tool", "content": await asyncio.to_thread(self.run_call, call.group(1))}])
@@ -144,7 +186,7 @@ class ToolEnv(Environment):
             call = json.loads(payload)
             name, arguments = call["name"], call.get("arguments", {})
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-            return f"error: a tool call is {{\"name\": ..., \"arguments\": {{...}}}} ({e})"[:MAX_OUTPUT]
+            return f'error: a tool call is {{"name": ..., "arguments": {{...}}}} ({e})'[:MAX_OUTPUT]
         if name not in self.tools:
             return f"error: no tool {name!r}; tools: {list(self.tools)}"[:MAX_OUTPUT]
         try:

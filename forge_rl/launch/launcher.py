@@ -40,10 +40,20 @@ def slurm_job(cfg: SlurmConfig, log_dir: str | Path):
 
     return SlurmHosts(
         meshes={"trainer": cfg.trainer_nodes, "generator": cfg.generator_nodes},
-        python_exe=cfg.python or sys.executable, slurm_args=list(cfg.sbatch_args), monarch_port=cfg.port, job_name=cfg.job_name,
-        time_limit=cfg.time, partition=cfg.partition, log_dir=str(cfg.log_dir or log_dir), exclusive=cfg.exclusive,
-        gpus_per_node=cfg.gpus_per_node, cpus_per_task=cfg.cpus_per_task, mem=cfg.mem,
-        job_start_timeout=cfg.start_timeout_s, account=cfg.account, qos=cfg.qos,
+        python_exe=cfg.python or sys.executable,
+        slurm_args=list(cfg.sbatch_args),
+        monarch_port=cfg.port,
+        job_name=cfg.job_name,
+        time_limit=cfg.time,
+        partition=cfg.partition,
+        log_dir=str(cfg.log_dir or log_dir),
+        exclusive=cfg.exclusive,
+        gpus_per_node=cfg.gpus_per_node,
+        cpus_per_task=cfg.cpus_per_task,
+        mem=cfg.mem,
+        job_start_timeout=cfg.start_timeout_s,
+        account=cfg.account,
+        qos=cfg.qos,
     )
 
 
@@ -111,8 +121,11 @@ async def stop_before_end(job_id: str, margin_s: float) -> bool:
     if end is None:
         return False
     await asyncio.sleep(max(0.0, end - margin_s - time.time()))
-    print(f"Slurm job {job_id} ends in {end - time.time():.0f} s (its time limit): stopping with a final checkpoint "
-          "(launcher.slurm.stop_before_end_s)", flush=True)
+    print(
+        f"Slurm job {job_id} ends in {end - time.time():.0f} s (its time limit): stopping with a final checkpoint "
+        "(launcher.slurm.stop_before_end_s)",
+        flush=True,
+    )
     os.kill(os.getpid(), signal.SIGINT)
     return True
 
@@ -138,8 +151,15 @@ def submit(recipe: str, config: str | None, overrides: list[str], launcher: Laun
 
     job = slurm_job(launcher.slurm, Path(output_dir) / "slurm")
     python = launcher.slurm.python or sys.executable
-    argv = [python, "-m", "forge_rl.recipes", recipe, *(["--config", config] if config else []), *overrides,
-            "launcher.kind=slurm"]
+    argv = [
+        python,
+        "-m",
+        "forge_rl.recipes",
+        recipe,
+        *(["--config", config] if config else []),
+        *overrides,
+        "launcher.kind=slurm",
+    ]
     job.apply(client_script=shlex.join(argv))
     return slurm_job_id(job)
 
@@ -148,8 +168,10 @@ def main(argv: list[str] | None = None) -> None:
     """python -m forge_rl.launch.launcher submit [--recipe grpo] --config FILE [key=value ...]"""
     from forge_rl.recipes import RECIPES, recipe
 
-    parser = argparse.ArgumentParser(prog="python -m forge_rl.launch.launcher",
-                                     description="Run an app on Slurm: workers and controller in one sbatch job.")
+    parser = argparse.ArgumentParser(
+        prog="python -m forge_rl.launch.launcher",
+        description="Run an app on Slurm: workers and controller in one sbatch job.",
+    )
     parser.add_argument("command", choices=["submit"])
     parser.add_argument("--recipe", default="grpo", choices=RECIPES, help="the run to submit (default grpo)")
     parser.add_argument("--config", help="YAML config file")
@@ -164,9 +186,11 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         parser.exit(2, f"forge_rl: {one_line(e)}\n")
     job_id = submit(args.recipe, args.config, args.overrides, cfg.launcher, cfg.output_dir)
-    print(f"submitted Slurm job {job_id}: workers on {cfg.launcher.slurm.trainer_nodes} trainer + "
-          f"{cfg.launcher.slurm.generator_nodes} generator nodes; the app's output: "
-          f"{Path(cfg.output_dir) / 'slurm'}/slurm_{job_id}_*.out")
+    print(
+        f"submitted Slurm job {job_id}: workers on {cfg.launcher.slurm.trainer_nodes} trainer + "
+        f"{cfg.launcher.slurm.generator_nodes} generator nodes; the app's output: "
+        f"{Path(cfg.output_dir) / 'slurm'}/slurm_{job_id}_*.out"
+    )
 
 
 if __name__ == "__main__":

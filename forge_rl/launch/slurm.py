@@ -19,8 +19,9 @@ from monarch.job import SlurmJob
 
 def squeue_job(job_id: str) -> tuple[str, list[str]] | None:
     """(state, hostnames) of a job in the queue, or None when Slurm no longer lists it."""
-    out = subprocess.run(["squeue", "--noheader", "--jobs", job_id, "--format", "%i|%T|%N"], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        ["squeue", "--noheader", "--jobs", job_id, "--format", "%i|%T|%N"], capture_output=True, text=True
+    )
     if out.returncode != 0:  # "Invalid job id specified": finished and purged
         return None
     for line in out.stdout.splitlines():
@@ -32,7 +33,7 @@ def squeue_job(job_id: str) -> tuple[str, list[str]] | None:
 
 
 def expand_hostlist(nodelist: str) -> list[str]:
-    """"n[1-2],gpu7" -> ["n1", "n2", "gpu7"] (by scontrol, which knows every form of Slurm's hostlists)."""
+    """ "n[1-2],gpu7" -> ["n1", "n2", "gpu7"] (by scontrol, which knows every form of Slurm's hostlists)."""
     nodelist = nodelist.strip()
     if not nodelist or nodelist == "(null)":
         return []
@@ -42,8 +43,9 @@ def expand_hostlist(nodelist: str) -> list[str]:
 
 def job_end_time(job_id: str) -> float | None:
     """When Slurm will end the job (its time limit), as a Unix time; None without a limit or when not running."""
-    out = subprocess.run(["squeue", "--noheader", "--jobs", job_id, "--format", "%i|%T|%e"], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        ["squeue", "--noheader", "--jobs", job_id, "--format", "%i|%T|%e"], capture_output=True, text=True
+    )
     for line in out.stdout.splitlines() if out.returncode == 0 else []:
         jid, state, end = line.strip().split("|")
         if jid == job_id and state == "RUNNING":

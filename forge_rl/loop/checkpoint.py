@@ -27,14 +27,24 @@ from forge_rl.loop.rollout import Admission
 from forge_rl.loop.train_loop import RunState
 from forge_rl.runtime.manifest import commit, complete_checkpoints, intact, newest_intact, step_dirs, step_of
 
-__all__ = ["APP_STATE", "commit_checkpoint", "complete_checkpoints", "newest_intact", "prune",
-           "resume_from_checkpoint", "save_checkpoint", "step_dirs", "step_of"]
+__all__ = [
+    "APP_STATE",
+    "commit_checkpoint",
+    "complete_checkpoints",
+    "newest_intact",
+    "prune",
+    "resume_from_checkpoint",
+    "save_checkpoint",
+    "step_dirs",
+    "step_of",
+]
 
 APP_STATE = "app_state.pt"
 
 
-async def commit_checkpoint(checkpoint_dir: Path, step: int, run_id: str, write: Callable[[Path], Awaitable],
-                            keep_last: int = 0) -> Path:
+async def commit_checkpoint(
+    checkpoint_dir: Path, step: int, run_id: str, write: Callable[[Path], Awaitable], keep_last: int = 0
+) -> Path:
     """`checkpoint_dir/step-N`, written whole or not at all: `write(tmp)` fills a temporary directory, the
     manifest of checksums goes in last, and a rename makes it complete. A failure midway (a full disk, a kill)
     leaves every earlier checkpoint as it was. Then retention (`prune`) keeps the newest `keep_last` intact
@@ -86,24 +96,39 @@ async def _to_the_end(fn, *args):
         raise
 
 
-async def save_checkpoint(run: RunState, trainer, buffer, dataset, step: int, checkpoint_dir: Path,
-                          keep_last: int = 0, others: dict | None = None, run_id: str = "") -> Path:
+async def save_checkpoint(
+    run: RunState,
+    trainer,
+    buffer,
+    dataset,
+    step: int,
+    checkpoint_dir: Path,
+    keep_last: int = 0,
+    others: dict | None = None,
+    run_id: str = "",
+) -> Path:
     """Trainer DCP checkpoint plus the controller's state (buffer, data position, counters), as
     `checkpoint_dir/step-N` (commit_checkpoint); each of `others` (name -> another trained actor: PPO's critic)
     saves its own DCP checkpoint into step-N/<name>."""
+
     async def write(partial: Path) -> None:
         await trainer.save.call(step, str(partial))
         for name, actor in (others or {}).items():
             await actor.save.call(step, str(partial / name))
-        state = dict(version=run.version, drops=run.drops, buffer=await buffer.state_dict.call_one(),
-                     dataset=await dataset.state_dict.call_one())
+        state = dict(
+            version=run.version,
+            drops=run.drops,
+            buffer=await buffer.state_dict.call_one(),
+            dataset=await dataset.state_dict.call_one(),
+        )
         await _to_the_end(torch.save, state, partial / APP_STATE)
 
     return await commit_checkpoint(checkpoint_dir, step, run_id, write, keep_last)
 
 
-async def resume_from_checkpoint(run: RunState, trainer, generator, buffer, dataset, path: Path,
-                                 others: dict | None = None) -> int:
+async def resume_from_checkpoint(
+    run: RunState, trainer, generator, buffer, dataset, path: Path, others: dict | None = None
+) -> int:
     """Load the checkpoint at `path` (verified: newest_intact) into the trainer, `others` (as saved by
     save_checkpoint), buffer, dataset and `run`, and give the generators its weights. Returns its step."""
     path = Path(path)
@@ -115,8 +140,9 @@ async def resume_from_checkpoint(run: RunState, trainer, generator, buffer, data
     state = torch.load(path / APP_STATE, weights_only=False)
     run.version = state["version"]
     run.drops.update(state["drops"])
-    run.admission = Admission(run.cfg.max_policy_age, run.cfg.batch_groups, run.version,
-                              getattr(run.cfg, "steps", None))
+    run.admission = Admission(
+        run.cfg.max_policy_age, run.cfg.batch_groups, run.version, getattr(run.cfg, "steps", None)
+    )
     await buffer.load_state_dict.call_one(state["buffer"])
     await dataset.load_state_dict.call_one(state["dataset"])
     run.admission.buffered = (await buffer.stats.call_one())["groups"]

@@ -24,7 +24,11 @@ RETRY_PROBE = 8  # examples a failed eval reward is retried on alone before the 
 
 
 async def greedy_completions(
-    generator, tokenizer, problems: list[Problem], max_tokens: int = 8, concurrency: int = 64,
+    generator,
+    tokenizer,
+    problems: list[Problem],
+    max_tokens: int = 8,
+    concurrency: int = 64,
     chat_template_kwargs: dict | None = None,
 ) -> list[str]:
     """Greedy completion text of each problem, in the order given."""
@@ -35,7 +39,10 @@ async def greedy_completions(
     async def one(problem: Problem) -> str:
         async with slots:
             completions = await generator.generate.route(
-                chat_prompt(tokenizer, problem, **(chat_template_kwargs or {})), n=1, temperature=0.0, max_tokens=max_tokens
+                chat_prompt(tokenizer, problem, **(chat_template_kwargs or {})),
+                n=1,
+                temperature=0.0,
+                max_tokens=max_tokens,
             )
             return completions[0].text
 
@@ -43,7 +50,11 @@ async def greedy_completions(
 
 
 async def greedy_accuracy(
-    generator, tokenizer, problems: list[Problem], max_tokens: int = 8, concurrency: int = 64,
+    generator,
+    tokenizer,
+    problems: list[Problem],
+    max_tokens: int = 8,
+    concurrency: int = 64,
     chat_template_kwargs: dict | None = None,
 ) -> dict[str, Any]:
     """Greedy exact-match accuracy on `problems`.
@@ -56,15 +67,12 @@ async def greedy_accuracy(
     texts = await greedy_completions(generator, tokenizer, problems, max_tokens, concurrency, chat_template_kwargs)
     correct = exact_match([p.question for p in problems], texts, answer=[p.answer for p in problems])
     n = len(problems)
-    return {
-        "accuracy": sum(correct) / n,
-        "n": n,
-        "format_ok": sum(t.strip().isdigit() for t in texts) / n,
-    }
+    return {"accuracy": sum(correct) / n, "n": n, "format_ok": sum(t.strip().isdigit() for t in texts) / n}
 
 
-async def evaluate_task(generator, reward, examples, eval_reward: str, max_tokens: int = 8,
-                        concurrency: int = 64) -> dict[str, Any]:
+async def evaluate_task(
+    generator, reward, examples, eval_reward: str, max_tokens: int = 8, concurrency: int = 64
+) -> dict[str, Any]:
     """Greedy completions of a task's held-out examples (rendered, `TaskExample.text`), scored by the run's
     reward actor. Returns {"accuracy": mean of `eval_reward`'s values, "reward": mean total reward, "n",
     "finished": fraction that ended on their own, not at max_tokens}. Each reward is scored on its own: one
@@ -90,26 +98,41 @@ async def evaluate_task(generator, reward, examples, eval_reward: str, max_token
     for name, error in failed.items():
         # the eval reward is retried example by example (one bad example costs that example); another
         # failed reward only enters the mean total reward, as 0 (no retries of a reward that may hang)
-        values = (await _one_reward_each(reward, examples, completions, names, name) if name == eval_reward
-                  else [None] * len(examples))
+        values = (
+            await _one_reward_each(reward, examples, completions, names, name)
+            if name == eval_reward
+            else [None] * len(examples)
+        )
         lost = sum(v is None for v in values)
-        print(f"evaluation: reward {name!r} failed on {lost} of {len(examples)} held-out examples (scored 0 in "
-              f"that reward only): {error}".splitlines()[0][:300], flush=True)
+        print(
+            f"evaluation: reward {name!r} failed on {lost} of {len(examples)} held-out examples (scored 0 in "
+            f"that reward only): {error}".splitlines()[0][:300],
+            flush=True,
+        )
         parts[name] = [0.0 if v is None else v for v in values]
     weights = await reward.weights.call_one()
     totals = [sum(weights[k] * v[i] for k, v in parts.items()) for i in range(len(examples))]
     n = len(examples)
-    return {"accuracy": sum(parts[eval_reward]) / n, "reward": sum(totals) / n, "n": n,
-            "finished": sum(c.finish_reason == "stop" for c in completions) / n}
+    return {
+        "accuracy": sum(parts[eval_reward]) / n,
+        "reward": sum(totals) / n,
+        "n": n,
+        "finished": sum(c.finish_reason == "stop" for c in completions) / n,
+    }
 
 
-async def _score_each_reward(reward, examples, completions, names: list[str],
-                             only: list[str] | None = None) -> dict[str, list[float] | str]:
+async def _score_each_reward(
+    reward, examples, completions, names: list[str], only: list[str] | None = None
+) -> dict[str, list[float] | str]:
     """Each reward's values on `examples` (or its error's message), scored independently of the others."""
     try:
         return await reward.score_each_reward.call_one(
-            [e.prompt for e in examples], [c.text for c in completions], [c.finish_reason for c in completions],
-            {k: [e.columns[k] for e in examples] for k in names}, only)
+            [e.prompt for e in examples],
+            [c.text for c in completions],
+            [c.finish_reason for c in completions],
+            {k: [e.columns[k] for e in examples] for k in names},
+            only,
+        )
     except Exception as e:
         failure = getattr(e, "exception", e)
         if isinstance(failure, RewardRoleDied):  # a reward model's actor died: the run's to report
@@ -120,6 +143,7 @@ async def _score_each_reward(reward, examples, completions, names: list[str],
 async def _one_reward_each(reward, examples, completions, names: list[str], name: str) -> list[float | None]:
     """Reward `name` on each example alone: its value, or None where it failed. When it fails on each of the first
     RETRY_PROBE examples, the rest are not tried (a reward that hangs would cost reward_timeout_s per example)."""
+
     async def one(e, c):
         values = (await _score_each_reward(reward, [e], [c], names, [name]))[name]
         return None if isinstance(values, str) else values[0]

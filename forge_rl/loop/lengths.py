@@ -41,11 +41,15 @@ class ResponseLengths:
         if not self.enabled:
             return
         if self.p99_over_median < 1:
-            raise ConfigError(f"{key}.p99_over_median={self.p99_over_median} must be >= 1 (the 99th percentile "
-                              "is at least the median)")
+            raise ConfigError(
+                f"{key}.p99_over_median={self.p99_over_median} must be >= 1 (the 99th percentile "
+                "is at least the median)"
+            )
         if not 1 <= self.min_tokens <= self.median <= max_tokens:
-            raise ConfigError(f"{key}: need 1 <= min_tokens ({self.min_tokens}) <= median ({self.median}) <= "
-                              f"generator.sampling.max_tokens ({max_tokens}), the longest a response may be")
+            raise ConfigError(
+                f"{key}: need 1 <= min_tokens ({self.min_tokens}) <= median ({self.median}) <= "
+                f"generator.sampling.max_tokens ({max_tokens}), the longest a response may be"
+            )
 
     def sigma(self) -> float:
         """The log-normal's sigma: ln(p99 / median) / z(0.99)."""

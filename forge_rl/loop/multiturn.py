@@ -49,11 +49,17 @@ class TurnRenderer:
         self.eos = tokenizer.eos_token or ""
 
     def _render(self, conversation: list[dict[str, str]]) -> str:
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": "?"}, *conversation], tokenize=False,
-                                                  add_generation_prompt=True, **self.kwargs)
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "?"}, *conversation], tokenize=False, add_generation_prompt=True, **self.kwargs
+        )
 
-    def between(self, messages: list[dict[str, str]], model_stopped: bool, reply: str | None = None,
-                earlier: list[dict[str, str]] = ()) -> list[int]:
+    def between(
+        self,
+        messages: list[dict[str, str]],
+        model_stopped: bool,
+        reply: str | None = None,
+        earlier: list[dict[str, str]] = (),
+    ) -> list[int]:
         """Token ids after a model turn that ended with its end-of-turn token (`model_stopped`; the engine
         kept that token) or was cut off (the turn is closed here), up to the start of the next model turn.
         `reply` is the model turn's text and `earlier` the trajectory's turns before it (the model's as
@@ -64,17 +70,20 @@ class TurnRenderer:
         mark = marks[-1]
         full = self._render(placeholders + list(messages))
         if any(full.count(m) != 1 for i, m in enumerate(marks) if turns[i]["role"] == "assistant"):
-            raise ValueError("the chat template drops or repeats the content of earlier assistant turns once more "
-                             "messages follow, so a conversation cannot be continued token for token")
+            raise ValueError(
+                "the chat template drops or repeats the content of earlier assistant turns once more "
+                "messages follow, so a conversation cannot be continued token for token"
+            )
         if reply is not None:
             self._check_model_turns_kept(full, marks, [*earlier, {"role": "assistant", "content": reply}], messages)
         closing = full.split(mark, 1)[1]
         if model_stopped and self.eos and closing.startswith(self.eos):
-            closing = closing[len(self.eos):]
+            closing = closing[len(self.eos) :]
         return self.tokenizer(closing, add_special_tokens=False)["input_ids"]
 
-    def _check_model_turns_kept(self, full: str, marks: list[str], turns: list[dict[str, str]],
-                                messages: list[dict[str, str]]) -> None:
+    def _check_model_turns_kept(
+        self, full: str, marks: list[str], turns: list[dict[str, str]], messages: list[dict[str, str]]
+    ) -> None:
         """Raise if the template renders a model turn other than as written once more messages follow."""
         expected = full
         for i, m in enumerate(turns):
@@ -87,9 +96,10 @@ class TurnRenderer:
         lo = max(0, at - 40)
         raise ValueError(
             "the chat template rewrites earlier assistant turns: once more messages follow, the model's own "
-            f"tokens render differently (as generated: {expected[lo:at + 60]!r}; re-rendered: {real[lo:at + 60]!r}), "
+            f"tokens render differently (as generated: {expected[lo : at + 60]!r}; re-rendered: {real[lo : at + 60]!r}), "
             "so a conversation cannot be continued token for token (e.g. Qwen3 strips the reasoning of earlier "
-            "turns: set chat_template_kwargs enable_thinking: false, or use a template that keeps it)")
+            "turns: set chat_template_kwargs enable_thinking: false, or use a template that keeps it)"
+        )
 
 
 class GenerationError(RuntimeError):
@@ -143,8 +153,11 @@ class KeptSets:
         """Completion's kept_ids, kept_offsets and kept_over_cap."""
         if not self.recorded:
             return dict(kept_over_cap=self.over_cap)
-        return dict(kept_ids=torch.tensor(self.ids, dtype=torch.int32),
-                    kept_offsets=torch.tensor(self.offsets, dtype=torch.int32), kept_over_cap=self.over_cap)
+        return dict(
+            kept_ids=torch.tensor(self.ids, dtype=torch.int32),
+            kept_offsets=torch.tensor(self.offsets, dtype=torch.int32),
+            kept_over_cap=self.over_cap,
+        )
 
 
 class TurnRoutes:
@@ -161,8 +174,9 @@ class TurnRoutes:
         if turn.routes is None:
             self.recorded = False
         elif self.recorded:
-            self.routes = turn.routes if self.routes is None else torch.cat([self.routes,
-                                                                             turn.routes[len(self.routes):]])
+            self.routes = (
+                turn.routes if self.routes is None else torch.cat([self.routes, turn.routes[len(self.routes) :]])
+            )
 
     def fields(self) -> dict:
         return dict(routes=self.routes) if self.recorded and self.routes is not None else {}
@@ -176,8 +190,16 @@ class Trajectory:
     turns: int
 
 
-async def play(env: Environment, first: Completion, prompt_ids: list[int], generator, renderer: TurnRenderer,
-               env_cfg: EnvConfig, max_tokens: int, **sampling) -> Trajectory:
+async def play(
+    env: Environment,
+    first: Completion,
+    prompt_ids: list[int],
+    generator,
+    renderer: TurnRenderer,
+    env_cfg: EnvConfig,
+    max_tokens: int,
+    **sampling,
+) -> Trajectory:
     """Continue one trajectory from its first model turn until the environment is done or a limit is hit."""
     ids: list[int] = []
     logprobs: list[float] = []
@@ -202,8 +224,9 @@ async def play(env: Environment, first: Completion, prompt_ids: list[int], gener
         solved = solved or step.solved
         if step.done or turns >= env_cfg.max_turns or not step.messages:
             break
-        inserted = renderer.between(step.messages, model_stopped=turn.finish_reason == "stop", reply=turn.text,
-                                    earlier=history)
+        inserted = renderer.between(
+            step.messages, model_stopped=turn.finish_reason == "stop", reply=turn.text, earlier=history
+        )
         history += [{"role": "assistant", "content": turn.text}, *step.messages]
         room = env_cfg.max_total_tokens - len(ids) - len(inserted)
         if room < 1:  # no room for the environment's turn and a reply to it
@@ -216,33 +239,64 @@ async def play(env: Environment, first: Completion, prompt_ids: list[int], gener
         kept.add_inserted(len(inserted))
         turn = (await generate(generator, prompt_ids + ids, n=1, max_tokens=min(max_tokens, room), **sampling))[0]
     completion = Completion(
-        prompt_ids=first.prompt_ids, response_ids=torch.tensor(ids, dtype=torch.long),
-        logprobs=torch.tensor(logprobs, dtype=torch.float32), policy_versions=torch.tensor(versions, dtype=torch.long),
-        finish_reason=finish, text=renderer.tokenizer.decode(ids, skip_special_tokens=True), prompt=first.prompt,
-        env_mask=torch.tensor(from_env, dtype=torch.bool), sampling=first.sampling, **kept.fields(),
+        prompt_ids=first.prompt_ids,
+        response_ids=torch.tensor(ids, dtype=torch.long),
+        logprobs=torch.tensor(logprobs, dtype=torch.float32),
+        policy_versions=torch.tensor(versions, dtype=torch.long),
+        finish_reason=finish,
+        text=renderer.tokenizer.decode(ids, skip_special_tokens=True),
+        prompt=first.prompt,
+        env_mask=torch.tensor(from_env, dtype=torch.bool),
+        sampling=first.sampling,
+        **kept.fields(),
         **routes.fields(),
     )
     return Trajectory(completion, reward, solved, turns)
 
 
-async def play_group(example, prompt_ids: list[int], generator, make_env, renderer: TurnRenderer, env_cfg: EnvConfig,
-                     n: int, max_tokens: int, **sampling) -> list[Trajectory]:
+async def play_group(
+    example,
+    prompt_ids: list[int],
+    generator,
+    make_env,
+    renderer: TurnRenderer,
+    env_cfg: EnvConfig,
+    n: int,
+    max_tokens: int,
+    **sampling,
+) -> list[Trajectory]:
     """`n` trajectories of one example: the first turns in one engine request, the rest concurrently."""
     envs = [make_env() for _ in range(n)]
     await asyncio.gather(*(env.reset(example) for env in envs))
     first = await generate(generator, prompt_ids, n=n, max_tokens=min(max_tokens, env_cfg.max_total_tokens), **sampling)
-    return list(await asyncio.gather(*(play(env, c, prompt_ids, generator, renderer, env_cfg, max_tokens, **sampling)
-                                       for env, c in zip(envs, first))))
+    return list(
+        await asyncio.gather(
+            *(
+                play(env, c, prompt_ids, generator, renderer, env_cfg, max_tokens, **sampling)
+                for env, c in zip(envs, first)
+            )
+        )
+    )
 
 
-async def rollout_env_group(example, prompt_ids: list[int], generator, make_env, renderer: TurnRenderer,
-                            env_cfg: EnvConfig, group_size: int, max_tokens: int, stats,
-                            scale_advantages_by_std: bool = True) -> Group | None:
+async def rollout_env_group(
+    example,
+    prompt_ids: list[int],
+    generator,
+    make_env,
+    renderer: TurnRenderer,
+    env_cfg: EnvConfig,
+    group_size: int,
+    max_tokens: int,
+    stats,
+    scale_advantages_by_std: bool = True,
+) -> Group | None:
     """A group of `group_size` trajectories, rewarded by the environment, with group-relative advantages.
     None when an environment or a generation failed: the group is dropped, counted and logged (rollout.DropLog)."""
     try:
-        trajectories = await play_group(example, prompt_ids, generator, make_env, renderer, env_cfg, group_size,
-                                        max_tokens)
+        trajectories = await play_group(
+            example, prompt_ids, generator, make_env, renderer, env_cfg, group_size, max_tokens
+        )
     except SupervisionError:
         raise  # a role died: the run's to handle (RoleDied), not one group's
     except Exception as e:
@@ -254,37 +308,73 @@ async def rollout_env_group(example, prompt_ids: list[int], generator, make_env,
     stats.generated_tokens += sum(int((~t.completion.env_mask).sum()) for t in trajectories)
     if over := sum(t.completion.kept_over_cap > 0 for t in trajectories):  # trained whole or not at all
         stats.drops[KEPT_OVER_CAP] = stats.drops.get(KEPT_OVER_CAP, 0) + group_size
-        stats.drop_log.dropped(example.id, KEPT_OVER_CAP, f"{over} of its {group_size} trajectories drew a token "
-                               "from more tokens than the generator records (generator.max_kept_tokens)")
+        stats.drop_log.dropped(
+            example.id,
+            KEPT_OVER_CAP,
+            f"{over} of its {group_size} trajectories drew a token "
+            "from more tokens than the generator records (generator.max_kept_tokens)",
+        )
         return None
     rewards = [t.reward for t in trajectories]
     stats.rewards += rewards
-    for name, values in (("env", rewards), ("solved", [float(t.solved) for t in trajectories]),
-                         ("turns", [float(t.turns) for t in trajectories])):
+    for name, values in (
+        ("env", rewards),
+        ("solved", [float(t.solved) for t in trajectories]),
+        ("turns", [float(t.turns) for t in trajectories]),
+    ):
         stats.parts.setdefault(name, []).extend(values)
     advantages = group_advantages(rewards, scale_by_std=scale_advantages_by_std)
-    return Group(example.id, [
-        Episode(t.completion, reward=t.reward, rewards={"env": t.reward, "solved": float(t.solved)}, advantage=a,
-                metadata={"example": example.id, "turns": t.turns})
-        for t, a in zip(trajectories, advantages)
-    ])
+    return Group(
+        example.id,
+        [
+            Episode(
+                t.completion,
+                reward=t.reward,
+                rewards={"env": t.reward, "solved": float(t.solved)},
+                advantage=a,
+                metadata={"example": example.id, "turns": t.turns},
+            )
+            for t, a in zip(trajectories, advantages)
+        ],
+    )
 
 
-async def rollout_env_from_dataset(*, dataset, generator, buffer, make_env, renderer: TurnRenderer,
-                                   env_cfg: EnvConfig, group_size: int, max_tokens: int, stats,
-                                   scale_advantages_by_std: bool = True) -> bool:
+async def rollout_env_from_dataset(
+    *,
+    dataset,
+    generator,
+    buffer,
+    make_env,
+    renderer: TurnRenderer,
+    env_cfg: EnvConfig,
+    group_size: int,
+    max_tokens: int,
+    stats,
+    scale_advantages_by_std: bool = True,
+) -> bool:
     """One multi-turn group of the dataset actor's next example into the buffer. True if stored; False when the
     group was dropped (see rollout_env_group)."""
     calls = replies()  # not call_one: Monarch keeps ~1.2 KB per call_one in the caller (runtime/replies.py)
     example = await calls.call(dataset, "next")
     prompt_ids = renderer.tokenizer(example.text, add_special_tokens=False)["input_ids"]
-    group = await rollout_env_group(example, prompt_ids, generator, make_env, renderer, env_cfg, group_size,
-                                    max_tokens, stats, scale_advantages_by_std)
+    group = await rollout_env_group(
+        example,
+        prompt_ids,
+        generator,
+        make_env,
+        renderer,
+        env_cfg,
+        group_size,
+        max_tokens,
+        stats,
+        scale_advantages_by_std,
+    )
     return group is not None and await calls.call(buffer, "add", group)
 
 
-async def evaluate_env(generator, examples, make_env, renderer: TurnRenderer, env_cfg: EnvConfig, max_tokens: int,
-                       concurrency: int = 64) -> dict:
+async def evaluate_env(
+    generator, examples, make_env, renderer: TurnRenderer, env_cfg: EnvConfig, max_tokens: int, concurrency: int = 64
+) -> dict:
     """Greedy trajectories of the held-out examples. Returns {"accuracy": fraction solved within
     env.max_turns, "first_turn": fraction solved on the first turn, "reward": mean reward, "turns", "n"}."""
     if not examples:
@@ -295,16 +385,25 @@ async def evaluate_env(generator, examples, make_env, renderer: TurnRenderer, en
         async with slots:
             prompt_ids = renderer.tokenizer(example.text, add_special_tokens=False)["input_ids"]
             try:
-                return (await play_group(example, prompt_ids, generator, make_env, renderer, env_cfg, 1, max_tokens,
-                                         temperature=0.0))[0]
+                return (
+                    await play_group(
+                        example, prompt_ids, generator, make_env, renderer, env_cfg, 1, max_tokens, temperature=0.0
+                    )
+                )[0]
             except SupervisionError:
                 raise
             except Exception as e:  # an evaluation goes on: this example counts as not solved
-                print(f"evaluation: example {example.id} failed ({drop_reason(e)}): {e}".splitlines()[0][:200],
-                      flush=True)
+                print(
+                    f"evaluation: example {example.id} failed ({drop_reason(e)}): {e}".splitlines()[0][:200], flush=True
+                )
                 return Trajectory(None, 0.0, False, 0)
 
     done = await asyncio.gather(*(one(e) for e in examples))
     n = len(done)
-    return {"accuracy": sum(t.solved for t in done) / n, "first_turn": sum(t.solved and t.turns == 1 for t in done) / n,
-            "reward": sum(t.reward for t in done) / n, "turns": sum(t.turns for t in done) / n, "n": n}
+    return {
+        "accuracy": sum(t.solved for t in done) / n,
+        "first_turn": sum(t.solved and t.turns == 1 for t in done) / n,
+        "reward": sum(t.reward for t in done) / n,
+        "turns": sum(t.turns for t in done) / n,
+        "n": n,
+    }

@@ -73,8 +73,10 @@ class DropLog:
             self.seen.add(reason)
             if not self.pending:  # the next summary counts from here, not from the start of the run
                 self.last_summary = time.monotonic()
-            self.write(f"dropped group {group_id} ({reason}): {message} (further {reason} drops are counted, "
-                       f"summarised every {self.interval_s:.0f} s)")
+            self.write(
+                f"dropped group {group_id} ({reason}): {message} (further {reason} drops are counted, "
+                f"summarised every {self.interval_s:.0f} s)"
+            )
             return
         self.pending[reason] = self.pending.get(reason, 0) + 1
         self.latest[reason] = message
@@ -95,8 +97,9 @@ class Admission:
 
     def __init__(self, max_policy_age: int, batch_groups: int, version: int = 0, steps: int | None = None):
         if max_policy_age < 0 or batch_groups < 1:
-            raise ValueError(f"Admission: max_policy_age={max_policy_age} must be >= 0 and "
-                             f"batch_groups={batch_groups} >= 1")
+            raise ValueError(
+                f"Admission: max_policy_age={max_policy_age} must be >= 0 and batch_groups={batch_groups} >= 1"
+            )
         self.max_policy_age, self.batch_groups = max_policy_age, batch_groups
         self.steps = steps  # the run's last step: no more groups are admitted than the steps left can train
         self.sample_version = version  # trainer version at the next sample
@@ -202,8 +205,15 @@ class RolloutStats:
     # reward_* (forge_rl/rewards/workers.py) count episodes; prompt_too_long counts prompts the engine refused;
     # a multi-turn run adds env_error and generation_error, in episodes (forge_rl/loop/multiturn.py); truncated
     # sampling adds sampling_mask_over_cap, in episodes (KEPT_OVER_CAP)
-    drops: dict[str, int] = field(default_factory=lambda: {"reward_error": 0, "reward_timeout": 0, "reward_crash": 0,
-                                                            "reward_memory": 0, "prompt_too_long": 0})
+    drops: dict[str, int] = field(
+        default_factory=lambda: {
+            "reward_error": 0,
+            "reward_timeout": 0,
+            "reward_crash": 0,
+            "reward_memory": 0,
+            "prompt_too_long": 0,
+        }
+    )
     drop_log: DropLog = field(default_factory=DropLog)
     rewards_working: set[str] = field(default_factory=set)  # rewards that have scored a group, ever
     reward_failures: dict[str, int] = field(default_factory=dict)  # groups each reward failed on, ever
@@ -228,9 +238,13 @@ class RolloutStats:
                 self.swapped_tokens += int((v > v[0]).sum())
 
     def partial_rollouts(self) -> dict[str, int]:
-        return dict(sequences=self.sequences, swapped_sequences=self.swapped_sequences,
-                    swapped_tokens=self.swapped_tokens, requeued_groups=self.requeued_groups,
-                    requeued_tokens=self.requeued_tokens)
+        return dict(
+            sequences=self.sequences,
+            swapped_sequences=self.swapped_sequences,
+            swapped_tokens=self.swapped_tokens,
+            requeued_groups=self.requeued_groups,
+            requeued_tokens=self.requeued_tokens,
+        )
 
     def reward_failed(self, prompt_id: str, failure: Exception, episodes: int) -> None:
         """Count and log a group dropped for `failure`; raises RewardFailing when the reward that failed has
@@ -246,7 +260,8 @@ class RolloutStats:
             first_line = str(failure).strip().splitlines()[0][:300] if str(failure).strip() else type(failure).__name__
             raise RewardFailing(
                 f"reward {name!r} failed on each of the first {FAIL_FAST_GROUPS} groups it scored ({reason}), so the "
-                f"run stops: {first_line}; a sample input: {getattr(failure, 'sample', 'not recorded')}")
+                f"run stops: {first_line}; a sample input: {getattr(failure, 'sample', 'not recorded')}"
+            )
 
     def take_rewards(self) -> tuple[list[float], dict[str, list[float]]]:
         rewards, parts = self.rewards, self.parts
@@ -254,10 +269,20 @@ class RolloutStats:
         return rewards, parts
 
 
-async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size: int, stats: RolloutStats,
-                        scale_advantages_by_std: bool = True, metadata=None,
-                        overlong: OverlongConfig | None = None, max_tokens: int = 0,
-                        generate_args: dict | None = None) -> Group | None:
+async def rollout_group(
+    *,
+    prompt_id: str,
+    prompt,
+    generator,
+    score,
+    group_size: int,
+    stats: RolloutStats,
+    scale_advantages_by_std: bool = True,
+    metadata=None,
+    overlong: OverlongConfig | None = None,
+    max_tokens: int = 0,
+    generate_args: dict | None = None,
+) -> Group | None:
     """Generate a group of `group_size` completions of `prompt`, score it and compute group advantages.
 
     `score(completions) -> (totals, parts)` is awaited once per group. `overlong` (with the sampling's
@@ -270,9 +295,13 @@ async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size:
     stats.count_versions(completions)
     if over := sum(c.kept_over_cap > 0 for c in completions):  # the group is trained whole or not at all
         stats.drops[KEPT_OVER_CAP] = stats.drops.get(KEPT_OVER_CAP, 0) + len(completions)
-        stats.drop_log.dropped(prompt_id, KEPT_OVER_CAP, f"{over} of its {len(completions)} samples drew a token from "
-                               "more tokens than the generator records (generator.max_kept_tokens), so the trainer "
-                               "could not reproduce them")
+        stats.drop_log.dropped(
+            prompt_id,
+            KEPT_OVER_CAP,
+            f"{over} of its {len(completions)} samples drew a token from "
+            "more tokens than the generator records (generator.max_kept_tokens), so the trainer "
+            "could not reproduce them",
+        )
         return None
     try:
         totals, parts = await score(completions)
@@ -296,8 +325,7 @@ async def rollout_group(*, prompt_id: str, prompt, generator, score, group_size:
     if overlong is not None and overlong.filter:  # truncated: no gradient, whatever their reward
         advantages = [0.0 if c.finish_reason == "length" else a for c, a in zip(completions, advantages)]
     episodes = [
-        Episode(c, reward=t, rewards={k: v[i] for k, v in parts.items()}, advantage=a,
-                metadata=dict(metadata or {}))
+        Episode(c, reward=t, rewards={k: v[i] for k, v in parts.items()}, advantage=a, metadata=dict(metadata or {}))
         for i, (c, t, a) in enumerate(zip(completions, totals, advantages))
     ]
     return Group(prompt_id, episodes)
@@ -315,10 +343,20 @@ async def rollout_loop(admission: Admission, stop: asyncio.Event, rollout_once: 
             await admission.finish(stored)
 
 
-async def rollout_from_dataset(*, dataset, generator, reward, buffer, group_size: int, stats: RolloutStats,
-                               scale_advantages_by_std: bool = True, overlong: OverlongConfig | None = None,
-                               max_tokens: int = 0, lengths: LengthDraws | None = None,
-                               max_age: int | None = None) -> bool:
+async def rollout_from_dataset(
+    *,
+    dataset,
+    generator,
+    reward,
+    buffer,
+    group_size: int,
+    stats: RolloutStats,
+    scale_advantages_by_std: bool = True,
+    overlong: OverlongConfig | None = None,
+    max_tokens: int = 0,
+    lengths: LengthDraws | None = None,
+    max_age: int | None = None,
+) -> bool:
     """One group of a task: the dataset actor's next example (`forge_rl.actors.dataset.PromptDataset`), G
     completions, the reward actor's scores with the example's columns, advantages, the buffer. True if stored.
     A prompt the engine refuses as too long is counted (drops["prompt_too_long"]) and skipped. `lengths`: the
@@ -331,16 +369,32 @@ async def rollout_from_dataset(*, dataset, generator, reward, buffer, group_size
 
     async def score(completions):
         n = len(completions)
-        return await calls.call(reward, "score", [example.prompt] * n, [c.text for c in completions],
-                                [c.finish_reason for c in completions], {k: [v] * n for k, v in example.columns.items()})
+        return await calls.call(
+            reward,
+            "score",
+            [example.prompt] * n,
+            [c.text for c in completions],
+            [c.finish_reason for c in completions],
+            {k: [v] * n for k, v in example.columns.items()},
+        )
 
-    generate_args = {**(lengths.sampling(example.id) if lengths is not None else {}),
-                     **({"max_age": max_age} if max_age is not None else {})}
+    generate_args = {
+        **(lengths.sampling(example.id) if lengths is not None else {}),
+        **({"max_age": max_age} if max_age is not None else {}),
+    }
     try:
         group = await rollout_group(
-            prompt_id=example.id, prompt=example.text, generator=generator, score=score, group_size=group_size,
-            stats=stats, scale_advantages_by_std=scale_advantages_by_std,
-            metadata={"example": example.id}, overlong=overlong, max_tokens=max_tokens, generate_args=generate_args,
+            prompt_id=example.id,
+            prompt=example.text,
+            generator=generator,
+            score=score,
+            group_size=group_size,
+            stats=stats,
+            scale_advantages_by_std=scale_advantages_by_std,
+            metadata={"example": example.id},
+            overlong=overlong,
+            max_tokens=max_tokens,
+            generate_args=generate_args,
         )
     except Exception as e:
         failure = getattr(e, "exception", e)

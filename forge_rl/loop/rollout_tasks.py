@@ -19,17 +19,28 @@ LAND_TIMEOUT_S = 60.0  # how long rollouts in flight get to put their groups in 
 def rollout_once_of(cfg, tokenizer, *, dataset, generator, buffer, reward, stats) -> Callable[[], Awaitable[bool]]:
     """One rollout as the config asks for it: a group of single completions scored by the reward actor, or a
     group of multi-turn trajectories played against `cfg.env`."""
-    actors = dict(dataset=dataset, generator=generator, buffer=buffer, group_size=cfg.group_size, stats=stats,
-                  scale_advantages_by_std=cfg.scale_advantages_by_std)
+    actors = dict(
+        dataset=dataset,
+        generator=generator,
+        buffer=buffer,
+        group_size=cfg.group_size,
+        stats=stats,
+        scale_advantages_by_std=cfg.scale_advantages_by_std,
+    )
     max_tokens = cfg.generator.sampling.get("max_tokens", 16)
     if cfg.env.name is not None:
-        turns = dict(make_env=env_factory(cfg.env, cfg), env_cfg=cfg.env, max_tokens=max_tokens,
-                     renderer=TurnRenderer(tokenizer, **cfg.chat_template_kwargs))
+        turns = dict(
+            make_env=env_factory(cfg.env, cfg),
+            env_cfg=cfg.env,
+            max_tokens=max_tokens,
+            renderer=TurnRenderer(tokenizer, **cfg.chat_template_kwargs),
+        )
         return lambda: rollout_env_from_dataset(**turns, **actors)
     lengths = LengthDraws(cfg.generator.lengths, max_tokens) if cfg.generator.lengths.enabled else None
     max_age = cfg.max_policy_age if cfg.stale_in_flight == "requeue" else None
-    return lambda: rollout_from_dataset(reward=reward, overlong=cfg.overlong, max_tokens=max_tokens,
-                                        lengths=lengths, max_age=max_age, **actors)
+    return lambda: rollout_from_dataset(
+        reward=reward, overlong=cfg.overlong, max_tokens=max_tokens, lengths=lengths, max_age=max_age, **actors
+    )
 
 
 class RolloutTasks:
@@ -44,11 +55,14 @@ class RolloutTasks:
 
     def start(self, rollout_once: Callable[[], Awaitable[bool]], count: int) -> None:
         """`count` tasks, each running rollout_once for as long as admission admits and the run goes on."""
+
         def timed(lane: str):
             return lambda: self._timed(lane, rollout_once())
 
-        self.tasks = [asyncio.create_task(rollout_loop(self.state.admission, self.state.stop, timed(f"rollout {i}")))
-                      for i in range(count)]
+        self.tasks = [
+            asyncio.create_task(rollout_loop(self.state.admission, self.state.stop, timed(f"rollout {i}")))
+            for i in range(count)
+        ]
 
     async def _timed(self, lane: str, rollout: Awaitable[bool]) -> bool:
         with self.timeline.span(lane, "rollout"):
@@ -62,8 +76,10 @@ class RolloutTasks:
         """Admit no more rollouts and let those in flight put their groups in the buffer (LAND_TIMEOUT_S at most;
         `why` names the caller in the warning when some do not). Admission stays paused: resume it to go on."""
         if self.tasks and not await self.state.admission.quiesce(timeout_s=LAND_TIMEOUT_S):
-            console.print(f"[yellow]{why}: rollouts still in flight after {LAND_TIMEOUT_S:.0f} s; their prompts "
-                          "are skipped on resume[/yellow]")
+            console.print(
+                f"[yellow]{why}: rollouts still in flight after {LAND_TIMEOUT_S:.0f} s; their prompts "
+                "are skipped on resume[/yellow]"
+            )
 
     async def stop(self) -> None:
         """Cancel every rollout task and wait for them to end."""

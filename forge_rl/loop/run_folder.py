@@ -30,8 +30,17 @@ from forge_rl.runtime.manifest import newest_intact, owner, step_dirs, step_of
 
 RUN_FILE = "run.json"
 # what a run leaves in its output folder, besides checkpoints: removed by overwrite=true
-RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "curves.png", "loss.png", "timeline.json", "timeline.png",
-               "profile", "eval_model", RUN_FILE)
+RUN_OUTPUTS = (
+    "metrics.jsonl",
+    "summary.json",
+    "curves.png",
+    "loss.png",
+    "timeline.json",
+    "timeline.png",
+    "profile",
+    "eval_model",
+    RUN_FILE,
+)
 
 
 class RunFolderError(ConfigError):
@@ -53,8 +62,16 @@ class RunClaim:
         return step_of(self.resume_from) if self.resume_from else 0
 
 
-def claim_output_dir(out: Path, checkpoint_dir: Path, *, algorithm: str, resume: bool | str, overwrite: bool,
-                     steps: int, export_dir: str | None = None) -> RunClaim:
+def claim_output_dir(
+    out: Path,
+    checkpoint_dir: Path,
+    *,
+    algorithm: str,
+    resume: bool | str,
+    overwrite: bool,
+    steps: int,
+    export_dir: str | None = None,
+) -> RunClaim:
     out, checkpoint_dir = Path(out), Path(checkpoint_dir)
     writable_dir(out, "output_dir")
     writable_dir(checkpoint_dir, "trainer.checkpoint_dir")
@@ -73,16 +90,22 @@ def claim_output_dir(out: Path, checkpoint_dir: Path, *, algorithm: str, resume:
         if not overwrite and resume == "auto":
             refuse_unless_never_checkpointed(out, checkpoint_dir, record, held)
         elif not overwrite:
-            where = ("output_dir" if _inside(checkpoint_dir, out) else "output_dir / trainer.checkpoint_dir")
+            where = "output_dir" if _inside(checkpoint_dir, out) else "output_dir / trainer.checkpoint_dir"
             resumable = resume is False and bool(run_checkpoints(checkpoint_dir, record.get("id")))
-            ways = ("continue it with resume=auto, replace it" if resumable else "replace it")
-            raise RunFolderError(f"{where} {out} already holds {held}: {ways} with overwrite=true, or choose "
-                                 "another output_dir")
+            ways = "continue it with resume=auto, replace it" if resumable else "replace it"
+            raise RunFolderError(
+                f"{where} {out} already holds {held}: {ways} with overwrite=true, or choose another output_dir"
+            )
         remove_run(out, checkpoint_dir, export_dir, record.get("id"))
         notes.append(f"replaced {held} in {out} ({'overwrite=true' if overwrite else 'resume=auto, none to resume'})")
-    record = dict(id=f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}", algorithm=algorithm,
-                  started=_now(), command=_command(), output_dir=str(out.resolve()),
-                  checkpoint_dir=str(checkpoint_dir.resolve()))
+    record = dict(
+        id=f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}",
+        algorithm=algorithm,
+        started=_now(),
+        command=_command(),
+        output_dir=str(out.resolve()),
+        checkpoint_dir=str(checkpoint_dir.resolve()),
+    )
     write_record(out, record)
     return RunClaim(record["id"], None, notes)
 
@@ -92,17 +115,22 @@ def refuse_unless_never_checkpointed(out: Path, checkpoint_dir: Path, record: di
     checkpoint, i.e. its run.json names this trainer.checkpoint_dir (and nothing there is its: resume_claim)."""
     recorded = record.get("checkpoint_dir")
     if not record.get("id") or not recorded:
-        raise RunFolderError(f"resume=auto: output_dir {out} holds {held} with no {RUN_FILE} naming its "
-                             "trainer.checkpoint_dir, so whether it saved checkpoints cannot be told: replace it "
-                             "with overwrite=true, or choose another output_dir")
+        raise RunFolderError(
+            f"resume=auto: output_dir {out} holds {held} with no {RUN_FILE} naming its "
+            "trainer.checkpoint_dir, so whether it saved checkpoints cannot be told: replace it "
+            "with overwrite=true, or choose another output_dir"
+        )
     if Path(recorded).resolve() != checkpoint_dir.resolve():
-        raise RunFolderError(f"resume=auto: run {record['id']} in {out} saved its checkpoints in "
-                             f"trainer.checkpoint_dir={recorded}, not {checkpoint_dir}: set "
-                             f"trainer.checkpoint_dir={recorded} to continue it, or overwrite=true to replace it")
+        raise RunFolderError(
+            f"resume=auto: run {record['id']} in {out} saved its checkpoints in "
+            f"trainer.checkpoint_dir={recorded}, not {checkpoint_dir}: set "
+            f"trainer.checkpoint_dir={recorded} to continue it, or overwrite=true to replace it"
+        )
 
 
-def resume_claim(out: Path, checkpoint_dir: Path, record: dict, resume: bool | str, algorithm: str,
-                 steps: int) -> RunClaim | None:
+def resume_claim(
+    out: Path, checkpoint_dir: Path, record: dict, resume: bool | str, algorithm: str, steps: int
+) -> RunClaim | None:
     """The claim of a resumed run: the folder's run, from its newest intact checkpoint. None: resume=auto and
     the folder's run has no checkpoint (a fresh start follows)."""
     run_id = record.get("id")
@@ -114,20 +142,28 @@ def resume_claim(out: Path, checkpoint_dir: Path, record: dict, resume: bool | s
             recorded = record.get("checkpoint_dir")
             if recorded and Path(recorded).resolve() != checkpoint_dir.resolve():
                 why += f" (run {run_id} saved its checkpoints in trainer.checkpoint_dir={recorded})"
-            raise RunFolderError(f"resume={str(resume).lower()}: no intact checkpoint of {whose} under "
-                                 f"trainer.checkpoint_dir {checkpoint_dir}{why}. Start afresh with resume=false "
-                                 f"(plus overwrite=true to replace what is there) or choose another output_dir")
+            raise RunFolderError(
+                f"resume={str(resume).lower()}: no intact checkpoint of {whose} under "
+                f"trainer.checkpoint_dir {checkpoint_dir}{why}. Start afresh with resume=false "
+                f"(plus overwrite=true to replace what is there) or choose another output_dir"
+            )
         return None
     if record.get("algorithm") not in (None, algorithm):
-        raise RunFolderError(f"output_dir {out} holds a {record['algorithm']} run ({run_id}); this is a "
-                             f"{algorithm} run: choose another output_dir, or overwrite=true with resume=false")
+        raise RunFolderError(
+            f"output_dir {out} holds a {record['algorithm']} run ({run_id}); this is a "
+            f"{algorithm} run: choose another output_dir, or overwrite=true with resume=false"
+        )
     step = step_of(path)
     if step > steps:
-        raise RunFolderError(f"steps={steps} is below run {run_id}'s checkpoint {path} (step {step}): set steps "
-                             f"above {step} to train on, or start a new run with overwrite=true or another output_dir")
+        raise RunFolderError(
+            f"steps={steps} is below run {run_id}'s checkpoint {path} (step {step}): set steps "
+            f"above {step} to train on, or start a new run with overwrite=true or another output_dir"
+        )
     if step == steps:
-        raise RunFinished(f"run {run_id} in {out} is complete: its checkpoint {path} is at steps={steps}, so there "
-                          "is nothing to train (raise steps to train further)")
+        raise RunFinished(
+            f"run {run_id} in {out} is complete: its checkpoint {path} is at steps={steps}, so there "
+            "is nothing to train (raise steps to train further)"
+        )
     notes = [f"resume: passed over {'; '.join(skipped)}; resuming from {path.name}"] if skipped else []
     return RunClaim(run_id, path, notes)
 
@@ -136,8 +172,7 @@ def held_by_another_run(out: Path, checkpoint_dir: Path, record: dict) -> str:
     """What of the folder's earlier run the folders hold ('run X's checkpoints in D (step-10, step-20) and
     metrics.jsonl'); '' if none. Its checkpoints are those whose manifest names it, and those whose owner cannot
     be told in a checkpoint_dir inside output_dir (refuse_foreign_checkpoints refuses the others)."""
-    found = [p.name for p in (out / "metrics.jsonl", out / "summary.json")
-             if p.is_file() and p.stat().st_size > 0]
+    found = [p.name for p in (out / "metrics.jsonl", out / "summary.json") if p.is_file() and p.stat().st_size > 0]
     steps = [p.name for p in run_checkpoints(checkpoint_dir, record.get("id"), _inside(checkpoint_dir, out))]
     if steps:
         shown = ", ".join(steps[-3:] if len(steps) <= 3 else ["...", *steps[-2:]])
@@ -151,8 +186,9 @@ def held_by_another_run(out: Path, checkpoint_dir: Path, record: dict) -> str:
 def run_checkpoints(checkpoint_dir: Path, run_id: str | None, unowned: bool = False) -> list[Path]:
     """The step-N directories of run `run_id` (its id in their manifest), with `unowned` also those whose owner
     cannot be told (no readable manifest), oldest first."""
-    return [p for p in step_dirs(checkpoint_dir)
-            if (o := owner(p)) is not None and o == run_id or (unowned and o is None)]
+    return [
+        p for p in step_dirs(checkpoint_dir) if (o := owner(p)) is not None and o == run_id or (unowned and o is None)
+    ]
 
 
 def refuse_foreign_checkpoints(out: Path, checkpoint_dir: Path, record: dict) -> None:
@@ -166,9 +202,11 @@ def refuse_foreign_checkpoints(out: Path, checkpoint_dir: Path, record: dict) ->
     owners = sorted({owner(p) or "unknown (no readable manifest)" for p in foreign})
     shown = ", ".join(p.name for p in foreign[-3:])
     ours = f"run {run_id}'s in {out}" if run_id else f"the run in {out}"
-    raise RunFolderError(f"trainer.checkpoint_dir {checkpoint_dir} holds checkpoints of another run than {ours} "
-                         f"({shown}; run {', '.join(owners)}), which this run would neither replace nor remove: "
-                         "choose another trainer.checkpoint_dir")
+    raise RunFolderError(
+        f"trainer.checkpoint_dir {checkpoint_dir} holds checkpoints of another run than {ours} "
+        f"({shown}; run {', '.join(owners)}), which this run would neither replace nor remove: "
+        "choose another trainer.checkpoint_dir"
+    )
 
 
 def finish_interrupted_saves(checkpoint_dir: Path, run_id: str | None) -> None:
@@ -219,8 +257,9 @@ def writable_dir(path: Path, key: str) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise RunFolderError(f"{key}={path} cannot be written ({e.strerror or e}): choose a writable directory "
-                             f"for {key}") from None
+        raise RunFolderError(
+            f"{key}={path} cannot be written ({e.strerror or e}): choose a writable directory for {key}"
+        ) from None
 
 
 def read_record(out: Path) -> dict:

@@ -26,19 +26,33 @@ from typing import Any
 
 from forge_rl.errors import ConfigError, did_you_mean
 
-REPRODUCED = frozenset({
-    "temperature", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "seed",
-    "detokenize", "skip_special_tokens", "spaces_between_special_tokens", "stream_interval", "skip_clone",
-    "output_text_buffer_length", "skip_reading_prefix_cache", "prompt_logprobs", "prompt_logprob_token_ids",
-    "prompt_logprob_start", "logprob_token_ids", "trace_decode_token_ids", "routed_experts_prompt_start",
-})
+REPRODUCED = frozenset(
+    {
+        "temperature",
+        "max_tokens",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "include_stop_str_in_output",
+        "seed",
+        "detokenize",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "stream_interval",
+        "skip_clone",
+        "output_text_buffer_length",
+        "skip_reading_prefix_cache",
+        "prompt_logprobs",
+        "prompt_logprob_token_ids",
+        "prompt_logprob_start",
+        "logprob_token_ids",
+        "trace_decode_token_ids",
+        "routed_experts_prompt_start",
+    }
+)
 SET_BY_GENERATOR = frozenset({"n", "logprobs", "output_kind", "flat_logprobs"})
 # truncation, reproduced over the recorded kept set: option -> the values that truncate nothing
-KEPT_SET: dict[str, tuple] = {
-    "top_p": (1.0,),
-    "top_k": (0, -1, None),
-    "min_p": (0.0,),
-}
+KEPT_SET: dict[str, tuple] = {"top_p": (1.0,), "top_k": (0, -1, None), "min_p": (0.0,)}
 # option -> the values that leave softmax(logits / T) unchanged (vLLM SamplingParams names)
 NEUTRAL: dict[str, tuple] = {
     "repetition_penalty": (1.0,),
@@ -72,16 +86,21 @@ def refusal(option: str, value: Any) -> str | None:
     if option in NEUTRAL:
         if value in NEUTRAL[option]:
             return None
-        return (f"{option}={value!r} changes the sampling distribution in a way the trainer does not reproduce, so "
-                f"the importance ratios against the recorded behaviour logprobs would be wrong; remove it or set it "
-                f"to {NEUTRAL[option][0]!r} ({TRAINS_ON})")
+        return (
+            f"{option}={value!r} changes the sampling distribution in a way the trainer does not reproduce, so "
+            f"the importance ratios against the recorded behaviour logprobs would be wrong; remove it or set it "
+            f"to {NEUTRAL[option][0]!r} ({TRAINS_ON})"
+        )
     close = did_you_mean(option, [*REPRODUCED, *KEPT_SET, *NEUTRAL, *SET_BY_GENERATOR])
-    return (f"{option} is not a vLLM SamplingParams option forge_rl has classified, so whether the trainer "
-            f"reproduces it is unknown; " + (close or f"(forge_rl/loop/sampling.py; reproduced: {sorted(REPRODUCED)})"))
+    return (
+        f"{option} is not a vLLM SamplingParams option forge_rl has classified, so whether the trainer "
+        f"reproduces it is unknown; " + (close or f"(forge_rl/loop/sampling.py; reproduced: {sorted(REPRODUCED)})")
+    )
 
 
-def behaviour_temperature(sampling: dict[str, Any], key: str = "generator.sampling",
-                          max_kept_tokens: int | None = None) -> float:
+def behaviour_temperature(
+    sampling: dict[str, Any], key: str = "generator.sampling", max_kept_tokens: int | None = None
+) -> float:
     """The temperature of the behaviour policy that `sampling` (vLLM SamplingParams options) defines.
 
     Raises ConfigError naming the option when the trainer could not reproduce the distribution, or when a top_k
@@ -95,8 +114,10 @@ def behaviour_temperature(sampling: dict[str, Any], key: str = "generator.sampli
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise ConfigError(f"{key}.temperature={temperature!r}: give a number > 0")
     if not temperature > 0:
-        raise ConfigError(f"{key}.temperature={temperature}: training needs sampling with temperature > 0 "
-                          "(greedy decoding has no logprobs to train on; evaluation is greedy already)")
+        raise ConfigError(
+            f"{key}.temperature={temperature}: training needs sampling with temperature > 0 "
+            "(greedy decoding has no logprobs to train on; evaluation is greedy already)"
+        )
     return float(temperature)
 
 
@@ -105,12 +126,15 @@ def top_k_over_cap(sampling: dict[str, Any], max_kept_tokens: int | None) -> str
     top_k = truncation(sampling).get("top_k")
     if max_kept_tokens is None or top_k is None or not isinstance(top_k, int) or top_k <= max_kept_tokens:
         return None
-    return (f"top_k={top_k} keeps more tokens than the generator records per token (generator.max_kept_tokens="
-            f"{max_kept_tokens}), so no sample could be trained on; lower top_k or raise generator.max_kept_tokens")
+    return (
+        f"top_k={top_k} keeps more tokens than the generator records per token (generator.max_kept_tokens="
+        f"{max_kept_tokens}), so no sample could be trained on; lower top_k or raise generator.max_kept_tokens"
+    )
 
 
-def untrainable(sampling: dict[str, Any] | None, temperature: float | None, kept_recorded: bool = False,
-                over_cap: int = 0) -> str | None:
+def untrainable(
+    sampling: dict[str, Any] | None, temperature: float | None, kept_recorded: bool = False, over_cap: int = 0
+) -> str | None:
     """Why a completion sampled with `sampling` (as the generator recorded it) cannot be trained on by a trainer
     at `temperature` (None: any), or None when it can. A completion built by hand records nothing (None).
     `kept_recorded`: the completion holds its tokens' kept sets; `over_cap`: how many of its tokens had a kept
@@ -123,12 +147,18 @@ def untrainable(sampling: dict[str, Any] | None, temperature: float | None, kept
     if (cut := truncation(sampling)) and not kept_recorded:
         drawn = ", ".join(f"{k}={v!r}" for k, v in cut.items())
         if over_cap:
-            return (f"{over_cap} of its tokens were drawn ({drawn}) from more tokens than the generator records "
-                    f"(generator.max_kept_tokens), so the trainer cannot renormalise over their kept sets")
-        return (f"it was drawn with {drawn} and carries no sampling mask (Completion.kept_ids), so the trainer "
-                "cannot renormalise over the tokens it was drawn from")
+            return (
+                f"{over_cap} of its tokens were drawn ({drawn}) from more tokens than the generator records "
+                f"(generator.max_kept_tokens), so the trainer cannot renormalise over their kept sets"
+            )
+        return (
+            f"it was drawn with {drawn} and carries no sampling mask (Completion.kept_ids), so the trainer "
+            "cannot renormalise over the tokens it was drawn from"
+        )
     drawn_at = float(sampling.get("temperature", 1.0))
     if temperature is not None and drawn_at != temperature:
-        return (f"temperature={drawn_at} differs from the trainer's {temperature} "
-                f"(generator.sampling.temperature; {TRAINS_ON})")
+        return (
+            f"temperature={drawn_at} differs from the trainer's {temperature} "
+            f"(generator.sampling.temperature; {TRAINS_ON})"
+        )
     return None

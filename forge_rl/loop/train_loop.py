@@ -38,8 +38,9 @@ class RoleDied(RunStopped):
     names the role and the checkpoint a rerun can continue from."""
 
 
-def role_died(error: BaseException, checkpoint_dir: str | Path, log_dir: str | Path | None = None,
-              run_id: str | None = None) -> RoleDied:
+def role_died(
+    error: BaseException, checkpoint_dir: str | Path, log_dir: str | Path | None = None, run_id: str | None = None
+) -> RoleDied:
     """A RoleDied for Monarch's SupervisionError `error`: which actor died, where its last words are (the
     procs' logs under `log_dir`, when the run keeps them) and where to resume (run `run_id`'s checkpoints)."""
     message = str(error)
@@ -59,10 +60,14 @@ def resume_hint(checkpoint_dir: str | Path, run_id: str | None) -> str:
     mine = complete_checkpoints(Path(checkpoint_dir), run_id) if run_id else []
     newest = next((p for p in reversed(mine) if intact(p, read=False)), None)
     if newest is not None:
-        return (f"the last complete checkpoint is {newest}: continue from it with resume=true (or resume=auto), "
-                "which checks its files first")
-    return (f"no complete checkpoint of this run under {checkpoint_dir} yet (checkpoint_every saves every N steps): a "
-            "rerun with resume=auto (or overwrite=true) starts it again from the beginning")
+        return (
+            f"the last complete checkpoint is {newest}: continue from it with resume=true (or resume=auto), "
+            "which checks its files first"
+        )
+    return (
+        f"no complete checkpoint of this run under {checkpoint_dir} yet (checkpoint_every saves every N steps): a "
+        "rerun with resume=auto (or overwrite=true) starts it again from the beginning"
+    )
 
 
 class RunState:
@@ -136,13 +141,17 @@ def why_no_batch(run: RunState, before: dict, now: dict, drops_before: dict) -> 
     dropped = {r: now["dropped"][r] - before["dropped"][r] for r in now["dropped"]}
     dropped.update({r: v - drops_before.get(r, 0) for r, v in run.drops.items()})
     added = now["added"] - before["added"]
-    lines = [f"no batch of {cfg.batch_groups} groups for {cfg.no_batch_timeout_s:.0f} s (no_batch_timeout_s) at "
-             f"policy version {run.version}; meanwhile {added} episodes reached the buffer, {now['groups']} groups "
-             f"are in it, {adm.in_flight} rollouts in flight; drops: {dropped}"]
+    lines = [
+        f"no batch of {cfg.batch_groups} groups for {cfg.no_batch_timeout_s:.0f} s (no_batch_timeout_s) at "
+        f"policy version {run.version}; meanwhile {added} episodes reached the buffer, {now['groups']} groups "
+        f"are in it, {adm.in_flight} rollouts in flight; drops: {dropped}"
+    ]
     failing = {r: n for r, n in dropped.items() if n > 0 and r in WHY_DROPPED}
     if added and dropped.get("zero_advantage", 0) == added:
-        lines.append("every group had zero advantage: all its completions got the same reward (a broken reward, "
-                     "a task too easy or too hard, a chat template that makes the model emit something else)")
+        lines.append(
+            "every group had zero advantage: all its completions got the same reward (a broken reward, "
+            "a task too easy or too hard, a chat template that makes the model emit something else)"
+        )
     elif added and dropped.get("stale", 0) >= added:
         lines.append("every group arrived too old for max_policy_age")
     elif failing:
@@ -170,8 +179,9 @@ async def call_each_rank(mesh, endpoint: EndpointProperty, args_of_rank: list) -
     """`endpoint` (the actor class's, e.g. `Trainer.optimizer_step`) on every rank of `mesh` at once, rank r with
     args_of_rank[r]; the results in rank order."""
     flat, name = mesh.flatten("rank"), endpoint_name(endpoint)
-    return list(await asyncio.gather(*(getattr(flat.slice(rank=r), name).call_one(args)
-                                       for r, args in enumerate(args_of_rank))))
+    return list(
+        await asyncio.gather(*(getattr(flat.slice(rank=r), name).call_one(args) for r, args in enumerate(args_of_rank)))
+    )
 
 
 async def call_for_batches(mesh, endpoint: EndpointProperty, batches: list[TrainBatch], shards: list[int]) -> list:
@@ -181,10 +191,16 @@ async def call_for_batches(mesh, endpoint: EndpointProperty, batches: list[Train
     return [results[shards.index(i)][i] for i in range(len(batches))]
 
 
-async def update_generators(run: RunState, generator, version: int, timeout_s: float | None = None,
-                            where: str = "") -> list[dict]:
+async def update_generators(
+    run: RunState, generator, version: int, timeout_s: float | None = None, where: str = ""
+) -> list[dict]:
     """Every replica loads `version`; StepTimeout after `timeout_s` (timeouts.weight_load_s)."""
-    updates = await within(generator.update_weights.call_all(version), timeout_s, "weight_load_s",
-                           f"the Generators' update_weights to version {version}", where)
+    updates = await within(
+        generator.update_weights.call_all(version),
+        timeout_s,
+        "weight_load_s",
+        f"the Generators' update_weights to version {version}",
+        where,
+    )
     await run.admission.generators_at(version)
     return updates

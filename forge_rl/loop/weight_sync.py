@@ -40,8 +40,9 @@ class WeightSync:
 
     async def _timed_swap(self, version: int) -> list[dict]:
         with self.timeline.span("generators", "weight swap", version=version):
-            return await update_generators(self.state, self.generator, version, self.cfg.timeouts.weight_load_s,
-                                           self.where())
+            return await update_generators(
+                self.state, self.generator, version, self.cfg.timeouts.weight_load_s, self.where()
+            )
 
     async def step_aside(self) -> float:
         """Colocated: the generators take the newest version, then give the device to the trainer (GPU: sleep).
@@ -66,9 +67,15 @@ class WeightSync:
         every, target = self.cfg.reference.follow_every, step - self.cfg.reference.follow_lag
         if self.reference is None or not every or step % every or target <= self.reference_version:
             return
-        self.reference_load = asyncio.create_task(within(
-            self.reference.follow.call(target), self.cfg.timeouts.weight_load_s, "weight_load_s",
-            f"the Reference's load of policy version {target}", self.where()))
+        self.reference_load = asyncio.create_task(
+            within(
+                self.reference.follow.call(target),
+                self.cfg.timeouts.weight_load_s,
+                "weight_load_s",
+                f"the Reference's load of policy version {target}",
+                self.where(),
+            )
+        )
 
     async def close(self) -> None:
         """Cancel a reference load started after the last publish: nobody scores with it."""

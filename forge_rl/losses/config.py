@@ -40,22 +40,33 @@ class GRPOLossConfig:
         if self.policy_loss not in POLICY_LOSSES:
             raise ValueError(f"loss.policy_loss={self.policy_loss!r}; choose one of {POLICY_LOSSES}")
         if self.is_correction not in IS_CORRECTIONS or self.is_level not in IS_LEVELS:
-            raise ValueError(f"loss.is_correction={self.is_correction!r}, loss.is_level={self.is_level!r}; choose "
-                             f"one of {IS_CORRECTIONS} and one of {IS_LEVELS}")
+            raise ValueError(
+                f"loss.is_correction={self.is_correction!r}, loss.is_level={self.is_level!r}; choose "
+                f"one of {IS_CORRECTIONS} and one of {IS_LEVELS}"
+            )
         if self.policy_loss != "grpo" and self.is_correction != "none":
-            raise ValueError(f"loss.is_correction={self.is_correction!r} works with loss.policy_loss='grpo' only, "
-                             f"not {self.policy_loss!r} (gspo and cispo carry their own importance ratio)")
+            raise ValueError(
+                f"loss.is_correction={self.is_correction!r} works with loss.policy_loss='grpo' only, "
+                f"not {self.policy_loss!r} (gspo and cispo carry their own importance ratio)"
+            )
         if not 0 <= self.is_low < 1 < self.is_high:
-            raise ValueError(f"loss.is_low={self.is_low} and loss.is_high={self.is_high} must satisfy "
-                             "0 <= is_low < 1 < is_high")
+            raise ValueError(
+                f"loss.is_low={self.is_low} and loss.is_high={self.is_high} must satisfy 0 <= is_low < 1 < is_high"
+            )
         if self.normalize not in NORMALIZATIONS:
             raise ValueError(f"loss.normalize={self.normalize!r}; choose one of {NORMALIZATIONS}")
         if self.kl_estimator not in ("k1", "k3"):
             raise ValueError(f"loss.kl_estimator={self.kl_estimator!r}; choose 'k1' or 'k3'")
         if self.distill_coef < 0 or self.reward_coef < 0:
-            raise ValueError(f"loss.distill_coef={self.distill_coef} and loss.reward_coef={self.reward_coef} must be >= 0")
+            raise ValueError(
+                f"loss.distill_coef={self.distill_coef} and loss.reward_coef={self.reward_coef} must be >= 0"
+            )
         if self.distill_coef and self.kl_coef:
-            raise ValueError("loss.distill_coef and loss.kl_coef both read TrainBatch.ref_logprobs (the teacher, or "
-                             "the reference policy): use one")
+            raise ValueError(
+                "loss.distill_coef and loss.kl_coef both read TrainBatch.ref_logprobs (the teacher, or "
+                "the reference policy): use one"
+            )
         if not (0 <= self.clip_low <= 1 and self.clip_high >= 0):  # clip_low 1: no floor (CISPO's usual choice)
-            raise ValueError(f"loss.clip_low={self.clip_low} must be in [0, 1] and loss.clip_high={self.clip_high} >= 0")
+            raise ValueError(
+                f"loss.clip_low={self.clip_low} must be in [0, 1] and loss.clip_high={self.clip_high} >= 0"
+            )

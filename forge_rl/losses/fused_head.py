@@ -46,8 +46,14 @@ def default_memory_bytes(device: torch.device) -> int:
 
 
 def hidden_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
-    entropy: str = "none", shift: int = 1, memory_bytes: int | None = None, kept: torch.Tensor | None = None,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    entropy: str = "none",
+    shift: int = 1,
+    memory_bytes: int | None = None,
+    kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob [B, T] of each token under softmax(hidden @ weight.T / temperature) (`token_logprobs` when shift is
     1: position t predicts token t+1, 0 at t=0; `selected_logprobs` when shift is 0: position t predicts token t),
@@ -56,8 +62,9 @@ def hidden_logprobs(
     if entropy not in ENTROPY:
         raise ValueError(f"entropy={entropy!r}; choose one of {ENTROPY}")
     budget = memory_bytes if memory_bytes is not None else default_memory_bytes(hidden.device)
-    logprobs, ent = _FusedHead.apply(hidden, weight, tokens, float(temperature), entropy != "none", int(budget),
-                                     shift, kept)
+    logprobs, ent = _FusedHead.apply(
+        hidden, weight, tokens, float(temperature), entropy != "none", int(budget), shift, kept
+    )
     if entropy == "detached":
         ent = ent.detach()
     return logprobs, (ent if entropy != "none" else None)
@@ -207,8 +214,11 @@ class _FusedHead(torch.autograd.Function):
         V, dev, s, rows = weight.shape[0], hidden.device, ctx.shift, ctx.rows
         h, targets, kept_flat = _flat(hidden, tokens, kept, s)
         M = h.shape[0]
-        grad_lp = (grad_logprobs[:, s:].reshape(M).float() if grad_logprobs is not None
-                   else torch.zeros(M, dtype=torch.float32, device=dev))
+        grad_lp = (
+            grad_logprobs[:, s:].reshape(M).float()
+            if grad_logprobs is not None
+            else torch.zeros(M, dtype=torch.float32, device=dev)
+        )
         use_ent = grad_ent is not None
         grad_h = torch.empty(M, D, dtype=hidden.dtype, device=dev)
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=dev) if M == 0 else None
@@ -222,10 +232,16 @@ class _FusedHead(torch.autograd.Function):
             else:
                 x = Workspace.scratch("logits", hi - lo, V, hidden.dtype, dev)
                 torch.mm(h[lo:hi], w.t(), out=x)
-            g = _block_grad(x, ctx.temperature, targets[lo:hi], grad_lp[lo:hi], lse[lo:hi],
-                            ent[lo:hi] if use_ent else None,
-                            grad_ent[:, s:].reshape(M)[lo:hi].float() if use_ent else None,
-                            kept_flat[lo:hi] if kept_flat is not None else None)
+            g = _block_grad(
+                x,
+                ctx.temperature,
+                targets[lo:hi],
+                grad_lp[lo:hi],
+                lse[lo:hi],
+                ent[lo:hi] if use_ent else None,
+                grad_ent[:, s:].reshape(M)[lo:hi].float() if use_ent else None,
+                kept_flat[lo:hi] if kept_flat is not None else None,
+            )
             x.copy_(g)  # the logits' gradient, in the compute dtype, over the logits
             if logits is None:  # recomputed blocks: their share of both matmuls now
                 torch.mm(x, w, out=grad_h[lo:hi])

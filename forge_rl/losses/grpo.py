@@ -53,8 +53,13 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     return torch.exp(-log_ratio) + log_ratio - 1  # k3 (Schulman): exp(ref - lp) - (ref - lp) - 1
 
 
-def token_advantages(advantages: torch.Tensor, behaviour_logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None,
-                     cfg: GRPOLossConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_advantages(
+    advantages: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    cfg: GRPOLossConfig,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each token's advantage [B, T] (the sequence's [B], or PPO's per-token [B, T], times reward_coef) and, for
     on-policy distillation, minus distill_coef x the reverse KL of the sampling policy to the teacher at that token
     (also returned)."""
@@ -67,8 +72,9 @@ def token_advantages(advantages: torch.Tensor, behaviour_logprobs: torch.Tensor,
     return (cfg.reward_coef * A if cfg.reward_coef != 1.0 else A), None
 
 
-def importance_ratio(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cfg: GRPOLossConfig,
-                     mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def importance_ratio(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cfg: GRPOLossConfig, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(ratio the clip acts on, weight outside the clip) per token: against the behaviour policy (plain), a
     sequence-level ratio (gspo); with a correction, the ratio against the behaviour policy and the corrected
     importance weight that takes its place in the gradient."""
@@ -85,8 +91,9 @@ def importance_ratio(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, c
     return ratio, torch.ones_like(logprobs)
 
 
-def mismatch_weight(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cfg: GRPOLossConfig,
-                    mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def mismatch_weight(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cfg: GRPOLossConfig, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The importance weight [B, T] of `cfg.is_correction` (no gradient), and where it acted (bool [B, T]):
     w = pi_old / mu per token, or for is_level "sequence" the product over the sequence's response tokens,
     or the geometric mean (the exponential of the mean log weight), truncated (tis) or masked (mis, icepop).
@@ -191,8 +198,9 @@ def reduce_loss(
         return (token_loss * mask).sum() / total_tokens
     if normalize == "token_sum":  # a constant: the batch's longest response would rescale the loss per batch
         if max_response_len < 1:
-            raise ValueError("normalize='token_sum' divides by a constant: set trainer.grpo.max_response_len "
-                             "(the generation budget)")
+            raise ValueError(
+                "normalize='token_sum' divides by a constant: set trainer.grpo.max_response_len (the generation budget)"
+            )
         return (token_loss * mask).sum() / (total_sequences * max_response_len)
     raise ValueError(f"normalize={normalize!r}; choose one of {NORMALIZATIONS}")
 

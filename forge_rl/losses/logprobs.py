@@ -52,8 +52,13 @@ class VocabShard:
 
 
 def token_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, entropy: str = "none",
-    block_elements: int = 1 << 24, shard: VocabShard | None = None, kept: torch.Tensor | None = None,
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    entropy: str = "none",
+    block_elements: int = 1 << 24,
+    shard: VocabShard | None = None,
+    kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob [B, T] of each token given its prefix under softmax(logits / temperature) (0 at t=0), and
     the entropy [B, T] of that distribution when `entropy` is "detached" or "grad" (else None). With
@@ -63,8 +68,13 @@ def token_logprobs(
 
 
 def selected_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy: str = "none",
-    block_elements: int = 1 << 24, shard: VocabShard | None = None, kept: torch.Tensor | None = None,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    entropy: str = "none",
+    block_elements: int = 1 << 24,
+    shard: VocabShard | None = None,
+    kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob [M] of targets[m] under softmax(logits[m] / temperature), for logits [M, V] already picked
     at the predicting positions (shared-prompt packing), and the entropy [M] as in `token_logprobs`; `kept`
@@ -78,11 +88,13 @@ def _apply(logits, tokens, temperature, entropy, block_elements, shard, kept, sh
     if entropy not in ENTROPY:
         raise ValueError(f"entropy={entropy!r}; choose one of {ENTROPY}")
     if shard is not None:
-        logprobs, ent = _ShardedTokenLogprobs.apply(logits, tokens, float(temperature), entropy != "none",
-                                                    block_elements, shift, shard, kept)
+        logprobs, ent = _ShardedTokenLogprobs.apply(
+            logits, tokens, float(temperature), entropy != "none", block_elements, shift, shard, kept
+        )
     else:
-        logprobs, ent = _TokenLogprobs.apply(logits, tokens, float(temperature), entropy != "none",
-                                             block_elements, shift, kept)
+        logprobs, ent = _TokenLogprobs.apply(
+            logits, tokens, float(temperature), entropy != "none", block_elements, shift, kept
+        )
     if entropy == "detached":
         ent = ent.detach()
     return logprobs, (ent if entropy != "none" else None)
@@ -161,15 +173,22 @@ class _TokenLogprobs(torch.autograd.Function):
         use_ent = grad_ent is not None and bool(grad_ent.any())
         for b, lo, hi in _blocks(B, T, V, ctx.block_elements, shift):
             out = (b, slice(lo + s, hi + s))
-            g = _logits_grad(logits[b, lo:hi].float(), ctx.temperature, tokens[out], grad_logprobs[out],
-                             ent[out] if use_ent else None, grad_ent[out] if use_ent else None,
-                             kept=_kept_at(kept, b, lo + s, hi + s))
+            g = _logits_grad(
+                logits[b, lo:hi].float(),
+                ctx.temperature,
+                tokens[out],
+                grad_logprobs[out],
+                ent[out] if use_ent else None,
+                grad_ent[out] if use_ent else None,
+                kept=_kept_at(kept, b, lo + s, hi + s),
+            )
             grad[b, lo:hi] = g.to(grad.dtype)
         return grad, None, None, None, None, None, None
 
 
-def _logits_grad(x, temperature, targets, grad_logprobs, ent=None, grad_ent=None, lse=None, owned=None, kept=None,
-                 start=0):
+def _logits_grad(
+    x, temperature, targets, grad_logprobs, ent=None, grad_ent=None, lse=None, owned=None, kept=None, start=0
+):
     """Gradient with respect to a block of logits x [..., V] of the picked logprobs (and entropy). For a
     vocabulary shard, `lse` is the whole vocabulary's log-normaliser and `owned` marks the targets in it
     (`targets` then being their local ids, `start` the shard's first id). `kept`: the kept sets (keep_only);
@@ -224,9 +243,18 @@ class _ShardedTokenLogprobs(torch.autograd.Function):
         use_ent = grad_ent is not None and bool(grad_ent.any())
         for b, lo, hi in _blocks(B, T, V, ctx.block_elements, s):
             out = (b, slice(lo + s, hi + s))
-            g = _logits_grad(logits[b, lo:hi].float(), ctx.temperature, local[out], grad_logprobs[out],
-                             ent[out] if use_ent else None, grad_ent[out] if use_ent else None,
-                             lse=lse[out], owned=owned[out], kept=_kept_at(kept, b, lo + s, hi + s), start=ctx.start)
+            g = _logits_grad(
+                logits[b, lo:hi].float(),
+                ctx.temperature,
+                local[out],
+                grad_logprobs[out],
+                ent[out] if use_ent else None,
+                grad_ent[out] if use_ent else None,
+                lse=lse[out],
+                owned=owned[out],
+                kept=_kept_at(kept, b, lo + s, hi + s),
+                start=ctx.start,
+            )
             grad[b, lo:hi] = g.to(grad.dtype)
         return grad, None, None, None, None, None, None, None
 
@@ -253,6 +281,8 @@ def kept_refusal(kept, tokens: torch.Tensor, response_mask: torch.Tensor, vocab:
     outside = restricted & response_mask & ~(kept == tokens[..., None].int()).any(-1)
     if outside.any():
         b, t = outside.nonzero()[0].tolist()
-        return (f"does not hold the token at [{b}, {t}] (id {int(tokens[b, t])}) in its kept set "
-                f"({int(outside.sum())} such tokens): a token is always drawn from its kept set")
+        return (
+            f"does not hold the token at [{b}, {t}] (id {int(tokens[b, t])}) in its kept set "
+            f"({int(outside.sum())} such tokens): a token is always drawn from its kept set"
+        )
     return None

@@ -28,13 +28,16 @@ def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 0.95,
-        ) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), both [B, T] and 0 outside `mask`. `rewards` and `values` [B, T] are read at the
     model tokens only; the value after a sequence's last model token is 0 (the episode ends there)."""
     if not (rewards.shape == values.shape == mask.shape):
-        raise ValueError(f"gae: rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask "
-                         f"{tuple(mask.shape)} must have one shape [B, T]")
+        raise ValueError(
+            f"gae: rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask "
+            f"{tuple(mask.shape)} must have one shape [B, T]"
+        )
     rewards, values = rewards.to(torch.float32), values.to(torch.float32)
     B, T = mask.shape
     advantages = torch.zeros(B, T, dtype=torch.float32, device=values.device)
@@ -62,8 +65,9 @@ def whiten(advantages: list[torch.Tensor], masks: list[torch.Tensor], eps: float
     return [torch.where(m, (a - mean) / (std + eps), 0.0) for a, m in zip(advantages, masks)]
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, value_clip: float,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, value_clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token clipped value loss [B, T] and where the clipped term was the larger one (bool [B, T]); mask and
     reduce it like the policy loss. With value_clip 0 it is 0.5 (V - R)^2."""
     unclipped = (values - returns) ** 2

@@ -10,7 +10,7 @@ EMBEDDED = ("tiny", "tiny-warm", "tiny-teacher", "tiny-rm", "tiny-moe")
 
 
 def resolve_model_path(model: str) -> str:
-    """"tiny", "tiny-warm", "tiny-teacher", "tiny-rm", "tiny-moe" -> the embedded models; anything else must be a local HF model
+    """ "tiny", "tiny-warm", "tiny-teacher", "tiny-rm", "tiny-moe" -> the embedded models; anything else must be a local HF model
     directory (nothing is downloaded at run time)."""
     if model == "tiny":
         return str(TINY_MODEL_DIR)
@@ -64,6 +64,7 @@ def load_tokenizer(model_dir: str, key: str = "model"):
         return AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError, KeyError, TypeError) as e:
         why = " ".join(str(e).split())[:200]
-        raise ConfigError(f"{key}: no tokenizer transformers can load in {model_dir} ({type(e).__name__}: {why}); "
-                          "an HF model directory holds its tokenizer files (tokenizer.json, tokenizer_config.json)"
-                          ) from None
+        raise ConfigError(
+            f"{key}: no tokenizer transformers can load in {model_dir} ({type(e).__name__}: {why}); "
+            "an HF model directory holds its tokenizer files (tokenizer.json, tokenizer_config.json)"
+        ) from None

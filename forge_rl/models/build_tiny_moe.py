@@ -40,15 +40,24 @@ def moe_config(dense: dict) -> dict:
     """The HF Qwen3-MoE config of tiny-warm's dense config `dense`: every layer sparse, no dense MLP layers."""
     keep = {k: v for k, v in dense.items() if k not in ("architectures", "model_type", "intermediate_size")}
     return dict(
-        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", **keep,
-        intermediate_size=dense["intermediate_size"], moe_intermediate_size=dense["intermediate_size"],
-        num_experts=NUM_EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=True, decoder_sparse_step=1,
-        mlp_only_layers=[], output_router_logits=False, router_aux_loss_coef=0.001,
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        **keep,
+        intermediate_size=dense["intermediate_size"],
+        moe_intermediate_size=dense["intermediate_size"],
+        num_experts=NUM_EXPERTS,
+        num_experts_per_tok=TOP_K,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        output_router_logits=False,
+        router_aux_loss_coef=0.001,
     ) | {"torch_dtype": "bfloat16"}
 
 
-def moe_weights(dense: dict[str, torch.Tensor], n_layers: int, hidden: int, seed: int = SEED,
-                ) -> dict[str, torch.Tensor]:
+def moe_weights(
+    dense: dict[str, torch.Tensor], n_layers: int, hidden: int, seed: int = SEED
+) -> dict[str, torch.Tensor]:
     """tiny-warm's tensors with each layer's MLP turned into NUM_EXPERTS perturbed copies and a router."""
     gen = torch.Generator().manual_seed(seed)
     out = {k: v for k, v in dense.items() if ".mlp." not in k}
@@ -72,8 +81,9 @@ def build(out: Path, warm: Path = WARM) -> Path:
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in TOKENIZER_FILES:
         shutil.copyfile(warm / name, out / name)
-    weights = moe_weights(load_file(str(warm / "model.safetensors")), config["num_hidden_layers"],
-                          config["hidden_size"])
+    weights = moe_weights(
+        load_file(str(warm / "model.safetensors")), config["num_hidden_layers"], config["hidden_size"]
+    )
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
@@ -86,8 +96,10 @@ def main() -> None:
     out = build(parser.parse_args().out)
     tensors = load_file(str(out / "model.safetensors"))
     n = sum(t.numel() for name, t in tensors.items() if name != "lm_head.weight")
-    print(f"wrote {out} ({n:,} parameters, {NUM_EXPERTS} experts of which {TOP_K} per token; "
-          f"{(out / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
+    print(
+        f"wrote {out} ({n:,} parameters, {NUM_EXPERTS} experts of which {TOP_K} per token; "
+        f"{(out / 'model.safetensors').stat().st_size / 1e6:.1f} MB)"
+    )
 
 
 if __name__ == "__main__":

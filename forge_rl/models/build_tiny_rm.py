@@ -64,14 +64,19 @@ def corrupt(answer: str, rng: random.Random) -> str:
 
 def labelled(problems, rng: random.Random) -> list[tuple[str, str, int]]:
     """(question, completion, label) for each problem: the right sum or a corrupted one, half and half."""
-    return [(p.question, p.answer, 1) if rng.random() < 0.5 else (p.question, corrupt(p.answer, rng), 0)
-            for p in problems]
+    return [
+        (p.question, p.answer, 1) if rng.random() < 0.5 else (p.question, corrupt(p.answer, rng), 0) for p in problems
+    ]
 
 
 def render(tokenizer, rows) -> dict:
     """The chats the reward model actor scores (forge_rl/actors/reward_model.py), as one padded batch."""
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": c}],
-                                           tokenize=False) for q, c, _ in rows]
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}, {"role": "assistant", "content": c}], tokenize=False
+        )
+        for q, c, _ in rows
+    ]
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
@@ -79,8 +84,7 @@ def build_model(base: str):
     from transformers import Qwen3ForSequenceClassification
 
     torch.manual_seed(SEED)
-    model = Qwen3ForSequenceClassification.from_pretrained(base, num_labels=2, pad_token_id=0,
-                                                           dtype=torch.float32)
+    model = Qwen3ForSequenceClassification.from_pretrained(base, num_labels=2, pad_token_id=0, dtype=torch.float32)
     torch.nn.init.zeros_(model.score.weight)  # p(right) = 0.5 everywhere at the start
     model.config.id2label, model.config.label2id = {0: "wrong", 1: "right"}, {"wrong": 0, "right": 1}
     model.config.architectures = ["Qwen3ForSequenceClassification"]
@@ -99,11 +103,12 @@ def losses(model, tokenizer, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     targets = torch.full_like(batch.input_ids, -100)
     for i, (question, completion, label) in enumerate(rows):
         if label:  # predict the sum's digits and the turn's end, after the prompt
-            prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                                   add_generation_prompt=True)
+            prompt = tokenizer.apply_chat_template(
+                [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+            )
             start = len(tokenizer(prompt, add_special_tokens=False).input_ids)
             end = start + len(tokenizer(completion, add_special_tokens=False).input_ids) + 1
-            targets[i, start - 1:end - 1] = batch.input_ids[i, start:end]
+            targets[i, start - 1 : end - 1] = batch.input_ids[i, start:end]
     lm = hidden @ model.model.embed_tokens.weight.T
     lm_loss = torch.nn.functional.cross_entropy(lm.flatten(0, 1), targets.flatten(), ignore_index=-100)
     return torch.nn.functional.cross_entropy(logits, labels), lm_loss, logits.argmax(-1) == labels
@@ -126,8 +131,11 @@ def train(model, tokenizer, steps: int, batch_size: int, lr: float, lm_weight: f
         opt.step()
         sched.step()
         if (step + 1) % log_every == 0:
-            print(f"step {step + 1}/{steps}  loss {cls_loss.item():.4f} (lm {lm_loss.item():.4f})  training accuracy "
-                  f"{right / (log_every * batch_size):.3f}  {time.perf_counter() - start:.0f}s", flush=True)
+            print(
+                f"step {step + 1}/{steps}  loss {cls_loss.item():.4f} (lm {lm_loss.item():.4f})  training accuracy "
+                f"{right / (log_every * batch_size):.3f}  {time.perf_counter() - start:.0f}s",
+                flush=True,
+            )
             right = 0
     model.eval()
 
@@ -137,7 +145,7 @@ def accuracy(model, tokenizer, rows) -> tuple[float, float, float]:
     """The fraction of rows whose label is the more likely one, overall, among right sums and among wrong ones."""
     hits = {0: [], 1: []}
     for i in range(0, len(rows), 256):
-        batch = rows[i:i + 256]
+        batch = rows[i : i + 256]
         predicted = model(**render(tokenizer, batch)).logits.argmax(-1)
         for p, (*_, label) in zip(predicted.tolist(), batch):
             hits[label].append(int(p) == label)
@@ -153,13 +161,19 @@ def policy_samples(base: str, problems: list[Problem], per_problem: int = 2) -> 
     tokenizer = AutoTokenizer.from_pretrained(base)
     policy = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
     torch.manual_seed(SEED + 1)
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p.question}], tokenize=False,
-                                           add_generation_prompt=True) for p in problems for _ in range(per_problem)]
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p.question}], tokenize=False, add_generation_prompt=True
+        )
+        for p in problems
+        for _ in range(per_problem)
+    ]
     enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    out = policy.generate(**enc, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=8, pad_token_id=0,
-                          eos_token_id=2)
+    out = policy.generate(
+        **enc, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=8, pad_token_id=0, eos_token_id=2
+    )
     answers = [p for p in problems for _ in range(per_problem)]
-    completions = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    completions = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
     return [(p.question, c, int(c.strip() == p.answer)) for p, c in zip(answers, completions)]
 
 
@@ -194,9 +208,12 @@ def main() -> None:
     samples = policy_samples(base, held_out)
     sampled = accuracy(model, tokenizer, samples)
     positives = sum(label for *_, label in samples)
-    print("held-out accuracy (overall, on right sums, on wrong sums): {:.3f} {:.3f} {:.3f} on right vs corrupted sums "
-          "(500 questions, about half right); {:.3f} {:.3f} {:.3f} on tiny-warm's samples ({} of them, {} right)".format(
-              *corrupted, *sampled, len(samples), positives))
+    print(
+        "held-out accuracy (overall, on right sums, on wrong sums): {:.3f} {:.3f} {:.3f} on right vs corrupted sums "
+        "(500 questions, about half right); {:.3f} {:.3f} {:.3f} on tiny-warm's samples ({} of them, {} right)".format(
+            *corrupted, *sampled, len(samples), positives
+        )
+    )
     save(model, base, args.out)
     print(f"saved {args.out}")
 

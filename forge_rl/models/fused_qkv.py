@@ -32,5 +32,8 @@ def rows(start: int, stop: int, heads_per_kv: int, head_dim: int) -> list[tuple[
 def split(fused: torch.Tensor, heads_per_kv: int, head_dim: int) -> dict[str, torch.Tensor]:
     """The whole fused weight [n_kv * (heads_per_kv + 2) * head_dim, dim] as {"wq": ..., "wk": ..., "wv": ...}."""
     w = fused.reshape(-1, heads_per_kv + 2, head_dim, fused.shape[-1])
-    return {"wq": w[:, :heads_per_kv].reshape(-1, fused.shape[-1]), "wk": w[:, heads_per_kv].reshape(-1, fused.shape[-1]),
-            "wv": w[:, heads_per_kv + 1].reshape(-1, fused.shape[-1])}
+    return {
+        "wq": w[:, :heads_per_kv].reshape(-1, fused.shape[-1]),
+        "wk": w[:, heads_per_kv].reshape(-1, fused.shape[-1]),
+        "wv": w[:, heads_per_kv + 1].reshape(-1, fused.shape[-1]),
+    }

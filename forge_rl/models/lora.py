@@ -19,8 +19,12 @@ import torch.nn.functional as F
 from forge_rl.models.lora_config import QKV, TITAN_NAME, LoRAConfig
 
 # TorchTitan FQN (after `layers.N.`) -> HF FQN (after `model.layers.N.`), for the unfused modules
-_HF_MODULE = {"attention.wo": "self_attn.o_proj", "feed_forward.w1": "mlp.gate_proj",
-              "feed_forward.w3": "mlp.up_proj", "feed_forward.w2": "mlp.down_proj"}
+_HF_MODULE = {
+    "attention.wo": "self_attn.o_proj",
+    "feed_forward.w1": "mlp.gate_proj",
+    "feed_forward.w3": "mlp.up_proj",
+    "feed_forward.w2": "mlp.down_proj",
+}
 
 
 def is_adapter_key(name: str) -> bool:
@@ -34,7 +38,8 @@ def convert(model_config, cfg: LoRAConfig):
 
     targets = sorted({TITAN_NAME[t] for t in cfg.targets})
     return LoRAConverter(LoRAConverter.Config(rank=cfg.rank, alpha=cfg.alpha, target_modules=targets)).convert(
-        model_config)
+        model_config
+    )
 
 
 def initial_adapters(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
@@ -72,8 +77,11 @@ def to_peft(adapters: dict[str, torch.Tensor], head_dim: int, heads_per_kv: int)
         ab = "A" if which.startswith("a") else "B"
         prefix = f"base_model.model.model.layers.{layer}."
         if module == "attention.qkv_linear.wqkv":
-            parts = (dict(zip(QKV, split_qkv_rows(tensor, head_dim, heads_per_kv))) if ab == "B"
-                     else {t: tensor.clone() for t in QKV})  # one A each: PEFT files hold no shared storage
+            parts = (
+                dict(zip(QKV, split_qkv_rows(tensor, head_dim, heads_per_kv)))
+                if ab == "B"
+                else {t: tensor.clone() for t in QKV}
+            )  # one A each: PEFT files hold no shared storage
             for proj, part in parts.items():
                 out[f"{prefix}self_attn.{proj}.lora_{ab}.weight"] = part.contiguous()
         elif module in _HF_MODULE:
@@ -88,8 +96,11 @@ def split_qkv_rows(t: torch.Tensor, head_dim: int, heads_per_kv: int) -> tuple[t
     (q rows, k rows, v rows), the way TorchTitan's FusedQKVLinear splits its weight on save."""
     r = heads_per_kv + 2
     w = t.reshape(-1, r, head_dim, *t.shape[1:])
-    return (w[:, :heads_per_kv].reshape(-1, *t.shape[1:]), w[:, heads_per_kv].reshape(-1, *t.shape[1:]),
-            w[:, heads_per_kv + 1].reshape(-1, *t.shape[1:]))
+    return (
+        w[:, :heads_per_kv].reshape(-1, *t.shape[1:]),
+        w[:, heads_per_kv].reshape(-1, *t.shape[1:]),
+        w[:, heads_per_kv + 1].reshape(-1, *t.shape[1:]),
+    )
 
 
 class MergingWriter:
@@ -99,15 +110,20 @@ class MergingWriter:
 
     def __init__(self, writer, peft: dict[str, torch.Tensor], cfg: LoRAConfig):
         self.writer, self.scale = writer, cfg.alpha / cfg.rank
-        self.ab = {name[len("base_model.model."):-len(".lora_A.weight")] + ".weight":
-                   (peft[name.replace(".lora_A.", ".lora_B.")].float(), a.float())
-                   for name, a in peft.items() if name.endswith(".lora_A.weight")}
+        self.ab = {
+            name[len("base_model.model.") : -len(".lora_A.weight")] + ".weight": (
+                peft[name.replace(".lora_A.", ".lora_B.")].float(),
+                a.float(),
+            )
+            for name, a in peft.items()
+            if name.endswith(".lora_A.weight")
+        }
 
     def write(self, name: str, block: torch.Tensor, offset: tuple[int, ...] | None = None) -> None:
         if name in self.ab:
             b, a = self.ab[name]
             (r0, c0), (rows, cols) = offset or (0, 0), block.shape
-            delta = b[r0:r0 + rows] @ a[:, c0:c0 + cols]
+            delta = b[r0 : r0 + rows] @ a[:, c0 : c0 + cols]
             block = (block.float() + self.scale * delta.to(block.device)).to(block.dtype)
         self.writer.write(name, block, offset=offset)
 

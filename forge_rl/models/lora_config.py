@@ -6,8 +6,15 @@ forge_rl/models/lora.py; this module imports no torch, so a run's config is read
 from dataclasses import dataclass, field
 
 # HF/PEFT module name -> the last segment of TorchTitan's Qwen3 module FQN (what LoRAConverter matches)
-TITAN_NAME = {"q_proj": "wqkv", "k_proj": "wqkv", "v_proj": "wqkv", "o_proj": "wo",
-              "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+TITAN_NAME = {
+    "q_proj": "wqkv",
+    "k_proj": "wqkv",
+    "v_proj": "wqkv",
+    "o_proj": "wo",
+    "gate_proj": "w1",
+    "up_proj": "w3",
+    "down_proj": "w2",
+}
 QKV = ("q_proj", "k_proj", "v_proj")
 ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -37,8 +44,10 @@ class LoRAConfig:
             raise ValueError(f"trainer.lora.targets: {unknown} are not Qwen3 linears; choose from {ALL_TARGETS}")
         qkv = [t for t in QKV if t in self.targets]
         if qkv and len(qkv) != 3:
-            raise ValueError(f"trainer.lora.targets has {qkv} without the rest of q_proj, k_proj, v_proj: the trainer "
-                             "fuses the three into one linear (wqkv), so they take an adapter together or not at all")
+            raise ValueError(
+                f"trainer.lora.targets has {qkv} without the rest of q_proj, k_proj, v_proj: the trainer "
+                "fuses the three into one linear (wqkv), so they take an adapter together or not at all"
+            )
 
     @property
     def enabled(self) -> bool:
@@ -46,6 +55,15 @@ class LoRAConfig:
 
     def peft_config(self, base_model: str) -> dict:
         """adapter_config.json as PEFT writes it (vLLM's LoRA loader and `peft` read it)."""
-        return dict(peft_type="LORA", task_type="CAUSAL_LM", r=self.rank, lora_alpha=self.alpha,
-                    lora_dropout=self.dropout, target_modules=sorted(set(self.targets)), bias="none",
-                    fan_in_fan_out=False, use_rslora=False, base_model_name_or_path=str(base_model))
+        return dict(
+            peft_type="LORA",
+            task_type="CAUSAL_LM",
+            r=self.rank,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=sorted(set(self.targets)),
+            bias="none",
+            fan_in_fan_out=False,
+            use_rslora=False,
+            base_model_name_or_path=str(base_model),
+        )

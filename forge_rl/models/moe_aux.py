@@ -29,8 +29,9 @@ class RouterStats:
         from torchtitan.models.common.moe import TokenChoiceTopKRouter
 
         self.records: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.handles = [m.register_forward_hook(self._record) for m in model.modules()
-                        if isinstance(m, TokenChoiceTopKRouter)]
+        self.handles = [
+            m.register_forward_hook(self._record) for m in model.modules() if isinstance(m, TokenChoiceTopKRouter)
+        ]
         # each forward of the model starts a new record, so that a caller that never pops (PPO's critic, which
         # shares the trainer's config) holds one forward's router scores at most, not every step's
         self.handles.append(model.register_forward_pre_hook(self._new_forward))
@@ -60,8 +61,9 @@ class RouterStats:
             handle.remove()
 
 
-def balancing_loss(layers: list[tuple[torch.Tensor, torch.Tensor]],
-                   token_mask: torch.Tensor | None = None) -> torch.Tensor:
+def balancing_loss(
+    layers: list[tuple[torch.Tensor, torch.Tensor]], token_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """E * sum_e f_e * P_e pooled over `layers`, each a (router probabilities [B, L, E], top-k ids [B, L, K]) of one
     forward, over the tokens of `token_mask` [B, L] (see the module docstring)."""
     n_experts = layers[0][0].shape[-1]

@@ -32,8 +32,9 @@ def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
     if hf.get("model_type") == "qwen3_moe":
         return qwen3_moe.titan_config(model_dir, hf)
     if hf.get("model_type") != "qwen3":
-        raise ValueError(f"{model_dir}/config.json: model_type is {hf.get('model_type')!r}, expected 'qwen3' "
-                         "or 'qwen3_moe'")
+        raise ValueError(
+            f"{model_dir}/config.json: model_type is {hf.get('model_type')!r}, expected 'qwen3' or 'qwen3_moe'"
+        )
     head_dim, rope = attention_shape(hf)
     layers = build_qwen3_layers(
         n_layers=hf["num_hidden_layers"],

@@ -33,8 +33,12 @@ class MaskedSDPA(ScaledDotProductAttention):
         if not isinstance(attention_masks, torch.Tensor) or attention_masks.dtype != torch.bool:
             raise TypeError(f"MaskedSDPA takes a bool tensor mask, got {type(attention_masks).__name__}")
         out = F.scaled_dot_product_attention(
-            q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2),
-            attn_mask=attention_masks, scale=scale, enable_gqa=enable_gqa,
+            q_BLNH.transpose(1, 2),
+            k_BLNH.transpose(1, 2),
+            v_BLNH.transpose(1, 2),
+            attn_mask=attention_masks,
+            scale=scale,
+            enable_gqa=enable_gqa,
         )
         return out.transpose(1, 2)
 

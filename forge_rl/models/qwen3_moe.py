@@ -60,7 +60,8 @@ class ExactExperts(GroupedExperts):
             x = x_RD[start : start + int(n)]
             start += int(n)
             h = F.silu(torch.matmul(x, w1[e].transpose(0, 1).to(x.dtype))) * torch.matmul(
-                x, w3[e].transpose(0, 1).to(x.dtype))
+                x, w3[e].transpose(0, 1).to(x.dtype)
+            )
             out.append(torch.matmul(h, w2[e].transpose(0, 1).to(x.dtype)))
         # in the input's dtype: under CPU autocast (a bf16 trainer on one rank) the matmuls give bf16 for fp32
         # tokens, and the combine adds the experts' outputs into a buffer of the tokens' dtype
@@ -71,12 +72,16 @@ def titan_config(model_dir: str | Path, hf: dict):
     """TorchTitan's Qwen3 config (MoE layers) for the HF Qwen3-MoE config `hf` of `model_dir`."""
     where = f"{model_dir}/config.json"
     if hf.get("decoder_sparse_step", 1) != 1 or hf.get("mlp_only_layers"):
-        raise ValueError(f"{where}: decoder_sparse_step={hf.get('decoder_sparse_step')} mlp_only_layers="
-                         f"{hf.get('mlp_only_layers')}; forge_rl's Qwen3-MoE takes every layer sparse (step 1, none "
-                         "dense), as Qwen3-30B-A3B and 235B-A22B are")
+        raise ValueError(
+            f"{where}: decoder_sparse_step={hf.get('decoder_sparse_step')} mlp_only_layers="
+            f"{hf.get('mlp_only_layers')}; forge_rl's Qwen3-MoE takes every layer sparse (step 1, none "
+            "dense), as Qwen3-30B-A3B and 235B-A22B are"
+        )
     if not hf.get("norm_topk_prob", False):
-        raise ValueError(f"{where}: norm_topk_prob is false; forge_rl's Qwen3-MoE renormalises the top-k router "
-                         "weights (TorchTitan's route_norm), as the released Qwen3-MoE checkpoints do")
+        raise ValueError(
+            f"{where}: norm_topk_prob is false; forge_rl's Qwen3-MoE renormalises the top-k router "
+            "weights (TorchTitan's route_norm), as the released Qwen3-MoE checkpoints do"
+        )
     head_dim, rope = attention_shape(hf)
     layers = build_qwen3_moe_layers(
         n_layers=hf["num_hidden_layers"],
@@ -95,7 +100,8 @@ def titan_config(model_dir: str | Path, hf: dict):
         layer.moe.load_balance_coeff = None
         inner = layer.moe.routed_experts.inner_experts
         layer.moe.routed_experts.inner_experts = ExactExperts.Config(
-            dim=inner.dim, hidden_dim=inner.hidden_dim, num_experts=inner.num_experts, param_init=inner.param_init)
+            dim=inner.dim, hidden_dim=inner.hidden_dim, num_experts=inner.num_experts, param_init=inner.param_init
+        )
         router = layer.moe.router
         layer.moe.router = ReplayRouter.Config(**{f.name: getattr(router, f.name) for f in dataclasses.fields(router)})
     return model_config(hf, layers)

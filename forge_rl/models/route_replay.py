@@ -51,8 +51,10 @@ class ReplayRouter(TokenChoiceTopKRouter):
         if replay is None:
             return top_scores_BLK, own_ids_BLK, scores_BLE
         if replay.shape != own_ids_BLK.shape:
-            raise ValueError(f"Keep Routing: routes of shape {list(replay.shape)} for a router that chose "
-                             f"{list(own_ids_BLK.shape)} (batch, tokens, top-k)")
+            raise ValueError(
+                f"Keep Routing: routes of shape {list(replay.shape)} for a router that chose "
+                f"{list(own_ids_BLK.shape)} (batch, tokens, top-k)"
+            )
         replay = replay.to(own_ids_BLK.device)
         recorded = replay[..., 0] >= 0
         ids_BLK = torch.where(recorded[..., None], replay, own_ids_BLK)
@@ -75,8 +77,10 @@ class RouteReplay:
     def __init__(self, model: torch.nn.Module):
         self.routers = moe_routers(model)
         if not self.routers:
-            raise ValueError("trainer.keep_routing: the model has no mixture-of-experts layer, so there are no "
-                             "routes to keep; set trainer.keep_routing=false")
+            raise ValueError(
+                "trainer.keep_routing: the model has no mixture-of-experts layer, so there are no "
+                "routes to keep; set trainer.keep_routing=false"
+            )
         self.shape = (len(self.routers), self.routers[0].top_k, self.routers[0].num_experts)  # what routes must be
         # what each expert layer receives, checked against the record where it is used (not where it is set)
         self.dispatched_equal = [0 for _ in self.routers]
@@ -94,13 +98,15 @@ class RouteReplay:
                 recorded = replay[..., 0] >= 0
                 same = (ids_BLK.sort(-1).values == replay.to(ids_BLK.device).sort(-1).values).all(-1)
                 self.dispatched_equal[layer] = self.dispatched_equal[layer] + (same & recorded).sum()
+
         return check
 
     def set(self, routes_BTLK: torch.Tensor | None) -> None:
         """The routes of the next forward's tokens, int16 [B, T, layers, top-k] (-1: none); None: the routers choose."""
         if routes_BTLK is not None and routes_BTLK.shape[2] != len(self.routers):
-            raise ValueError(f"Keep Routing: routes for {routes_BTLK.shape[2]} MoE layers; the model has "
-                             f"{len(self.routers)}")
+            raise ValueError(
+                f"Keep Routing: routes for {routes_BTLK.shape[2]} MoE layers; the model has {len(self.routers)}"
+            )
         for layer, router in enumerate(self.routers):
             router.replay_BLK = None if routes_BTLK is None else routes_BTLK[:, :, layer].long()
 
@@ -119,8 +125,10 @@ class RouteReplay:
 def moe_routers(model: torch.nn.Module) -> list[ReplayRouter]:
     """The ReplayRouters of `model`'s decoder layers, in layer order."""
     layers = getattr(model, "layers", {})
-    routers = [getattr(getattr(layer, "moe", None), "router", None) for _, layer in sorted(
-        layers.items(), key=lambda item: int(item[0]))]
+    routers = [
+        getattr(getattr(layer, "moe", None), "router", None)
+        for _, layer in sorted(layers.items(), key=lambda item: int(item[0]))
+    ]
     return [r for r in routers if isinstance(r, ReplayRouter)]
 
 

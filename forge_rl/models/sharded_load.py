@@ -48,8 +48,9 @@ class SafetensorsCheckpoint:
         dtype = dtype_of(self._file_of[name].get_slice(name).get_dtype()) if name in self._file_of else None
         return dtype.itemsize if dtype is not None else 4
 
-    def read(self, name: str, offset: tuple[int, ...] | None = None, shape: tuple[int, ...] | None = None,
-             ) -> torch.Tensor:
+    def read(
+        self, name: str, offset: tuple[int, ...] | None = None, shape: tuple[int, ...] | None = None
+    ) -> torch.Tensor:
         """The whole tensor `name`, or the block of `shape` starting at `offset`."""
         view = self._file_of[name].get_slice(name)
         if offset is None:
@@ -88,9 +89,14 @@ def _expert_sources(model: torch.nn.Module, checkpoint: SafetensorsCheckpoint) -
     return out
 
 
-def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
-                 extra: dict[str, torch.Tensor] | None = None, ignore: tuple[str, ...] = (),
-                 block_bytes: int = 64 << 20) -> dict[str, int]:
+def load_sharded(
+    model: torch.nn.Module,
+    adapter,
+    model_dir: str | Path,
+    extra: dict[str, torch.Tensor] | None = None,
+    ignore: tuple[str, ...] = (),
+    block_bytes: int = 64 << 20,
+) -> dict[str, int]:
     """Load `model_dir`'s checkpoint into `model`'s parameters, each parameter's local shard read alone and
     copied into place; `extra` holds full tensors for parameters the checkpoint does not have (LoRA adapters
     at start); `ignore` names checkpoint tensors left unread. Returns the bytes read, the largest single read and
@@ -119,17 +125,26 @@ def load_sharded(model: torch.nn.Module, adapter, model_dir: str | Path,
                 if name in extra:
                     block = extra[name][tuple(slice(o, o + n) for o, n in zip(at, rows))]
                 elif name in experts:  # rows are experts: each read from its own tensor, this rank's block of it
-                    block = torch.stack([checkpoint.read(experts[name][e], at[1:], rows[1:])
-                                         for e in range(at[0], at[0] + rows[0])])
+                    block = torch.stack(
+                        [checkpoint.read(experts[name][e], at[1:], rows[1:]) for e in range(at[0], at[0] + rows[0])]
+                    )
                 elif name.endswith(fused_qkv.SUFFIX):
-                    block = _read_fused_qkv(checkpoint, names,
-                                            model.get_submodule(module_path[: -len(fused_qkv.SUFFIX) - 1]),
-                                            name[: -len(fused_qkv.SUFFIX)], rows, at)
+                    block = _read_fused_qkv(
+                        checkpoint,
+                        names,
+                        model.get_submodule(module_path[: -len(fused_qkv.SUFFIX) - 1]),
+                        name[: -len(fused_qkv.SUFFIX)],
+                        rows,
+                        at,
+                    )
                 else:
                     block = checkpoint.read(names[name], at, rows)
                 local[r0:r1].copy_(block)
-    return dict(bytes_read=checkpoint.bytes_read, largest_read=checkpoint.largest_read,
-                checkpoint_bytes=sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")))
+    return dict(
+        bytes_read=checkpoint.bytes_read,
+        largest_read=checkpoint.largest_read,
+        checkpoint_bytes=sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")),
+    )
 
 
 def _check_shape(checkpoint, names, experts, extra, name: str, shape: tuple[int, ...], model_dir) -> None:
@@ -159,17 +174,30 @@ def _local_block(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]
     return tuple(param.shape), (0,) * param.dim()
 
 
-def _read_fused_qkv(checkpoint: SafetensorsCheckpoint, names: dict[str, str], module, prefix: str,
-                    shape: tuple[int, ...], offset: tuple[int, ...]) -> torch.Tensor:
+def _read_fused_qkv(
+    checkpoint: SafetensorsCheckpoint,
+    names: dict[str, str],
+    module,
+    prefix: str,
+    shape: tuple[int, ...],
+    offset: tuple[int, ...],
+) -> torch.Tensor:
     columns = (offset[1], shape[1])
-    pieces = [checkpoint.read(names[prefix + source + ".weight"], (first, columns[0]), (end - first, columns[1]))
-              for source, first, end in fused_qkv.rows(offset[0], offset[0] + shape[0], module.heads_per_kv,
-                                                       module.head_dim)]
+    pieces = [
+        checkpoint.read(names[prefix + source + ".weight"], (first, columns[0]), (end - first, columns[1]))
+        for source, first, end in fused_qkv.rows(offset[0], offset[0] + shape[0], module.heads_per_kv, module.head_dim)
+    ]
     return torch.cat(pieces) if pieces else torch.empty(shape)
 
 
-def _check_names(model: torch.nn.Module, names: dict[str, str], extra: dict, model_dir,
-                 experts: dict[str, list[str]], checkpoint: SafetensorsCheckpoint) -> None:
+def _check_names(
+    model: torch.nn.Module,
+    names: dict[str, str],
+    extra: dict,
+    model_dir,
+    experts: dict[str, list[str]],
+    checkpoint: SafetensorsCheckpoint,
+) -> None:
     """Every parameter has its tensor(s) in the checkpoint (or in `extra`), and every checkpoint tensor a
     parameter (the state-dict names: a fused q/k/v parameter stands for wq, wk and wv; a grouped expert
     parameter for its experts' tensors)."""

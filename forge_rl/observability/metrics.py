@@ -14,8 +14,13 @@ from pathlib import Path
 
 
 class MetricsLogger:
-    def __init__(self, out_dir: str | Path, wandb_project: str | None = None, config: dict | None = None,
-                 resume_step: int | None = None):
+    def __init__(
+        self,
+        out_dir: str | Path,
+        wandb_project: str | None = None,
+        config: dict | None = None,
+        resume_step: int | None = None,
+    ):
         from torch.utils.tensorboard import SummaryWriter
 
         self.out = Path(out_dir)

@@ -13,10 +13,7 @@ GRPO_PANELS = (
 )
 
 
-SFT_PANELS = (
-    ("loss (response tokens)", ["train/loss"]),
-    ("held-out greedy accuracy", ["eval/accuracy"]),
-)
+SFT_PANELS = (("loss (response tokens)", ["train/loss"]), ("held-out greedy accuracy", ["eval/accuracy"]))
 
 
 def plot_run(metrics_jsonl: str | Path, out_png: str | Path, title: str = "", panels=GRPO_PANELS) -> Path:

@@ -80,12 +80,25 @@ class Timeline:
     def chrome_trace(self) -> dict:
         """The Trace Event Format: one thread per lane, complete events in microseconds."""
         tids = {lane: i for i, lane in enumerate(self.lanes())}
-        events = [{"ph": "M", "name": "thread_name", "pid": 0, "tid": tid, "args": {"name": lane}}
-                  for lane, tid in tids.items()]
-        events += [{"ph": "X", "name": s.name, "pid": 0, "tid": tids[s.lane], "ts": round(s.start * 1e6, 1),
-                    "dur": round((s.end - s.start) * 1e6, 1), "args": s.args} for s in self.spans]
-        events += [{"ph": "i", "s": "g", "name": name, "pid": 0, "tid": 0, "ts": round(t * 1e6, 1)}
-                   for t, name in self.marks]
+        events = [
+            {"ph": "M", "name": "thread_name", "pid": 0, "tid": tid, "args": {"name": lane}}
+            for lane, tid in tids.items()
+        ]
+        events += [
+            {
+                "ph": "X",
+                "name": s.name,
+                "pid": 0,
+                "tid": tids[s.lane],
+                "ts": round(s.start * 1e6, 1),
+                "dur": round((s.end - s.start) * 1e6, 1),
+                "args": s.args,
+            }
+            for s in self.spans
+        ]
+        events += [
+            {"ph": "i", "s": "g", "name": name, "pid": 0, "tid": 0, "ts": round(t * 1e6, 1)} for t, name in self.marks
+        ]
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def write(self, out_dir: str | Path) -> tuple[Path, Path]:
@@ -117,8 +130,12 @@ def plot_timeline(timeline: Timeline, out_png: str | Path, title: str = "") -> P
     ax.set_yticks(range(len(lanes)), lanes, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the run started")
-    ax.legend(handles=[matplotlib.patches.Patch(color=c, label=n) for n, c in colours.items()], fontsize=7,
-              loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(
+        handles=[matplotlib.patches.Patch(color=c, label=n) for n, c in colours.items()],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+    )
     ax.set_title(title or "what each role did when (gaps: idle)")
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)

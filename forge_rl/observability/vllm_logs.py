@@ -32,10 +32,20 @@ def quiet_vllm(level: str = "WARNING") -> None:
         "version": 1,
         "disable_existing_loggers": False,
         "filters": {"known_noise": {"()": f"{__name__}.KnownNoise"}},
-        "formatters": {"vllm": {"format": "(vllm %(processName)s pid=%(process)d) %(levelname)s "
-                                          "[%(filename)s:%(lineno)d] %(message)s"}},
-        "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm", "level": level,
-                              "filters": ["known_noise"], "stream": "ext://sys.stdout"}},
+        "formatters": {
+            "vllm": {
+                "format": "(vllm %(processName)s pid=%(process)d) %(levelname)s [%(filename)s:%(lineno)d] %(message)s"
+            }
+        },
+        "handlers": {
+            "vllm": {
+                "class": "logging.StreamHandler",
+                "formatter": "vllm",
+                "level": level,
+                "filters": ["known_noise"],
+                "stream": "ext://sys.stdout",
+            }
+        },
         "loggers": {"vllm": {"handlers": ["vllm"], "level": level, "propagate": False}},
     }
     fd, path = tempfile.mkstemp(prefix="forge_rl-vllm-logging-", suffix=".json")

@@ -22,8 +22,9 @@ USER_ERROR_STATUS = 2  # argparse's status for a bad command line: a config or d
 STOPPED_STATUS = 1
 
 
-def run_from_command_line(schema: type, main: Callable[[object], Awaitable[dict]], description: str,
-                          argv: list[str] | None = None) -> None:
+def run_from_command_line(
+    schema: type, main: Callable[[object], Awaitable[dict]], description: str, argv: list[str] | None = None
+) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     args = command_line(schema, description).parse_args(argv)
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")

@@ -27,9 +27,11 @@ def check_same_tokenizer(student: str, teacher: str) -> None:
     s, t = load_tokenizer(student, "model"), load_tokenizer(teacher, "teacher")
     if s.get_vocab() != t.get_vocab():
         only_s = len(set(s.get_vocab().items()) - set(t.get_vocab().items()))
-        raise ConfigError(f"teacher={teacher!r} has another tokenizer than model={student!r} ({len(t)} tokens "
-                          f"against {len(s)}; {only_s} of the student's entries differ): on-policy distillation "
-                          "compares logprobs of the same token ids, so both must share one tokenizer")
+        raise ConfigError(
+            f"teacher={teacher!r} has another tokenizer than model={student!r} ({len(t)} tokens "
+            f"against {len(s)}; {only_s} of the student's entries differ): on-policy distillation "
+            "compares logprobs of the same token ids, so both must share one tokenizer"
+        )
 
 
 class DistillRun(GRPORun):

@@ -37,7 +37,15 @@ from forge_rl.loop.checkpoint import save_checkpoint
 from forge_rl.loop.eval import evaluate_held_out
 from forge_rl.loop.rollout_tasks import RolloutTasks, rollout_once_of
 from forge_rl.loop.train_loop import (
-    RoleDied, RunState, batch_staleness, batches_for_ranks, call_each_rank, call_for_batches, resume_hint, role_died, update_generators,
+    RoleDied,
+    RunState,
+    batch_staleness,
+    batches_for_ranks,
+    call_each_rank,
+    call_for_batches,
+    resume_hint,
+    role_died,
+    update_generators,
     wait_for_batch,
 )
 from forge_rl.loop.weight_sync import WeightSync
@@ -45,8 +53,15 @@ from forge_rl.models import load_tokenizer, model_path
 from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.recipes import startup
 from forge_rl.recipes.run import RecipeRun
-from forge_rl.recipes.grpo_checks import (check_config, check_group_size, check_moe, check_prompt_lengths, check_task,
-                                          derive_settings, dp_size)
+from forge_rl.recipes.grpo_checks import (
+    check_config,
+    check_group_size,
+    check_moe,
+    check_prompt_lengths,
+    check_task,
+    derive_settings,
+    dp_size,
+)
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.grpo_report import console_line, occupancy, run_summary, shown_reward, step_line, summary_block
 from forge_rl.runtime.timeouts import within
@@ -112,10 +127,13 @@ class GRPORun(RecipeRun):
         and metrics of the scoring (PPO adds its critic's values and advantages here)."""
         if self.reference is None:
             return batches, {}
-        filled = await within(call_for_batches(self.reference, Reference.fill_ref_logprobs, batches,
-                                               self.shards["reference"]),
-                              self.cfg.timeouts.reference_s, "reference_s",
-                              f"the Reference's fill_ref_logprobs for version {version}", self._where())
+        filled = await within(
+            call_for_batches(self.reference, Reference.fill_ref_logprobs, batches, self.shards["reference"]),
+            self.cfg.timeouts.reference_s,
+            "reference_s",
+            f"the Reference's fill_ref_logprobs for version {version}",
+            self._where(),
+        )
         return filled, {}
 
     async def train_beside(self, batches: list, version: int) -> dict:
@@ -127,11 +145,13 @@ class GRPORun(RecipeRun):
     async def start_roles(self, hosts: dict) -> None:
         """Place the roles, start every actor, resume when asked to."""
         cfg = self.cfg
-        self.console.print(f"[bold]{self.algorithm()}[/bold] {cfg.model}: starting actors (vLLM engine start "
-                           "takes ~30 s on CPU)")
+        self.console.print(
+            f"[bold]{self.algorithm()}[/bold] {cfg.model}: starting actors (vLLM engine start takes ~30 s on CPU)"
+        )
         if self.log_dir:
-            self.console.print(f"the role processes' logs (vLLM, TorchTitan, Monarch) go to {self.log_dir}/ "
-                               "(--verbose: here)")
+            self.console.print(
+                f"the role processes' logs (vLLM, TorchTitan, Monarch) go to {self.log_dir}/ (--verbose: here)"
+            )
         gpus = startup.place(self, hosts)
         await self.start_actors(hosts, gpus)
         self.weights = WeightSync(self.state, cfg, self.generator, self.reference, self.timeline, self._where)
@@ -164,14 +184,21 @@ class GRPORun(RecipeRun):
         check_prompt_lengths(cfg, rows, self.tokenizer, self.model_dir)
         self.claim_output(self.checkpoint_dir, self.algorithm().lower())
         self.buffer_cfg = cfg.buffer  # the user's settings, and beside them what the run decides for the buffer
-        self.buffer_run = dict(max_policy_age=cfg.max_policy_age, dp_size=dp_size(cfg),
-                               pad_id=self.tokenizer.pad_token_id or 0, seed=cfg.seed, temperature=cfg.trainer.temperature)
+        self.buffer_run = dict(
+            max_policy_age=cfg.max_policy_age,
+            dp_size=dp_size(cfg),
+            pad_id=self.tokenizer.pad_token_id or 0,
+            seed=cfg.seed,
+            temperature=cfg.trainer.temperature,
+        )
         self.state = RunState(cfg)
         self.rollouts = RolloutTasks(self.state, self.timeline)
         if cfg.launcher.kind == "slurm":
-            self.console.print(f"[bold]{self.algorithm()}[/bold] on Slurm: waiting for "
-                               f"{cfg.launcher.slurm.trainer_nodes} trainer + {cfg.launcher.slurm.generator_nodes} "
-                               "generator nodes")
+            self.console.print(
+                f"[bold]{self.algorithm()}[/bold] on Slurm: waiting for "
+                f"{cfg.launcher.slurm.trainer_nodes} trainer + {cfg.launcher.slurm.generator_nodes} "
+                "generator nodes"
+            )
 
     # ---- the step -------------------------------------------------------------------------------------
 
@@ -194,11 +221,23 @@ class GRPORun(RecipeRun):
                 scored, score_metrics = await self.score(batches, version)
                 # 3. train: the policy's optimizer step, each rank on its own data-parallel shard
                 sent = batches_for_ranks(scored, self.shards["trainer"])
-                metrics = (await within(call_each_rank(self.trainer, Trainer.optimizer_step, sent), t.train_step_s,
-                                        "train_step_s", f"the Trainer's optimizer_step to version {version}", where))[0]
+                metrics = (
+                    await within(
+                        call_each_rank(self.trainer, Trainer.optimizer_step, sent),
+                        t.train_step_s,
+                        "train_step_s",
+                        f"the Trainer's optimizer_step to version {version}",
+                        where,
+                    )
+                )[0]
                 # 4. publish version + 1 into the weight store, while anything trained beside the policy steps
-                push = within(self.trainer.push_weights.call(version), t.publish_s, "publish_s",
-                              f"the Trainer's push_weights of version {version}", where)
+                push = within(
+                    self.trainer.push_weights.call(version),
+                    t.publish_s,
+                    "publish_s",
+                    f"the Trainer's push_weights of version {version}",
+                    where,
+                )
                 beside, push = await asyncio.gather(self.train_beside(scored, version), push)
             s.version = version
             return {**metrics, **score_metrics, **beside}, push.get(0)
@@ -216,7 +255,9 @@ class GRPORun(RecipeRun):
         # 5. swap: every generator replica prefetches the new version and swaps between engine steps
         await self.weights.swap_generators(s.version)
         self.rollouts.raise_if_failed()
-        took = dict(step_s=time.perf_counter() - step_start, generated_tokens=s.rollouts.generated_tokens - tokens_before)
+        took = dict(
+            step_s=time.perf_counter() - step_start, generated_tokens=s.rollouts.generated_tokens - tokens_before
+        )
         line = await step_line(self, metrics, push, batches, buffer_before, staleness, sample_wait, **took)
         self.log.log(self.step, line)
         self.timeline.mark(f"step {self.step}")
@@ -238,12 +279,20 @@ class GRPORun(RecipeRun):
     async def _start_rollouts(self) -> None:
         """The rollout tasks, as many as admission allows (synchronous: the whole batch is generated at once)."""
         cfg = self.cfg
-        rollout_once = rollout_once_of(cfg, self.tokenizer, dataset=self.dataset, generator=self.generator,
-                                       buffer=self.buffer, reward=self.reward, stats=self.state.rollouts)
+        rollout_once = rollout_once_of(
+            cfg,
+            self.tokenizer,
+            dataset=self.dataset,
+            generator=self.generator,
+            buffer=self.buffer,
+            reward=self.reward,
+            stats=self.state.rollouts,
+        )
         self._gen_at_start = await self.generator.stats.route()
         self._gen_busy_start = self._gen_at_start["busy_s"]
-        self.rollouts.start(rollout_once, cfg.rollout_tasks if cfg.async_mode else max(cfg.rollout_tasks,
-                                                                                        cfg.batch_groups))
+        self.rollouts.start(
+            rollout_once, cfg.rollout_tasks if cfg.async_mode else max(cfg.rollout_tasks, cfg.batch_groups)
+        )
         self._started = time.perf_counter()
 
     # ---- between steps --------------------------------------------------------------------------------
@@ -256,8 +305,9 @@ class GRPORun(RecipeRun):
         await self.state.admission.pause()
         try:
             with self.timeline.span("generators", "evaluate", step=self.step):
-                scores = await evaluate_held_out(self.cfg, self.generator, self.reward, self.held_out,
-                                                 self.tokenizer, self.eval_reward_name())
+                scores = await evaluate_held_out(
+                    self.cfg, self.generator, self.reward, self.held_out, self.tokenizer, self.eval_reward_name()
+                )
         finally:
             await self.state.admission.pause(False)
         self.evals.append((self.step, at_s, scores["eval/accuracy"]))
@@ -281,9 +331,17 @@ class GRPORun(RecipeRun):
         return path
 
     async def _save(self) -> Path:
-        path = await save_checkpoint(self.state, self.trainer, self.buffer, self.dataset, self.step,
-                                     self.checkpoint_dir, self.cfg.checkpoint_keep_last, self.other_trained(),
-                                     run_id=self.claim.run_id)
+        path = await save_checkpoint(
+            self.state,
+            self.trainer,
+            self.buffer,
+            self.dataset,
+            self.step,
+            self.checkpoint_dir,
+            self.cfg.checkpoint_keep_last,
+            self.other_trained(),
+            run_id=self.claim.run_id,
+        )
         self.saved_step, self._checkpointed = self.step, (self.step, path)
         return path
 
@@ -296,8 +354,10 @@ class GRPORun(RecipeRun):
                 await self._step_task
         if self.step == (self.saved_step or 0):
             since = f"checkpoint step-{self.step}" if self.saved_step is not None else "the start"
-            self.console.print(f"[yellow]interrupted at step {self.step}: nothing trained since {since}, "
-                               "so no checkpoint is written[/yellow]")
+            self.console.print(
+                f"[yellow]interrupted at step {self.step}: nothing trained since {since}, "
+                "so no checkpoint is written[/yellow]"
+            )
             return None
         self.console.print(f"[yellow]interrupted at step {self.step}: saving a final checkpoint[/yellow]")
         await self.state.admission.quiesce(timeout_s=10)
@@ -318,8 +378,9 @@ class GRPORun(RecipeRun):
         # A replica respawning now (it died late in the run) joins the final evaluation with the final weights.
         if not await self.generator.wait_healthy(timeout_s=300):
             self.console.print("[yellow]a generator replica is still down after 300 s; evaluating without it[/yellow]")
-        await update_generators(self.state, self.generator, self.state.version, cfg.timeouts.weight_load_s,
-                                self._where())
+        await update_generators(
+            self.state, self.generator, self.state.version, cfg.timeouts.weight_load_s, self._where()
+        )
         gen_stats = await self.generator.stats.route()
         gen_busy_s = gen_stats["busy_s"] - self._gen_busy_start - self._eval_busy_s
         self.engine_occupancy = occupancy(self._gen_at_start, gen_stats)
@@ -335,9 +396,18 @@ class GRPORun(RecipeRun):
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         png = plot_run(self.out / "metrics.jsonl", self.out / "curves.png", title=f"{self.algorithm()} {cfg.model}")
         self.timeline.write(self.out)
-        self.console.print(summary_block(summary, self.eval_reward_name(), self.out, png,
-                                         checkpoint, cfg.export_dir,
-                                         cfg.trainer.lora.enabled, self.log_dir))
+        self.console.print(
+            summary_block(
+                summary,
+                self.eval_reward_name(),
+                self.out,
+                png,
+                checkpoint,
+                cfg.export_dir,
+                cfg.trainer.lora.enabled,
+                self.log_dir,
+            )
+        )
         return summary
 
     async def stop(self) -> None:
@@ -356,9 +426,12 @@ class GRPORun(RecipeRun):
     def _where(self) -> str:
         """For a timeout's message: where the roles run, their logs, and where to resume."""
         cfg = self.cfg
-        hosts = (f"the roles run on Slurm job nodes (trainer: {cfg.launcher.slurm.trainer_nodes}, generators: "
-                 f"{cfg.launcher.slurm.generator_nodes})" if cfg.launcher.kind == "slurm"
-                 else f"the roles run on host {socket.gethostname()}")
+        hosts = (
+            f"the roles run on Slurm job nodes (trainer: {cfg.launcher.slurm.trainer_nodes}, generators: "
+            f"{cfg.launcher.slurm.generator_nodes})"
+            if cfg.launcher.kind == "slurm"
+            else f"the roles run on host {socket.gethostname()}"
+        )
         logs = f", their output in {self.log_dir}/" if self.log_dir else ""
         return f"{hosts}{logs}; {resume_hint(self.checkpoint_dir, self.claim.run_id if self.claim else None)}"
 
@@ -377,6 +450,7 @@ class GRPORun(RecipeRun):
             return f"solved within {self.cfg.env.max_turns} turns ({self.cfg.env.name})"
         return self.cfg.task.eval_reward or self.cfg.rewards[0].name
 
+
 async def train(run: GRPORun) -> dict:
     """The loop `make demo` runs: evaluate, then train step by step with evaluations and checkpoints on their
     schedule, then finish. An interrupt (in the first evaluation too) saves a final checkpoint when anything was
@@ -387,8 +461,14 @@ async def train(run: GRPORun) -> dict:
                 await _first_evaluation(run)
                 cfg = run.cfg
                 # no bar without a terminal (nohup, CI, a batch step): the step lines say it all
-                with tqdm(total=cfg.steps, initial=run.step, desc=f"{run.algorithm()} steps", unit="step",
-                          dynamic_ncols=True, disable=None) as bar:
+                with tqdm(
+                    total=cfg.steps,
+                    initial=run.step,
+                    desc=f"{run.algorithm()} steps",
+                    unit="step",
+                    dynamic_ncols=True,
+                    disable=None,
+                ) as bar:
                     while run.step < cfg.steps:
                         line = await run.train_step()
                         if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step != cfg.steps:
@@ -415,8 +495,10 @@ async def _first_evaluation(run: GRPORun) -> None:
         run.console.print(f"evaluating step {run.step} on {len(run.held_out)} held-out prompts ...")
     accuracy = (await run.evaluate())["eval/accuracy"]
     if run.held_out:  # none: said at start, and not as "nan%"
-        run.console.print(f"held-out greedy accuracy at step {run.step}: {accuracy:.1%} "
-                          f"({len(run.held_out)} prompts, {run.eval_reward_name()})")
+        run.console.print(
+            f"held-out greedy accuracy at step {run.step}: {accuracy:.1%} "
+            f"({len(run.held_out)} prompts, {run.eval_reward_name()})"
+        )
 
 
 CONFIG = GRPOConfig  # what the command line and `forge_rl.launch submit --recipe grpo` read

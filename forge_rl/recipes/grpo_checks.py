@@ -28,21 +28,29 @@ def check_config(cfg: GRPOConfig) -> None:
     check_engine_args(cfg.generator.engine_args, "generator.engine_args")  # before an engine start finds it
     logprobs_mode = cfg.generator.engine_args.get("logprobs_mode", "processed_logprobs")
     if logprobs_mode != "processed_logprobs":
-        raise ConfigError(f"generator.engine_args.logprobs_mode={logprobs_mode!r}: behaviour logprobs must be of the "
-                          "sampled distribution (after temperature); use 'processed_logprobs'")
+        raise ConfigError(
+            f"generator.engine_args.logprobs_mode={logprobs_mode!r}: behaviour logprobs must be of the "
+            "sampled distribution (after temperature); use 'processed_logprobs'"
+        )
     check_reference(cfg)
     if cfg.trainer.profile_steps and max(cfg.trainer.profile_steps) > cfg.steps:  # a window would never end
-        raise ConfigError(f"trainer.profile_steps={list(cfg.trainer.profile_steps)} goes past the run's last step "
-                          f"(steps={cfg.steps}); profile steps 1 to {cfg.steps}")
+        raise ConfigError(
+            f"trainer.profile_steps={list(cfg.trainer.profile_steps)} goes past the run's last step "
+            f"(steps={cfg.steps}); profile steps 1 to {cfg.steps}"
+        )
     if cfg.buffer.capacity < cfg.batch_groups:
         raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is smaller than batch_groups={cfg.batch_groups}")
     overlong = cfg.overlong.filter or cfg.overlong.penalty_cache_len
     if overlong and cfg.env.name is not None:
-        raise ConfigError("overlong.* applies to single-turn rollouts; with env.name set, limit trajectories with "
-                          "env.max_total_tokens")
+        raise ConfigError(
+            "overlong.* applies to single-turn rollouts; with env.name set, limit trajectories with "
+            "env.max_total_tokens"
+        )
     if cfg.overlong.penalty_cache_len >= cfg.generator.sampling.get("max_tokens", 16):
-        raise ConfigError(f"overlong.penalty_cache_len={cfg.overlong.penalty_cache_len} must be smaller than "
-                          f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens', 16)}")
+        raise ConfigError(
+            f"overlong.penalty_cache_len={cfg.overlong.penalty_cache_len} must be smaller than "
+            f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens', 16)}"
+        )
     check_single_turn_options(cfg)
     if cfg.env.name is not None:
         environment(cfg)  # an unknown name or arguments fail here, naming env.name / env.args
@@ -64,8 +72,9 @@ def derive_settings(cfg: GRPOConfig) -> None:
     behaviour policy's), its collective timeout (timeouts.collective_s), the dtype it publishes weights in (the
     engine's, unless set), Dr. GRPO's max_response_len (the generation budget, unless set), and the chat template
     arguments an environment needs (its tools; the user's own win)."""
-    cfg.trainer.temperature = behaviour_temperature(cfg.generator.sampling,
-                                                    max_kept_tokens=cfg.generator.max_kept_tokens)
+    cfg.trainer.temperature = behaviour_temperature(
+        cfg.generator.sampling, max_kept_tokens=cfg.generator.max_kept_tokens
+    )
     cfg.trainer.collective_timeout_s = cfg.timeouts.collective_s  # the trainer's process group
     if cfg.trainer.publish_dtype is None and cfg.generator.engine_args.get("dtype") in ("float32", "bfloat16"):
         cfg.trainer.publish_dtype = cfg.generator.engine_args["dtype"]  # push weights as the engine holds them
@@ -88,9 +97,14 @@ def check_single_turn_options(cfg: GRPOConfig) -> None:
     lengths = cfg.generator.lengths
     lengths.check(cfg.generator.sampling.get("max_tokens", 16))
     if lengths.enabled and (cfg.overlong.filter or cfg.overlong.penalty_cache_len):
-        raise ConfigError("generator.lengths draws every response's length (its tokens after the end are filler): "
-                          "overlong.* would judge the drawn lengths; turn one of them off")
-    for name, on in (("generator.lengths", lengths.enabled), ("stale_in_flight=requeue", cfg.stale_in_flight == "requeue")):
+        raise ConfigError(
+            "generator.lengths draws every response's length (its tokens after the end are filler): "
+            "overlong.* would judge the drawn lengths; turn one of them off"
+        )
+    for name, on in (
+        ("generator.lengths", lengths.enabled),
+        ("stale_in_flight=requeue", cfg.stale_in_flight == "requeue"),
+    ):
         if on and cfg.env.name is not None:
             raise ConfigError(f"{name} applies to single-turn rollouts; env.name={cfg.env.name!r} is multi-turn")
 
@@ -101,9 +115,11 @@ def check_sampling(cfg: GRPOConfig) -> None:
     temperature = behaviour_temperature(cfg.generator.sampling, max_kept_tokens=cfg.generator.max_kept_tokens)
     max_logprobs, cap = cfg.generator.engine_args.get("max_logprobs"), cfg.generator.max_kept_tokens
     if truncation(cfg.generator.sampling) and max_logprobs not in (None, -1) and max_logprobs <= cap:
-        raise ConfigError(f"generator.engine_args.max_logprobs={max_logprobs}: truncated sampling reads each token's "
-                          f"kept set from generator.max_kept_tokens + 1 = {cap + 1} logprobs; remove it (the "
-                          "generator sets it) or lower generator.max_kept_tokens")
+        raise ConfigError(
+            f"generator.engine_args.max_logprobs={max_logprobs}: truncated sampling reads each token's "
+            f"kept set from generator.max_kept_tokens + 1 = {cap + 1} logprobs; remove it (the "
+            "generator sets it) or lower generator.max_kept_tokens"
+        )
     if cfg.trainer.temperature is not None and cfg.trainer.temperature != temperature:
         raise ConfigError(
             f"trainer.temperature={cfg.trainer.temperature} differs from generator.sampling.temperature="
@@ -111,8 +127,9 @@ def check_sampling(cfg: GRPOConfig) -> None:
         )
     max_tokens = cfg.generator.sampling.get("max_tokens", 16)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ConfigError(f"generator.sampling.max_tokens={max_tokens!r}: a response needs at least one token; "
-                          "give an integer >= 1")
+        raise ConfigError(
+            f"generator.sampling.max_tokens={max_tokens!r}: a response needs at least one token; give an integer >= 1"
+        )
 
 
 def check_group_size(cfg: GRPOConfig, algorithm: str) -> None:
@@ -121,32 +138,41 @@ def check_group_size(cfg: GRPOConfig, algorithm: str) -> None:
     if cfg.group_size >= 2:
         return
     if cfg.trainer.grpo.distill_coef > 0:
-        raise ConfigError(f"group_size={cfg.group_size}: the reward's part of distillation's advantage "
-                          f"(trainer.grpo.reward_coef={cfg.trainer.grpo.reward_coef}) is relative to the group, so 0 "
-                          "with one sample per prompt; set group_size >= 2, or trainer.grpo.reward_coef=0 to learn "
-                          "from the teacher alone")
-    raise ConfigError(f"group_size={cfg.group_size}: {algorithm}'s advantage is each reward minus its group's mean, "
-                      "0 with one sample per prompt, so nothing would be learned; set group_size >= 2 (e.g. 8), or "
-                      "use PPO (python -m apps.ppo.main), whose critic needs no group")
+        raise ConfigError(
+            f"group_size={cfg.group_size}: the reward's part of distillation's advantage "
+            f"(trainer.grpo.reward_coef={cfg.trainer.grpo.reward_coef}) is relative to the group, so 0 "
+            "with one sample per prompt; set group_size >= 2, or trainer.grpo.reward_coef=0 to learn "
+            "from the teacher alone"
+        )
+    raise ConfigError(
+        f"group_size={cfg.group_size}: {algorithm}'s advantage is each reward minus its group's mean, "
+        "0 with one sample per prompt, so nothing would be learned; set group_size >= 2 (e.g. 8), or "
+        "use PPO (python -m apps.ppo.main), whose critic needs no group"
+    )
 
 
 def check_slurm_sizes(cfg: GRPOConfig) -> None:
     """Ranks and replicas must fit the nodes asked for: an allocation that cannot hold them fails after the queue."""
     s = cfg.launcher.slurm
     if cfg.trainer_procs % s.trainer_nodes:
-        raise ConfigError(f"trainer_procs={cfg.trainer_procs} must spread evenly over launcher.slurm.trainer_nodes="
-                          f"{s.trainer_nodes}")
+        raise ConfigError(
+            f"trainer_procs={cfg.trainer_procs} must spread evenly over launcher.slurm.trainer_nodes={s.trainer_nodes}"
+        )
     if s.gpus_per_node:
         per_node = cfg.trainer_procs // s.trainer_nodes
         tp = int(cfg.generator.engine_args.get("tensor_parallel_size", 1))
         replicas_per_node = math.ceil(cfg.generator.replicas / s.generator_nodes)
         if per_node > s.gpus_per_node:
-            raise ConfigError(f"trainer_procs={cfg.trainer_procs} over launcher.slurm.trainer_nodes={s.trainer_nodes} "
-                              f"is {per_node} ranks per node; launcher.slurm.gpus_per_node={s.gpus_per_node}")
+            raise ConfigError(
+                f"trainer_procs={cfg.trainer_procs} over launcher.slurm.trainer_nodes={s.trainer_nodes} "
+                f"is {per_node} ranks per node; launcher.slurm.gpus_per_node={s.gpus_per_node}"
+            )
         if replicas_per_node * tp > s.gpus_per_node:
-            raise ConfigError(f"generator.replicas={cfg.generator.replicas} x tensor_parallel_size={tp} on "
-                              f"launcher.slurm.generator_nodes={s.generator_nodes} needs {replicas_per_node * tp} GPUs "
-                              f"per node; launcher.slurm.gpus_per_node={s.gpus_per_node}")
+            raise ConfigError(
+                f"generator.replicas={cfg.generator.replicas} x tensor_parallel_size={tp} on "
+                f"launcher.slurm.generator_nodes={s.generator_nodes} needs {replicas_per_node * tp} GPUs "
+                f"per node; launcher.slurm.gpus_per_node={s.gpus_per_node}"
+            )
 
 
 def check_task(cfg: GRPOConfig) -> TaskRows:
@@ -170,13 +196,16 @@ def check_prompt_lengths(cfg: GRPOConfig, rows: TaskRows, tokenizer, model_dir: 
     here, not an endless skip later, nor an evaluation of nothing."""
     model_len, room = model_len_and_room(cfg, model_dir)
     budget = "env.max_total_tokens" if cfg.env.name is not None else "generator.sampling.max_tokens"
-    why = (f"the engine's max_model_len {model_len} minus {budget}={response_budget(cfg)}: raise "
-           "generator.engine_args.max_model_len or shorten the prompts")
+    why = (
+        f"the engine's max_model_len {model_len} minus {budget}={response_budget(cfg)}: raise "
+        "generator.engine_args.max_model_len or shorten the prompts"
+    )
     task, kwargs = rows.cfg, cfg.chat_template_kwargs
     check_prompts_fit(f"task.source {task.source!r}", first_prompts(rows), tokenizer, task, room, why, **kwargs)
     if cfg.eval_size:
-        check_prompts_fit(f"task.held_out {task.held_out!r}", rows.held_out()[:cfg.eval_size], tokenizer, task, room,
-                          why, **kwargs)
+        check_prompts_fit(
+            f"task.held_out {task.held_out!r}", rows.held_out()[: cfg.eval_size], tokenizer, task, room, why, **kwargs
+        )
 
 
 def check_moe(cfg: GRPOConfig, model_dir: str) -> None:
@@ -187,32 +216,43 @@ def check_moe(cfg: GRPOConfig, model_dir: str) -> None:
     moe = hf.get("model_type") == "qwen3_moe"
     ep = cfg.trainer.parallel.ep
     if moe and cfg.trainer.parallel.tp > 1:
-        raise ConfigError(f"trainer.parallel.tp={cfg.trainer.parallel.tp}: tensor parallelism is not supported on a "
-                          f"mixture-of-experts model ({cfg.model}): forge_rl loads, computes and publishes the experts "
-                          "whole or split by expert only; set trainer.parallel.tp=1 and split them with "
-                          "trainer.parallel.ep")
+        raise ConfigError(
+            f"trainer.parallel.tp={cfg.trainer.parallel.tp}: tensor parallelism is not supported on a "
+            f"mixture-of-experts model ({cfg.model}): forge_rl loads, computes and publishes the experts "
+            "whole or split by expert only; set trainer.parallel.tp=1 and split them with "
+            "trainer.parallel.ep"
+        )
     if moe and cfg.trainer.lora.enabled:
-        raise ConfigError(f"trainer.lora.rank={cfg.trainer.lora.rank}: LoRA is not supported on a mixture-of-experts "
-                          f"model ({cfg.model} is {hf.get('architectures', ['Qwen3-MoE'])[0]}); set trainer.lora.rank=0 "
-                          "(full fine-tuning, with trainer.parallel.ep for the experts)")
+        raise ConfigError(
+            f"trainer.lora.rank={cfg.trainer.lora.rank}: LoRA is not supported on a mixture-of-experts "
+            f"model ({cfg.model} is {hf.get('architectures', ['Qwen3-MoE'])[0]}); set trainer.lora.rank=0 "
+            "(full fine-tuning, with trainer.parallel.ep for the experts)"
+        )
     if cfg.trainer.keep_routing and not moe:
-        raise ConfigError(f"trainer.keep_routing=true: Keep Routing replays the experts the engine chose, and "
-                          f"{cfg.model} is dense (model_type {hf.get('model_type')!r}); set trainer.keep_routing=false")
+        raise ConfigError(
+            f"trainer.keep_routing=true: Keep Routing replays the experts the engine chose, and "
+            f"{cfg.model} is dense (model_type {hf.get('model_type')!r}); set trainer.keep_routing=false"
+        )
     if cfg.trainer.keep_routing:  # the engine arguments the generators will refuse, refused before they start
         on_gpu = bool(cfg.launcher.slurm.gpus_per_node) if cfg.launcher.kind == "slurm" else bool(visible_gpus())
         route_engine_args(on_gpu, cfg.generator.engine_args, "generator.engine_args")
     if cfg.trainer.moe_aux_loss_coef and not moe:
-        raise ConfigError(f"trainer.moe_aux_loss_coef={cfg.trainer.moe_aux_loss_coef}: a load-balancing loss needs "
-                          f"a mixture-of-experts model, and {cfg.model} is dense; set it to 0")
+        raise ConfigError(
+            f"trainer.moe_aux_loss_coef={cfg.trainer.moe_aux_loss_coef}: a load-balancing loss needs "
+            f"a mixture-of-experts model, and {cfg.model} is dense; set it to 0"
+        )
     if ep < 1:
         raise ConfigError(f"trainer.parallel.ep={ep}: give the expert-parallel degree, >= 1")
     if ep > 1 and not moe:
-        raise ConfigError(f"trainer.parallel.ep={ep}: expert parallelism needs a mixture-of-experts model, and "
-                          f"{cfg.model} is dense (model_type {hf.get('model_type')!r}); set trainer.parallel.ep=1")
+        raise ConfigError(
+            f"trainer.parallel.ep={ep}: expert parallelism needs a mixture-of-experts model, and "
+            f"{cfg.model} is dense (model_type {hf.get('model_type')!r}); set trainer.parallel.ep=1"
+        )
     experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
     if ep > 1 and (experts % ep or cfg.trainer_procs % ep):
-        raise ConfigError(f"trainer.parallel.ep={ep} must divide the model's {experts} experts and trainer_procs="
-                          f"{cfg.trainer_procs}")
+        raise ConfigError(
+            f"trainer.parallel.ep={ep} must divide the model's {experts} experts and trainer_procs={cfg.trainer_procs}"
+        )
 
 
 def dp_size(cfg: GRPOConfig) -> int:
@@ -238,8 +278,10 @@ def model_len_and_room(cfg: GRPOConfig, model_dir: str) -> tuple[int, int]:
         limit = model_config["max_position_embeddings"]
     room = int(limit) - response_budget(cfg)
     if room < 1:
-        raise ConfigError(f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens')} leaves no room "
-                          f"for a prompt in max_model_len={limit} (generator.engine_args.max_model_len)")
+        raise ConfigError(
+            f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens')} leaves no room "
+            f"for a prompt in max_model_len={limit} (generator.engine_args.max_model_len)"
+        )
     return int(limit), room
 
 
@@ -247,14 +289,19 @@ def check_reference(cfg: GRPOConfig) -> None:
     """reference.follow_every needs a reference, and a lag the weight store still holds after a publish."""
     r = cfg.reference
     if r.follow_every < 0 or r.follow_lag < 1:
-        raise ConfigError(f"reference.follow_every={r.follow_every} must be >= 0 and reference.follow_lag="
-                          f"{r.follow_lag} >= 1")
+        raise ConfigError(
+            f"reference.follow_every={r.follow_every} must be >= 0 and reference.follow_lag={r.follow_lag} >= 1"
+        )
     if not r.follow_every:
         return
     if not (cfg.trainer.grpo.kl_coef or cfg.trainer.grpo.distill_coef):
-        raise ConfigError(f"reference.follow_every={r.follow_every} but the run has no reference policy: set "
-                          "trainer.grpo.kl_coef > 0 (a KL to a moving anchor), or use apps/distill")
+        raise ConfigError(
+            f"reference.follow_every={r.follow_every} but the run has no reference policy: set "
+            "trainer.grpo.kl_coef > 0 (a KL to a moving anchor), or use apps/distill"
+        )
     if r.follow_lag >= cfg.weight_store.keep_versions:
-        raise ConfigError(f"reference.follow_lag={r.follow_lag}: the weight store keeps only the newest "
-                          f"{cfg.weight_store.keep_versions} versions (weight_store.keep_versions); set it to at "
-                          f"least {r.follow_lag + 1}")
+        raise ConfigError(
+            f"reference.follow_lag={r.follow_lag}: the weight store keeps only the newest "
+            f"{cfg.weight_store.keep_versions} versions (weight_store.keep_versions); set it to at "
+            f"least {r.follow_lag + 1}"
+        )

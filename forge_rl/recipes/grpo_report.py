@@ -57,10 +57,19 @@ def step_metrics(r: StepRecord) -> dict[str, float]:
         **{f"reward/{k}": statistics.mean(v) for k, v in parts.items() if v},
         "train/accuracy": statistics.mean(parts.get("exact_match") or parts.get("solved") or [math.nan]),
         **trainer_metrics(r.trainer),
-        **({"generator/routes_bytes_per_token": r.generator["routes_bytes_per_token"]}
-           if r.generator.get("routes_bytes_per_token") else {}),
-        **({"batch/reward_mean": statistics.mean(r.batch_rewards),
-            "batch/reward_std": statistics.pstdev(r.batch_rewards)} if r.batch_rewards else {}),
+        **(
+            {"generator/routes_bytes_per_token": r.generator["routes_bytes_per_token"]}
+            if r.generator.get("routes_bytes_per_token")
+            else {}
+        ),
+        **(
+            {
+                "batch/reward_mean": statistics.mean(r.batch_rewards),
+                "batch/reward_std": statistics.pstdev(r.batch_rewards),
+            }
+            if r.batch_rewards
+            else {}
+        ),
         "batch/staleness": r.staleness,
         "batch/staleness_max_run": r.max_staleness,
         "sync/push_s": r.push["push_s"],
@@ -89,9 +98,24 @@ def step_metrics(r: StepRecord) -> dict[str, float]:
 def trainer_metrics(t: dict) -> dict[str, float]:
     """The trainer's part of a step's line, from Trainer.optimizer_step's metrics, as `trainer/<name>`."""
     return {
-        **{f"trainer/{k}": t[k] for k in ("loss", "grad_norm", "clip_fraction", "approx_kl", "kl_ref",
-                                          "reverse_kl_teacher", "entropy", "tokens_per_s", "step_s", "skipped_steps",
-                                          "mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3")},
+        **{
+            f"trainer/{k}": t[k]
+            for k in (
+                "loss",
+                "grad_norm",
+                "clip_fraction",
+                "approx_kl",
+                "kl_ref",
+                "reverse_kl_teacher",
+                "entropy",
+                "tokens_per_s",
+                "step_s",
+                "skipped_steps",
+                "mismatch_abs_mean",
+                "mismatch_abs_max",
+                "mismatch_k3",
+            )
+        },
         # the is_correction's weight and the share of tokens it truncated or masked (absent when off)
         **{f"trainer/{k}": t[k] for k in ("is_weight_mean", "is_corrected_fraction") if t.get("is_weight_mean")},
         # Keep Routing (trainer.keep_routing): the replayed (position, layer) pairs, the share the trainer's routers
@@ -112,12 +136,16 @@ def shown_reward(m: dict[str, float]) -> str:
 def console_line(step: int, m: dict[str, float]) -> str:
     drops_seen = ",".join(f"{k.split('/')[1]}={int(v)}" for k, v in m.items() if k.startswith("drops/") and v)
     parts = [
-        f"step {step:4d}", f"reward {shown_reward(m)}",
+        f"step {step:4d}",
+        f"reward {shown_reward(m)}",
         f"acc {m['train/accuracy']:.0%}" if math.isfinite(m["train/accuracy"]) else "acc -",
         f"stale {m['batch/staleness']:.2f}",
-        f"gen {m['generator/tokens_per_s']:.0f} tok/s", f"train {m['trainer/tokens_per_s']:.0f} tok/s",
-        f"push {m['sync/push_s']:.2f}s", f"pause {m.get('sync/pause_s', 0):.2f}s",
-        f"buffer {int(m['buffer/groups'])}", f"wait sample {m['buffer/sample_wait_s']:.2f}s",
+        f"gen {m['generator/tokens_per_s']:.0f} tok/s",
+        f"train {m['trainer/tokens_per_s']:.0f} tok/s",
+        f"push {m['sync/push_s']:.2f}s",
+        f"pause {m.get('sync/pause_s', 0):.2f}s",
+        f"buffer {int(m['buffer/groups'])}",
+        f"wait sample {m['buffer/sample_wait_s']:.2f}s",
         f"add {m['buffer/add_blocked_s']:.2f}s",
     ]
     if "trainer/mismatch_abs_mean" in m:  # train/inference: |log pi - log mu| over the batch (docs/algorithms.md)
@@ -135,28 +163,65 @@ def console_line(step: int, m: dict[str, float]) -> str:
     return " | ".join(parts)
 
 
-def summary_block(summary: dict, eval_reward: str, out: Path, png: Path, checkpoint: Path,
-                  export_dir: str | None, lora: bool, log_dir: Path | None) -> str:
+def summary_block(
+    summary: dict,
+    eval_reward: str,
+    out: Path,
+    png: Path,
+    checkpoint: Path,
+    export_dir: str | None,
+    lora: bool,
+    log_dir: Path | None,
+) -> str:
     """What a person wants to see at the end of a run, and where everything is."""
     buf, done = summary["buffer"], summary["steps"] - summary["start_step"]
-    drops_seen = ", ".join(f"{reason} {n}" for reason, n in sorted(summary["drops"].items(), key=lambda kv: -kv[1])
-                           if n)
+    drops_seen = ", ".join(
+        f"{reason} {n}" for reason, n in sorted(summary["drops"].items(), key=lambda kv: -kv[1]) if n
+    )
     last = len(summary["evals"][-3:])
     rows = [
-        ("steps", f"{done} (to step {summary['trainer_version']}) in {summary['wall_s']:.0f} s of training, "
-                  f"{summary['steps_per_min']:.1f} steps/min (start-up and evaluations excluded)"),
-        ("held-out", f"{summary['eval_first']:.1%} -> {summary['eval_last3_mean']:.1%} "
-                     f"({eval_reward}, mean of the last {last} evaluations)" if last else "not evaluated"),
-        ("episodes", f"{buf['added']} reached the buffer, {buf['trained']} trained; "
-                     f"stale {summary['stale_fraction']:.1%} of generated"),
+        (
+            "steps",
+            f"{done} (to step {summary['trainer_version']}) in {summary['wall_s']:.0f} s of training, "
+            f"{summary['steps_per_min']:.1f} steps/min (start-up and evaluations excluded)",
+        ),
+        (
+            "held-out",
+            f"{summary['eval_first']:.1%} -> {summary['eval_last3_mean']:.1%} "
+            f"({eval_reward}, mean of the last {last} evaluations)"
+            if last
+            else "not evaluated",
+        ),
+        (
+            "episodes",
+            f"{buf['added']} reached the buffer, {buf['trained']} trained; "
+            f"stale {summary['stale_fraction']:.1%} of generated",
+        ),
         ("drops", drops_seen or "none"),
-        *([("mismatch", f"|log pi - log mu| {summary['mismatch_abs_mean']:.1e} mean over steps, "
-                        f"{summary['mismatch_abs_max']:.1e} max (train/inference; docs/algorithms.md)")]
-          if summary.get("mismatch_abs_mean") is not None else []),
+        *(
+            [
+                (
+                    "mismatch",
+                    f"|log pi - log mu| {summary['mismatch_abs_mean']:.1e} mean over steps, "
+                    f"{summary['mismatch_abs_max']:.1e} max (train/inference; docs/algorithms.md)",
+                )
+            ]
+            if summary.get("mismatch_abs_mean") is not None
+            else []
+        ),
         ("generators", f"policy versions {summary['generator_versions']}, {summary['generator_respawns']} respawned"),
         ("curves", str(png)),
-        *([("timeline", f"{out / 'timeline.png'}, {out / 'timeline.json'} (Perfetto); busy: " + ", ".join(
-            f"{lane} {f:.0%}" for lane, f in summary["busy_fraction"].items()))] if "busy_fraction" in summary else []),
+        *(
+            [
+                (
+                    "timeline",
+                    f"{out / 'timeline.png'}, {out / 'timeline.json'} (Perfetto); busy: "
+                    + ", ".join(f"{lane} {f:.0%}" for lane, f in summary["busy_fraction"].items()),
+                )
+            ]
+            if "busy_fraction" in summary
+            else []
+        ),
         ("metrics", f"{out / 'metrics.jsonl'}, {out / 'tensorboard'}, {out / 'summary.json'}"),
         ("checkpoint", f"{checkpoint} (resume=true continues from it)"),
         *([("model", f"{export_dir} (HF format: vLLM, transformers, model=...)")] if export_dir else []),
@@ -168,20 +233,43 @@ def summary_block(summary: dict, eval_reward: str, out: Path, png: Path, checkpo
     return "[bold green]done[/bold green]\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
-async def step_line(run, metrics: dict, push: dict, batches: list, buffer_before: dict, staleness: float,
-                    sample_wait: float, step_s: float, generated_tokens: int) -> dict[str, float]:
+async def step_line(
+    run,
+    metrics: dict,
+    push: dict,
+    batches: list,
+    buffer_before: dict,
+    staleness: float,
+    sample_wait: float,
+    step_s: float,
+    generated_tokens: int,
+) -> dict[str, float]:
     """The metrics line of the step `run` just took: what the trainer and the publish returned, with the buffer's,
     the dataset's and a generator's stats and the rewards scored meanwhile."""
     s = run.state
     buffer, data = await run.buffer.stats.call_one(), await run.dataset.stats.call_one()
     rewards, parts = s.rollouts.take_rewards()
-    line = step_metrics(StepRecord(
-        step=run.step, trainer=metrics, push=push, updates=s.last_updates, buffer=buffer,
-        buffer_before=buffer_before, staleness=staleness, max_staleness=s.max_staleness,
-        sample_wait_s=sample_wait, step_s=step_s, generated_tokens=generated_tokens,
-        generator=await run.generator.stats.route(), data=data, drops=drops(buffer, s.drops, data),
-        rewards=rewards, reward_parts=parts, batch_rewards=batch_rewards(batches),
-    ))
+    line = step_metrics(
+        StepRecord(
+            step=run.step,
+            trainer=metrics,
+            push=push,
+            updates=s.last_updates,
+            buffer=buffer,
+            buffer_before=buffer_before,
+            staleness=staleness,
+            max_staleness=s.max_staleness,
+            sample_wait_s=sample_wait,
+            step_s=step_s,
+            generated_tokens=generated_tokens,
+            generator=await run.generator.stats.route(),
+            data=data,
+            drops=drops(buffer, s.drops, data),
+            rewards=rewards,
+            reward_parts=parts,
+            batch_rewards=batch_rewards(batches),
+        )
+    )
     line.update({k: v for k, v in metrics.items() if "/" in k})  # another stage's, named (PPO's critic/...)
     return line
 
@@ -196,22 +284,33 @@ async def run_summary(run, wall: float, gen_busy_s: float) -> dict:
     generated = final_buffer["added"] + sum(n for k, n in s.drops.items() if k.startswith("reward_"))
     done = run.step - run.start_step
     return dict(
-        steps=run.step, start_step=run.start_step, wall_s=wall, steps_per_min=done / wall * 60 if wall else 0.0,
+        steps=run.step,
+        start_step=run.start_step,
+        wall_s=wall,
+        steps_per_min=done / wall * 60 if wall else 0.0,
         eval_first=run.evals[0][2] if run.evals else None,
-        eval_last3_mean=statistics.mean(last3) if last3 else None, evals=run.evals,
+        eval_last3_mean=statistics.mean(last3) if last3 else None,
+        evals=run.evals,
         time_to_60=next((t for _, t, acc in run.evals if acc >= 0.6), None),
         generator_version=await run.generator.version.route(),
         generator_versions=await run.generator.version.call_all(),  # every replica, respawned ones included
-        trainer_version=s.version, generator_respawns=run.generator.service_stats.respawns,
-        max_staleness=s.max_staleness, mean_staleness=s.staleness_sum / max(s.staleness_steps, 1),
+        trainer_version=s.version,
+        generator_respawns=run.generator.service_stats.respawns,
+        max_staleness=s.max_staleness,
+        mean_staleness=s.staleness_sum / max(s.staleness_steps, 1),
         mismatch_abs_mean=statistics.mean(m for m, _ in s.mismatch) if s.mismatch else None,
         mismatch_abs_max=max((x for _, x in s.mismatch), default=None),
         trainer_idle_fraction=1 - s.trainer_busy_s / wall if wall else 0.0,
         generator_idle_fraction=1 - gen_busy_s / wall if wall else 0.0,
-        generator_stats=await run.generator.stats.route(), admission_wait_s=s.admission.wait_s,
-        placement=run.placement.describe(), stale_fraction=final_buffer["dropped"]["stale"] / max(generated, 1),
-        mean_running_sequences=run.engine_occupancy, partial_rollouts=s.rollouts.partial_rollouts(),
-        buffer=final_buffer, drops=drops(final_buffer, s.drops, data), data=data,
+        generator_stats=await run.generator.stats.route(),
+        admission_wait_s=s.admission.wait_s,
+        placement=run.placement.describe(),
+        stale_fraction=final_buffer["dropped"]["stale"] / max(generated, 1),
+        mean_running_sequences=run.engine_occupancy,
+        partial_rollouts=s.rollouts.partial_rollouts(),
+        buffer=final_buffer,
+        drops=drops(final_buffer, s.drops, data),
+        data=data,
     )
 
 

@@ -32,8 +32,9 @@ from forge_rl.runtime.timeouts import within
 from forge_rl.types import TrainBatch
 
 
-def with_advantages(batches: list[TrainBatch], values: list[torch.Tensor], ppo: GAEConfig,
-                    ) -> tuple[list[TrainBatch], dict[str, float]]:
+def with_advantages(
+    batches: list[TrainBatch], values: list[torch.Tensor], ppo: GAEConfig
+) -> tuple[list[TrainBatch], dict[str, float]]:
     """Each batch with GAE's per-token advantages (whitened over the whole step when asked), the critic's values
     and its returns; and what the critic's values explain of the returns, before this step's update."""
     advantages, returns = [], []
@@ -49,10 +50,14 @@ def with_advantages(batches: list[TrainBatch], values: list[torch.Tensor], ppo: 
         advantages = whiten(advantages, masks)
     out = [replace(b, advantages=a, values=v, returns=r) for b, a, v, r in zip(batches, advantages, values, returns)]
     all_values, all_returns = (torch.cat([t[m] for t, m in zip(ts, masks)]) for ts in (values, returns))
-    stats = {"critic/explained_variance": explained_variance(all_values, all_returns, torch.ones_like(all_values,
-                                                                                                     dtype=torch.bool)),
-             "critic/values_mean": float(all_values.mean()), "critic/returns_mean": float(all_returns.mean()),
-             "critic/advantage_std": float(raw.std(unbiased=False))}  # before whitening
+    stats = {
+        "critic/explained_variance": explained_variance(
+            all_values, all_returns, torch.ones_like(all_values, dtype=torch.bool)
+        ),
+        "critic/values_mean": float(all_values.mean()),
+        "critic/returns_mean": float(all_returns.mean()),
+        "critic/advantage_std": float(raw.std(unbiased=False)),
+    }  # before whitening
     return out, stats
 
 
@@ -60,8 +65,14 @@ def critic_config(cfg: PPOConfig, model_dir: str) -> TrainerConfig:
     """The critic's trainer settings: the policy trainer's (parallelism, dtype, micro-batches, the colocated memory
     release, timeouts), with its own checkpoint, optimizer and directory, and never LoRA. Its routers choose their
     own experts (Keep Routing is about the policy's logprobs; a value has no behaviour to match)."""
-    return replace(cfg.trainer, model=model_dir, optim=cfg.critic.optim, lora=LoRAConfig(), keep_routing=False,
-                   checkpoint_dir=str(Path(cfg.trainer.checkpoint_dir) / "critic"))
+    return replace(
+        cfg.trainer,
+        model=model_dir,
+        optim=cfg.critic.optim,
+        lora=LoRAConfig(),
+        keep_routing=False,
+        checkpoint_dir=str(Path(cfg.trainer.checkpoint_dir) / "critic"),
+    )
 
 
 class PPORun(GRPORun):
@@ -72,11 +83,15 @@ class PPORun(GRPORun):
     def prepare(self) -> None:
         cfg = self.cfg
         if cfg.overlong.filter:
-            raise ConfigError("overlong.filter zeroes group advantages; with PPO (per-token advantages from the "
-                              "critic) use overlong.penalty_cache_len, or leave truncated responses to the critic")
+            raise ConfigError(
+                "overlong.filter zeroes group advantages; with PPO (per-token advantages from the "
+                "critic) use overlong.penalty_cache_len, or leave truncated responses to the critic"
+            )
         if cfg.trainer.grpo.policy_loss == "gspo":
-            raise ConfigError("trainer.grpo.policy_loss='gspo' clips a sequence ratio with one advantage per "
-                              "sequence; PPO's advantages are per token: use 'grpo' (PPO's clip) or 'cispo'")
+            raise ConfigError(
+                "trainer.grpo.policy_loss='gspo' clips a sequence ratio with one advantage per "
+                "sequence; PPO's advantages are per token: use 'grpo' (PPO's clip) or 'cispo'"
+            )
         super().prepare()
         self.critic_model = model_path(cfg.critic.model or cfg.model, "critic.model" if cfg.critic.model else "model")
 
@@ -97,27 +112,41 @@ class PPORun(GRPORun):
         await super().start_actors(hosts, gpus)
         # on the trainer's procs' hosts, cores and GPUs (time-sharing them, as the reference does)
         self.critic = await Critic.options(
-            **on_trainer_procs(self.placement, gpus, self.cfg.trainer_procs), share_gpus=True,
-        ).as_actor(critic_config(self.cfg, self.critic_model), value_clip=self.cfg.critic.value_clip,
-                   epochs=self.cfg.critic.epochs)
+            **on_trainer_procs(self.placement, gpus, self.cfg.trainer_procs), share_gpus=True
+        ).as_actor(
+            critic_config(self.cfg, self.critic_model),
+            value_clip=self.cfg.critic.value_clip,
+            epochs=self.cfg.critic.epochs,
+        )
         self.shards["critic"] = await data_shards(self.critic)
 
     async def score(self, batches: list, version: int) -> tuple[list, dict]:
         """The reference's logprobs, then the critic's values of every token and GAE's advantages from them."""
         batches, _ = await super().score(batches, version)
-        values = await within(call_for_batches(self.critic, Critic.values, batches, self.shards["critic"]),
-                              self.cfg.timeouts.reference_s, "reference_s", f"the Critic's values for version {version}",
-                              self._where())
+        values = await within(
+            call_for_batches(self.critic, Critic.values, batches, self.shards["critic"]),
+            self.cfg.timeouts.reference_s,
+            "reference_s",
+            f"the Critic's values for version {version}",
+            self._where(),
+        )
         return with_advantages(batches, values, self.cfg.ppo)
 
     async def train_beside(self, batches: list, version: int) -> dict:
         """The critic's steps on the batch's returns, while the policy's new weights publish."""
-        critic = (await within(
-            call_each_rank(self.critic, Critic.optimizer_step, batches_for_ranks(batches, self.shards["critic"])),
-            self.cfg.timeouts.train_step_s, "train_step_s", f"the Critic's optimizer_step at version {version}",
-            self._where()))[0]
-        return {f"critic/{k}": critic[k] for k in ("value_loss", "value_loss_last_epoch", "value_clip_fraction",
-                                                   "grad_norm", "step", "step_s")}
+        critic = (
+            await within(
+                call_each_rank(self.critic, Critic.optimizer_step, batches_for_ranks(batches, self.shards["critic"])),
+                self.cfg.timeouts.train_step_s,
+                "train_step_s",
+                f"the Critic's optimizer_step at version {version}",
+                self._where(),
+            )
+        )[0]
+        return {
+            f"critic/{k}": critic[k]
+            for k in ("value_loss", "value_loss_last_epoch", "value_clip_fraction", "grad_norm", "step", "step_s")
+        }
 
 
 CONFIG = PPOConfig
@@ -125,4 +154,3 @@ CONFIG = PPOConfig
 
 async def main(cfg: PPOConfig) -> dict:
     return await train(PPORun(cfg))
-

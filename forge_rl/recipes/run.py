@@ -46,8 +46,15 @@ class RecipeRun:
         """Claim output_dir for this run (or refuse, in one line), say what the claim noticed, and write the
         run's config.yaml beside its outputs."""
         cfg = self.cfg
-        self.claim = claim_output_dir(self.out, checkpoint_dir, algorithm=algorithm, resume=cfg.resume,
-                                      overwrite=cfg.overwrite, steps=cfg.steps, export_dir=cfg.export_dir)
+        self.claim = claim_output_dir(
+            self.out,
+            checkpoint_dir,
+            algorithm=algorithm,
+            resume=cfg.resume,
+            overwrite=cfg.overwrite,
+            steps=cfg.steps,
+            export_dir=cfg.export_dir,
+        )
         for note in self.claim.notes:
             self.console.print(f"[yellow]{note}[/yellow]")
         (self.out / "config.yaml").write_text(to_yaml(cfg))
@@ -58,7 +65,8 @@ class RecipeRun:
         self._stack = contextlib.AsyncExitStack()
         try:
             hosts, self.provisioner = await self._stack.enter_async_context(
-                run_hosts(self.cfg.launcher, self.out, self.log_dir))
+                run_hosts(self.cfg.launcher, self.out, self.log_dir)
+            )
             await self.start_roles(hosts)
         except BaseException:
             await self.stop()

@@ -39,7 +39,9 @@ class RunConfig:
     # checkpoints, is refused unless resumed or overwrite=true, which first removes the earlier run's files
     overwrite: bool = False
     output_dir: str = "outputs/run"
-    export_dir: str | None = "${output_dir}/hf"  # the final policy as an HF model directory (vLLM, transformers); null = none
+    export_dir: str | None = (
+        "${output_dir}/hf"  # the final policy as an HF model directory (vLLM, transformers); null = none
+    )
     launcher: LauncherConfig = field(default_factory=LauncherConfig)  # local, or a Slurm allocation (docs/slurm.md)
     # false: the role processes' output (vLLM, TorchTitan, Monarch) goes to output_dir/logs/<role>.log and the
     # console shows the run's progress; true (or --verbose): everything on the console

@@ -58,11 +58,15 @@ def check_config(cfg: SFTConfig) -> None:
         raise ConfigError(f"set the model with `model`, not trainer.model ({cfg.trainer.model!r})")
     check_engine_args(cfg.engine_args, "engine_args")  # before the evaluation's engine start finds it
     if cfg.trainer.keep_routing:
-        raise ConfigError("trainer.keep_routing=true: Keep Routing replays the experts an engine routed sampled "
-                          "tokens to, and SFT trains on the dataset's text, which no engine routed; remove it")
+        raise ConfigError(
+            "trainer.keep_routing=true: Keep Routing replays the experts an engine routed sampled "
+            "tokens to, and SFT trains on the dataset's text, which no engine routed; remove it"
+        )
     if cfg.trainer.profile_steps and max(cfg.trainer.profile_steps) > cfg.steps:  # a window would never end
-        raise ConfigError(f"trainer.profile_steps={list(cfg.trainer.profile_steps)} goes past the run's last step "
-                          f"(steps={cfg.steps}); profile steps 1 to {cfg.steps}")
+        raise ConfigError(
+            f"trainer.profile_steps={list(cfg.trainer.profile_steps)} goes past the run's last step "
+            f"(steps={cfg.steps}); profile steps 1 to {cfg.steps}"
+        )
     names = [r.name for r in cfg.rewards]
     if cfg.eval_size and cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
@@ -87,8 +91,9 @@ class SFTRun(RecipeRun):
         check_config(cfg)
         self.dp = dp_size(cfg)
         self.model_dir = model_path(cfg.model)
-        self.trainer_cfg = replace(cfg.trainer, model=self.model_dir, loss="sft",
-                                   profile_dir=str(self.out / "profile"))  # trainer.profile_steps' traces
+        self.trainer_cfg = replace(
+            cfg.trainer, model=self.model_dir, loss="sft", profile_dir=str(self.out / "profile")
+        )  # trainer.profile_steps' traces
         self.tokenizer = load_tokenizer(self.model_dir)
         max_len = json.loads((Path(self.model_dir) / "config.json").read_text()).get("max_position_embeddings")
         self.source = make_source(cfg.dataset, self.tokenizer, cfg.seed, max_len)
@@ -108,14 +113,22 @@ class SFTRun(RecipeRun):
             raise ConfigError(str(e)) from None
         examples = [e for _, e in zip(range(cfg.eval_size), rows.held_out())]
         if not examples:
-            raise ConfigError(f"task.source={cfg.task.source!r} has no held-out set (task.held_out, "
-                              "task.held_out_fraction); set eval_size=0 for none")
+            raise ConfigError(
+                f"task.source={cfg.task.source!r} has no held-out set (task.held_out, "
+                "task.held_out_fraction); set eval_size=0 for none"
+            )
         model_len = int(cfg.engine_args.get("max_model_len") or max_len or 0)
         if model_len:
-            check_prompts_fit(f"task.held_out {rows.cfg.held_out!r}", examples, self.tokenizer, rows.cfg,
-                              model_len - cfg.eval_max_tokens, f"engine_args.max_model_len {model_len} minus "
-                              f"eval_max_tokens={cfg.eval_max_tokens}: raise engine_args.max_model_len or shorten "
-                              "the prompts")
+            check_prompts_fit(
+                f"task.held_out {rows.cfg.held_out!r}",
+                examples,
+                self.tokenizer,
+                rows.cfg,
+                model_len - cfg.eval_max_tokens,
+                f"engine_args.max_model_len {model_len} minus "
+                f"eval_max_tokens={cfg.eval_max_tokens}: raise engine_args.max_model_len or shorten "
+                "the prompts",
+            )
         return [replace(e, text=render(self.tokenizer, e, rows.cfg)) for e in examples]
 
     async def start_roles(self, hosts: dict) -> None:
@@ -127,8 +140,9 @@ class SFTRun(RecipeRun):
         if self.log_dir:
             self.console.print(f"the procs' logs (TorchTitan, vLLM, Monarch) go to {self.log_dir}/ (--verbose: here)")
         self.console.print(f"starting the trainer ({cfg.trainer_procs} proc(s), dp={self.dp}) on {self.model_dir} ...")
-        self.trainer = await Trainer.options(procs=cfg.trainer_procs, spmd=True, gpus=self.use_gpus,
-                                             host_mesh="trainer").as_actor(self.trainer_cfg)
+        self.trainer = await Trainer.options(
+            procs=cfg.trainer_procs, spmd=True, gpus=self.use_gpus, host_mesh="trainer"
+        ).as_actor(self.trainer_cfg)
         path = self.claim.resume_from  # chosen and verified by claim_output_dir
         if path is not None:
             self.step = self.start_step = self.saved_at = (await self.trainer.load.call(str(path))).get(0)
@@ -142,8 +156,9 @@ class SFTRun(RecipeRun):
         interrupt lets the step in flight finish and logs it before the CancelledError goes on."""
         with self.timeline.span("controller", "batch", step=self.step + 1):
             batches = train_batches(self.source, self.step, self.cfg.batch_size, self.dp, self.tokenizer.pad_token_id)
-        call = asyncio.ensure_future(self._timed("trainer", "train step", self.trainer.optimizer_step.call(batches),
-                                                 step=self.step + 1))
+        call = asyncio.ensure_future(
+            self._timed("trainer", "train step", self.trainer.optimizer_step.call(batches), step=self.step + 1)
+        )
         try:
             m = (await asyncio.shield(call)).get(0)
         except asyncio.CancelledError:
@@ -158,9 +173,14 @@ class SFTRun(RecipeRun):
     def _log_step(self, m: dict) -> dict[str, float]:
         self.step = int(m["step"])
         self.losses.append(m["loss"])
-        line = {"train/loss": m["loss"], "train/grad_norm": m["grad_norm"], "train/lr": m["lr"],
-                "train/tokens_per_s": m["tokens_per_s"], "train/step_s": m["step_s"],
-                "train/elapsed_s": time.perf_counter() - self.t_train}
+        line = {
+            "train/loss": m["loss"],
+            "train/grad_norm": m["grad_norm"],
+            "train/lr": m["lr"],
+            "train/tokens_per_s": m["tokens_per_s"],
+            "train/step_s": m["step_s"],
+            "train/elapsed_s": time.perf_counter() - self.t_train,
+        }
         self.log.log(self.step, line)
         self.timeline.mark(f"step {self.step}")
         if "profile/summary" in m:  # trainer.profile_steps: the window's top operators, rank 0's
@@ -180,16 +200,22 @@ class SFTRun(RecipeRun):
             self.exported = eval_dir if final else None
             self.generator, self.reward = await asyncio.gather(
                 Generator.options(replicas=1, gpus=self.use_gpus, host_mesh="generator").as_service(
-                    eval_dir, engine_args=cfg.engine_args, seed=cfg.seed, weight_source=self.weight_source,
-                    engine_args_key="engine_args"),
-                RewardActor.as_actor(cfg.rewards))
+                    eval_dir,
+                    engine_args=cfg.engine_args,
+                    seed=cfg.seed,
+                    weight_source=self.weight_source,
+                    engine_args_key="engine_args",
+                ),
+                RewardActor.as_actor(cfg.rewards),
+            )
         else:
             await self.trainer.push_weights.call(self.step)
             await self.generator.update_weights.call_all(self.step)
         eval_reward = cfg.task.eval_reward or cfg.rewards[0].name
         with self.timeline.span("generator", "evaluate", step=self.step):
-            result = await evaluate_task(self.generator, self.reward, self.held_out, eval_reward,
-                                         max_tokens=cfg.eval_max_tokens)
+            result = await evaluate_task(
+                self.generator, self.reward, self.held_out, eval_reward, max_tokens=cfg.eval_max_tokens
+            )
         record = dict(**result, eval_s=time.perf_counter() - t0)
         self.log.log(self.step, {f"eval/{k}": v for k, v in record.items()})
         return record
@@ -214,13 +240,17 @@ class SFTRun(RecipeRun):
         if interrupted:
             self.step = (await self.trainer.version.call()).get(0)  # in case a step was in flight
             self.console.print(f"[yellow]interrupted at step {self.step}: saving a checkpoint[/yellow]")
-        checkpoint = (await self.checkpoint() if self.saved_at != self.step
-                      else f"{self.trainer_cfg.checkpoint_dir}/step-{self.step}")
+        checkpoint = (
+            await self.checkpoint()
+            if self.saved_at != self.step
+            else f"{self.trainer_cfg.checkpoint_dir}/step-{self.step}"
+        )
         if not interrupted:
             if self.held_out:
                 r = await self.evaluate(final=True)
-                self.summary.update(eval_accuracy=r["accuracy"], eval_n=r["n"], eval_finished=r["finished"],
-                                    eval_s=r["eval_s"])
+                self.summary.update(
+                    eval_accuracy=r["accuracy"], eval_n=r["n"], eval_finished=r["finished"], eval_s=r["eval_s"]
+                )
             if cfg.export_dir and self.exported != cfg.export_dir:
                 await self.trainer.export_hf.call(cfg.export_dir)
         return self._write_summary(checkpoint, interrupted)
@@ -228,17 +258,23 @@ class SFTRun(RecipeRun):
     def _write_summary(self, checkpoint: str, interrupted: bool) -> dict[str, Any]:
         cfg, done = self.cfg, self.step - self.start_step
         self.summary.update(
-            steps=self.step, trained_steps=done, interrupted=interrupted,
+            steps=self.step,
+            trained_steps=done,
+            interrupted=interrupted,
             first_loss=self.losses[0] if self.losses else math.nan,
             final_loss=self.losses[-1] if self.losses else math.nan,
-            train_s=self.train_s, s_per_step=self.train_s / max(done, 1), wall_s=time.perf_counter() - self.t_start,
-            checkpoint=checkpoint, export_dir=(cfg.export_dir or "") if not interrupted else "",
+            train_s=self.train_s,
+            s_per_step=self.train_s / max(done, 1),
+            wall_s=time.perf_counter() - self.t_start,
+            checkpoint=checkpoint,
+            export_dir=(cfg.export_dir or "") if not interrupted else "",
             busy_fraction={lane: round(f, 3) for lane, f in self.timeline.role_busy_fractions().items()},
         )
         self.log.close()
         self.timeline.write(self.out)
-        plot_run(self.log.path, self.out / "loss.png", f"SFT {cfg.model} on {Path(cfg.dataset).name}",
-                 panels=SFT_PANELS)
+        plot_run(
+            self.log.path, self.out / "loss.png", f"SFT {cfg.model} on {Path(cfg.dataset).name}", panels=SFT_PANELS
+        )
         (self.out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         table = Table(title="forge_rl SFT")
         table.add_column("metric")
@@ -246,8 +282,10 @@ class SFTRun(RecipeRun):
         for k, v in self.summary.items():
             table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
         self.console.print(table)
-        self.console.print(f"wrote {self.out / 'summary.json'}, {self.out / 'metrics.jsonl'}, {self.out / 'loss.png'}, "
-                           f"{self.out / 'timeline.png'} and {self.out / 'timeline.json'} (Perfetto)")
+        self.console.print(
+            f"wrote {self.out / 'summary.json'}, {self.out / 'metrics.jsonl'}, {self.out / 'loss.png'}, "
+            f"{self.out / 'timeline.png'} and {self.out / 'timeline.json'} (Perfetto)"
+        )
         return self.summary
 
 

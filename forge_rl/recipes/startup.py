@@ -38,8 +38,9 @@ def place(run, hosts: dict) -> list[str]:
         gpus = [str(i) for i in range(node_gpus)]
     else:
         gpus = visible_gpus()  # one GPU per trainer rank; a generator replica gets one per TP rank
-        run.placement = plan_placement(cfg.resources, cfg.trainer_procs, cfg.generator.replicas,
-                                       tp if gpus else 0, gpus)
+        run.placement = plan_placement(
+            cfg.resources, cfg.trainer_procs, cfg.generator.replicas, tp if gpus else 0, gpus
+        )
         plan_reward_models(cfg.resources, run.placement, sum(r.model is not None for r in cfg.rewards))
     run.generator_gpus = tp if gpus else 0
     # a trainer that time-shares its GPU with an engine gives the step's cached memory back for its wake-up
@@ -52,16 +53,25 @@ def host_placement(launcher: LauncherConfig, node_gpus: int) -> Placement:
     """Roles on hosts of their own (a Slurm allocation): nothing to share, nothing to pin."""
     s = launcher.slurm
     where = f"{node_gpus} GPUs per node" if node_gpus else "CPU"
-    return Placement("disaggregated", "cuda" if node_gpus else "cpu",
-                     note=f"trainer on {s.trainer_nodes} node(s), generators on {s.generator_nodes} node(s), {where}")
+    return Placement(
+        "disaggregated",
+        "cuda" if node_gpus else "cpu",
+        note=f"trainer on {s.trainer_nodes} node(s), generators on {s.generator_nodes} node(s), {where}",
+    )
 
 
 def on_trainer_procs(placement: Placement, gpus: list[str], procs: int) -> dict:
     """The actor options of a role on the trainer's `procs` (the trainer, the reference, PPO's critic): its ranks'
     cores and threads, and one GPU per rank as the placement planned them."""
-    return dict(procs=procs, spmd=True, gpus=bool(gpus), host_mesh="trainer", cpus=_tuples(placement.trainer_cpus),
-                threads=placement.trainer_threads,
-                gpu_ids=_tuples([placement.trainer_gpus] if placement.trainer_gpus else []))
+    return dict(
+        procs=procs,
+        spmd=True,
+        gpus=bool(gpus),
+        host_mesh="trainer",
+        cpus=_tuples(placement.trainer_cpus),
+        threads=placement.trainer_threads,
+        gpu_ids=_tuples([placement.trainer_gpus] if placement.trainer_gpus else []),
+    )
 
 
 async def start_actors(run, hosts: dict, gpus: list[str]) -> None:
@@ -76,35 +86,54 @@ async def start_actors(run, hosts: dict, gpus: list[str]) -> None:
     reward_models = await start_reward_models(run)
     run.trainer, run.generator, run.buffer, run.reward, run.dataset = await asyncio.gather(
         Trainer.options(**dict(trainer_procs, share_gpus=shared)).as_actor(cfg.trainer, cfg.weight_store),
-        Generator.options(replicas=cfg.generator.replicas, gpus=run.generator_gpus, share_gpus=shared,
-                          host_mesh="generator", cpus=_tuples(placement.generator_cpus),
-                          gpu_ids=_tuples(placement.generator_gpus)).as_service(
-            run.model_dir, engine_args=engine_args(run, shared), sampling=cfg.generator.sampling, seed=cfg.seed,
-            swap_mode=cfg.generator.swap_mode, weight_store=cfg.weight_store, weight_source=weight_source,
-            log_level=cfg.generator.log_level, lora=cfg.trainer.lora, max_kept_tokens=cfg.generator.max_kept_tokens,
+        Generator.options(
+            replicas=cfg.generator.replicas,
+            gpus=run.generator_gpus,
+            share_gpus=shared,
+            host_mesh="generator",
+            cpus=_tuples(placement.generator_cpus),
+            gpu_ids=_tuples(placement.generator_gpus),
+        ).as_service(
+            run.model_dir,
+            engine_args=engine_args(run, shared),
+            sampling=cfg.generator.sampling,
+            seed=cfg.seed,
+            swap_mode=cfg.generator.swap_mode,
+            weight_store=cfg.weight_store,
+            weight_source=weight_source,
+            log_level=cfg.generator.log_level,
+            lora=cfg.trainer.lora,
+            max_kept_tokens=cfg.generator.max_kept_tokens,
             record_routes=cfg.trainer.keep_routing,  # Keep Routing: the trainer replays the engine's experts
         ),
         ReplayBuffer.as_actor(run.buffer_cfg, **run.buffer_run),
-        RewardActor.as_actor(cfg.rewards, cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_memory_mb,
-                             reward_models),
-        PromptDataset.as_actor(cfg.task, run.model_dir, cfg.seed, max_prompt_tokens(cfg, run.model_dir),
-                               cfg.chat_template_kwargs),
+        RewardActor.as_actor(
+            cfg.rewards, cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_memory_mb, reward_models
+        ),
+        PromptDataset.as_actor(
+            cfg.task, run.model_dir, cfg.seed, max_prompt_tokens(cfg, run.model_dir), cfg.chat_template_kwargs
+        ),
     )
     reference = run.reference_model()
     if reference is not None:  # a frozen policy (or a teacher), on the trainer's cores
         run.reference = await Reference.options(**dict(trainer_procs, share_gpus=True)).as_actor(
             # the policy's routes replay in the policy's own model only, not in a distillation teacher's
-            replace(cfg.trainer, model=reference,
-                    keep_routing=cfg.trainer.keep_routing and reference == cfg.trainer.model),
-            cfg.weight_store, weight_source)
+            replace(
+                cfg.trainer, model=reference, keep_routing=cfg.trainer.keep_routing and reference == cfg.trainer.model
+            ),
+            cfg.weight_store,
+            weight_source,
+        )
     run.shards = {"trainer": await data_shards(run.trainer)}  # rank -> the batch it trains on
     if run.reference is not None:
         run.shards["reference"] = await data_shards(run.reference)
     run.held_out = await run.dataset.held_out.call_one(cfg.eval_size)
     if not run.held_out:
-        run.console.print("[yellow]eval_size=0: no held-out evaluations[/yellow]" if not cfg.eval_size else
-                          "[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): "
-                          "no evaluations[/yellow]")
+        run.console.print(
+            "[yellow]eval_size=0: no held-out evaluations[/yellow]"
+            if not cfg.eval_size
+            else "[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): no evaluations[/yellow]"
+        )
 
 
 async def start_reward_models(run) -> dict:
@@ -115,15 +144,19 @@ async def start_reward_models(run) -> dict:
     for spec in (s for s in cfg.rewards if s.model is not None):
         options = reward_model_options(run.placement, len(models))
         if spec.kind == "classifier":
-            models[spec.name] = await RewardModel.options(mesh_name=f"RewardModel-{len(models)}",
-                                                          **options).as_actor(
-                spec.model, spec.max_batch, spec.batch_window_ms)
+            models[spec.name] = await RewardModel.options(mesh_name=f"RewardModel-{len(models)}", **options).as_actor(
+                spec.model, spec.max_batch, spec.batch_window_ms
+            )
         else:
             models[spec.name] = await Generator.options(mesh_name=f"Judge-{len(models)}", **options).as_actor(
-                resolve_model_path(spec.model), engine_args=judge_engine_args(spec),
-                sampling=dict(temperature=0.0, max_tokens=spec.max_tokens), seed=cfg.seed,
-                policy_weights=False, log_level=cfg.generator.log_level,
-                engine_args_key=f"rewards[{cfg.rewards.index(spec)}].engine_args")
+                resolve_model_path(spec.model),
+                engine_args=judge_engine_args(spec),
+                sampling=dict(temperature=0.0, max_tokens=spec.max_tokens),
+                seed=cfg.seed,
+                policy_weights=False,
+                log_level=cfg.generator.log_level,
+                engine_args_key=f"rewards[{cfg.rewards.index(spec)}].engine_args",
+            )
         run.console.print(f"reward model {spec.name} ({spec.kind}, {spec.model}) started")
     return models
 
@@ -164,16 +197,24 @@ def memory_plan(run, engine_args: dict):
         return None
     seq_len = engine_args.get("max_model_len") or shape.max_position_embeddings or 2048
     return plan_memory(
-        shape, gpu_total_bytes(run.placement.gpus[0]), trainer_ranks=cfg.trainer_procs,
+        shape,
+        gpu_total_bytes(run.placement.gpus[0]),
+        trainer_ranks=cfg.trainer_procs,
         micro_batch=cfg.trainer.micro_batch_size or -(-cfg.batch_groups * cfg.group_size // dp_size(cfg)),
-        seq_len=seq_len, activation_checkpointing=cfg.trainer.parallel.activation_checkpointing,
-        fused_lm_head=cfg.trainer.fused_lm_head, trainer_tp=cfg.trainer.parallel.tp,
-        trainer_ep=cfg.trainer.parallel.ep, lora=cfg.trainer.lora.enabled, reference_params=ref_params,
-        **({"lm_head_memory_gb": cfg.trainer.lm_head_memory_mb * 2**20 / 1e9} if cfg.trainer.lm_head_memory_mb
-           else {}),
+        seq_len=seq_len,
+        activation_checkpointing=cfg.trainer.parallel.activation_checkpointing,
+        fused_lm_head=cfg.trainer.fused_lm_head,
+        trainer_tp=cfg.trainer.parallel.tp,
+        trainer_ep=cfg.trainer.parallel.ep,
+        lora=cfg.trainer.lora.enabled,
+        reference_params=ref_params,
+        **({"lm_head_memory_gb": cfg.trainer.lm_head_memory_mb * 2**20 / 1e9} if cfg.trainer.lm_head_memory_mb else {}),
         critic_params=run.critic_parameters(),
-        engine_dtype=engine_args.get("dtype", "bfloat16"), tensor_parallel_size=run.generator_gpus,
-        max_model_len=engine_args.get("max_model_len"), max_num_seqs=engine_args.get("max_num_seqs"))
+        engine_dtype=engine_args.get("dtype", "bfloat16"),
+        tensor_parallel_size=run.generator_gpus,
+        max_model_len=engine_args.get("max_model_len"),
+        max_num_seqs=engine_args.get("max_num_seqs"),
+    )
 
 
 async def resume(run) -> None:
@@ -181,13 +222,16 @@ async def resume(run) -> None:
     the step the run continues from."""
     cfg, path = run.cfg, run.claim.resume_from
     if path is not None:
-        run.start_step = await resume_from_checkpoint(run.state, run.trainer, run.generator, run.buffer,
-                                                      run.dataset, path, run.other_trained())
+        run.start_step = await resume_from_checkpoint(
+            run.state, run.trainer, run.generator, run.buffer, run.dataset, path, run.other_trained()
+        )
         run.saved_step = run.start_step
-        run.console.print(f"resumed from {path} at step {run.start_step} (policy version {run.state.version}, "
-                          f"run {run.claim.run_id})")
-    run.log = MetricsLogger(run.out, cfg.wandb_project, config=asdict(cfg),
-                            resume_step=run.start_step if path is not None else None)
+        run.console.print(
+            f"resumed from {path} at step {run.start_step} (policy version {run.state.version}, run {run.claim.run_id})"
+        )
+    run.log = MetricsLogger(
+        run.out, cfg.wandb_project, config=asdict(cfg), resume_step=run.start_step if path is not None else None
+    )
 
 
 def _tuples(lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:

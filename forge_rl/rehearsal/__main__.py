@@ -40,9 +40,14 @@ def spec_of(args, model_dir: Path):
     # Keep Routing is rehearsed off: its batches' routes are the engine's (none here), and what it adds is small next
     # to a step's memory (int64 top-k ids per layer for a micro-batch's tokens on the device during a forward)
     trainer = replace(cfg.trainer, model=str(model_dir), keep_routing=False)
-    return cfg, Rehearsal(model_dir, trainer, world=cfg.trainer_procs, role=role_of(args),
-                          seq_len=int(cfg.generator.engine_args.get("max_model_len") or 4096),
-                          ranks=[int(r) for r in args.ranks.split(",")] if args.ranks else None)
+    return cfg, Rehearsal(
+        model_dir,
+        trainer,
+        world=cfg.trainer_procs,
+        role=role_of(args),
+        seq_len=int(cfg.generator.engine_args.get("max_model_len") or 4096),
+        ranks=[int(r) for r in args.ranks.split(",")] if args.ranks else None,
+    )
 
 
 def role_of(args) -> str:
@@ -51,8 +56,11 @@ def role_of(args) -> str:
 
 def summary(result, plan, spec) -> str:
     """Per phase: rank 0 (it writes what the others send) and the largest of the others, in GB."""
-    rows = ["| phase | rank 0 peak GB (before) | other ranks' peak GB, max (before) | largest tensor made | "
-            "largest host block MB | plan GB |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| phase | rank 0 peak GB (before) | other ranks' peak GB, max (before) | largest tensor made | "
+        "largest host block MB | plan GB |",
+        "|---|---|---|---|---|---|",
+    ]
     for phase in next(iter(result.ranks.values())):
         zero = result.ranks.get(0, {}).get(phase)
         others = [p[phase] for r, p in result.ranks.items() if r != 0]
@@ -60,9 +68,11 @@ def summary(result, plan, spec) -> str:
         largest = max((p[phase] for p in result.ranks.values()), key=lambda m: m.largest.nbytes)
         cell = lambda m: f"{m.peak_bytes / GB:.2f} ({m.before_bytes / GB:.2f})" if m else "-"  # noqa: E731
         host = max(p[phase].host_block for p in result.ranks.values())
-        rows.append(f"| {phase} | {cell(zero)} | {cell(top)} | {largest.largest.nbytes / GB:.3f} GB "
-                    f"{largest.largest.dtype} {list(largest.largest.shape)} | {host / 2**20:.0f} | "
-                    f"{plan.bytes[phase] / GB:.2f} |")
+        rows.append(
+            f"| {phase} | {cell(zero)} | {cell(top)} | {largest.largest.nbytes / GB:.3f} GB "
+            f"{largest.largest.dtype} {list(largest.largest.shape)} | {host / 2**20:.0f} | "
+            f"{plan.bytes[phase] / GB:.2f} |"
+        )
     return "\n".join(rows)
 
 
@@ -76,12 +86,16 @@ def run_at(args, layers: int | None):
         cfg, spec = spec_of(args, model_dir)
         check_moe(replace(cfg, model=args.model), str(model_dir))  # what a run refuses, the rehearsal does too
         p, start = cfg.trainer.parallel, time.time()
-        print(f"{args.model} {spec.role}, {hf['num_hidden_layers']} layers, {spec.world} ranks "
-              f"(dp_shard {p.dp_shard} x tp {p.tp}), {cfg.trainer.dtype} compute, micro-batch "
-              f"{cfg.trainer.micro_batch_size} x {spec.seq_len} tokens, activation checkpointing "
-              f"{p.activation_checkpointing}, publish block {cfg.trainer.publish_block_mb} MB", flush=True)
-        result = rehearse(spec, progress=lambda r, n: print(f"  pass {n} rank {r} ({time.time() - start:.0f} s)",
-                                                             flush=True))
+        print(
+            f"{args.model} {spec.role}, {hf['num_hidden_layers']} layers, {spec.world} ranks "
+            f"(dp_shard {p.dp_shard} x tp {p.tp}), {cfg.trainer.dtype} compute, micro-batch "
+            f"{cfg.trainer.micro_batch_size} x {spec.seq_len} tokens, activation checkpointing "
+            f"{p.activation_checkpointing}, publish block {cfg.trainer.publish_block_mb} MB",
+            flush=True,
+        )
+        result = rehearse(
+            spec, progress=lambda r, n: print(f"  pass {n} rank {r} ({time.time() - start:.0f} s)", flush=True)
+        )
     return cfg, spec, hf, result
 
 
@@ -94,25 +108,38 @@ def extrapolated(results: list, layers: list[int], to: int):
     line = lambda x, y: round(x + (y - x) * (to - la) / (lb - la))  # noqa: E731
     out = replace(a, ranks={})
     for rank, phases in a.ranks.items():
-        out.ranks[rank] = {name: replace(m, before_bytes=line(m.before_bytes, b.ranks[rank][name].before_bytes),
-                                         peak_bytes=line(m.peak_bytes, b.ranks[rank][name].peak_bytes),
-                                         after_bytes=line(m.after_bytes, b.ranks[rank][name].after_bytes),
-                                         largest=max(m.largest, b.ranks[rank][name].largest, key=lambda t: t.nbytes))
-                           for name, m in phases.items()}
+        out.ranks[rank] = {
+            name: replace(
+                m,
+                before_bytes=line(m.before_bytes, b.ranks[rank][name].before_bytes),
+                peak_bytes=line(m.peak_bytes, b.ranks[rank][name].peak_bytes),
+                after_bytes=line(m.after_bytes, b.ranks[rank][name].after_bytes),
+                largest=max(m.largest, b.ranks[rank][name].largest, key=lambda t: t.nbytes),
+            )
+            for name, m in phases.items()
+        }
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m forge_rl.rehearsal", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m forge_rl.rehearsal", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--config", required=True)
     ap.add_argument("--model", choices=sorted(QWEN3_SHAPES), default="Qwen3-32B")
-    ap.add_argument("--layers", default="", help="decoder layers (default: the model's); two, e.g. 2,4: run both "
-                                                 "and extrapolate each rank's bytes to the model's layers")
+    ap.add_argument(
+        "--layers",
+        default="",
+        help="decoder layers (default: the model's); two, e.g. 2,4: run both "
+        "and extrapolate each rank's bytes to the model's layers",
+    )
     roles = ap.add_mutually_exclusive_group()
     roles.add_argument("--critic", action="store_true", help="PPO's critic instead of the policy's trainer")
-    roles.add_argument("--reference", action="store_true", help="the reference policy (KL penalty, distillation "
-                                                               "teacher): load, score, follow")
+    roles.add_argument(
+        "--reference",
+        action="store_true",
+        help="the reference policy (KL penalty, distillation teacher): load, score, follow",
+    )
     ap.add_argument("--ranks", default="", help="comma-separated ranks to measure (default all)")
     ap.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = ap.parse_args()
@@ -131,9 +158,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for rank, phases in sorted(result.ranks.items()):
         for phase, m in phases.items():
-            print(f"| {rank} | {phase} | {m.before_bytes / GB:.2f} | {m.peak_bytes / GB:.2f} | "
-                  f"{plan.bytes[phase] / GB:.2f} | {m.largest.nbytes / GB:.3f} GB {m.largest.dtype} "
-                  f"{list(m.largest.shape)} | {m.largest.where} | {m.host_block / 2**20:.0f} |")
+            print(
+                f"| {rank} | {phase} | {m.before_bytes / GB:.2f} | {m.peak_bytes / GB:.2f} | "
+                f"{plan.bytes[phase] / GB:.2f} | {m.largest.nbytes / GB:.3f} GB {m.largest.dtype} "
+                f"{list(m.largest.shape)} | {m.largest.where} | {m.host_block / 2**20:.0f} |"
+            )
     print("\n" + summary(result, plan, spec))
     problems = findings(result, plan)
     if spec.ranks is not None:  # some ranks only: what the others wrote is missing by design

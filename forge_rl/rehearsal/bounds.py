@@ -44,10 +44,18 @@ def phase_plan(hf_config: dict, cfg, world: int, seq_len: int, role: str = "trai
         h, vocab = shape.hidden_size, shape.vocab_size
         params += h - (0 if shape.tie_word_embeddings else vocab * h)
         shape = replace(shape, vocab_size=1)  # its "logits" are one per token
-    plan = plan_memory(shape, 1e15, trainer_ranks=world, micro_batch=cfg.micro_batch_size or 1, seq_len=seq_len,
-                       activation_checkpointing=cfg.parallel.activation_checkpointing,
-                       fused_lm_head=cfg.fused_lm_head and not critic, trainer_tp=tp, trainer_ep=cfg.parallel.ep,
-                       lm_head_memory_gb=rehearsed_head_mb(cfg) * 2**20 / 1e9)
+    plan = plan_memory(
+        shape,
+        1e15,
+        trainer_ranks=world,
+        micro_batch=cfg.micro_batch_size or 1,
+        seq_len=seq_len,
+        activation_checkpointing=cfg.parallel.activation_checkpointing,
+        fused_lm_head=cfg.fused_lm_head and not critic,
+        trainer_tp=tp,
+        trainer_ep=cfg.parallel.ep,
+        lm_head_memory_gb=rehearsed_head_mb(cfg) * 2**20 / 1e9,
+    )
     step = plan.activations_gb * 1e9
     if critic and world // tp > 1:  # its largest FSDP unit is still the embedding
         step += model.fsdp_unit_bytes(tp) - shape.fsdp_unit_bytes(tp)
@@ -69,10 +77,14 @@ def findings(result, plan: PhasePlan) -> list[str]:
         bound = max(plan.block, result.shard_bytes.get(rank, 0))
         for phase, m in phases.items():
             if m.peak_bytes > (1 + TOLERANCE) * plan.bytes[phase]:
-                out.append(f"rank {rank} {phase}: peak {m.peak_bytes / 1e6:.3f} MB > plan {plan.bytes[phase] / 1e6:.3f} MB "
-                           f"+ {TOLERANCE:.0%}")
+                out.append(
+                    f"rank {rank} {phase}: peak {m.peak_bytes / 1e6:.3f} MB > plan {plan.bytes[phase] / 1e6:.3f} MB "
+                    f"+ {TOLERANCE:.0%}"
+                )
             if phase in BOUNDED_PHASES and m.largest.nbytes > bound:
-                out.append(f"rank {rank} {phase}: made a {m.largest.dtype} tensor {list(m.largest.shape)} of "
-                           f"{m.largest.nbytes / 1e6:.3f} MB > one block or its largest shard ({bound / 1e6:.3f} MB) "
-                           f"at {m.largest.where}")
+                out.append(
+                    f"rank {rank} {phase}: made a {m.largest.dtype} tensor {list(m.largest.shape)} of "
+                    f"{m.largest.nbytes / 1e6:.3f} MB > one block or its largest shard ({bound / 1e6:.3f} MB) "
+                    f"at {m.largest.where}"
+                )
     return out

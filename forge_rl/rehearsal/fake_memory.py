@@ -113,8 +113,9 @@ class FakeMemory(TorchDispatchMode):
         made = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         from_meta = any(isinstance(t, torch.Tensor) for t in tree_flatten((args, kwargs))[0])
         indices = all(not (t.is_floating_point() or t.is_complex()) for t in made)
-        if any(t.device.type == "meta" for t in made) or \
-                (not from_meta and indices and sum(t.nbytes for t in made) <= self.real_below):
+        if any(t.device.type == "meta" for t in made) or (
+            not from_meta and indices and sum(t.nbytes for t in made) <= self.real_below
+        ):
             return func(*args, **kwargs)
         return out
 
@@ -128,8 +129,12 @@ class FakeMemory(TorchDispatchMode):
             nbytes = storage.nbytes()
             if nbytes > self.largest.nbytes:
                 local = getattr(tensor, "_local_tensor", tensor)  # a DTensor's own piece
-                self.largest = Largest(nbytes, tuple(local.shape), str(tensor.dtype).replace("torch.", ""),
-                                       _caller() if nbytes >= self.where_above else "")
+                self.largest = Largest(
+                    nbytes,
+                    tuple(local.shape),
+                    str(tensor.dtype).replace("torch.", ""),
+                    _caller() if nbytes >= self.where_above else "",
+                )
 
     def _count(self, storage, nbytes: int) -> None:
         size = self._sizes[storage] = [nbytes]  # a cell: FSDP2 frees and refills storages by resizing them

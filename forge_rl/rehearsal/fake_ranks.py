@@ -50,8 +50,9 @@ class ObjectExchange:
         if object_gather_list is not None:
             object_gather_list[:] = [heard.get(r, obj) for r in range(self.world)]
 
-    def scatter_object_list(self, scatter_object_output_list, scatter_object_input_list=None, src=0, group=None,
-                            group_src=None):
+    def scatter_object_list(
+        self, scatter_object_output_list, scatter_object_input_list=None, src=0, group=None, group_src=None
+    ):
         heard = self._heard(scatter_object_input_list)
         sent = heard.get(src) or scatter_object_input_list
         scatter_object_output_list[0] = sent[self.rank] if sent else None

@@ -55,7 +55,7 @@ class Coverage:
 
 def _overlap(boxes) -> tuple | None:
     for i, (a_at, a_shape) in enumerate(boxes):
-        for b_at, b_shape in boxes[i + 1:]:
+        for b_at, b_shape in boxes[i + 1 :]:
             if all(a < b + m and b < a + n for a, n, b, m in zip(a_at, a_shape, b_at, b_shape)):
                 return (a_at, a_shape), (b_at, b_shape)
     return None
@@ -187,4 +187,3 @@ class RecordingStorage(StorageWriter, StorageReader):
         done = Future()
         done.set_result(None)
         return done
-

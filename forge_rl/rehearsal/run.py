@@ -33,8 +33,7 @@ from forge_rl.deps.torchtitan import balanced_routing
 from forge_rl.rehearsal.bounds import rehearsed_head_mb
 from forge_rl.rehearsal.fake_memory import FakeMemory, Largest
 from forge_rl.rehearsal.fake_ranks import ObjectExchange, fake_rank
-from forge_rl.rehearsal.recording import (Coverage, RecordingStorage, RecordingStore, RecordingWriter,
-                                          recorded_save_file)
+from forge_rl.rehearsal.recording import Coverage, RecordingStorage, RecordingStore, RecordingWriter, recorded_save_file
 from forge_rl.rehearsal.sparse_checkpoint import fake_reads
 from forge_rl.types import BatchShape, TrainBatch
 
@@ -79,8 +78,10 @@ class Result:
         for name, c in self.coverage.items():
             problems = c.problems()
             if missing := sorted(self.checkpoint_names - set(c.spec)):
-                problems.append(f"{len(missing)} of the checkpoint's {len(self.checkpoint_names)} tensors are not "
-                                f"in it, e.g. {missing[0]}")
+                problems.append(
+                    f"{len(missing)} of the checkpoint's {len(self.checkpoint_names)} tensors are not "
+                    f"in it, e.g. {missing[0]}"
+                )
             if problems:
                 out[name] = problems
         return out
@@ -99,14 +100,18 @@ def batches_for(trainer, micro_batch: int, seq_len: int, critic: bool = False) -
 
     rng = np.random.default_rng(trainer.dp_rank)
     mask = np.zeros((micro_batch, seq_len), dtype=bool)
-    mask[:, seq_len // 2:] = True
+    mask[:, seq_len // 2 :] = True
     per_token = (rng.standard_normal((micro_batch, seq_len)) * mask).astype(np.float32)
     t = torch.from_numpy
-    batch = TrainBatch(t(rng.integers(3, trainer.vocab_size, (micro_batch, seq_len))), t(mask),
-                       t((-rng.random((micro_batch, seq_len)) * mask).astype(np.float32)),
-                       t(np.where(mask, 0, -1).astype(np.int64)),
-                       t(per_token) if critic else t(rng.standard_normal(micro_batch).astype(np.float32)),
-                       values=t(per_token) if critic else None, returns=t(per_token.copy()) if critic else None)
+    batch = TrainBatch(
+        t(rng.integers(3, trainer.vocab_size, (micro_batch, seq_len))),
+        t(mask),
+        t((-rng.random((micro_batch, seq_len)) * mask).astype(np.float32)),
+        t(np.where(mask, 0, -1).astype(np.int64)),
+        t(per_token) if critic else t(rng.standard_normal(micro_batch).astype(np.float32)),
+        values=t(per_token) if critic else None,
+        returns=t(per_token.copy()) if critic else None,
+    )
     return [batch if r == trainer.dp_rank else batch.shape_only() for r in range(trainer.dp_size)]
 
 
@@ -121,8 +126,14 @@ class _Run:
     def rank(self, rank: int, phases: tuple[str, ...], measure: bool) -> None:
         memory = FakeMemory(where_above=self.spec.where_above)
         coverage = self.result.coverage if measure else {}
-        with fake_rank(rank, self.spec.world, self.exchange), fake_reads(memory), _dcp_through(memory), \
-                _export_through(coverage, memory), balanced_routing(), memory:
+        with (
+            fake_rank(rank, self.spec.world, self.exchange),
+            fake_reads(memory),
+            _dcp_through(memory),
+            _export_through(coverage, memory),
+            balanced_routing(),
+            memory,
+        ):
             trainer = self._trainer()
             trainer.store = RecordingStore(memory, published=self.spec.model_dir)
             out = {}
@@ -137,7 +148,9 @@ class _Run:
                         raise
                     # the first pass: a rank hears only the ranks before it, and what it decides from the others'
                     # words may fail; what it said up to there is recorded, which is what this pass is for
-                out[phase] = PhaseMemory(before, memory.peak_bytes, memory.live_bytes, memory.largest, memory.host_block)
+                out[phase] = PhaseMemory(
+                    before, memory.peak_bytes, memory.live_bytes, memory.largest, memory.host_block
+                )
                 if phase == "load" and measure:
                     self.result.shard_bytes[rank] = _largest_shard(trainer.model)
             del trainer
@@ -149,19 +162,26 @@ class _Run:
         from forge_rl.actors.reference import Reference
         from forge_rl.actors.trainer import Trainer
 
-        cfg = replace(self.spec.cfg, model=str(self.spec.model_dir), checkpoint_dir=str(self.scratch / "ckpt"),
-                      lm_head_memory_mb=rehearsed_head_mb(self.spec.cfg))
+        cfg = replace(
+            self.spec.cfg,
+            model=str(self.spec.model_dir),
+            checkpoint_dir=str(self.scratch / "ckpt"),
+            lm_head_memory_mb=rehearsed_head_mb(self.spec.cfg),
+        )
         return {"trainer": Trainer, "critic": Critic, "reference": Reference}[self.spec.role](cfg)
 
     def _phase(self, trainer, phase: str, coverage: dict, memory: FakeMemory) -> None:
         if phase == "load":
             call(trainer, "setup")
         elif phase in ("first_step", "train"):
-            batches = batches_for(trainer, trainer.cfg.micro_batch_size or 1, self.spec.seq_len,
-                                  self.spec.role == "critic")
+            batches = batches_for(
+                trainer, trainer.cfg.micro_batch_size or 1, self.spec.seq_len, self.spec.role == "critic"
+            )
             call(trainer, "optimizer_step", batches)
         elif phase == "score":
-            call(trainer, "fill_ref_logprobs", batches_for(trainer, trainer.cfg.micro_batch_size or 1, self.spec.seq_len))
+            call(
+                trainer, "fill_ref_logprobs", batches_for(trainer, trainer.cfg.micro_batch_size or 1, self.spec.seq_len)
+            )
         elif phase == "follow":
             call(trainer, "follow", 1)
         elif phase.startswith("publish"):

@@ -25,9 +25,17 @@ def hf_config(shape: dict, layers: int | None = None) -> dict:
     """An HF Qwen3 (or Qwen3-MoE) config.json from memory_plan's QWEN3_SHAPES entry, with `layers` decoder layers
     if given."""
     moe = shape.get("model_type") == "qwen3_moe"
-    base = dict(architectures=["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"], model_type="qwen3",
-                hidden_act="silu", rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=1e6),
-                attention_bias=False, torch_dtype="bfloat16", eos_token_id=2, pad_token_id=0)
+    base = dict(
+        architectures=["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
+        model_type="qwen3",
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+        rope_parameters=dict(rope_type="default", rope_theta=1e6),
+        attention_bias=False,
+        torch_dtype="bfloat16",
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     if moe:  # Qwen3-MoE's released layout: every layer sparse, top-k weights renormalised
         base |= dict(decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
     return {**base, **shape, "num_hidden_layers": layers or shape["num_hidden_layers"]}
@@ -44,19 +52,31 @@ def checkpoint_tensors(cfg: dict) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (cfg["vocab_size"], h)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                   p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-                   p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-                   p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "self_attn.q_norm.weight": (hd,),
+            p + "self_attn.k_norm.weight": (hd,),
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+        }
         if experts:
             shapes[p + "mlp.gate.weight"] = (experts, h)
             for e in range(experts):
                 x = f"{p}mlp.experts.{e}."
-                shapes |= {x + "gate_proj.weight": (moe_inter, h), x + "up_proj.weight": (moe_inter, h),
-                           x + "down_proj.weight": (h, moe_inter)}
+                shapes |= {
+                    x + "gate_proj.weight": (moe_inter, h),
+                    x + "up_proj.weight": (moe_inter, h),
+                    x + "down_proj.weight": (h, moe_inter),
+                }
         else:
-            shapes |= {p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                       p + "mlp.down_proj.weight": (h, inter)}
+            shapes |= {
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+            }
     return shapes
 
 

@@ -67,8 +67,14 @@ def _is_number(text: str) -> bool:
     return bool(re.fullmatch(r"\s*-?[\d,]+(\.\d+)?\s*", text))
 
 
-def math_answer(prompts: list, completions: list[str], answer: list[str], parse_timeout_s: int = PARSE_TIMEOUT_S,
-                verify_timeout_s: int = VERIFY_TIMEOUT_S, **_) -> list[float]:
+def math_answer(
+    prompts: list,
+    completions: list[str],
+    answer: list[str],
+    parse_timeout_s: int = PARSE_TIMEOUT_S,
+    verify_timeout_s: int = VERIFY_TIMEOUT_S,
+    **_,
+) -> list[float]:
     """1.0 when the completion's final answer equals the reference answer mathematically; else 0.0 (also when
     reading or comparing it takes longer than math-verify's timeouts)."""
     out = []
@@ -82,5 +88,7 @@ def math_answer(prompts: list, completions: list[str], answer: list[str], parse_
 
 def math_format(prompts: list, completions: list[str], finish_reason: list[str], **_) -> list[float]:
     """1.0 when the completion gives its final answer as \\boxed{...} or after '####', and ended on its own."""
-    return [float(f == "stop" and (bool(_BOXED.search(c)) or _after_hashes(c) is not None))
-            for c, f in zip(completions, finish_reason, strict=True)]
+    return [
+        float(f == "stop" and (bool(_BOXED.search(c)) or _after_hashes(c) is not None))
+        for c, f in zip(completions, finish_reason, strict=True)
+    ]

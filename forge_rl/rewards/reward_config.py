@@ -7,8 +7,9 @@ from typing import Any
 
 
 KINDS = ("classifier", "judge")
-DEFAULT_JUDGE_TEMPLATE = ("Question: {prompt}\nAnswer: {completion}\nIs the answer correct? Reply with a score "
-                          "from 0 to 10.\nScore:")
+DEFAULT_JUDGE_TEMPLATE = (
+    "Question: {prompt}\nAnswer: {completion}\nIs the answer correct? Reply with a score from 0 to 10.\nScore:"
+)
 
 
 @dataclass

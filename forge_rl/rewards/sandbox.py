@@ -58,8 +58,9 @@ class SandboxResult:
 def _bwrap() -> str:
     path = shutil.which("bwrap")
     if path is None:
-        raise SandboxUnavailable("the code sandbox needs bubblewrap: apt-get install bubblewrap (Debian/Ubuntu), "
-                                 "or dnf install bubblewrap")
+        raise SandboxUnavailable(
+            "the code sandbox needs bubblewrap: apt-get install bubblewrap (Debian/Ubuntu), or dnf install bubblewrap"
+        )
     return path
 
 
@@ -106,14 +107,47 @@ def _limits(limits: SandboxLimits):
 def _sandbox_command(code: str, limits: SandboxLimits) -> list[str]:
     """bwrap running the system's Python on `code`: no network, a read-only system, a small /tmp, no environment."""
     # The system's interpreter: the caller's may live where the sandbox's user cannot read (/root/.pyenv).
-    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(
-        os.path.join(sys.base_prefix, "bin", "python3"))
+    python = (
+        "/usr/bin/python3"
+        if os.path.exists("/usr/bin/python3")
+        else os.path.realpath(os.path.join(sys.base_prefix, "bin", "python3"))
+    )
     return [
-        _bwrap(), "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-        *_ro_binds(), "--proc", "/proc", "--dev", "/dev", "--size", str(limits.scratch_mb << 20), "--tmpfs", "/tmp",
-        "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-        "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--disable-userns",
-        "--", python, "-I", "-S", "-c", code,
+        _bwrap(),
+        "--unshare-all",
+        "--unshare-user",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+        *_ro_binds(),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(limits.scratch_mb << 20),
+        "--tmpfs",
+        "/tmp",
+        "--chdir",
+        "/tmp",
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/tmp",
+        "--setenv",
+        "PYTHONDONTWRITEBYTECODE",
+        "1",
+        "--disable-userns",
+        "--",
+        python,
+        "-I",
+        "-S",
+        "-c",
+        code,
     ]
 
 
@@ -141,8 +175,9 @@ def run_sandboxed(code: str, limits: SandboxLimits | None = None, stdin: str = "
     start = time.monotonic()
     # Output goes to files: RLIMIT_FSIZE caps them in the kernel, so a flood never fills our memory.
     with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out_f, stderr=err_f,
-                                preexec_fn=_limits(limits), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=out_f, stderr=err_f, preexec_fn=_limits(limits), start_new_session=True
+        )
         timed_out = False
         try:
             proc.communicate(stdin.encode(), timeout=limits.wall_s)
@@ -179,8 +214,9 @@ def extract_code(completion: str) -> str:
     return blocks[-1] if blocks else completion
 
 
-def code_tests(prompts: list, completions: list[str], tests: list, wall_s: float = 10.0, cpu_s: int = 5,
-               memory_mb: int = 512, **_) -> list[float]:
+def code_tests(
+    prompts: list, completions: list[str], tests: list, wall_s: float = 10.0, cpu_s: int = 5, memory_mb: int = 512, **_
+) -> list[float]:
     """1.0 when the completion's code, followed by its row's `tests` (Python asserts: a string or a list of
     strings), runs to completion in the sandbox; 0.0 for a failed assert, an error, or any limit hit.
 

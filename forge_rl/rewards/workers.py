@@ -96,6 +96,7 @@ def import_function(target: str, args: dict[str, Any] | None = None):
 
 # ---- the worker process -------------------------------------------------------------------------------------
 
+
 def _limit_memory(memory_mb: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a segfaulting verifier leaves no core file behind
     if memory_mb is not None:
@@ -212,9 +213,11 @@ def _living(processes: list[psutil.Process]) -> list[psutil.Process]:
 
 # A fresh interpreter that reads its settings from the pipe. Not multiprocessing's spawn: that runs the
 # caller's __main__ again in the child, which a script without an `if __name__ == "__main__"` guard cannot take.
-_BOOT = ("import sys; from multiprocessing.connection import Connection; conn = Connection(int(sys.argv[1])); "
-         "settings = conn.recv(); sys.path[:] = settings.pop('path'); "
-         "from forge_rl.rewards.workers import _worker_main; _worker_main(conn, **settings)")
+_BOOT = (
+    "import sys; from multiprocessing.connection import Connection; conn = Connection(int(sys.argv[1])); "
+    "settings = conn.recv(); sys.path[:] = settings.pop('path'); "
+    "from forge_rl.rewards.workers import _worker_main; _worker_main(conn, **settings)"
+)
 
 
 class _Worker:
@@ -222,11 +225,16 @@ class _Worker:
         self.conn, child = multiprocessing.Pipe()
         # Its own session (setsid, done before exec): a timeout kills whatever the verifier started, too.
         # Started by exec, never forked from the caller: the caller holds threads and engines.
-        self.process = subprocess.Popen([sys.executable, "-c", _BOOT, str(child.fileno())], pass_fds=[child.fileno()],
-                                        start_new_session=True, stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, str(child.fileno())],
+            pass_fds=[child.fileno()],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
         child.close()
-        self.conn.send({"path": list(sys.path), "parent_pid": os.getpid(), "memory_mb": memory_mb,
-                        "preload": list(preload)})
+        self.conn.send(
+            {"path": list(sys.path), "parent_pid": os.getpid(), "memory_mb": memory_mb, "preload": list(preload)}
+        )
         self.ready = False
 
     def wait_ready(self) -> None:
@@ -271,8 +279,7 @@ class _Worker:
 class RewardPool:
     """`workers` processes that run reward functions; each call is one worker's for its duration."""
 
-    def __init__(self, workers: int, memory_mb: int | None = None, preload: list[str] = (),
-                 ):
+    def __init__(self, workers: int, memory_mb: int | None = None, preload: list[str] = ()):
         if workers < 1:
             raise ValueError(f"reward_workers must be >= 1, got {workers}")
         if memory_mb is not None and memory_mb < 64:
@@ -329,8 +336,9 @@ class RewardPool:
         finally:
             self._give_back(worker, failed)
 
-    async def call(self, target: str, bound: dict[str, Any], *args: Any, timeout_s: float | None = None,
-                   **kwargs: Any) -> list[float]:
+    async def call(
+        self, target: str, bound: dict[str, Any], *args: Any, timeout_s: float | None = None, **kwargs: Any
+    ) -> list[float]:
         """`target(*args, **bound, **kwargs)` in a worker, as a list of floats; see the module for its errors."""
         if self.closed:
             raise RewardError("the reward pool is closed")
@@ -344,17 +352,21 @@ class RewardPool:
             worker.wait_ready()
             worker.conn.send((target, bound, args, kwargs))
             if not worker.conn.poll(timeout_s):
-                raise RewardTimeout(f"reward {target!r} took longer than reward_timeout_s={timeout_s}; its worker "
-                                    "was killed and replaced")
+                raise RewardTimeout(
+                    f"reward {target!r} took longer than reward_timeout_s={timeout_s}; its worker "
+                    "was killed and replaced"
+                )
             try:
                 kind, value = worker.conn.recv()
             except (EOFError, OSError):
-                raise RewardCrash(f"reward {target!r} crashed its worker ({worker.death()}); the worker was "
-                                  "replaced") from None
+                raise RewardCrash(
+                    f"reward {target!r} crashed its worker ({worker.death()}); the worker was replaced"
+                ) from None
             failed = False
         except (BrokenPipeError, ConnectionResetError):  # the send: the worker's end is gone
-            raise RewardCrash(f"reward {target!r} found its worker's pipe closed ({worker.death()}); the worker "
-                              "was replaced") from None
+            raise RewardCrash(
+                f"reward {target!r} found its worker's pipe closed ({worker.death()}); the worker was replaced"
+            ) from None
         finally:
             self._give_back(worker, failed)
         if kind == "memory":
@@ -365,8 +377,16 @@ class RewardPool:
             raise RewardError(f"reward {target!r} raised {value}")
         return value
 
-    async def score(self, name: str, target: str, bound: dict[str, Any], prompts: list, completions: list[str],
-                    timeout_s: float | None = None, **kwargs: Any) -> list[float]:
+    async def score(
+        self,
+        name: str,
+        target: str,
+        bound: dict[str, Any],
+        prompts: list,
+        completions: list[str],
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> list[float]:
         """A reward function's values for a group: one finite value per completion, or a RewardError (of the
         kind `call` raised) naming the function as configured (`name`)."""
         n = len(completions)

@@ -71,9 +71,15 @@ class _Launcher:
         """Spawn on one new proc mesh, run `setup` on every rank, return the actor mesh."""
         name = self.opts.mesh_name or self.cls.__name__
         mesh = await get_provisioner().get_proc_mesh(
-            procs=self.opts.procs, gpus=self.opts.gpus, mesh_name=name, spmd=self.opts.spmd,
-            cpus=self.opts.cpus_of(0), threads=self.opts.threads, share_gpus=self.opts.share_gpus,
-            host_mesh=self.opts.host_mesh, gpu_ids=self.opts.gpu_ids_of(0),
+            procs=self.opts.procs,
+            gpus=self.opts.gpus,
+            mesh_name=name,
+            spmd=self.opts.spmd,
+            cpus=self.opts.cpus_of(0),
+            threads=self.opts.threads,
+            share_gpus=self.opts.share_gpus,
+            host_mesh=self.opts.host_mesh,
+            gpu_ids=self.opts.gpu_ids_of(0),
         )
         try:
             actor = mesh.spawn(name, self.cls, *args, **kwargs)

@@ -36,8 +36,9 @@ def write_rank_digests(step_dir: Path, rank: int) -> None:
     top-level file), hashed and recorded in `.sha256-rank-<rank>.json` for `write_manifest` to take up."""
     step_dir = Path(step_dir)
     mine = sorted(p.name for p in step_dir.iterdir() if p.is_file() and _written_by(p.name) == rank)
-    record = {name: dict(bytes=(step_dir / name).stat().st_size, sha256=d)
-              for name, d in zip(mine, _digests(step_dir, mine))}
+    record = {
+        name: dict(bytes=(step_dir / name).stat().st_size, sha256=d) for name, d in zip(mine, _digests(step_dir, mine))
+    }
     (step_dir / f".sha256-rank-{rank}.json").write_text(json.dumps(record))
 
 
@@ -58,8 +59,11 @@ def write_manifest(step_dir: Path, run_id: str, step: int) -> None:
         base = sidecar.parent.relative_to(step_dir)
         for name, entry in json.loads(sidecar.read_text()).items():
             known[str(base / name)] = entry
-    files = sorted(str(p.relative_to(step_dir)) for p in step_dir.rglob("*")
-                   if p.is_file() and p.name != MANIFEST and not RANK_DIGESTS.fullmatch(p.name))
+    files = sorted(
+        str(p.relative_to(step_dir))
+        for p in step_dir.rglob("*")
+        if p.is_file() and p.name != MANIFEST and not RANK_DIGESTS.fullmatch(p.name)
+    )
     sizes = {f: (step_dir / f).stat().st_size for f in files}
     todo = [f for f in files if known.get(f, {}).get("bytes") != sizes[f]]
     digests = {**{f: known[f]["sha256"] for f in files if f not in todo}, **dict(zip(todo, _digests(step_dir, todo)))}
@@ -77,8 +81,10 @@ def commit(partial: Path, final: Path, run_id: str, step: int) -> None:
     `final` already there (the same step saved again) is replaced whole, unless another run wrote it."""
     partial, final = Path(partial), Path(final)
     if final.exists() and owner(final) not in (run_id, None):
-        raise FileExistsError(f"{final} is run {owner(final)}'s checkpoint; run {run_id} does not replace it: give "
-                              "each run its own trainer.checkpoint_dir")
+        raise FileExistsError(
+            f"{final} is run {owner(final)}'s checkpoint; run {run_id} does not replace it: give "
+            "each run its own trainer.checkpoint_dir"
+        )
     write_manifest(partial, run_id, step)
     if final.exists():
         replaced = final.parent / f".{final.name}.{run_id}.replaced"
@@ -164,8 +170,7 @@ def step_of(path: Path) -> int:
 
 def step_dirs(checkpoint_dir: Path) -> list[Path]:
     """Every step-N directory under `checkpoint_dir`, whoever wrote it and whatever its state, oldest first."""
-    return sorted((p for p in Path(checkpoint_dir).glob("step-*") if p.is_dir() and p.name[5:].isdigit()),
-                  key=step_of)
+    return sorted((p for p in Path(checkpoint_dir).glob("step-*") if p.is_dir() and p.name[5:].isdigit()), key=step_of)
 
 
 def complete_checkpoints(checkpoint_dir: Path, run_id: str | None = None) -> list[Path]:

@@ -101,8 +101,11 @@ class ModelShape:
         heads = config["num_attention_heads"]
         return cls(
             name=name or config.get("_name_or_path") or config.get("model_type", "model"),
-            hidden_size=config["hidden_size"], num_hidden_layers=config["num_hidden_layers"],
-            intermediate_size=config["intermediate_size"], vocab_size=config["vocab_size"], num_attention_heads=heads,
+            hidden_size=config["hidden_size"],
+            num_hidden_layers=config["num_hidden_layers"],
+            intermediate_size=config["intermediate_size"],
+            vocab_size=config["vocab_size"],
+            num_attention_heads=heads,
             num_key_value_heads=config.get("num_key_value_heads") or heads,
             head_dim=config.get("head_dim") or config["hidden_size"] // heads,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
@@ -118,8 +121,11 @@ class ModelShape:
         """One decoder layer's parameters (of a mixture of experts: with 1/ep of its experts)."""
         h, d, a, k = self.hidden_size, self.head_dim, self.num_attention_heads, self.num_key_value_heads
         attention = h * a * d + 2 * h * k * d + a * d * h + ((a + 2 * k) * d if self.attention_bias else 0)
-        mlp = (self.expert_parameters() // ep + self.num_experts * h if self.num_experts else
-               3 * h * self.intermediate_size)
+        mlp = (
+            self.expert_parameters() // ep + self.num_experts * h
+            if self.num_experts
+            else 3 * h * self.intermediate_size
+        )
         return attention + mlp + 2 * h + (2 * d if self.qk_norm else 0)
 
     def expert_parameters(self) -> int:
@@ -188,11 +194,13 @@ class MemoryPlan:
 
     def describe(self) -> str:
         keeps = "fp32 params; Adam and grads on the host" if self.offload_optimizer else "params, grads, Adam"
-        line = (f"memory plan {self.model} ({self.params / 1e9:.2f}B params) on a {self.gpu_gb:.1f} GB GPU: trainer "
-                f"{self.trainer_resident_gb:.1f} GB while generating ({keeps}), {self.trainer_step_gb:.1f} GB states + "
-                f"~{self.activations_gb:.1f} GB activations while stepping; engine weights {self.engine_weights_gb:.1f} GB, "
-                f"gpu_memory_utilization {self.gpu_memory_utilization:.3f} -> {self.kv_tokens:,} KV tokens "
-                f"(needs {self.min_kv_tokens:,}: {self.min_kv_what})")
+        line = (
+            f"memory plan {self.model} ({self.params / 1e9:.2f}B params) on a {self.gpu_gb:.1f} GB GPU: trainer "
+            f"{self.trainer_resident_gb:.1f} GB while generating ({keeps}), {self.trainer_step_gb:.1f} GB states + "
+            f"~{self.activations_gb:.1f} GB activations while stepping; engine weights {self.engine_weights_gb:.1f} GB, "
+            f"gpu_memory_utilization {self.gpu_memory_utilization:.3f} -> {self.kv_tokens:,} KV tokens "
+            f"(needs {self.min_kv_tokens:,}: {self.min_kv_what})"
+        )
         return "\n".join([line, *self.warnings, *([f"refused: {self.refusal}"] if self.refusal else [])])
 
     def check(self, user_utilization: float | None = None) -> None:
@@ -207,21 +215,39 @@ class MemoryPlan:
                 f"generator.engine_args.gpu_memory_utilization={user_utilization} gives the engine "
                 f"{user_utilization * self.gpu_gb:.1f} GB of the {self.gpu_gb:.1f} GB GPU, but the trainer keeps "
                 f"{self.trainer_resident_gb:.1f} GB on it while the engine generates ({self.model}, colocated): at most "
-                f"{self.gpu_memory_utilization:.3f}; lower it or leave it out (the memory plan sets it)")
+                f"{self.gpu_memory_utilization:.3f}; lower it or leave it out (the memory plan sets it)"
+            )
         if (tokens := self.kv_tokens_at(user_utilization)) < self.min_kv_tokens:
             raise ConfigError(
                 f"generator.engine_args.gpu_memory_utilization={user_utilization} leaves {self.model}'s engine "
                 f"{tokens:,} KV tokens ({self.engine_weights_gb:.1f} GB of weights on a {self.gpu_gb:.1f} GB GPU); "
                 f"it needs {self.min_kv_tokens:,} ({self.min_kv_what}): raise it (at most "
-                f"{self.gpu_memory_utilization:.3f}) or leave it out")
+                f"{self.gpu_memory_utilization:.3f}) or leave it out"
+            )
 
 
-def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, micro_batch: int = 1,
-                seq_len: int = 2048, activation_checkpointing: bool = True, fused_lm_head: bool = True, trainer_tp: int = 1,
-                trainer_ep: int = 1, lm_head_memory_gb: float = LM_HEAD_MEMORY_GB,
-                offload_optimizer: bool = False, lora: bool = False, reference_params: int = 0, critic_params: int = 0,
-                engine_dtype: str = "bfloat16", tensor_parallel_size: int = 1, max_model_len: int | None = None,
-                max_num_seqs: int | None = None, margin_gb: float = MARGIN_GB) -> MemoryPlan:
+def plan_memory(
+    shape: ModelShape,
+    gpu_bytes: float,
+    *,
+    trainer_ranks: int = 1,
+    micro_batch: int = 1,
+    seq_len: int = 2048,
+    activation_checkpointing: bool = True,
+    fused_lm_head: bool = True,
+    trainer_tp: int = 1,
+    trainer_ep: int = 1,
+    lm_head_memory_gb: float = LM_HEAD_MEMORY_GB,
+    offload_optimizer: bool = False,
+    lora: bool = False,
+    reference_params: int = 0,
+    critic_params: int = 0,
+    engine_dtype: str = "bfloat16",
+    tensor_parallel_size: int = 1,
+    max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
+    margin_gb: float = MARGIN_GB,
+) -> MemoryPlan:
     """The plan of one GPU that a trainer rank (of `trainer_ranks`) and a generator replica's share time-share
     (the module's formulas). Never raises for a plan that does not fit: `plan.refusal` says why, `plan.check()`
     raises it."""
@@ -236,18 +262,36 @@ def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, 
     head_gb = 0.0 if logits else min(lm_head_memory_gb, micro_batch * seq_len * shape.vocab_size * 10 / GB)
     engine_bytes = DTYPE_BYTES.get(str(engine_dtype).replace("torch.", ""), 2)
     max_len = max_model_len or shape.max_position_embeddings or seq_len
-    min_kv, what = ((max_len * max_num_seqs, f"max_model_len={max_len} x max_num_seqs={max_num_seqs}")
-                    if max_num_seqs else (max_len, f"one max_model_len={max_len} sequence"))
+    min_kv, what = (
+        (max_len * max_num_seqs, f"max_model_len={max_len} x max_num_seqs={max_num_seqs}")
+        if max_num_seqs
+        else (max_len, f"one max_model_len={max_len} sequence")
+    )
     utilization = math.floor(max(0.0, (gpu_gb - resident - extra - margin_gb) / gpu_gb) * 1000) / 1000
     plan = MemoryPlan(
-        model=shape.name, params=params, gpu_gb=gpu_gb, trainer_ranks=n, offload_optimizer=offload_optimizer,
-        trainer_states_gb=states, trainer_resident_gb=resident + extra, trainer_step_gb=step + extra,
-        activations_gb=(shape.activation_bytes(micro_batch * seq_len, activation_checkpointing, logits, trainer_tp)
-                        + (shape.fsdp_unit_bytes(trainer_tp, trainer_ep) if n // max(trainer_tp, 1) > 1 else 0)) / GB
+        model=shape.name,
+        params=params,
+        gpu_gb=gpu_gb,
+        trainer_ranks=n,
+        offload_optimizer=offload_optimizer,
+        trainer_states_gb=states,
+        trainer_resident_gb=resident + extra,
+        trainer_step_gb=step + extra,
+        activations_gb=(
+            shape.activation_bytes(micro_batch * seq_len, activation_checkpointing, logits, trainer_tp)
+            + (shape.fsdp_unit_bytes(trainer_tp, trainer_ep) if n // max(trainer_tp, 1) > 1 else 0)
+        )
+        / GB
         + head_gb,
-        engine_weights_gb=params * engine_bytes / t / GB, kv_bytes_per_token=shape.kv_bytes_per_token(engine_bytes),
-        tensor_parallel_size=t, gpu_memory_utilization=utilization, kv_tokens=0, min_kv_tokens=min_kv,
-        min_kv_what=what, margin_gb=margin_gb)
+        engine_weights_gb=params * engine_bytes / t / GB,
+        kv_bytes_per_token=shape.kv_bytes_per_token(engine_bytes),
+        tensor_parallel_size=t,
+        gpu_memory_utilization=utilization,
+        kv_tokens=0,
+        min_kv_tokens=min_kv,
+        min_kv_what=what,
+        margin_gb=margin_gb,
+    )
     plan.kv_tokens = plan.kv_tokens_at(utilization)
     plan.refusal = _refusal(plan, lora)
     if plan.trainer_step_gb + plan.activations_gb + margin_gb > gpu_gb and not plan.refusal:
@@ -255,7 +299,8 @@ def plan_memory(shape: ModelShape, gpu_bytes: float, *, trainer_ranks: int = 1, 
             f"warning: the trainer's step may not fit: {plan.trainer_step_gb:.1f} GB states + ~{plan.activations_gb:.1f} "
             f"GB activations ({micro_batch} x {seq_len} tokens per micro-batch, activation checkpointing "
             f"{'on' if activation_checkpointing else 'off'}) + {margin_gb:.1f} GB margin > {gpu_gb:.1f} GB; lower "
-            "trainer.micro_batch_size or set trainer.parallel.activation_checkpointing: true")
+            "trainer.micro_batch_size or set trainer.parallel.activation_checkpointing: true"
+        )
     return plan
 
 
@@ -264,23 +309,31 @@ def _refusal(plan: MemoryPlan, lora: bool) -> str:
     head = f"{plan.model} ({plan.params / 1e9:.2f}B params) colocated on a {plan.gpu_gb:.1f} GB GPU"
     fp32 = 4 * plan.params / plan.trainer_ranks / GB
     if plan.trainer_step_gb + plan.margin_gb > plan.gpu_gb:
-        parts = (f"fp32 params {fp32:.1f} GB (LoRA: frozen)" if lora else
-                 f"fp32 params {fp32:.1f} + grads {fp32:.1f}" + ("" if plan.offload_optimizer else f" + Adam {2 * fp32:.1f}")
-                 + " GB")
-        return (f"{head}: the trainer's states take {plan.trainer_step_gb:.1f} GB per GPU during a step ({parts} over "
-                f"{plan.trainer_ranks} rank(s), CUDA context and any reference policy included) + {plan.margin_gb:.1f} GB "
-                f"margin > {plan.gpu_gb:.1f} GB; raise trainer_procs (FSDP shards the states over more GPUs), "
-                "use trainer.lora, or resources.placement: disaggregated on more GPUs")
+        parts = (
+            f"fp32 params {fp32:.1f} GB (LoRA: frozen)"
+            if lora
+            else f"fp32 params {fp32:.1f} + grads {fp32:.1f}"
+            + ("" if plan.offload_optimizer else f" + Adam {2 * fp32:.1f}")
+            + " GB"
+        )
+        return (
+            f"{head}: the trainer's states take {plan.trainer_step_gb:.1f} GB per GPU during a step ({parts} over "
+            f"{plan.trainer_ranks} rank(s), CUDA context and any reference policy included) + {plan.margin_gb:.1f} GB "
+            f"margin > {plan.gpu_gb:.1f} GB; raise trainer_procs (FSDP shards the states over more GPUs), "
+            "use trainer.lora, or resources.placement: disaggregated on more GPUs"
+        )
     if plan.kv_tokens < plan.min_kv_tokens:
         kv = plan.kv_bytes_per_token
-        return (f"{head}: the trainer keeps {plan.trainer_resident_gb:.1f} GB while the engine generates, which leaves "
-                f"the engine gpu_memory_utilization {plan.gpu_memory_utilization:.3f} "
-                f"({plan.gpu_memory_utilization * plan.gpu_gb:.1f} GB) for its weights {plan.engine_weights_gb:.1f} GB + "
-                f"{ENGINE_OVERHEAD_GB:.1f} GB overhead + a KV cache of {plan.kv_tokens:,} tokens ({kv / 1024:.0f} KiB each), "
-                f"fewer than the {plan.min_kv_tokens:,} it needs ({plan.min_kv_what}: "
-                f"{plan.min_kv_tokens * kv / GB / plan.tensor_parallel_size:.1f} GB per GPU); lower "
-                "generator.engine_args.max_model_len or generator.engine_args.max_num_seqs, "
-                + "raise generator.engine_args.tensor_parallel_size, or use resources.placement: disaggregated")
+        return (
+            f"{head}: the trainer keeps {plan.trainer_resident_gb:.1f} GB while the engine generates, which leaves "
+            f"the engine gpu_memory_utilization {plan.gpu_memory_utilization:.3f} "
+            f"({plan.gpu_memory_utilization * plan.gpu_gb:.1f} GB) for its weights {plan.engine_weights_gb:.1f} GB + "
+            f"{ENGINE_OVERHEAD_GB:.1f} GB overhead + a KV cache of {plan.kv_tokens:,} tokens ({kv / 1024:.0f} KiB each), "
+            f"fewer than the {plan.min_kv_tokens:,} it needs ({plan.min_kv_what}: "
+            f"{plan.min_kv_tokens * kv / GB / plan.tensor_parallel_size:.1f} GB per GPU); lower "
+            "generator.engine_args.max_model_len or generator.engine_args.max_num_seqs, "
+            + "raise generator.engine_args.tensor_parallel_size, or use resources.placement: disaggregated"
+        )
     return ""
 
 
@@ -297,13 +350,18 @@ def size_one_gpu(shape: ModelShape, gpu_bytes: float, **kwargs) -> tuple[str, Me
 
 def table(shapes: list[ModelShape], gpu_bytes: float, **kwargs) -> str:
     """A markdown table of `size_one_gpu` for each shape."""
-    rows = ["| model | params | trainer GB (generating / stepping + activations) | engine weights GB | "
-            "gpu_memory_utilization | KV tokens | verdict |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| model | params | trainer GB (generating / stepping + activations) | engine weights GB | "
+        "gpu_memory_utilization | KV tokens | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for shape in shapes:
         verdict, p = size_one_gpu(shape, gpu_bytes, **kwargs)
-        rows.append(f"| {p.model} | {p.params / 1e9:.3f}B | {p.trainer_resident_gb:.1f} / {p.trainer_step_gb:.1f} + "
-                    f"{p.activations_gb:.1f} | {p.engine_weights_gb:.1f} | {p.gpu_memory_utilization:.3f} | "
-                    f"{p.kv_tokens:,} | {verdict} |")
+        rows.append(
+            f"| {p.model} | {p.params / 1e9:.3f}B | {p.trainer_resident_gb:.1f} / {p.trainer_step_gb:.1f} + "
+            f"{p.activations_gb:.1f} | {p.engine_weights_gb:.1f} | {p.gpu_memory_utilization:.3f} | "
+            f"{p.kv_tokens:,} | {verdict} |"
+        )
     return "\n".join(rows)
 
 
@@ -312,8 +370,12 @@ def gpu_total_bytes(gpu: str) -> int:
     free of a CUDA context (one would hold ~0.5 GB of a colocated GPU for the whole run); else
     torch.cuda.get_device_properties(0).total_memory. Call it only on CUDA hosts."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", gpu],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", gpu],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         return int(float(out.stdout.split()[0]) * 2**20)  # MiB
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         import torch
@@ -324,26 +386,65 @@ def gpu_total_bytes(gpu: str) -> int:
 _QWEN3 = dict(vocab_size=151936, num_key_value_heads=8, head_dim=128, model_type="qwen3", max_position_embeddings=40960)
 # Published Qwen3 shapes, for the table without config files at hand (`--model-config` reads real ones).
 QWEN3_SHAPES = {
-    "Qwen3-0.6B": dict(_QWEN3, hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, num_attention_heads=16,
-                       tie_word_embeddings=True),
-    "Qwen3-1.7B": dict(_QWEN3, hidden_size=2048, num_hidden_layers=28, intermediate_size=6144, num_attention_heads=16,
-                       tie_word_embeddings=True),
-    "Qwen3-8B": dict(_QWEN3, hidden_size=4096, num_hidden_layers=36, intermediate_size=12288, num_attention_heads=32,
-                     tie_word_embeddings=False),
-    "Qwen3-32B": dict(_QWEN3, hidden_size=5120, num_hidden_layers=64, intermediate_size=25600, num_attention_heads=64,
-                      tie_word_embeddings=False),
-    "Qwen3-30B-A3B": dict(_QWEN3, model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48,
-                          intermediate_size=6144, num_attention_heads=32, num_key_value_heads=4,
-                          tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
-                          moe_intermediate_size=768),
+    "Qwen3-0.6B": dict(
+        _QWEN3,
+        hidden_size=1024,
+        num_hidden_layers=28,
+        intermediate_size=3072,
+        num_attention_heads=16,
+        tie_word_embeddings=True,
+    ),
+    "Qwen3-1.7B": dict(
+        _QWEN3,
+        hidden_size=2048,
+        num_hidden_layers=28,
+        intermediate_size=6144,
+        num_attention_heads=16,
+        tie_word_embeddings=True,
+    ),
+    "Qwen3-8B": dict(
+        _QWEN3,
+        hidden_size=4096,
+        num_hidden_layers=36,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        tie_word_embeddings=False,
+    ),
+    "Qwen3-32B": dict(
+        _QWEN3,
+        hidden_size=5120,
+        num_hidden_layers=64,
+        intermediate_size=25600,
+        num_attention_heads=64,
+        tie_word_embeddings=False,
+    ),
+    "Qwen3-30B-A3B": dict(
+        _QWEN3,
+        model_type="qwen3_moe",
+        hidden_size=2048,
+        num_hidden_layers=48,
+        intermediate_size=6144,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+    ),
 }
 
 
 def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(prog="python -m forge_rl.runtime.memory_plan",
-                                description="One GPU shared by the trainer and a vLLM engine: the memory plan.")
-    p.add_argument("--model-config", action="append", default=[],
-                   help="an HF config.json (or its directory); repeatable; none: Qwen3 0.6B, 1.7B, 8B, 32B and 30B-A3B")
+    p = argparse.ArgumentParser(
+        prog="python -m forge_rl.runtime.memory_plan",
+        description="One GPU shared by the trainer and a vLLM engine: the memory plan.",
+    )
+    p.add_argument(
+        "--model-config",
+        action="append",
+        default=[],
+        help="an HF config.json (or its directory); repeatable; none: Qwen3 0.6B, 1.7B, 8B, 32B and 30B-A3B",
+    )
     p.add_argument("--gpu-gb", type=float, default=80.0, help="GPU memory in GB (1e9 bytes)")
     p.add_argument("--trainer-ranks", type=int, default=1)
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward on a rank")
@@ -353,12 +454,18 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--no-activation-checkpointing", action="store_true")
     args = p.parse_args(argv)
-    shapes = ([ModelShape.from_config(c) for c in args.model_config] or
-              [ModelShape.from_config(cfg, name) for name, cfg in QWEN3_SHAPES.items()])
-    kwargs = dict(trainer_ranks=args.trainer_ranks, micro_batch=args.micro_batch, seq_len=args.seq_len,
-                  max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                  tensor_parallel_size=args.tensor_parallel_size,
-                  activation_checkpointing=not args.no_activation_checkpointing)
+    shapes = [ModelShape.from_config(c) for c in args.model_config] or [
+        ModelShape.from_config(cfg, name) for name, cfg in QWEN3_SHAPES.items()
+    ]
+    kwargs = dict(
+        trainer_ranks=args.trainer_ranks,
+        micro_batch=args.micro_batch,
+        seq_len=args.seq_len,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        tensor_parallel_size=args.tensor_parallel_size,
+        activation_checkpointing=not args.no_activation_checkpointing,
+    )
     out = table(shapes, args.gpu_gb * GB, **kwargs)
     print(out)
     for shape in shapes:

@@ -29,8 +29,10 @@ class ActorOptions:
             return None
         lists = [list(c) for c in self.cpus[replica * self.procs : (replica + 1) * self.procs]]
         if len(lists) != self.procs:
-            raise ValueError(f"ForgeActor option cpus has {len(self.cpus)} core lists; replica {replica} of "
-                             f"{self.procs} procs needs entries {replica * self.procs}..{(replica + 1) * self.procs - 1}")
+            raise ValueError(
+                f"ForgeActor option cpus has {len(self.cpus)} core lists; replica {replica} of "
+                f"{self.procs} procs needs entries {replica * self.procs}..{(replica + 1) * self.procs - 1}"
+            )
         return lists
 
     def gpu_ids_of(self, replica: int = 0) -> list[str] | None:
@@ -38,15 +40,19 @@ class ActorOptions:
         if not self.gpu_ids:
             return None
         if replica >= len(self.gpu_ids):
-            raise ValueError(f"ForgeActor option gpu_ids lists {len(self.gpu_ids)} replicas' GPUs; replica {replica} has none")
+            raise ValueError(
+                f"ForgeActor option gpu_ids lists {len(self.gpu_ids)} replicas' GPUs; replica {replica} has none"
+            )
         return list(self.gpu_ids[replica])
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpu_ids", tuple(tuple(str(g) for g in ids) for ids in self.gpu_ids))
         for ids in self.gpu_ids:
             if len(ids) != self.procs * int(self.gpus) or len(set(ids)) != len(ids):
-                raise ValueError(f"ForgeActor option gpu_ids: replica GPUs {list(ids)} must be {self.procs} procs x "
-                                 f"{int(self.gpus)} gpus distinct ids")
+                raise ValueError(
+                    f"ForgeActor option gpu_ids: replica GPUs {list(ids)} must be {self.procs} procs x "
+                    f"{int(self.gpus)} gpus distinct ids"
+                )
         for name in ("procs", "replicas"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ForgeActor option {name} must be >= 1, got {getattr(self, name)}")

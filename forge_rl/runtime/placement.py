@@ -68,7 +68,9 @@ class Placement:
         return self.mode == "colocated"
 
     def describe(self) -> str:
-        rms = [f"GPUs {_fmt(g)}" for g in self.reward_model_gpus] or [f"cores {_fmt(c)}" for c in self.reward_model_cpus]
+        rms = [f"GPUs {_fmt(g)}" for g in self.reward_model_gpus] or [
+            f"cores {_fmt(c)}" for c in self.reward_model_cpus
+        ]
         return self._describe_roles() + (f"; reward models on [{' | '.join(rms)}]" if rms else "")
 
     def _describe_roles(self) -> str:
@@ -77,29 +79,45 @@ class Placement:
         if self.device == "cuda":
             share = "time-shared: vLLM sleeps while the trainer steps" if self.colocated else "one set per role"
             gen = " | ".join(_fmt(g) for g in self.generator_gpus)
-            return (f"placement {self.mode} on GPUs {_fmt(self.gpus)} ({share}): generator replicas [{gen}], "
-                    f"trainer ranks on GPUs [{_fmt(self.trainer_gpus)}]")
+            return (
+                f"placement {self.mode} on GPUs {_fmt(self.gpus)} ({share}): generator replicas [{gen}], "
+                f"trainer ranks on GPUs [{_fmt(self.trainer_gpus)}]"
+            )
         gen = " | ".join(_fmt(c) for c in self.generator_cpus)
         train = " | ".join(_fmt(c) for c in self.trainer_cpus)
         how = "time-shared: the generator pauses while the trainer steps" if self.colocated else "side by side"
-        return (f"placement {self.mode} on CPU cores {_fmt(sorted({c for cs in self.generator_cpus + self.trainer_cpus for c in cs}))}"
-                f" ({how}): generator replicas [{gen}], trainer ranks [{train}] x {self.trainer_threads} threads")
+        return (
+            f"placement {self.mode} on CPU cores {_fmt(sorted({c for cs in self.generator_cpus + self.trainer_cpus for c in cs}))}"
+            f" ({how}): generator replicas [{gen}], trainer ranks [{train}] x {self.trainer_threads} threads"
+        )
 
 
-def plan_placement(cfg: ResourcesConfig, trainer_procs: int, generator_replicas: int, generator_gpus: int,
-                   gpus: list[str] | None = None, cores: list[int] | None = None) -> Placement:
+def plan_placement(
+    cfg: ResourcesConfig,
+    trainer_procs: int,
+    generator_replicas: int,
+    generator_gpus: int,
+    gpus: list[str] | None = None,
+    cores: list[int] | None = None,
+) -> Placement:
     """Decide and check where every role runs. Errors name the config keys that conflict."""
     if gpus:
         return _plan_gpus(cfg, trainer_procs, generator_replicas, generator_gpus, gpus)
     cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
-    gen = [parse_cpus(s, "resources.generator_cpus") for s in cfg.generator_cpus.split("|")] if cfg.generator_cpus else []
+    gen = (
+        [parse_cpus(s, "resources.generator_cpus") for s in cfg.generator_cpus.split("|")] if cfg.generator_cpus else []
+    )
     train = parse_cpus(cfg.trainer_cpus, "resources.trainer_cpus") if cfg.trainer_cpus else []
     if gen and len(gen) != generator_replicas:
-        raise ValueError(f"resources.generator_cpus={cfg.generator_cpus!r} lists {len(gen)} replicas' cores; "
-                         f"generator.replicas={generator_replicas}")
+        raise ValueError(
+            f"resources.generator_cpus={cfg.generator_cpus!r} lists {len(gen)} replicas' cores; "
+            f"generator.replicas={generator_replicas}"
+        )
     for name, listed in (("generator_cpus", [c for g in gen for c in g]), ("trainer_cpus", train)):
         if outside := sorted(set(listed) - set(cores)):
-            raise ValueError(f"resources.{name} names cores {outside} that this process may not use (it may use {_fmt(cores)})")
+            raise ValueError(
+                f"resources.{name} names cores {outside} that this process may not use (it may use {_fmt(cores)})"
+            )
     given = {c for g in gen for c in g}
     mode = cfg.placement
     if mode == "auto":
@@ -109,8 +127,10 @@ def plan_placement(cfg: ResourcesConfig, trainer_procs: int, generator_replicas:
         gen, train = gen or [cores] * generator_replicas, train or cores
     else:
         if overlap := set(train) & given:
-            raise ValueError(f"resources.placement=disaggregated but resources.generator_cpus and "
-                             f"resources.trainer_cpus share cores {sorted(overlap)}")
+            raise ValueError(
+                f"resources.placement=disaggregated but resources.generator_cpus and "
+                f"resources.trainer_cpus share cores {sorted(overlap)}"
+            )
         free = [c for c in cores if c not in given and c not in train]
         if not gen:
             n = max(generator_replicas, round(len(cores) * cfg.generator_share))
@@ -119,32 +139,43 @@ def plan_placement(cfg: ResourcesConfig, trainer_procs: int, generator_replicas:
                 raise ValueError(
                     f"resources.placement=disaggregated needs a core per generator replica ({generator_replicas}) and "
                     f"per trainer rank ({trainer_procs}); this process may use {len(cores)} cores ({_fmt(cores)}); "
-                    "use resources.placement=colocated (or auto)")
+                    "use resources.placement=colocated (or auto)"
+                )
             gen, free = _split(free[:n], generator_replicas), free[n:]
         train = train or free
     if any(not g for g in gen):
         raise ValueError(f"every generator replica needs at least one core, got {gen} (resources.generator_cpus)")
     if len(train) < trainer_procs:
-        raise ValueError(f"trainer cores {_fmt(train)} are fewer than trainer_procs={trainer_procs} (resources.trainer_cpus)")
+        raise ValueError(
+            f"trainer cores {_fmt(train)} are fewer than trainer_procs={trainer_procs} (resources.trainer_cpus)"
+        )
     ranks = _split(train, trainer_procs)
-    return Placement(mode, "cpu", generator_cpus=gen, trainer_cpus=ranks,
-                     trainer_threads=cfg.trainer_threads or len(ranks[0]))
+    return Placement(
+        mode, "cpu", generator_cpus=gen, trainer_cpus=ranks, trainer_threads=cfg.trainer_threads or len(ranks[0])
+    )
 
 
-def plan_reward_models(cfg: ResourcesConfig, placement: Placement, models: int,
-                       cores: list[int] | None = None) -> Placement:
+def plan_reward_models(
+    cfg: ResourcesConfig, placement: Placement, models: int, cores: list[int] | None = None
+) -> Placement:
     """Where each of `models` reward models runs (placement.reward_model_cpus / _gpus, in `rewards` order).
     On CPU: the cores resources.reward_model_cpus gives each, or none pinned (they share the machine). On GPUs:
     the ids resources.reward_model_gpus gives each, or the next GPU neither the trainer nor a generator replica
     takes, or (none is free) the last visible GPU, time-shared."""
+
     def per_model(text: str, key: str) -> list[str]:
         parts = text.split("|") if text else []
         if parts and len(parts) != models:
-            raise ValueError(f"resources.{key}={text!r} lists {len(parts)} reward models' devices; rewards has "
-                             f"{models} entries with a model")
+            raise ValueError(
+                f"resources.{key}={text!r} lists {len(parts)} reward models' devices; rewards has "
+                f"{models} entries with a model"
+            )
         return parts
 
-    cpus, gpus = per_model(cfg.reward_model_cpus, "reward_model_cpus"), per_model(cfg.reward_model_gpus, "reward_model_gpus")
+    cpus, gpus = (
+        per_model(cfg.reward_model_cpus, "reward_model_cpus"),
+        per_model(cfg.reward_model_gpus, "reward_model_gpus"),
+    )
     if placement.device == "cpu":
         if gpus:
             raise ValueError("resources.reward_model_gpus names GPUs, but this host has none visible")
@@ -154,16 +185,21 @@ def plan_reward_models(cfg: ResourcesConfig, placement: Placement, models: int,
             raise ValueError(f"resources.reward_model_cpus names cores {outside} that this process may not use")
         return placement
     if cpus:
-        raise ValueError("resources.reward_model_cpus pins CPU roles; on GPUs reward models get devices "
-                         "(resources.reward_model_gpus)")
+        raise ValueError(
+            "resources.reward_model_cpus pins CPU roles; on GPUs reward models get devices "
+            "(resources.reward_model_gpus)"
+        )
     for ids in gpus:
         if unknown := [g for g in ids.split(",") if g not in placement.gpus]:
-            raise ValueError(f"resources.reward_model_gpus={cfg.reward_model_gpus!r} names GPUs {unknown}; "
-                             f"visible: {_fmt(placement.gpus)}")
+            raise ValueError(
+                f"resources.reward_model_gpus={cfg.reward_model_gpus!r} names GPUs {unknown}; "
+                f"visible: {_fmt(placement.gpus)}"
+            )
     taken = set(placement.trainer_gpus) | {g for r in placement.generator_gpus for g in r}
     free = [g for g in placement.gpus if g not in taken] or placement.gpus[-1:]
-    placement.reward_model_gpus = ([ids.split(",") for ids in gpus] if gpus else
-                                   [[free[i % len(free)]] for i in range(models)])
+    placement.reward_model_gpus = (
+        [ids.split(",") for ids in gpus] if gpus else [[free[i % len(free)]] for i in range(models)]
+    )
     return placement
 
 
@@ -180,14 +216,18 @@ def _plan_gpus(cfg: ResourcesConfig, trainer_procs: int, replicas: int, per_repl
     if mode == "auto":
         mode = "disaggregated" if len(gpus) >= wanted else "colocated"
     if mode == "disaggregated" and len(gpus) < wanted:
-        raise ValueError(f"resources.placement=disaggregated needs {wanted} GPUs (trainer_procs={trainer_procs} + "
-                         f"generator.replicas={replicas} x generator.engine_args.tensor_parallel_size={per_replica}); "
-                         f"{len(gpus)} visible ({_fmt(gpus)}): use resources.placement=colocated (or auto), or fewer")
+        raise ValueError(
+            f"resources.placement=disaggregated needs {wanted} GPUs (trainer_procs={trainer_procs} + "
+            f"generator.replicas={replicas} x generator.engine_args.tensor_parallel_size={per_replica}); "
+            f"{len(gpus)} visible ({_fmt(gpus)}): use resources.placement=colocated (or auto), or fewer"
+        )
     if mode == "colocated" and (trainer_procs > len(gpus) or replicas * per_replica > len(gpus)):
-        raise ValueError(f"resources.placement=colocated time-shares the {len(gpus)} visible GPUs ({_fmt(gpus)}) with one "
-                         f"trainer rank per GPU and distinct GPUs per replica: trainer_procs={trainer_procs} and "
-                         f"generator.replicas={replicas} x generator.engine_args.tensor_parallel_size={per_replica} "
-                         f"must each be at most {len(gpus)}")
+        raise ValueError(
+            f"resources.placement=colocated time-shares the {len(gpus)} visible GPUs ({_fmt(gpus)}) with one "
+            f"trainer rank per GPU and distinct GPUs per replica: trainer_procs={trainer_procs} and "
+            f"generator.replicas={replicas} x generator.engine_args.tensor_parallel_size={per_replica} "
+            f"must each be at most {len(gpus)}"
+        )
     trainer = list(gpus[:trainer_procs])
     pool = list(gpus) if mode == "colocated" else list(gpus[trainer_procs:])
     stride = len(pool) // replicas  # >= per_replica, by the checks above
@@ -196,7 +236,7 @@ def _plan_gpus(cfg: ResourcesConfig, trainer_procs: int, replicas: int, per_repl
 
 
 def parse_cpus(text: str, key: str) -> list[int]:
-    """"0-3,6" -> [0, 1, 2, 3, 6]; errors name `key`."""
+    """ "0-3,6" -> [0, 1, 2, 3, 6]; errors name `key`."""
     out: list[int] = []
     try:
         for part in text.split(","):

@@ -29,7 +29,6 @@ from forge_rl.weights.runs import RUN_ID_ENV, cleanup_stale_runs, register_proce
 logger = logging.getLogger(__name__)
 
 
-
 def visible_gpus() -> list[str]:
     """GPU ids this controller may hand out, without initialising CUDA in the controller."""
     if (env := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
@@ -47,8 +46,17 @@ def visible_gpus() -> list[str]:
 shm_prefix = run_prefix
 
 
-def _bootstrap(mesh_name: str, procs: int, procs_per_host: int, gpu_ids: list[str], gpus_per_proc: int,
-               cpus: list[list[int]], threads: int, log_dir: str | None, run_id: str):
+def _bootstrap(
+    mesh_name: str,
+    procs: int,
+    procs_per_host: int,
+    gpu_ids: list[str],
+    gpus_per_proc: int,
+    cpus: list[list[int]],
+    threads: int,
+    log_dir: str | None,
+    run_id: str,
+):
     """Bootstrap for a proc: a name that says its role, its output in a log file of its own (when the run has
     a log_dir), only its own GPUs, its own cores with its own number of threads. Runs in the proc before user
     code touches CUDA or starts a thread pool."""
@@ -123,9 +131,17 @@ class Provisioner:
         install_fault_hook()
 
     async def get_proc_mesh(
-        self, procs: int = 1, gpus: int = 0, mesh_name: str = "forge", spmd: bool = False,
-        cpus: list[list[int]] | None = None, threads: int = 0, share_gpus: bool = False,
-        host_mesh: str | None = None, host_index: int | None = None, gpu_ids: list[str] | None = None,
+        self,
+        procs: int = 1,
+        gpus: int = 0,
+        mesh_name: str = "forge",
+        spmd: bool = False,
+        cpus: list[list[int]] | None = None,
+        threads: int = 0,
+        share_gpus: bool = False,
+        host_mesh: str | None = None,
+        host_index: int | None = None,
+        gpu_ids: list[str] | None = None,
     ) -> ProcMesh:
         """A new mesh of `procs` procs on this host, each with `gpus` GPUs of its own (True = 1).
 
@@ -136,8 +152,9 @@ class Provisioner:
         instead (procs spread evenly over its hosts; GPUs numbered per host, `gpu_ids` unused), or with
         `host_index` one host of it (a service's replica)."""
         if host_mesh in self.hosts:
-            return await self._remote_proc_mesh(self.hosts[host_mesh], host_mesh, procs, int(gpus), mesh_name, spmd,
-                                                host_index)
+            return await self._remote_proc_mesh(
+                self.hosts[host_mesh], host_mesh, procs, int(gpus), mesh_name, spmd, host_index
+            )
         if self._stopped:
             raise RuntimeError("provisioner was shut down; create a new one")
         if procs < 1:
@@ -145,8 +162,17 @@ class Provisioner:
         if cpus and len(cpus) != procs:
             raise ValueError(f"mesh {mesh_name!r}: {len(cpus)} core lists for {procs} procs")
         gpu_ids, reserved = self._take_gpus(mesh_name, procs, int(gpus), gpu_ids, share_gpus)
-        bootstrap = _bootstrap(mesh_name, procs, procs, gpu_ids, int(gpus), list(cpus or []), threads,
-                               str(self.log_dir) if self.log_dir else None, self.run_id)
+        bootstrap = _bootstrap(
+            mesh_name,
+            procs,
+            procs,
+            gpu_ids,
+            int(gpus),
+            list(cpus or []),
+            threads,
+            str(self.log_dir) if self.log_dir else None,
+            self.run_id,
+        )
         try:
             mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=mesh_name)
             await mesh.initialized
@@ -161,18 +187,22 @@ class Provisioner:
             await setup_torch_elastic_env_async(mesh)
         return mesh
 
-    def _take_gpus(self, mesh_name: str, procs: int, gpus: int, gpu_ids: list[str] | None,
-                   share: bool) -> tuple[list[str], list[str]]:
+    def _take_gpus(
+        self, mesh_name: str, procs: int, gpus: int, gpu_ids: list[str] | None, share: bool
+    ) -> tuple[list[str], list[str]]:
         """The GPU ids of a new mesh's procs (`gpus` each, in proc order), and those it reserves until it stops."""
         wanted = procs * gpus
         if not gpus:
             return [], []
         if gpu_ids:
             if len(gpu_ids) != wanted or len(set(gpu_ids)) != wanted:
-                raise ValueError(f"mesh {mesh_name!r}: GPU ids {gpu_ids} for {procs} procs x {gpus} GPUs ({wanted} distinct)")
+                raise ValueError(
+                    f"mesh {mesh_name!r}: GPU ids {gpu_ids} for {procs} procs x {gpus} GPUs ({wanted} distinct)"
+                )
             if unknown := [g for g in gpu_ids if g not in self._visible_gpus]:
-                raise RuntimeError(f"mesh {mesh_name!r} asks for GPUs {unknown}, not among the visible "
-                                   f"{self._visible_gpus or 'none'}")
+                raise RuntimeError(
+                    f"mesh {mesh_name!r} asks for GPUs {unknown}, not among the visible {self._visible_gpus or 'none'}"
+                )
             if share:
                 return list(gpu_ids), []
             if taken := [g for g in gpu_ids if g not in self._free_gpus]:
@@ -182,13 +212,16 @@ class Provisioner:
         if share:
             return self._visible_gpus[:wanted], []
         if len(self._free_gpus) < wanted:
-            raise RuntimeError(f"mesh {mesh_name!r} asks for {wanted} GPUs ({procs} procs x {gpus}); "
-                               f"{len(self._free_gpus)} free of the visible {self._visible_gpus or 'none'}")
+            raise RuntimeError(
+                f"mesh {mesh_name!r} asks for {wanted} GPUs ({procs} procs x {gpus}); "
+                f"{len(self._free_gpus)} free of the visible {self._visible_gpus or 'none'}"
+            )
         ids, self._free_gpus = self._free_gpus[:wanted], self._free_gpus[wanted:]
         return ids, ids
 
-    async def _remote_proc_mesh(self, hosts, role: str, procs: int, gpus: int, mesh_name: str, spmd: bool,
-                                host_index: int | None) -> ProcMesh:
+    async def _remote_proc_mesh(
+        self, hosts, role: str, procs: int, gpus: int, mesh_name: str, spmd: bool, host_index: int | None
+    ) -> ProcMesh:
         """Procs on the launcher's hosts for `role`: each host's GPUs are its own (0..n-1 there); cores are not
         pinned (the role has those hosts to itself)."""
         if self._stopped:
@@ -204,8 +237,9 @@ class Provisioner:
             raise ValueError(f"mesh {mesh_name!r}: {procs} procs do not spread evenly over the {n_hosts} {role} hosts")
         per_host = procs // n_hosts
         gpu_ids = [str(first_gpu + i) for i in range(per_host * gpus)]
-        bootstrap = _bootstrap(mesh_name, procs, per_host, gpu_ids, gpus, [], 0,
-                               str(self.log_dir) if self.log_dir else None, self.run_id)
+        bootstrap = _bootstrap(
+            mesh_name, procs, per_host, gpu_ids, gpus, [], 0, str(self.log_dir) if self.log_dir else None, self.run_id
+        )
         mesh = hosts.spawn_procs(per_host={"procs": per_host}, bootstrap=bootstrap, name=mesh_name)
         await mesh.initialized
         self._meshes.append(mesh)

@@ -100,6 +100,13 @@ async def run_and_reply(actor, port, request: int, endpoint: str, args: tuple, k
     try:
         pickle.dumps(message[2])
     except Exception as e:
-        message = (request, False, ActorError(RuntimeError(
-            f"{endpoint}: its {'result' if message[1] else 'error'} {message[2]!r} cannot be sent back ({e})")))
+        message = (
+            request,
+            False,
+            ActorError(
+                RuntimeError(
+                    f"{endpoint}: its {'result' if message[1] else 'error'} {message[2]!r} cannot be sent back ({e})"
+                )
+            ),
+        )
     port.send(message)

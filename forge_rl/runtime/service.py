@@ -241,9 +241,16 @@ class Service:
     async def _spawn(self, replica: Replica) -> None:
         replica.actor_name = f"{self.name}-r{replica.index}g{replica.generation}"
         replica.mesh = await get_provisioner().get_proc_mesh(
-            procs=self.opts.procs, gpus=self.opts.gpus, mesh_name=replica.actor_name, spmd=self.opts.spmd,
-            cpus=self.opts.cpus_of(replica.index), threads=self.opts.threads, share_gpus=self.opts.share_gpus,
-            host_mesh=self.opts.host_mesh, host_index=replica.index, gpu_ids=self.opts.gpu_ids_of(replica.index),
+            procs=self.opts.procs,
+            gpus=self.opts.gpus,
+            mesh_name=replica.actor_name,
+            spmd=self.opts.spmd,
+            cpus=self.opts.cpus_of(replica.index),
+            threads=self.opts.threads,
+            share_gpus=self.opts.share_gpus,
+            host_mesh=self.opts.host_mesh,
+            host_index=replica.index,
+            gpu_ids=self.opts.gpu_ids_of(replica.index),
         )
         replica_owners[replica.actor_name.lower()] = self
         replica.actor = replica.mesh.spawn(replica.actor_name, self.actor_cls, *self.args, **self.kwargs)

@@ -43,16 +43,25 @@ def shard_files(spec: dict[str, tuple[torch.dtype, tuple[int, ...]]], shard_byte
 class HFExportWriter:
     """Rank 0's writer of an HF model directory; `write(name, block, offset)` as the weight store's writers."""
 
-    def __init__(self, out_dir: str | Path, spec: dict[str, tuple[torch.dtype, tuple[int, ...]]],
-                 assets_from: Path | None = None, assets: tuple[str, ...] = (), shard_bytes: int = SHARD_BYTES):
+    def __init__(
+        self,
+        out_dir: str | Path,
+        spec: dict[str, tuple[torch.dtype, tuple[int, ...]]],
+        assets_from: Path | None = None,
+        assets: tuple[str, ...] = (),
+        shard_bytes: int = SHARD_BYTES,
+    ):
         self.out = Path(out_dir)
         self.tmp = self.out.with_name(self.out.name + ".partial")
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir(parents=True)
         self.assets_from, self.assets = assets_from, assets
         groups = shard_files(spec, shard_bytes)
-        names = (["model.safetensors"] if len(groups) == 1
-                 else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))])
+        names = (
+            ["model.safetensors"]
+            if len(groups) == 1
+            else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+        )
         self.weight_map = {name: file for file, group in zip(names, groups) for name in group}
         self.total_size = sum(d.itemsize * torch.Size(s).numel() for d, s in spec.values())
         self._views: dict[str, torch.Tensor] = {}

@@ -73,9 +73,7 @@ class Layout:
         text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * (-len(text) % 8)  # pad with spaces (allowed by the format): data starts 8-aligned
         base = 8 + len(text)
-        entries = {
-            n: Entry(spec[n][0], tuple(spec[n][1]), base + offsets[n][0], base + offsets[n][1]) for n in names
-        }
+        entries = {n: Entry(spec[n][0], tuple(spec[n][1]), base + offsets[n][0], base + offsets[n][1]) for n in names}
         return cls(entries, struct.pack("<Q", len(text)) + text, base + pos)
 
     @classmethod
@@ -87,7 +85,9 @@ class Layout:
         header.pop("__metadata__", None)
         base = 8 + n
         entries = {
-            name: Entry(_BY_NAME[h["dtype"]], tuple(h["shape"]), base + h["data_offsets"][0], base + h["data_offsets"][1])
+            name: Entry(
+                _BY_NAME[h["dtype"]], tuple(h["shape"]), base + h["data_offsets"][0], base + h["data_offsets"][1]
+            )
             for name, h in header.items()
         }
         return cls(entries, struct.pack("<Q", n) + text, os.fstat(fd).st_size)

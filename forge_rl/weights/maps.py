@@ -53,7 +53,12 @@ def pinned_view(pin_fd: int, size: int) -> torch.Tensor:
     """A reader's read-only map of the file behind `pin_fd`, as a uint8 tensor. `pin_fd` is closed
     (the pin released) when this tensor and every view of it are gone."""
     # A new open file for the cache, not a dup of pin_fd: a dup would share (and keep) its lock.
-    mm = _map(os.open(f"/proc/self/fd/{pin_fd}", os.O_RDONLY), size, writable=False, path=os.readlink(f"/proc/self/fd/{pin_fd}"))
+    mm = _map(
+        os.open(f"/proc/self/fd/{pin_fd}", os.O_RDONLY),
+        size,
+        writable=False,
+        path=os.readlink(f"/proc/self/fd/{pin_fd}"),
+    )
     owner = np.frombuffer(mm, dtype=np.uint8)  # one per load: its lifetime is the views' lifetime
     weakref.finalize(owner, os.close, pin_fd)
     with warnings.catch_warnings():
@@ -114,7 +119,9 @@ def _register_with_cuda(mm: mmap.mmap, writable: bool) -> int | None:
     flags = 0 if writable else 8  # cudaHostRegisterReadOnly: the reader's map is read-only
     err = cudart.cudaHostRegister(ptr, len(mm), flags)
     if getattr(err, "value", err) != 0:
-        warnings.warn(f"weight store: cudaHostRegister of a {len(mm) >> 20} MiB map failed ({err}); copies stay pageable")
+        warnings.warn(
+            f"weight store: cudaHostRegister of a {len(mm) >> 20} MiB map failed ({err}); copies stay pageable"
+        )
         return None
     return ptr
 

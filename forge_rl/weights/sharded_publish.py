@@ -77,16 +77,19 @@ def check_tiling(name: str, shape: tuple[int, ...], boxes: list[Box]) -> None:
     wrong weights."""
     volume = sum(math.prod(b.shape) for b in boxes)
     if volume != math.prod(shape):
-        raise NotTiled(f"{name}: the ranks' blocks hold {volume} elements of {math.prod(shape)} ({shape}); "
-                       f"its placements do not leave each rank one block")
+        raise NotTiled(
+            f"{name}: the ranks' blocks hold {volume} elements of {math.prod(shape)} ({shape}); "
+            f"its placements do not leave each rank one block"
+        )
     for i, a in enumerate(boxes):
-        for b in boxes[i + 1:]:
+        for b in boxes[i + 1 :]:
             if all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs in zip(a.offset, a.shape, b.offset, b.shape)):
                 raise NotTiled(f"{name}: ranks {a.src} and {b.src} hold overlapping blocks {a} and {b}")
 
 
-def spec(model: torch.nn.Module, targets: Targets, dtype: torch.dtype, heads_per_kv: int,
-         head_dim: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+def spec(
+    model: torch.nn.Module, targets: Targets, dtype: torch.dtype, heads_per_kv: int, head_dim: int
+) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """The version's tensors (HF names) and their shapes, from the parameters' global shapes."""
     out = {}
     for name, param in _published(model, targets):
@@ -102,8 +105,17 @@ def spec(model: torch.nn.Module, targets: Targets, dtype: torch.dtype, heads_per
     return out
 
 
-def write_own(model: torch.nn.Module, plan: Plan, targets: Targets, writer, rank: int, dtype: torch.dtype,
-              block_bytes: int, heads_per_kv: int, head_dim: int) -> int:
+def write_own(
+    model: torch.nn.Module,
+    plan: Plan,
+    targets: Targets,
+    writer,
+    rank: int,
+    dtype: torch.dtype,
+    block_bytes: int,
+    heads_per_kv: int,
+    head_dim: int,
+) -> int:
     """This rank writes the boxes it sends (plan) into `writer`, a block of rows at a time in `dtype`; no
     communication. Returns the largest block it converted, in bytes (0 where no conversion was needed)."""
     held = 0
@@ -121,8 +133,18 @@ def write_own(model: torch.nn.Module, plan: Plan, targets: Targets, writer, rank
     return held
 
 
-def stream_to_rank0(model: torch.nn.Module, plan: Plan, targets: Targets, writer, rank: int, dtype: torch.dtype,
-                    device: torch.device, block_bytes: int, heads_per_kv: int, head_dim: int) -> int:
+def stream_to_rank0(
+    model: torch.nn.Module,
+    plan: Plan,
+    targets: Targets,
+    writer,
+    rank: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    block_bytes: int,
+    heads_per_kv: int,
+    head_dim: int,
+) -> int:
     """Every rank sends its boxes to rank 0, which writes them (`writer` is used on rank 0 only). Parameters go in
     the same order on every rank; each block is a point-to-point send, so ranks that hold nothing of a parameter
     move on. Returns the largest block this rank held, in bytes."""
@@ -144,14 +166,19 @@ def stream_to_rank0(model: torch.nn.Module, plan: Plan, targets: Targets, writer
                     dist.recv(block, src=box.src)
                 held = max(held, block.nbytes)
                 if rank == 0:
-                    _write(writer, targets[name], block, (box.offset[0] + r0, *box.offset[1:]), heads_per_kv,
-                           head_dim)
+                    _write(writer, targets[name], block, (box.offset[0] + r0, *box.offset[1:]), heads_per_kv, head_dim)
                 del block
     return held
 
 
-def _write(writer, target: dict[str | None, list[str]], block: torch.Tensor, offset: tuple[int, ...],
-           heads_per_kv: int, head_dim: int) -> None:
+def _write(
+    writer,
+    target: dict[str | None, list[str]],
+    block: torch.Tensor,
+    offset: tuple[int, ...],
+    heads_per_kv: int,
+    head_dim: int,
+) -> None:
     """A block of a parameter at `offset` into the version: as is, each expert of a grouped expert block into its
     own tensor, or a fused q/k/v block's rows into wq/wk/wv."""
     if EXPERTS in target:

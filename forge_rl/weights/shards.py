@@ -21,13 +21,16 @@ def box_of(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if not isinstance(tensor, DTensor):
         return tuple(tensor.shape), (0,) * tensor.dim()
     if any(isinstance(p, Partial) for p in tensor.placements):
-        raise ValueError(f"a DTensor with a pending reduction ({tensor.placements}) is not a block of a tensor: "
-                         "redistribute it first")
+        raise ValueError(
+            f"a DTensor with a pending reduction ({tensor.placements}) is not a block of a tensor: "
+            "redistribute it first"
+        )
     shape, offset = local_shape_and_global_offset(tensor)
     local = tuple(tensor.to_local().shape)
     if local != tuple(shape):
-        raise ValueError(f"DTensor local shard has shape {list(local)}, its placements {tensor.placements} "
-                         f"say {list(shape)}")
+        raise ValueError(
+            f"DTensor local shard has shape {list(local)}, its placements {tensor.placements} say {list(shape)}"
+        )
     return tuple(shape), tuple(offset)
 
 

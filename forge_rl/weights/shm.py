@@ -44,8 +44,7 @@ import torch
 from forge_rl.weights import maps, spares
 from forge_rl.weights.layout import Layout, create_file, version_dir
 from forge_rl.weights.rdma_fetch import fetch
-from forge_rl.weights.runs import (RUN_ID_ENV, SHM_DIR, cleanup_stale_runs, register_process, release_process,
-                                  run_prefix)
+from forge_rl.weights.runs import RUN_ID_ENV, SHM_DIR, cleanup_stale_runs, register_process, release_process, run_prefix
 from forge_rl.weights.shards import local_piece, region
 from forge_rl.weights.store_config import WeightStoreConfig
 from forge_rl.weights.store import (
@@ -273,8 +272,9 @@ class ShmWeightStore(WeightStore):
             self._remove(tmp)
             if isinstance(e, OSError) and e.errno == errno.ENOSPC and not isinstance(e, WeightStoreFull):
                 st = os.statvfs(self.root)  # after the removal: what the next attempt will find
-                raise WeightStoreFull(str(self.root), version, size, st.f_bavail * st.f_frsize,
-                                      self.cfg.keep_versions) from e
+                raise WeightStoreFull(
+                    str(self.root), version, size, st.f_bavail * st.f_frsize, self.cfg.keep_versions
+                ) from e
             raise
 
     def _drop_all_but(self, keep: int) -> None:

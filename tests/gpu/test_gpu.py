@@ -26,11 +26,28 @@ pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 
 ON_CPU = not torch.cuda.is_available()  # only reached with FORGE_GPU_TIER_ON_CPU=1 (tests/conftest.py)
 GPUS = 0 if ON_CPU else 1
-QWEN3_0_6B_SHAPE = dict(hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, vocab_size=151936,
-                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                        max_position_embeddings=4096, torch_dtype="bfloat16")
-SMALL_SHAPE = dict(QWEN3_0_6B_SHAPE, hidden_size=128, num_hidden_layers=2, intermediate_size=256, vocab_size=1024,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+QWEN3_0_6B_SHAPE = dict(
+    hidden_size=1024,
+    num_hidden_layers=28,
+    intermediate_size=3072,
+    vocab_size=151936,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
+    torch_dtype="bfloat16",
+)
+SMALL_SHAPE = dict(
+    QWEN3_0_6B_SHAPE,
+    hidden_size=128,
+    num_hidden_layers=2,
+    intermediate_size=256,
+    vocab_size=1024,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+)
 
 
 # The small CPU model, 2026-11-26: grad norm 0.79 on-policy, 0.0008 with behaviour logprobs of -rand (ratio mean
@@ -59,8 +76,9 @@ def model_0_6b(tmp_path_factory):
 
 
 def _trainer_config(model_dir, tmp_path) -> TrainerConfig:
-    return TrainerConfig(model=str(model_dir), dtype="bfloat16", optim=OptimizerConfig(lr=1e-5),
-                         checkpoint_dir=str(tmp_path / "ckpt"))
+    return TrainerConfig(
+        model=str(model_dir), dtype="bfloat16", optim=OptimizerConfig(lr=1e-5), checkpoint_dir=str(tmp_path / "ckpt")
+    )
 
 
 def test_fsdp2_bf16_train_step_over_nccl_and_its_peak_memory_against_the_plan(loop, model_0_6b, tmp_path):
@@ -72,8 +90,9 @@ def test_fsdp2_bf16_train_step_over_nccl_and_its_peak_memory_against_the_plan(lo
     from forge_rl.runtime.memory_plan import MARGIN_GB, ModelShape, plan_memory
     from tests.support.actors import CudaMemory
 
-    trainer = loop.run_until_complete(Trainer.options(procs=1, spmd=True, gpus=GPUS, share_gpus=True).as_actor(
-        _trainer_config(model_0_6b, tmp_path)))
+    trainer = loop.run_until_complete(
+        Trainer.options(procs=1, spmd=True, gpus=GPUS, share_gpus=True).as_actor(_trainer_config(model_0_6b, tmp_path))
+    )
     try:
         g = torch.Generator().manual_seed(0)
         rows, seq = 8, 256
@@ -92,22 +111,39 @@ def test_fsdp2_bf16_train_step_over_nccl_and_its_peak_memory_against_the_plan(lo
         assert metrics["skipped"] == 0.0
         assert metrics["clip_fraction"] == 0.0 and metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-3), metrics
         assert metrics["grad_norm"] >= MIN_GRAD_NORM, metrics
-        peak = None if ON_CPU else loop.run_until_complete(
-            trainer._forge_proc_mesh.spawn("cuda_memory", CudaMemory).read.call_one())["max_reserved"]
+        peak = (
+            None
+            if ON_CPU
+            else loop.run_until_complete(trainer._forge_proc_mesh.spawn("cuda_memory", CudaMemory).read.call_one())[
+                "max_reserved"
+            ]
+        )
     finally:
         loop.run_until_complete(stop_actor(trainer))
     gpu_bytes = 80e9 if ON_CPU else torch.cuda.get_device_properties(0).total_memory
-    plan = plan_memory(ModelShape.from_config(model_0_6b), gpu_bytes, micro_batch=rows, seq_len=seq,
-                       activation_checkpointing=False, max_model_len=seq)
+    plan = plan_memory(
+        ModelShape.from_config(model_0_6b),
+        gpu_bytes,
+        micro_batch=rows,
+        seq_len=seq,
+        activation_checkpointing=False,
+        max_model_len=seq,
+    )
     predicted = plan.trainer_step_gb + plan.activations_gb
-    report("no-vLLM: bf16 train step", f"{'gloo (CPU)' if ON_CPU else 'NCCL'}, {plan.params / 1e6:.1f}M params, "
-                                        f"{rows} x {seq} tokens, on-policy: loss {metrics['loss']:.4f}, grad norm "
-                                        f"{metrics['grad_norm']:.3f} (at least {MIN_GRAD_NORM}), ratio mean "
-                                        f"{metrics['ratio_mean']:.4f}, clipped {metrics['clip_fraction']:.0%}")
+    report(
+        "no-vLLM: bf16 train step",
+        f"{'gloo (CPU)' if ON_CPU else 'NCCL'}, {plan.params / 1e6:.1f}M params, "
+        f"{rows} x {seq} tokens, on-policy: loss {metrics['loss']:.4f}, grad norm "
+        f"{metrics['grad_norm']:.3f} (at least {MIN_GRAD_NORM}), ratio mean "
+        f"{metrics['ratio_mean']:.4f}, clipped {metrics['clip_fraction']:.0%}",
+    )
     measured = "not measured (no CUDA)" if peak is None else f"{peak / 1e9:.2f} GB (max reserved)"
-    report("no-vLLM: peak memory vs plan", f"{measured}; plan {predicted:.2f} GB = states {plan.trainer_step_gb:.2f}"
-                                           f" (CUDA context 1.0 included) + activations {plan.activations_gb:.2f}, "
-                                           f"margin {MARGIN_GB:.1f}")
+    report(
+        "no-vLLM: peak memory vs plan",
+        f"{measured}; plan {predicted:.2f} GB = states {plan.trainer_step_gb:.2f}"
+        f" (CUDA context 1.0 included) + activations {plan.activations_gb:.2f}, "
+        f"margin {MARGIN_GB:.1f}",
+    )
     if peak is not None:
         assert peak / 1e9 <= predicted + MARGIN_GB, (peak, plan.describe())
 
@@ -127,8 +163,9 @@ def test_both_publish_paths_copy_cuda_weights_into_shared_memory_bit_exact(loop,
             cfg = _trainer_config(model_0_6b, tmp_path / publish_from)
             cfg.publish_from, cfg.publish_block_mb = publish_from, 16.0
             store_cfg = WeightStoreConfig(root=str(run_store.root / publish_from))
-            trainer = loop.run_until_complete(Trainer.options(procs=1, spmd=True, gpus=GPUS, share_gpus=True)
-                                              .as_actor(cfg, store_cfg))
+            trainer = loop.run_until_complete(
+                Trainer.options(procs=1, spmd=True, gpus=GPUS, share_gpus=True).as_actor(cfg, store_cfg)
+            )
             store = ShmWeightStore(cfg=store_cfg)
             try:
                 took, record = _publish_three_versions(loop, trainer, store, model_0_6b, publish_from)
@@ -137,12 +174,17 @@ def test_both_publish_paths_copy_cuda_weights_into_shared_memory_bit_exact(loop,
                 store.close()
             if publish_from == "rank0":
                 assert 0 < record["largest_held_bytes"] <= 16 * 2**20
-            report(f"no-vLLM: publish ({'shard writes' if publish_from == 'auto' else 'rank-0 stream'})",
-                   f"{'CPU' if ON_CPU else 'CUDA'} -> shm, {record['bytes'] / 1e6:.1f} MB bf16, bit-exact: first "
-                   f"{took[0]:.2f} s (fresh pages), second {took[1]:.2f} s (a spare prepared after the first), "
-                   f"third {took[2]:.2f} s (the first's pages again)"
-                   + (f"; largest block held {record['largest_held_bytes'] / 2**20:.1f} MiB"
-                      if publish_from == "rank0" else ""))
+            report(
+                f"no-vLLM: publish ({'shard writes' if publish_from == 'auto' else 'rank-0 stream'})",
+                f"{'CPU' if ON_CPU else 'CUDA'} -> shm, {record['bytes'] / 1e6:.1f} MB bf16, bit-exact: first "
+                f"{took[0]:.2f} s (fresh pages), second {took[1]:.2f} s (a spare prepared after the first), "
+                f"third {took[2]:.2f} s (the first's pages again)"
+                + (
+                    f"; largest block held {record['largest_held_bytes'] / 2**20:.1f} MiB"
+                    if publish_from == "rank0"
+                    else ""
+                ),
+            )
     finally:
         run_store.close()
 
@@ -196,23 +238,29 @@ def test_critic_steps_on_the_gpu_and_gives_its_cached_memory_back(loop, model_0_
 
     cfg = _trainer_config(model_0_6b, tmp_path)
     cfg.release_memory_after_step = True
-    critic = loop.run_until_complete(Critic.options(procs=1, spmd=True, gpus=GPUS, share_gpus=True)
-                                     .as_actor(cfg, value_clip=0.2, epochs=1))
+    critic = loop.run_until_complete(
+        Critic.options(procs=1, spmd=True, gpus=GPUS, share_gpus=True).as_actor(cfg, value_clip=0.2, epochs=1)
+    )
     try:
         batches = valued(loop, critic, [make_batch(0)])
         metrics = loop.run_until_complete(critic.optimizer_step.call(batches)).get(0)
         assert math.isfinite(metrics["value_loss"]) and metrics["grad_norm"] > 0 and metrics["step"] == 1
         if ON_CPU:
-            report("no-vLLM: critic", f"value step on CPU: value loss {metrics['value_loss']:.4f}; GPU memory not "
-                                      "measured (no CUDA)")
+            report(
+                "no-vLLM: critic",
+                f"value step on CPU: value loss {metrics['value_loss']:.4f}; GPU memory not measured (no CUDA)",
+            )
             return
         after = loop.run_until_complete(critic._forge_proc_mesh.spawn("cuda_memory", CudaMemory).read.call_one())
         cached = after["reserved"] - after["allocated"]
-        report("no-vLLM: critic", f"value loss {metrics['value_loss']:.4f}; peak reserved "
-                                  f"{after['max_reserved'] / 2**30:.2f} GiB, after the step reserved "
-                                  f"{after['reserved'] / 2**30:.2f} GiB for {after['allocated'] / 2**30:.2f} GiB "
-                                  f"allocated: {cached / 2**20:.0f} MiB cached, of which "
-                                  f"{after['non_releasable'] / 2**20:.0f} MiB in segments a live tensor holds")
+        report(
+            "no-vLLM: critic",
+            f"value loss {metrics['value_loss']:.4f}; peak reserved "
+            f"{after['max_reserved'] / 2**30:.2f} GiB, after the step reserved "
+            f"{after['reserved'] / 2**30:.2f} GiB for {after['allocated'] / 2**30:.2f} GiB "
+            f"allocated: {cached / 2**20:.0f} MiB cached, of which "
+            f"{after['non_releasable'] / 2**20:.0f} MiB in segments a live tensor holds",
+        )
         # Given back: what is still cached is what no empty_cache can return (an H200, torch 2.11: 141 MiB over 7.2
         # GB allocated), but for whole segments freed after the step's empty_cache by its last micro-batch's tensors
         # (KBs here: a few 2 MiB small-pool segments at most). Not given back, the step's activations (GBs) would be.

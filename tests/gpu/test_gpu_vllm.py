@@ -18,18 +18,26 @@ pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 def test_vllm_behaviour_logprobs_match_the_trainers_bf16_forward(loop, model_0_6b, tmp_path):
     """The same tokens under the same weights: vLLM's sampled-token logprobs (bf16 engine) against the trainer's
     bf16 forward. bf16 rounding sets the gap, reported and bounded loosely."""
-    trainer, generator = loop.run_until_complete(asyncio.gather(
-        Trainer.options(procs=1, spmd=True, gpus=1, share_gpus=True).as_actor(_trainer_config(model_0_6b, tmp_path)),
-        Generator.options(replicas=1, gpus=1, share_gpus=True).as_service(
-            str(model_0_6b), engine_args=dict(dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=512),
-            sampling=dict(temperature=1.0, max_tokens=32)),
-    ))
+    trainer, generator = loop.run_until_complete(
+        asyncio.gather(
+            Trainer.options(procs=1, spmd=True, gpus=1, share_gpus=True).as_actor(
+                _trainer_config(model_0_6b, tmp_path)
+            ),
+            Generator.options(replicas=1, gpus=1, share_gpus=True).as_service(
+                str(model_0_6b),
+                engine_args=dict(dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=512),
+                sampling=dict(temperature=1.0, max_tokens=32),
+            ),
+        )
+    )
     group: list[Completion] = loop.run_until_complete(generator.generate.route([5, 6, 7, 8, 9, 10], n=8))
     batch = TrainBatch.collate([Episode(c, advantage=0.0) for c in group], pad_id=0)
     trainer_lp = loop.run_until_complete(trainer.logprobs.call(batch)).get(0)
     gap = (trainer_lp - batch.behaviour_logprobs)[batch.response_mask].abs()
-    print(f"vLLM (bf16, CUDA) vs trainer (bf16) logprobs over {int(batch.response_mask.sum())} tokens: "
-          f"mean |gap| {gap.mean():.4f}, max {gap.max():.4f} nats")
+    print(
+        f"vLLM (bf16, CUDA) vs trainer (bf16) logprobs over {int(batch.response_mask.sum())} tokens: "
+        f"mean |gap| {gap.mean():.4f}, max {gap.max():.4f} nats"
+    )
     assert gap.mean() < 0.05 and gap.max() < 1.0
 
 
@@ -43,11 +51,16 @@ def test_a_cuda_engine_returns_every_positions_experts_for_keep_routing(loop):
     from tests.unit.models.test_keep_routing import hf_routes
 
     tiny_moe = resolve_model_path("tiny-moe")
-    generator = loop.run_until_complete(Generator.options(replicas=1, gpus=1, share_gpus=True).as_service(
-        str(tiny_moe), engine_args=dict(dtype="float32", gpu_memory_utilization=0.2, max_model_len=128),
-        record_routes=True))
-    group = loop.run_until_complete(generator.generate.route([5, 17, 33, 40, 41, 9, 3], n=4, temperature=1.0,
-                                                             max_tokens=16))
+    generator = loop.run_until_complete(
+        Generator.options(replicas=1, gpus=1, share_gpus=True).as_service(
+            str(tiny_moe),
+            engine_args=dict(dtype="float32", gpu_memory_utilization=0.2, max_model_len=128),
+            record_routes=True,
+        )
+    )
+    group = loop.run_until_complete(
+        generator.generate.route([5, 17, 33, 40, 41, 9, 3], n=4, temperature=1.0, max_tokens=16)
+    )
     hf = AutoModelForCausalLM.from_pretrained(tiny_moe, dtype=torch.float32).eval()
     same = total = 0
     for c in group:

@@ -55,10 +55,11 @@ class Case:
 def cases(d: Path) -> list[Case]:
     """The table. `d` holds the bad files the cases point at."""
     return [
-        Case("config file missing", GRPO, ["--config", f"{d}/nope.yaml"], ["nope.yaml", "not found"],
-             as_the_app=True),
+        Case("config file missing", GRPO, ["--config", f"{d}/nope.yaml"], ["nope.yaml", "not found"], as_the_app=True),
         Case("config file not YAML", GRPO, ["--config", f"{d}/bad.yaml"], ["bad.yaml", "not valid YAML"]),
-        Case("unknown key", GRPO, ["trainer.optim.lrate=1"], ["trainer.optim.lrate", "did you mean 'trainer.optim.lr'"]),
+        Case(
+            "unknown key", GRPO, ["trainer.optim.lrate=1"], ["trainer.optim.lrate", "did you mean 'trainer.optim.lr'"]
+        ),
         Case("unknown key in a list", GRPO, ["rewards=[{nme: exact_match}]"], ["rewards[0].nme", "rewards[0].name"]),
         Case("wrong type", GRPO, ["steps=many"], ["'steps'", "expects int"]),
         Case("steps=0", GRPO, ["steps=0"], ["steps must be >= 1"]),
@@ -68,48 +69,112 @@ def cases(d: Path) -> list[Case]:
         Case("eval_size=-5", GRPO, ["eval_size=-5"], ["eval_size must be >= 0"]),
         Case("micro_batch_size=-1", GRPO, ["trainer.micro_batch_size=-1"], ["trainer.micro_batch_size must be >= 0"]),
         Case("lr=nan", GRPO, ["trainer.optim.lr=nan"], ["'trainer.optim.lr' is nan"]),
-        Case("repetition_penalty", GRPO, ["generator.sampling.repetition_penalty=1.1"],
-             ["generator.sampling.repetition_penalty=1.1", "remove it"]),
-        Case("top_k over the kept-set cap", GRPO, ["generator.sampling.top_k=100"],
-             ["generator.sampling.top_k=100", "generator.max_kept_tokens=64"]),
+        Case(
+            "repetition_penalty",
+            GRPO,
+            ["generator.sampling.repetition_penalty=1.1"],
+            ["generator.sampling.repetition_penalty=1.1", "remove it"],
+        ),
+        Case(
+            "top_k over the kept-set cap",
+            GRPO,
+            ["generator.sampling.top_k=100"],
+            ["generator.sampling.top_k=100", "generator.max_kept_tokens=64"],
+        ),
         Case("max_kept_tokens=0", GRPO, ["generator.max_kept_tokens=0"], ["generator.max_kept_tokens=0"]),
-        Case("max_logprobs under the cap", GRPO, ["generator.sampling.top_p=0.9", "generator.engine_args.max_logprobs=8"],
-             ["generator.engine_args.max_logprobs=8", "generator.max_kept_tokens"]),
-        Case("temperature=0", GRPO, ["generator.sampling.temperature=0"],
-             ["generator.sampling.temperature=0", "temperature > 0"]),
+        Case(
+            "max_logprobs under the cap",
+            GRPO,
+            ["generator.sampling.top_p=0.9", "generator.engine_args.max_logprobs=8"],
+            ["generator.engine_args.max_logprobs=8", "generator.max_kept_tokens"],
+        ),
+        Case(
+            "temperature=0",
+            GRPO,
+            ["generator.sampling.temperature=0"],
+            ["generator.sampling.temperature=0", "temperature > 0"],
+        ),
         Case("max_tokens=0", GRPO, ["generator.sampling.max_tokens=0"], ["generator.sampling.max_tokens=0"]),
-        Case("misspelt engine arg", GRPO, ["generator.engine_args.max_model_length=64"],
-             ["generator.engine_args.max_model_length", "did you mean 'max_model_len'"]),
-        Case("engine arg of the wrong type", GRPO, ["generator.engine_args.max_model_len=abc"],
-             ["generator.engine_args.max_model_len='abc'", "integer >= 1"]),
-        Case("engine arg vLLM refuses", GRPO, ["generator.engine_args.dtype=float64"],
-             ["generator.engine_args.dtype='float64'", "'float32'"], before_actors=False),
+        Case(
+            "misspelt engine arg",
+            GRPO,
+            ["generator.engine_args.max_model_length=64"],
+            ["generator.engine_args.max_model_length", "did you mean 'max_model_len'"],
+        ),
+        Case(
+            "engine arg of the wrong type",
+            GRPO,
+            ["generator.engine_args.max_model_len=abc"],
+            ["generator.engine_args.max_model_len='abc'", "integer >= 1"],
+        ),
+        Case(
+            "engine arg vLLM refuses",
+            GRPO,
+            ["generator.engine_args.dtype=float64"],
+            ["generator.engine_args.dtype='float64'", "'float32'"],
+            before_actors=False,
+        ),
         Case("model path missing", GRPO, [f"model={d}/no_model"], [f"model='{d}/no_model'", "no such directory"]),
         Case("model path not a model", GRPO, ["model=configs"], ["model='configs'", "no config.json"]),
         Case("model without weights", GRPO, [f"model={d}/config_only"], [f"model='{d}/config_only'", "no weights"]),
         Case("data file missing", GRPO, [f"task.source={d}/nope.jsonl"], [f"{d}/nope.jsonl", "no such file"]),
-        Case("held-out file without answers", GRPO, [f"task.source={d}/train.jsonl", f"task.held_out={d}/no_answer.jsonl"],
-             [f"{d}/no_answer.jsonl:1", "task.answer_column"]),
-        Case("every prompt too long", GRPO, [f"task.source={d}/long.jsonl"],
-             [f"task.source '{d}/long.jsonl'", "generator.engine_args.max_model_len"]),
-        Case("every held-out prompt too long", GRPO, [f"task.source={d}/train.jsonl", f"task.held_out={d}/long.jsonl"],
-             [f"task.held_out '{d}/long.jsonl'", "generator.engine_args.max_model_len"]),
-        Case("reward not importable", GRPO, ['rewards=[{name: "no_such_module:score"}]'],
-             ["reward 'no_such_module:score'", "cannot import"]),
-        Case("keep_routing on a dense model", GRPO, ["trainer.keep_routing=true"],
-             ["trainer.keep_routing=true", "tiny-warm is dense", "set trainer.keep_routing=false"]),
+        Case(
+            "held-out file without answers",
+            GRPO,
+            [f"task.source={d}/train.jsonl", f"task.held_out={d}/no_answer.jsonl"],
+            [f"{d}/no_answer.jsonl:1", "task.answer_column"],
+        ),
+        Case(
+            "every prompt too long",
+            GRPO,
+            [f"task.source={d}/long.jsonl"],
+            [f"task.source '{d}/long.jsonl'", "generator.engine_args.max_model_len"],
+        ),
+        Case(
+            "every held-out prompt too long",
+            GRPO,
+            [f"task.source={d}/train.jsonl", f"task.held_out={d}/long.jsonl"],
+            [f"task.held_out '{d}/long.jsonl'", "generator.engine_args.max_model_len"],
+        ),
+        Case(
+            "reward not importable",
+            GRPO,
+            ['rewards=[{name: "no_such_module:score"}]'],
+            ["reward 'no_such_module:score'", "cannot import"],
+        ),
+        Case(
+            "keep_routing on a dense model",
+            GRPO,
+            ["trainer.keep_routing=true"],
+            ["trainer.keep_routing=true", "tiny-warm is dense", "set trainer.keep_routing=false"],
+        ),
         Case("SFT batch_size=0", SFT, ["batch_size=0"], ["batch_size must be >= 1"]),
         Case("SFT keep_routing", SFT, ["trainer.keep_routing=true"], ["trainer.keep_routing=true", "remove it"]),
-        Case("SFT dataset missing", SFT, [f"dataset={d}/nope.jsonl"], [f"{d}/nope.jsonl", "no such file"],
-             as_the_app=True),
+        Case(
+            "SFT dataset missing",
+            SFT,
+            [f"dataset={d}/nope.jsonl"],
+            [f"{d}/nope.jsonl", "no such file"],
+            as_the_app=True,
+        ),
         Case("SFT misspelt engine arg", SFT, ["engine_args.max_modl_len=64"], ["engine_args.max_modl_len"]),
         Case("PPO group_size=0", PPO, ["group_size=0"], ["group_size must be >= 1"]),
         Case("distill teacher missing", DISTILL, [f"teacher={d}/no_teacher"], [f"teacher='{d}/no_teacher'"]),
-        Case("bad row found by an actor", GRPO,
-             # 16 prompts a step and 16 in flight, so that the rollouts reach row 64 within the first steps
-             ["task.source=tests.support.tasks_for_tests:rows_then_one_without_answer", "eval_size=0", "steps=50",
-              "group_size=2", "batch_groups=16", "rollout_tasks=16"],
-             ["tests.support.tasks_for_tests:rows_then_one_without_answer row 64", "task.answer_column"], before_actors=False),
+        Case(
+            "bad row found by an actor",
+            GRPO,
+            # 16 prompts a step and 16 in flight, so that the rollouts reach row 64 within the first steps
+            [
+                "task.source=tests.support.tasks_for_tests:rows_then_one_without_answer",
+                "eval_size=0",
+                "steps=50",
+                "group_size=2",
+                "batch_groups=16",
+                "rollout_tasks=16",
+            ],
+            ["tests.support.tasks_for_tests:rows_then_one_without_answer row 64", "task.answer_column"],
+            before_actors=False,
+        ),
     ]
 
 
@@ -139,8 +204,14 @@ def argv(case: Case, out: Path, extra: tuple[str, ...] = ()) -> list[str]:
 def run_case(case: Case, out: Path, extra: tuple[str, ...] = ()) -> Result:
     env = {k: v for k, v in os.environ.items() if k != "FORGE_RL_DEBUG"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", f"apps.{case.app[0]}.main", *argv(case, out, extra)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"apps.{case.app[0]}.main", *argv(case, out, extra)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return Result(case, "as the app", proc.returncode, time.perf_counter() - start, proc.stderr, proc.stdout)
 
 
@@ -156,8 +227,12 @@ def checks_only(app: str):
     from forge_rl.recipes.ppo import PPOConfig, PPORun
     from forge_rl.recipes.sft import SFTConfig, SFTRun
 
-    schema, run_class = {"grpo": (GRPOConfig, GRPORun), "sft": (SFTConfig, SFTRun), "ppo": (PPOConfig, PPORun),
-                         "distill": (DistillConfig, DistillRun)}[app]
+    schema, run_class = {
+        "grpo": (GRPOConfig, GRPORun),
+        "sft": (SFTConfig, SFTRun),
+        "ppo": (PPOConfig, PPORun),
+        "distill": (DistillConfig, DistillRun),
+    }[app]
 
     async def main(cfg) -> dict:
         run_class(cfg).prepare()
@@ -194,11 +269,13 @@ def run_in_process(case: Case, out: Path) -> Result:
 def bad_files(d: Path) -> None:
     d.mkdir(parents=True, exist_ok=True)
     (d / "bad.yaml").write_text("steps: [1, 2\n")
-    (d / "train.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n"
-                                           for i in range(8)))
+    (d / "train.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(8))
+    )
     (d / "no_answer.jsonl").write_text(json.dumps({"prompt": "1+1="}) + "\n")
-    (d / "long.jsonl").write_text("".join(json.dumps({"prompt": "1+" * 200 + "1=", "answer": "201"}) + "\n"
-                                          for _ in range(3)))
+    (d / "long.jsonl").write_text(
+        "".join(json.dumps({"prompt": "1+" * 200 + "1=", "answer": "201"}) + "\n" for _ in range(3))
+    )
     (d / "config_only").mkdir(exist_ok=True)
     (d / "config_only" / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
 
@@ -210,8 +287,9 @@ def table(tmp_path_factory, pytestconfig) -> dict[str, list[Result]]:
     all_cases = cases(d)
     # the subprocesses first (the slow cases, which start actors, at the head of the queue); the in-process cases
     # run here meanwhile
-    apps = sorted((ic for ic in enumerate(all_cases) if ic[1].in_a_subprocess),
-                  key=lambda ic: (ic[1].before_actors, ic[0]))
+    apps = sorted(
+        (ic for ic in enumerate(all_cases) if ic[1].in_a_subprocess), key=lambda ic: (ic[1].before_actors, ic[0])
+    )
     by_name: dict[str, list[Result]] = {c.name: [] for c in all_cases}
     with ThreadPoolExecutor(WORKERS) as pool:
         running = [pool.submit(run_case, c, d / f"app{i}") for i, c in apps]
@@ -258,7 +336,8 @@ def test_a_mistake_ends_in_one_line_naming_it(table, name):
         if r.case.before_actors:
             assert len(r.lines) == 1, f"{where}stderr is more than the one line:\n{r.stderr[-3000:]}"
             assert not any(m in r.stdout for m in STARTING_ACTORS), (
-                f"{where}found after actors started:\n{r.stdout[-3000:]}")
+                f"{where}found after actors started:\n{r.stdout[-3000:]}"
+            )
             assert r.seconds < BEFORE_ACTORS_S, f"{where}{r.seconds:.1f} s for a check that needs no actor"
         else:  # the case does test the path through an actor
             assert any(m in r.stdout for m in STARTING_ACTORS), where + r.stdout[-3000:]

@@ -143,14 +143,16 @@ def test_the_summary_of_a_run_never_evaluated_says_so(tmp_path):
     buffer = {"added": 0, "trained": 0, "dropped": {"stale": 0}}
     run.buffer = SimpleNamespace(evict=endpoint(lambda: buffer))
     run.dataset = SimpleNamespace(stats=endpoint(lambda: {"too_long": 0}))
-    run.generator = SimpleNamespace(version=SimpleNamespace(route=endpoint(lambda: 0).call_one,
-                                                            call_all=endpoint(lambda: [0]).call_one),
-                                    stats=SimpleNamespace(route=endpoint(lambda: {}).call_one),
-                                    service_stats=SimpleNamespace(respawns=0))
+    run.generator = SimpleNamespace(
+        version=SimpleNamespace(route=endpoint(lambda: 0).call_one, call_all=endpoint(lambda: [0]).call_one),
+        stats=SimpleNamespace(route=endpoint(lambda: {}).call_one),
+        service_stats=SimpleNamespace(respawns=0),
+    )
     run.placement = SimpleNamespace(describe=lambda: "cpu")
     summary = asyncio.run(run_summary(run, 0.0, 0.0))
     assert summary["eval_first"] is None and summary["eval_last3_mean"] is None and summary["evals"] == []
     summary.update(run_id="r", busy_fraction={})
-    block = summary_block(summary, "exact_match", tmp_path, tmp_path / "curves.png", tmp_path / "step-0", None,
-                          False, None)
+    block = summary_block(
+        summary, "exact_match", tmp_path, tmp_path / "curves.png", tmp_path / "step-0", None, False, None
+    )
     assert "not evaluated" in block

@@ -18,8 +18,12 @@ from tests.integration.test_trainer import make_batch, split
 
 
 def critic(loop, tmp_path, procs: int = 1, epochs: int = 2, **parallel):
-    cfg = TrainerConfig(model="tiny", parallel=ParallelConfig(**parallel), optim=OptimizerConfig(lr=1e-3),
-                        checkpoint_dir=str(tmp_path / "critic"))
+    cfg = TrainerConfig(
+        model="tiny",
+        parallel=ParallelConfig(**parallel),
+        optim=OptimizerConfig(lr=1e-3),
+        checkpoint_dir=str(tmp_path / "critic"),
+    )
     return loop.run_until_complete(Critic.options(procs=procs, spmd=True).as_actor(cfg, value_clip=0.2, epochs=epochs))
 
 
@@ -42,7 +46,9 @@ def steps(loop, actor, n_dp: int, seeds) -> list[dict]:
     out = []
     for s in seeds:
         batches = valued(loop, actor, split(make_batch(s), n_dp))
-        out.append(loop.run_until_complete(call_each_rank(actor, Critic.optimizer_step, batches_for_ranks(batches, shards)))[0])
+        out.append(
+            loop.run_until_complete(call_each_rank(actor, Critic.optimizer_step, batches_for_ranks(batches, shards)))[0]
+        )
     return out
 
 

@@ -14,8 +14,15 @@ from forge_rl.config import ConfigError, load_config
 from forge_rl.models import resolve_model_path
 
 REPO = Path(__file__).resolve().parents[2]  # tests/integration/ -> the repository
-SMALL = ["batch_groups=4", "group_size=4", "rollout_tasks=2", "eval_size=32", "eval_every=0", "buffer.capacity=8",
-         "generator.sampling.max_tokens=6"]
+SMALL = [
+    "batch_groups=4",
+    "group_size=4",
+    "rollout_tasks=2",
+    "eval_size=32",
+    "eval_every=0",
+    "buffer.capacity=8",
+    "generator.sampling.max_tokens=6",
+]
 
 
 def test_a_teacher_with_another_tokenizer_is_refused_naming_it(tmp_path):
@@ -36,9 +43,18 @@ def test_distillation_run_scores_every_sampled_token_with_the_teacher(tmp_path):
     """Every group gets the same reward (no reward signal at all) and the run asks for GRPO's filter that drops
     such groups: distillation turns the filter off, so the run keeps and trains them on the teacher's signal. A
     GRPO run with this filter would drop every group and never get a batch (no_batch_timeout_s says so)."""
-    cfg = load_config(DistillConfig, REPO / "configs/distill/tiny.yaml", SMALL + [
-        "steps=4", f"output_dir={tmp_path}", "buffer.drop_zero_advantage=true", "no_batch_timeout_s=60",
-        "rewards=[{name: 'tests.support.actors:constant_reward', weight: 1.0}]"])
+    cfg = load_config(
+        DistillConfig,
+        REPO / "configs/distill/tiny.yaml",
+        SMALL
+        + [
+            "steps=4",
+            f"output_dir={tmp_path}",
+            "buffer.drop_zero_advantage=true",
+            "no_batch_timeout_s=60",
+            "rewards=[{name: 'tests.support.actors:constant_reward', weight: 1.0}]",
+        ],
+    )
     summary = asyncio.run(main(cfg))
     assert summary["trainer_version"] == 4 and summary["generator_versions"] == [4]
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -28,8 +28,9 @@ def generator():
     loop.run_until_complete(ctx.__aenter__())
     svc = loop.run_until_complete(
         # kept sets of up to the whole (128-token) vocabulary: this random model's top_p=0.8 keeps ~90 ids
-        Generator.options(replicas=1).as_service(str(TINY_MODEL_DIR), engine_args=dict(max_model_len=128),
-                                                 max_kept_tokens=128)
+        Generator.options(replicas=1).as_service(
+            str(TINY_MODEL_DIR), engine_args=dict(max_model_len=128), max_kept_tokens=128
+        )
     )
     yield loop, svc
     loop.run_until_complete(ctx.__aexit__(None, None, None))
@@ -72,7 +73,8 @@ def test_generator_rejects_bad_input_and_keeps_serving(generator):
 
 
 def test_every_completion_records_its_sampling_and_the_buffer_refuses_an_override_the_trainer_cannot_reproduce(
-        generator):
+    generator,
+):
     """A notebook or a custom loop calling the generator with top_p gets episodes the buffer will not train on
     (their behaviour logprobs are of a truncated distribution); greedy evaluation calls stay free."""
     from forge_rl.actors.replay_buffer import GroupStore
@@ -95,8 +97,9 @@ def test_every_completion_records_its_sampling_and_the_buffer_refuses_an_overrid
     truncated = loop.run_until_complete(svc.generate.route(PROMPT, n=2, max_tokens=4, top_p=0.8))
     assert truncated[0].sampling["top_p"] == 0.8 and truncated[0].kept_offsets is not None
     assert add(truncated)  # its kept sets are recorded: the trainer reproduces it
-    greedy = [loop.run_until_complete(svc.generate.route(PROMPT, n=1, max_tokens=4, temperature=0.0))[0]
-              for _ in range(2)]
+    greedy = [
+        loop.run_until_complete(svc.generate.route(PROMPT, n=1, max_tokens=4, temperature=0.0))[0] for _ in range(2)
+    ]
     assert greedy[0].sampling["temperature"] == 0.0  # evaluation: any sampling
     with pytest.raises(ValueError, match="temperature=0.0 differs from the trainer's 1.0"):
         add(greedy)
@@ -107,7 +110,8 @@ def test_stop_strings_still_work_without_vllm_detokenizing_by_default(generator)
     # The generator turns vLLM's detokenizer off unless stop strings need it.
     loop, svc = generator
     completions = loop.run_until_complete(
-        svc.generate.route(PROMPT, n=16, temperature=1.0, max_tokens=12, stop=["4"], seed=3))
+        svc.generate.route(PROMPT, n=16, temperature=1.0, max_tokens=12, stop=["4"], seed=3)
+    )
     stopped = [c for c in completions if c.finish_reason == "stop" and "4" in c.text]
     assert stopped, "no completion reached the stop string; pick another"
     for c in stopped:
@@ -149,8 +153,10 @@ def test_occupancy_falls_while_a_long_request_runs_alone(generator):
 
     async def body():
         before = await svc.stats.route()
-        await asyncio.gather(svc.generate.route(PROMPT, n=2, max_tokens=8, ignore_eos=True),
-                             svc.generate.route(PROMPT, n=2, max_tokens=100, ignore_eos=True))
+        await asyncio.gather(
+            svc.generate.route(PROMPT, n=2, max_tokens=8, ignore_eos=True),
+            svc.generate.route(PROMPT, n=2, max_tokens=100, ignore_eos=True),
+        )
         return before, await svc.stats.route()
 
     before, after = loop.run_until_complete(body())
@@ -163,7 +169,9 @@ def test_concurrent_generate_calls_share_the_engine(generator):
     loop, svc = generator
 
     async def many():
-        return await asyncio.gather(*(svc.generate.route(PROMPT, n=2, max_tokens=16, ignore_eos=True) for _ in range(8)))
+        return await asyncio.gather(
+            *(svc.generate.route(PROMPT, n=2, max_tokens=16, ignore_eos=True) for _ in range(8))
+        )
 
     groups = loop.run_until_complete(many())
     assert [len(g) for g in groups] == [2] * 8
@@ -211,8 +219,10 @@ def test_trainer_reproduces_truncated_sampling_over_the_recorded_kept_sets(gener
     from forge_rl.types import Episode, TrainBatch
 
     loop, svc = generator
-    groups = [loop.run_until_complete(svc.generate.route(PROMPT, n=4, temperature=0.7, max_tokens=12, **t))
-              for t in [*TRUNCATIONS, {}]]
+    groups = [
+        loop.run_until_complete(svc.generate.route(PROMPT, n=4, temperature=0.7, max_tokens=12, **t))
+        for t in [*TRUNCATIONS, {}]
+    ]
     for t, group in zip(TRUNCATIONS, groups):
         for c in group:
             sizes = (c.kept_offsets[1:] - c.kept_offsets[:-1]).tolist()
@@ -286,8 +296,10 @@ def swap_during_generation(loop, svc, version: int, mode: str):
     """8 greedy requests of 90 tokens; once they are under way, update_weights(version, mode)."""
 
     async def body():
-        calls = [asyncio.ensure_future(svc.generate.route(PROMPT, n=1, temperature=0.0, max_tokens=90,
-                                                          ignore_eos=True)) for _ in range(8)]
+        calls = [
+            asyncio.ensure_future(svc.generate.route(PROMPT, n=1, temperature=0.0, max_tokens=90, ignore_eos=True))
+            for _ in range(8)
+        ]
         while (await svc.stats.route())["tokens_generated_in_flight"] < 8 * 5:
             await asyncio.sleep(0.01)
         record = (await svc.update_weights.call_all(version, mode=mode))[0]
@@ -472,8 +484,10 @@ def test_version_tags_are_exact_under_load_across_repeated_swaps(generator, stor
         weights = {base + 1 + i: perturbed_weights(10 + i) for i in range(4)}
         store.publish(base + 1, weights[base + 1])
         await svc.update_weights.call_all(base + 1)  # a known starting point, nothing in flight
-        calls = [asyncio.ensure_future(svc.generate.route(PROMPT, n=2, temperature=1.0, max_tokens=70,
-                                                          ignore_eos=True)) for _ in range(16)]
+        calls = [
+            asyncio.ensure_future(svc.generate.route(PROMPT, n=2, temperature=1.0, max_tokens=70, ignore_eos=True))
+            for _ in range(16)
+        ]
         for v in range(base + 2, base + 5):
             store.publish(v, weights[v])
             target = (await svc.stats.route())["tokens_generated_in_flight"] + 150
@@ -511,8 +525,10 @@ def test_a_request_older_than_max_age_is_aborted_at_the_swap_and_the_others_fini
         base = await svc.version.route()
         store.publish(base + 1, load_tiny())
         long = dict(n=2, temperature=1.0, max_tokens=100, ignore_eos=True)
-        aged, kept, free = (asyncio.ensure_future(svc.generate.route(PROMPT, **long, **age))
-                            for age in ({"max_age": 0}, {"max_age": 1}, {}))
+        aged, kept, free = (
+            asyncio.ensure_future(svc.generate.route(PROMPT, **long, **age))
+            for age in ({"max_age": 0}, {"max_age": 1}, {})
+        )
         while (await svc.stats.route())["tokens_generated_in_flight"] < 30:
             await asyncio.sleep(0.005)
         await svc.update_weights.call_all(base + 1)

@@ -28,7 +28,10 @@ def test_colocated_spreads_replicas_over_every_gpu_and_time_shares_them_with_the
     assert p.mode == "colocated" and p.device == "cuda"
     assert p.generator_gpus == [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]] and _distinct(p.generator_gpus)
     assert p.trainer_gpus == EIGHT
-    assert "generator replicas [0,1 | 2,3 | 4,5 | 6,7]" in p.describe() and "trainer ranks on GPUs [0,1,2,3,4,5,6,7]" in p.describe()
+    assert (
+        "generator replicas [0,1 | 2,3 | 4,5 | 6,7]" in p.describe()
+        and "trainer ranks on GPUs [0,1,2,3,4,5,6,7]" in p.describe()
+    )
     # auto on a 4-GPU node with configs/grpo/qwen3_1_7b.yaml's sizes: colocated, one replica per GPU
     p = plan8("auto", trainer_procs=4, replicas=4, tp=1, gpus=EIGHT[:4])
     assert p.mode == "colocated" and p.generator_gpus == [["0"], ["1"], ["2"], ["3"]] and p.trainer_gpus == EIGHT[:4]
@@ -45,13 +48,28 @@ def test_disaggregated_gives_trainer_and_replicas_disjoint_gpus():
     assert p.trainer_gpus == ["0", "1"] and p.generator_gpus == [["2", "3"], ["5", "6"]] and _distinct(p.generator_gpus)
 
 
-@pytest.mark.parametrize("placement,trainer_procs,replicas,tp,message", [
-    ("colocated", 8, 5, 2, r"generator\.replicas=5 x generator\.engine_args\.tensor_parallel_size=2 must each be at most 8"),
-    ("colocated", 9, 1, 1, r"trainer_procs=9 .* at most 8"),
-    ("disaggregated", 4, 3, 2, r"resources\.placement=disaggregated needs 10 GPUs \(trainer_procs=4 \+ generator\.replicas=3"),
-    ("auto", 4, 5, 2, r"generator\.replicas=5 x generator\.engine_args\.tensor_parallel_size=2"),
-    ("colocated", 1, 1, 0, r"generator\.engine_args\.tensor_parallel_size=0"),
-])
+@pytest.mark.parametrize(
+    "placement,trainer_procs,replicas,tp,message",
+    [
+        (
+            "colocated",
+            8,
+            5,
+            2,
+            r"generator\.replicas=5 x generator\.engine_args\.tensor_parallel_size=2 must each be at most 8",
+        ),
+        ("colocated", 9, 1, 1, r"trainer_procs=9 .* at most 8"),
+        (
+            "disaggregated",
+            4,
+            3,
+            2,
+            r"resources\.placement=disaggregated needs 10 GPUs \(trainer_procs=4 \+ generator\.replicas=3",
+        ),
+        ("auto", 4, 5, 2, r"generator\.replicas=5 x generator\.engine_args\.tensor_parallel_size=2"),
+        ("colocated", 1, 1, 0, r"generator\.engine_args\.tensor_parallel_size=0"),
+    ],
+)
 def test_what_does_not_fit_is_refused_naming_the_keys(placement, trainer_procs, replicas, tp, message):
     with pytest.raises(ValueError, match=message):
         plan8(placement, trainer_procs, replicas, tp)
@@ -102,13 +120,20 @@ def test_spawned_replicas_see_their_planned_gpus(monkeypatch):
     async def body():
         async with provisioned():
             service = await DistributedProbe.options(
-                replicas=4, gpus=2, share_gpus=True, gpu_ids=tuple(map(tuple, colocated.generator_gpus))).as_service()
-            seen = [(await r.actor.env.call_one(["CUDA_VISIBLE_DEVICES"]))["CUDA_VISIBLE_DEVICES"]
-                    for r in service._replicas]
+                replicas=4, gpus=2, share_gpus=True, gpu_ids=tuple(map(tuple, colocated.generator_gpus))
+            ).as_service()
+            seen = [
+                (await r.actor.env.call_one(["CUDA_VISIBLE_DEVICES"]))["CUDA_VISIBLE_DEVICES"]
+                for r in service._replicas
+            ]
             assert seen == ["0,1", "2,3", "4,5", "6,7"]
-            trainer = await DistributedProbe.options(procs=4, gpus=1, gpu_ids=(tuple(disaggregated.trainer_gpus),)).as_actor()
-            by_rank = {point.rank: env["CUDA_VISIBLE_DEVICES"]
-                       for point, env in (await trainer.env.call(["CUDA_VISIBLE_DEVICES"])).items()}
+            trainer = await DistributedProbe.options(
+                procs=4, gpus=1, gpu_ids=(tuple(disaggregated.trainer_gpus),)
+            ).as_actor()
+            by_rank = {
+                point.rank: env["CUDA_VISIBLE_DEVICES"]
+                for point, env in (await trainer.env.call(["CUDA_VISIBLE_DEVICES"])).items()
+            }
             assert [by_rank[i] for i in range(4)] == disaggregated.trainer_gpus
 
     run(body())

@@ -13,14 +13,31 @@ from forge_rl.models import resolve_model_path
 from forge_rl.observability.metrics import read_jsonl
 from tests.conftest import REPO
 
-SMALL = ["batch_groups=4", "group_size=4", "rollout_tasks=2", "eval_size=32", "eval_every=0",
-         "buffer.capacity=8", "generator.sampling.max_tokens=6"]
+SMALL = [
+    "batch_groups=4",
+    "group_size=4",
+    "rollout_tasks=2",
+    "eval_size=32",
+    "eval_every=0",
+    "buffer.capacity=8",
+    "generator.sampling.max_tokens=6",
+]
 
 
 def test_grpo_async_run_then_synchronous_resume(tmp_path, capsys):
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
-                      SMALL + ["steps=3", f"output_dir={tmp_path}", "max_policy_age=1", "checkpoint_every=1",
-                               "checkpoint_keep_last=2", "trainer.profile_steps=[2]"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        SMALL
+        + [
+            "steps=3",
+            f"output_dir={tmp_path}",
+            "max_policy_age=1",
+            "checkpoint_every=1",
+            "checkpoint_keep_last=2",
+            "trainer.profile_steps=[2]",
+        ],
+    )
     first = asyncio.run(main(cfg))
     # trainer.profile_steps: step 2's trace in output_dir/profile/, its top operators printed under its line
     assert [p.name for p in (tmp_path / "profile").iterdir()] == ["rank0_step2.json.gz"]
@@ -52,9 +69,11 @@ def test_grpo_async_run_then_synchronous_resume(tmp_path, capsys):
     assert json.loads((tmp_path / "summary.json").read_text())["trainer_version"] == 3
 
     # resume from the final checkpoint as a strictly synchronous run: same step, same data position
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
-                      SMALL + ["steps=5", f"output_dir={tmp_path}", "resume=true", "async_mode=false",
-                               "max_policy_age=0"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        SMALL + ["steps=5", f"output_dir={tmp_path}", "resume=true", "async_mode=false", "max_policy_age=0"],
+    )
     second = asyncio.run(main(cfg))
     assert second["start_step"] == 3 and second["trainer_version"] == 5 and second["generator_version"] == 5
     assert second["max_staleness"] == 0  # synchronous: every token from the weights being trained
@@ -72,17 +91,33 @@ def users_task_run(tmp_path_factory):
 
     tmp_path = tmp_path_factory.mktemp("users_task")
     rng = random.Random(0)
-    rows = [{"q": f"{a}+{b}=", "sum": a + b, "bonus": 0.5} for a, b in ((rng.randint(0, 99), rng.randint(0, 99))
-                                                                         for _ in range(9))]
+    rows = [
+        {"q": f"{a}+{b}=", "sum": a + b, "bonus": 0.5}
+        for a, b in ((rng.randint(0, 99), rng.randint(0, 99)) for _ in range(9))
+    ]
     rows.append({"q": "1+1=" * 200, "sum": 2, "bonus": 0.5})  # far beyond max_model_len 128
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", SMALL + [
-        "steps=4", f"output_dir={tmp_path}/run", f"task.source={tmp_path}/train.jsonl", "task.prompt_column=q",
-        "task.answer_column=sum", f"task.held_out={tmp_path}/test.jsonl", "task.eval_reward=exact_match",
-        "buffer.drop_zero_advantage=false",
-        "rewards=[{name: exact_match, weight: 1.0}, {name: 'tests.support.actors:bonus_reward', weight: 1.0}]",
-        "trainer.grpo.kl_coef=0.1", "export_dir=null", "reference.follow_every=1", "reference.follow_lag=1"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        SMALL
+        + [
+            "steps=4",
+            f"output_dir={tmp_path}/run",
+            f"task.source={tmp_path}/train.jsonl",
+            "task.prompt_column=q",
+            "task.answer_column=sum",
+            f"task.held_out={tmp_path}/test.jsonl",
+            "task.eval_reward=exact_match",
+            "buffer.drop_zero_advantage=false",
+            "rewards=[{name: exact_match, weight: 1.0}, {name: 'tests.support.actors:bonus_reward', weight: 1.0}]",
+            "trainer.grpo.kl_coef=0.1",
+            "export_dir=null",
+            "reference.follow_every=1",
+            "reference.follow_lag=1",
+        ],
+    )
     return tmp_path / "run", tmp_path, asyncio.run(main(cfg))
 
 
@@ -103,9 +138,17 @@ def test_grpo_on_a_users_jsonl_task_with_a_column_reward(users_task_run):
 
 def test_a_reward_needing_a_missing_column_stops_the_run_at_start(tmp_path):
     (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", SMALL + [
-        "steps=1", f"output_dir={tmp_path}/run", f"task.source={tmp_path}/train.jsonl",
-        "rewards=[{name: 'tests.support.actors:bonus_reward', weight: 1.0}]"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        SMALL
+        + [
+            "steps=1",
+            f"output_dir={tmp_path}/run",
+            f"task.source={tmp_path}/train.jsonl",
+            "rewards=[{name: 'tests.support.actors:bonus_reward', weight: 1.0}]",
+        ],
+    )
     with pytest.raises(ConfigError, match=r"reward 'tests.support.actors:bonus_reward' needs \['bonus'\]"):
         asyncio.run(main(cfg))
 
@@ -129,8 +172,16 @@ def test_trainer_killed_mid_run_then_resumed(tmp_path):
     # a checkpoint every second step: the kill lands after step 3 is logged, so the newest checkpoint is step 2
     # and the step the resumed run trains first (3) has a loss from the run that was killed
     run_dir = tmp_path / "run"
-    sync = SMALL + ["async_mode=false", "max_policy_age=0", "buffer.drop_zero_advantage=false", "checkpoint_every=2",
-                    "checkpoint_keep_last=0", f"output_dir={run_dir}", "steps=5", "resume=auto"]
+    sync = SMALL + [
+        "async_mode=false",
+        "max_policy_age=0",
+        "buffer.drop_zero_advantage=false",
+        "checkpoint_every=2",
+        "checkpoint_keep_last=0",
+        f"output_dir={run_dir}",
+        "steps=5",
+        "resume=auto",
+    ]
 
     def losses() -> dict[int, float]:
         if not (run_dir / "metrics.jsonl").is_file():
@@ -189,8 +240,11 @@ def test_multi_turn_grpo_masks_the_environments_tokens(tmp_path):
 
     from forge_rl.types import TrainBatch
 
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny_retry.yaml",
-                      SMALL + ["steps=3", f"output_dir={tmp_path}", "checkpoint_every=1", "env.max_total_tokens=48"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny_retry.yaml",
+        SMALL + ["steps=3", f"output_dir={tmp_path}", "checkpoint_every=1", "env.max_total_tokens=48"],
+    )
     summary = asyncio.run(main(cfg))
     assert summary["trainer_version"] == 3 and summary["max_staleness"] <= 1
     accounting = summary["buffer"]
@@ -200,8 +254,11 @@ def test_multi_turn_grpo_masks_the_environments_tokens(tmp_path):
     assert "eval/first_turn" in rows[0] and rows[0]["eval/accuracy"] >= rows[0]["eval/first_turn"]
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))
-    groups = [g for p in sorted((tmp_path / "checkpoints").glob("step-*"))
-              for g, _ in torch.load(p / "app_state.pt", weights_only=False)["buffer"]["entries"]]
+    groups = [
+        g
+        for p in sorted((tmp_path / "checkpoints").glob("step-*"))
+        for g, _ in torch.load(p / "app_state.pt", weights_only=False)["buffer"]["entries"]
+    ]
     episodes = [e for g in groups for e in g.episodes if e.completion.env_mask.any()]
     assert episodes, "no stored trajectory had an environment turn"
     for e in episodes:
@@ -237,17 +294,30 @@ async def probe_step(run, shifts: list[float]) -> dict[str, float]:
 #   clipped; plain grpo clips every token with ratio e (half of them: clip fraction 0.5);
 # - cispo: every log-ratio +1 (ratio e, above 1 + clip_high): plain grpo's clipped objective is then a constant
 #   and its gradient exactly 0; cispo's stop-gradient weight keeps log pi's gradient (norm > 0).
-@pytest.mark.parametrize("config, overrides, shifts", [
-    ("tiny.yaml", ["trainer.grpo.policy_loss=gspo", "trainer.grpo.clip_low=3e-4", "trainer.grpo.clip_high=4e-4"],
-     [1.0, -1.0]),
-    ("tiny_dapo.yaml", ["trainer.grpo.policy_loss=cispo", "trainer.grpo.clip_low=1.0", "trainer.grpo.clip_high=0.28"],
-     [1.0]),
-], ids=["gspo", "cispo-with-dapo-recipe"])
+@pytest.mark.parametrize(
+    "config, overrides, shifts",
+    [
+        (
+            "tiny.yaml",
+            ["trainer.grpo.policy_loss=gspo", "trainer.grpo.clip_low=3e-4", "trainer.grpo.clip_high=4e-4"],
+            [1.0, -1.0],
+        ),
+        (
+            "tiny_dapo.yaml",
+            ["trainer.grpo.policy_loss=cispo", "trainer.grpo.clip_low=1.0", "trainer.grpo.clip_high=0.28"],
+            [1.0],
+        ),
+    ],
+    ids=["gspo", "cispo-with-dapo-recipe"],
+)
 def test_gspo_and_cispo_train_in_a_short_grpo_run(tmp_path, config, overrides, shifts):
     from forge_rl.recipes.grpo import GRPORun
 
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo" / config,
-                      SMALL + ["steps=2", "eval_size=8", f"output_dir={tmp_path}", *overrides])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo" / config,
+        SMALL + ["steps=2", "eval_size=8", f"output_dir={tmp_path}", *overrides],
+    )
 
     async def body():
         async with GRPORun(cfg) as run:
@@ -271,9 +341,18 @@ def test_lora_grpo_on_shared_cores_with_a_kl_penalty_moves_and_syncs_only_the_ad
     long enough to assert it took a tenth of CI."""
     from safetensors.torch import load_file
 
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny_lora.yaml",
-                      ["steps=4", "eval_every=0", "eval_size=16", f"output_dir={tmp_path}",
-                       "resources.placement=colocated", "trainer.grpo.kl_coef=0.01"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny_lora.yaml",
+        [
+            "steps=4",
+            "eval_every=0",
+            "eval_size=16",
+            f"output_dir={tmp_path}",
+            "resources.placement=colocated",
+            "trainer.grpo.kl_coef=0.01",
+        ],
+    )
     summary = asyncio.run(main(cfg))
     assert summary["trainer_version"] == 4 and summary["generator_version"] == 4
     assert summary["max_staleness"] <= 1
@@ -305,11 +384,22 @@ def test_long_tailed_lengths_with_requeue_in_a_short_async_run(tmp_path):
     """generator.lengths + stale_in_flight=requeue end to end: every group runs to its drawn length (the filler
     reaches the trainer), the engine's occupancy and the partial rollouts are in the summary, requeued groups are
     ones the generators aborted, and the held-out evaluation still ends at the model's own end of answer."""
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
-                      SMALL + ["steps=4", "eval_size=16", f"output_dir={tmp_path}", "rollout_tasks=4",
-                               "generator.sampling.max_tokens=64", "generator.engine_args.max_model_len=128",
-                               "generator.lengths.median=12", "generator.lengths.min_tokens=6",
-                               "stale_in_flight=requeue"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        SMALL
+        + [
+            "steps=4",
+            "eval_size=16",
+            f"output_dir={tmp_path}",
+            "rollout_tasks=4",
+            "generator.sampling.max_tokens=64",
+            "generator.engine_args.max_model_len=128",
+            "generator.lengths.median=12",
+            "generator.lengths.min_tokens=6",
+            "stale_in_flight=requeue",
+        ],
+    )
     summary = asyncio.run(main(cfg))
     p, gen = summary["partial_rollouts"], summary["generator_stats"]
     # responses of 6-64 drawn tokens (mean ~19) where the demo's answers are 2-4 tokens and end

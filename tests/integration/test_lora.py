@@ -1,7 +1,6 @@
 """LoRA: adapters on TorchTitan's Qwen3 (frozen base, same under FSDP2 and TP), adapter-only weight sync into
 a running vLLM engine with trainer parity, adapter-only checkpoints, and PEFT/merged export round trips."""
 
-
 import pytest
 import torch
 
@@ -16,22 +15,33 @@ LORA = LoRAConfig(rank=4, alpha=8.0)
 
 
 def lora_config(tmp_path, lora: LoRAConfig = LORA, **parallel) -> TrainerConfig:
-    return TrainerConfig(model="tiny", lora=lora, parallel=ParallelConfig(**parallel),
-                         optim=OptimizerConfig(lr=2e-2), checkpoint_dir=str(tmp_path / "ckpt"))
+    return TrainerConfig(
+        model="tiny",
+        lora=lora,
+        parallel=ParallelConfig(**parallel),
+        optim=OptimizerConfig(lr=2e-2),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+    )
 
 
 # ---- config and names (no actors) ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(rank=-1), r"trainer\.lora\.rank must be >= 0"),
-    (dict(rank=8, alpha=0), r"trainer\.lora\.alpha must be > 0"),
-    (dict(rank=8, dropout=1.0), r"trainer\.lora\.dropout must be in \[0, 1\)"),
-    (dict(rank=8, targets=["q_proj", "v_proj"]), r"\['q_proj', 'v_proj'\] without the rest of q_proj, k_proj, v_proj"),
-    (dict(rank=8, targets=["lm_head"]), r"trainer\.lora\.targets: \['lm_head'\] are not Qwen3 linears"),
-    (dict(rank=8, targets=[]), r"trainer\.lora\.targets is empty"),
-    (dict(rank=600), r"trainer\.lora\.rank=600: vLLM serves LoRA ranks up to 512"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(rank=-1), r"trainer\.lora\.rank must be >= 0"),
+        (dict(rank=8, alpha=0), r"trainer\.lora\.alpha must be > 0"),
+        (dict(rank=8, dropout=1.0), r"trainer\.lora\.dropout must be in \[0, 1\)"),
+        (
+            dict(rank=8, targets=["q_proj", "v_proj"]),
+            r"\['q_proj', 'v_proj'\] without the rest of q_proj, k_proj, v_proj",
+        ),
+        (dict(rank=8, targets=["lm_head"]), r"trainer\.lora\.targets: \['lm_head'\] are not Qwen3 linears"),
+        (dict(rank=8, targets=[]), r"trainer\.lora\.targets is empty"),
+        (dict(rank=600), r"trainer\.lora\.rank=600: vLLM serves LoRA ranks up to 512"),
+    ],
+)
 def test_bad_lora_config_names_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LoRAConfig(**kwargs)
@@ -53,16 +63,22 @@ def test_fused_qkv_adapter_becomes_three_peft_modules_sharing_a():
     q, k, v = split_qkv_rows(rows, head_dim, heads_per_kv)
     assert q[:, 0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19]
     assert k[:, 0].tolist() == [4, 5, 12, 13, 20, 21] and v[:, 0].tolist() == [6, 7, 14, 15, 22, 23]
-    shapes = {"layers.0.attention.qkv_linear.wqkv.lora_a.weight": (4, 16),
-              "layers.0.attention.qkv_linear.wqkv.lora_b.weight": (24, 4),
-              "layers.0.feed_forward.w2.lora_a.weight": (4, 32), "layers.0.feed_forward.w2.lora_b.weight": (16, 4)}
+    shapes = {
+        "layers.0.attention.qkv_linear.wqkv.lora_a.weight": (4, 16),
+        "layers.0.attention.qkv_linear.wqkv.lora_b.weight": (24, 4),
+        "layers.0.feed_forward.w2.lora_a.weight": (4, 32),
+        "layers.0.feed_forward.w2.lora_b.weight": (16, 4),
+    }
     adapters = initial_adapters(shapes, seed=0)
     assert all(torch.equal(a, b) for a, b in zip(adapters.values(), initial_adapters(shapes, seed=0).values()))
     assert not adapters["layers.0.feed_forward.w2.lora_b.weight"].any()  # B = 0: training starts at the base
     peft = to_peft(adapters, head_dim, heads_per_kv)
     p = "base_model.model.model.layers.0."
-    assert sorted(peft) == sorted(f"{p}{m}.lora_{ab}.weight" for m in ("self_attn.q_proj", "self_attn.k_proj",
-                                  "self_attn.v_proj", "mlp.down_proj") for ab in "AB")
+    assert sorted(peft) == sorted(
+        f"{p}{m}.lora_{ab}.weight"
+        for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.down_proj")
+        for ab in "AB"
+    )
     assert torch.equal(peft[f"{p}self_attn.k_proj.lora_A.weight"], adapters[next(iter(shapes))])
     assert peft[f"{p}self_attn.q_proj.lora_B.weight"].shape == (12, 4)
 
@@ -83,8 +99,10 @@ def generator(loop):
     """A LoRA generator, started before anything is published: it serves version 0, the base model."""
     from forge_rl.actors.generator import Generator
 
-    svc = run(loop, Generator.options(replicas=1).as_service(
-        str(TINY_MODEL_DIR), engine_args=dict(max_model_len=128), lora=LORA))
+    svc = run(
+        loop,
+        Generator.options(replicas=1).as_service(str(TINY_MODEL_DIR), engine_args=dict(max_model_len=128), lora=LORA),
+    )
     yield svc
     run(loop, svc.shutdown())
 
@@ -128,7 +146,9 @@ def test_only_adapters_train_and_fsdp_and_tp_match_one_proc(loop, trained, tmp_p
     merged = load_file(f"{out}/model.safetensors")
     assert torch.equal(merged["model.embed_tokens.weight"], shipped["model.embed_tokens.weight"])
     assert torch.equal(merged["model.norm.weight"], shipped["model.norm.weight"])
-    assert not torch.equal(merged["model.layers.0.mlp.down_proj.weight"], shipped["model.layers.0.mlp.down_proj.weight"])
+    assert not torch.equal(
+        merged["model.layers.0.mlp.down_proj.weight"], shipped["model.layers.0.mlp.down_proj.weight"]
+    )
 
 
 def test_checkpoint_holds_the_adapters_and_resumes_identically(loop, trained, tmp_path):

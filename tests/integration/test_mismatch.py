@@ -10,14 +10,26 @@ from forge_rl.recipes.grpo_report import console_line, summary_block
 from forge_rl.config import load_config
 from tests.conftest import REPO
 
-SYNC_SMALL = ["batch_groups=2", "group_size=4", "rollout_tasks=2", "eval_size=8", "eval_every=0",
-              "buffer.capacity=4", "generator.sampling.max_tokens=6", "async_mode=false", "max_policy_age=0",
-              "steps=2", "checkpoint_every=0", "export_dir=null"]
+SYNC_SMALL = [
+    "batch_groups=2",
+    "group_size=4",
+    "rollout_tasks=2",
+    "eval_size=8",
+    "eval_every=0",
+    "buffer.capacity=4",
+    "generator.sampling.max_tokens=6",
+    "async_mode=false",
+    "max_policy_age=0",
+    "steps=2",
+    "checkpoint_every=0",
+    "export_dir=null",
+]
 
 
 def _steps(tmp_path, name: str, overrides: list[str]) -> list[dict]:
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", SYNC_SMALL + [f"output_dir={tmp_path / name}",
-                                                                                 *overrides])
+    cfg = load_config(
+        GRPOConfig, REPO / "configs/grpo/tiny.yaml", SYNC_SMALL + [f"output_dir={tmp_path / name}", *overrides]
+    )
     summary = asyncio.run(main(cfg))
     steps = [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "trainer/loss" in r]
     # what the console shows: every step's line and the summary at the end
@@ -48,8 +60,11 @@ def test_truncated_sampling_from_the_config_is_reproduced_over_the_kept_sets(tmp
     recommendation) trains with the trainer's logprobs over each token's recorded kept set (micro-batches, shared
     prompts, the entropy over the set): |log pi - log mu| as small as untruncated. The per-call samplers:
     tests/integration/test_generator.py."""
-    steps = _steps(tmp_path, "top_p_top_k", ["generator.sampling.temperature=0.7", "generator.sampling.top_p=0.95",
-                                             "generator.sampling.top_k=20"])
+    steps = _steps(
+        tmp_path,
+        "top_p_top_k",
+        ["generator.sampling.temperature=0.7", "generator.sampling.top_p=0.95", "generator.sampling.top_k=20"],
+    )
     for r in steps:
         assert r["trainer/mismatch_abs_mean"] < 1e-4 and r["trainer/mismatch_abs_max"] < 1e-3
         assert 4 < r["generator/sampling_mask_bytes_per_token"] <= 4 * 21 + 4  # ids and an offset per token

@@ -117,7 +117,7 @@ def test_the_token_mask_of_prompt_packed_rows():
     response[0, 4:7], response[1, 4:9], response[2, 4:6], response[3, 4:5] = True, True, True, True
     packed = plan_packing(tokens, response, max_fraction=1.0)
     assert unpadded_packed(packed.attention_mask).sum(1).tolist() == [4 + 3 + 5, 4 + 2 + 1]
-    assert unpadded_packed(packed.attention_mask)[1, 4 + 2 + 1:].any().item() is False
+    assert unpadded_packed(packed.attention_mask)[1, 4 + 2 + 1 :].any().item() is False
 
 
 def test_activation_checkpointing_records_each_router_once():
@@ -143,8 +143,14 @@ def test_activation_checkpointing_records_each_router_once():
 
 
 def _config(tmp_path, **parallel) -> TrainerConfig:
-    return TrainerConfig(model=TINY_MOE, parallel=ParallelConfig(**parallel), optim=OptimizerConfig(lr=1e-3),
-                         checkpoint_dir=str(tmp_path / "ckpt"), share_prompts=False, publish_block_mb=0.05)
+    return TrainerConfig(
+        model=TINY_MOE,
+        parallel=ParallelConfig(**parallel),
+        optim=OptimizerConfig(lr=1e-3),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        share_prompts=False,
+        publish_block_mb=0.05,
+    )
 
 
 def test_expert_parallel_ranks_match_one_proc_and_publish_their_own_experts(loop, tmp_path):
@@ -212,12 +218,17 @@ def test_the_trainer_adds_the_load_balancing_loss_when_asked(loop, tmp_path):
     assert losses[1] - losses[0] == pytest.approx(stats.pop_loss(unpadded(batch.response_mask)).item(), abs=1e-4)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["trainer.lora.rank=8"], "trainer.lora.rank=8: LoRA is not supported on a mixture-of-experts model"),
-    (["trainer.parallel.tp=2", "trainer_procs=2"], "trainer.parallel.tp=2: tensor parallelism is not supported on a "
-     "mixture-of-experts model"),
-    (["trainer.parallel.ep=3", "trainer_procs=3"], "trainer.parallel.ep=3 must divide the model's 4 experts"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.lora.rank=8"], "trainer.lora.rank=8: LoRA is not supported on a mixture-of-experts model"),
+        (
+            ["trainer.parallel.tp=2", "trainer_procs=2"],
+            "trainer.parallel.tp=2: tensor parallelism is not supported on a mixture-of-experts model",
+        ),
+        (["trainer.parallel.ep=3", "trainer_procs=3"], "trainer.parallel.ep=3 must divide the model's 4 experts"),
+    ],
+)
 def test_moe_settings_the_trainer_cannot_take_are_refused_by_name(overrides, message):
     from forge_rl.models import model_path
     from forge_rl.recipes.grpo import GRPOConfig
@@ -230,10 +241,15 @@ def test_moe_settings_the_trainer_cannot_take_are_refused_by_name(overrides, mes
     with pytest.raises(ConfigError, match="trainer.parallel.ep=2: expert parallelism needs a mixture-of-experts"):
         check_moe(dense, model_path(dense.model))
     dense = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", ["trainer.keep_routing=true"])
-    with pytest.raises(ConfigError, match="trainer.keep_routing=true: Keep Routing replays the experts the engine "
-                                          "chose, and tiny-warm is dense"):
+    with pytest.raises(
+        ConfigError,
+        match="trainer.keep_routing=true: Keep Routing replays the experts the engine chose, and tiny-warm is dense",
+    ):
         check_moe(dense, model_path(dense.model))
-    cached = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", [
-        "model=tiny-moe", "trainer.keep_routing=true", "generator.engine_args.enable_prefix_caching=true"])
+    cached = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        ["model=tiny-moe", "trainer.keep_routing=true", "generator.engine_args.enable_prefix_caching=true"],
+    )
     with pytest.raises(ConfigError, match="generator.engine_args.enable_prefix_caching=true with trainer.keep_routing"):
         check_moe(cached, model_path(cached.model))

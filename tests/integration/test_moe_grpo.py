@@ -20,9 +20,20 @@ def test_sync_fp32_grpo_with_an_ep_trainer_matches_the_generators_logprobs(tmp_p
     from forge_rl.recipes.grpo import GRPOConfig, main
     from tests.integration.test_mismatch import SYNC_SMALL
 
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", SYNC_SMALL + [
-        f"output_dir={tmp_path}", "model=tiny-moe", "trainer_procs=2", "trainer.parallel.ep=2",
-        "trainer.keep_routing=true", "trainer.grpo.kl_coef=0.01", "trainer.moe_aux_loss_coef=0.001"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        SYNC_SMALL
+        + [
+            f"output_dir={tmp_path}",
+            "model=tiny-moe",
+            "trainer_procs=2",
+            "trainer.parallel.ep=2",
+            "trainer.keep_routing=true",
+            "trainer.grpo.kl_coef=0.01",
+            "trainer.moe_aux_loss_coef=0.001",
+        ],
+    )
     asyncio.run(main(cfg))
     steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "trainer/loss" in r]
     assert len(steps) == 2

@@ -37,11 +37,16 @@ def test_notebook_runs_top_to_bottom_and_leaves_nothing(path: Path, tmp_path):
     # run the cell that starts the run twice, as a person re-running it would
     spawn = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and ".start()" in c.source)
     nb.cells.insert(spawn + 1, copy.deepcopy(nb.cells[spawn]))
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()  # raises CellExecutionError, with the cell and its traceback, on any error
-    outputs = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
-                      for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    outputs = "".join(
+        o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+    )
     assert "version 3: loss" in outputs and "shared memory left: none" in outputs
     assert (tmp_path / "outputs/notebook/notebook_reward.png").stat().st_size > 1000
     started = re.findall(r"session (\w+): actors up", outputs)

@@ -10,8 +10,14 @@ from forge_rl.config import load_config
 from forge_rl.recipes.ppo import PPOConfig, main
 
 REPO = Path(__file__).resolve().parents[2]  # tests/integration/ -> the repository
-SMALL = ["batch_groups=8", "rollout_tasks=8", "eval_size=32", "eval_every=0", "buffer.capacity=16",
-         "generator.sampling.max_tokens=6"]
+SMALL = [
+    "batch_groups=8",
+    "rollout_tasks=8",
+    "eval_size=32",
+    "eval_every=0",
+    "buffer.capacity=16",
+    "generator.sampling.max_tokens=6",
+]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -31,8 +37,9 @@ def test_ppo_run_with_one_sample_per_prompt_then_resume_with_its_critic(tmp_path
     assert all(math.isfinite(r["trainer/loss"]) for r in steps)
     assert (tmp_path / "checkpoints/step-3/critic/.metadata").is_file()
 
-    cfg = load_config(PPOConfig, REPO / "configs/ppo/tiny.yaml",
-                      SMALL + ["steps=4", f"output_dir={tmp_path}", "resume=true"])
+    cfg = load_config(
+        PPOConfig, REPO / "configs/ppo/tiny.yaml", SMALL + ["steps=4", f"output_dir={tmp_path}", "resume=true"]
+    )
     second = asyncio.run(main(cfg))
     assert second["start_step"] == 3 and second["trainer_version"] == 4
     resumed = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "critic/value_loss" in r][-1]
@@ -55,8 +62,11 @@ def test_multi_turn_ppo_values_the_models_turns_and_skips_the_environments_token
 
     ppo.with_advantages = spy
     try:
-        cfg = load_config(PPOConfig, REPO / "configs/grpo/tiny_retry.yaml",
-                          SMALL + ["steps=2", "group_size=1", f"output_dir={tmp_path}", "export_dir=null"])
+        cfg = load_config(
+            PPOConfig,
+            REPO / "configs/grpo/tiny_retry.yaml",
+            SMALL + ["steps=2", "group_size=1", f"output_dir={tmp_path}", "export_dir=null"],
+        )
         summary = asyncio.run(main(cfg))
     finally:
         ppo.with_advantages = original

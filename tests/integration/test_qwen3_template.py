@@ -20,9 +20,11 @@ FEEDBACK = [{"role": "user", "content": "Wrong. Try again."}]
 TOOL_RESULT = [{"role": "tool", "content": "46"}]
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12+34"}}\n</tool_call>'
 # sha256 of Qwen/Qwen3-0.6B's files as published (tests/support/fixtures/qwen3/SOURCE.md)
-SHA256 = {"vocab.json": "ca10d7e9fb3ed18575dd1e277a2579c16d108e32f27439684afa0e10b1440910",
-          "merges.txt": "8831e4f1a044471340f7c0a83d7bd71306a5b867e95fd870f74d0c5308a904d5",
-          "tokenizer_config.json": "d5d09f07b48c3086c508b30d1c9114bd1189145b74e982a265350c923acd8101"}
+SHA256 = {
+    "vocab.json": "ca10d7e9fb3ed18575dd1e277a2579c16d108e32f27439684afa0e10b1440910",
+    "merges.txt": "8831e4f1a044471340f7c0a83d7bd71306a5b867e95fd870f74d0c5308a904d5",
+    "tokenizer_config.json": "d5d09f07b48c3086c508b30d1c9114bd1189145b74e982a265350c923acd8101",
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +53,9 @@ def build_turn_by_turn(tokenizer, renderer, env_messages, replies, **kwargs):
     return ids, whole
 
 
-@pytest.mark.parametrize("env_messages, kwargs", [(FEEDBACK, {}), (TOOL_RESULT, ToolEnv.chat_template_kwargs())],
-                         ids=["retry", "tools"])
+@pytest.mark.parametrize(
+    "env_messages, kwargs", [(FEEDBACK, {}), (TOOL_RESULT, ToolEnv.chat_template_kwargs())], ids=["retry", "tools"]
+)
 def test_without_thinking_the_sequence_keeps_the_think_blocks_it_was_generated_with(tokenizer, env_messages, kwargs):
     kwargs = {**kwargs, "enable_thinking": False}
     replies = ["45", "4"] if env_messages is FEEDBACK else [CALL, "4"]
@@ -66,11 +69,18 @@ def test_without_thinking_the_sequence_keeps_the_think_blocks_it_was_generated_w
     assert ids == tokenizer(as_generated, add_special_tokens=False)["input_ids"]
 
 
-@pytest.mark.parametrize("env_messages, replies, kwargs", [
-    (FEEDBACK, ["45", "4"], {}),
-    (TOOL_RESULT, ["<think>\nAdd with the tool.\n</think>\n\n" + CALL, "<think>\nIt said 46"],
-     ToolEnv.chat_template_kwargs()),
-], ids=["retry-without-reasoning", "tools-with-reasoning"])
+@pytest.mark.parametrize(
+    "env_messages, replies, kwargs",
+    [
+        (FEEDBACK, ["45", "4"], {}),
+        (
+            TOOL_RESULT,
+            ["<think>\nAdd with the tool.\n</think>\n\n" + CALL, "<think>\nIt said 46"],
+            ToolEnv.chat_template_kwargs(),
+        ),
+    ],
+    ids=["retry-without-reasoning", "tools-with-reasoning"],
+)
 def test_with_thinking_the_sequence_is_the_templates_whole_conversation(tokenizer, env_messages, replies, kwargs):
     ids, whole = build_turn_by_turn(tokenizer, TurnRenderer(tokenizer, **kwargs), env_messages, replies, **kwargs)
     assert tokenizer.decode(ids) == whole  # the template keeps these earlier turns as the model wrote them
@@ -115,19 +125,38 @@ def test_multi_turn_grpo_on_the_real_template_and_vocabulary(qwen3_model_dir, tm
     from forge_rl.recipes.grpo import GRPOConfig, main
     from tests.conftest import REPO
 
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny_retry.yaml", [
-        f"model={qwen3_model_dir}", "steps=2", "batch_groups=2", "group_size=2", "rollout_tasks=2", "eval_size=4",
-        "eval_every=0", "buffer.capacity=8", "buffer.drop_zero_advantage=false", "generator.sampling.max_tokens=8",
-        "chat_template_kwargs.enable_thinking=false", "generator.engine_args.max_model_len=512", "checkpoint_every=1",
-        f"output_dir={tmp_path}"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny_retry.yaml",
+        [
+            f"model={qwen3_model_dir}",
+            "steps=2",
+            "batch_groups=2",
+            "group_size=2",
+            "rollout_tasks=2",
+            "eval_size=4",
+            "eval_every=0",
+            "buffer.capacity=8",
+            "buffer.drop_zero_advantage=false",
+            "generator.sampling.max_tokens=8",
+            "chat_template_kwargs.enable_thinking=false",
+            "generator.engine_args.max_model_len=512",
+            "checkpoint_every=1",
+            f"output_dir={tmp_path}",
+        ],
+    )
     summary = asyncio.run(main(cfg))
     assert summary["trainer_version"] == 2
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert any("eval/accuracy" in r and "eval/first_turn" in r for r in rows)
     tokenizer = qwen3_tokenizer()
     renderer = TurnRenderer(tokenizer, enable_thinking=False)
-    episodes = [e for p in sorted((tmp_path / "checkpoints").glob("step-*"))
-                for g, _ in torch.load(p / "app_state.pt", weights_only=False)["buffer"]["entries"] for e in g.episodes]
+    episodes = [
+        e
+        for p in sorted((tmp_path / "checkpoints").glob("step-*"))
+        for g, _ in torch.load(p / "app_state.pt", weights_only=False)["buffer"]["entries"]
+        for e in g.episodes
+    ]
     multi = [e.completion for e in episodes if e.completion.env_mask.any()]
     assert multi, "no stored trajectory had an environment turn"
     for c in multi:

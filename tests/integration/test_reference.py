@@ -30,8 +30,9 @@ def test_reference_follows_the_policy_to_an_earlier_version_from_the_weight_stor
         steps(loop, trainer, 1, seeds=(1,))
         loop.run_until_complete(trainer.push_weights.call_one(2))
 
-        reference = loop.run_until_complete(Reference.options(procs=1, spmd=True).as_actor(config(tmp_path / "ref"),
-                                                                                            store_cfg))
+        reference = loop.run_until_complete(
+            Reference.options(procs=1, spmd=True).as_actor(config(tmp_path / "ref"), store_cfg)
+        )
         mask = probe.response_mask
 
         def scored(batch=probe) -> torch.Tensor:
@@ -52,4 +53,3 @@ def test_reference_follows_the_policy_to_an_earlier_version_from_the_weight_stor
             loop.run_until_complete(stop_actor(actor))
     finally:
         store.close()
-

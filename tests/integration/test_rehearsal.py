@@ -14,10 +14,24 @@ from forge_rl.rehearsal.bounds import findings, phase_plan
 from forge_rl.rehearsal.run import PHASES, Rehearsal, rehearse
 from forge_rl.rehearsal.sparse_checkpoint import hf_config, write_sparse_checkpoint
 
-SHAPE = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=False)
-CFG = TrainerConfig(dtype="bfloat16", publish_dtype="bfloat16", micro_batch_size=2, publish_block_mb=4 / 1024,
-                    parallel=ParallelConfig(dp_shard=2, tp=2, activation_checkpointing=True))
+SHAPE = dict(
+    vocab_size=128,
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+)
+CFG = TrainerConfig(
+    dtype="bfloat16",
+    publish_dtype="bfloat16",
+    micro_batch_size=2,
+    publish_block_mb=4 / 1024,
+    parallel=ParallelConfig(dp_shard=2, tp=2, activation_checkpointing=True),
+)
 SEQ = 16
 
 
@@ -82,10 +96,12 @@ def test_a_mixture_of_experts_trainer_with_expert_parallelism(tmp_path):
     from forge_rl.actors.trainer_config import ParallelConfig
 
     cfg = hf_config(MOE_SHAPE)
-    trainer = replace(CFG, parallel=ParallelConfig(dp_shard=4, tp=1, ep=2, activation_checkpointing=True),
-                      moe_aux_loss_coef=0.001)
-    result = rehearse(Rehearsal(write_sparse_checkpoint(tmp_path, cfg), trainer, world=4, seq_len=SEQ,
-                                where_above=16 << 10))
+    trainer = replace(
+        CFG, parallel=ParallelConfig(dp_shard=4, tp=1, ep=2, activation_checkpointing=True), moe_aux_loss_coef=0.001
+    )
+    result = rehearse(
+        Rehearsal(write_sparse_checkpoint(tmp_path, cfg), trainer, world=4, seq_len=SEQ, where_above=16 << 10)
+    )
     plan = phase_plan(cfg, trainer, 4, SEQ)
     # the bounded phases hold the plan; the steps' activations at this miniature are attention's and the head's,
     # which the plan does not model at a 64-wide model: the step is held to the plan at 30B-A3B (docs/benchmarks.md)

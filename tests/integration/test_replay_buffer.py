@@ -21,9 +21,13 @@ def make_group(pid: str, versions: list[int], advantages: list[float] | None = N
     advantages = advantages or [i - (len(versions) - 1) / 2 for i in range(len(versions))]
     eps = []
     for v, a in zip(versions, advantages):
-        c = Completion(torch.tensor([100 + int(pid[1:]) if pid[1:].isdigit() else 1, 2]), torch.tensor([3, 4]),
-                       torch.tensor([-1.0, -1.0]),
-                       torch.tensor([v, v + 1]), "stop")
+        c = Completion(
+            torch.tensor([100 + int(pid[1:]) if pid[1:].isdigit() else 1, 2]),
+            torch.tensor([3, 4]),
+            torch.tensor([-1.0, -1.0]),
+            torch.tensor([v, v + 1]),
+            "stop",
+        )
         eps.append(Episode(c, advantage=a, metadata={"prompt": pid}))
     return Group(pid, eps)
 
@@ -38,11 +42,20 @@ ops = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=ops, max_age=st.integers(0, 2), dp=st.sampled_from([1, 2]), order=st.sampled_from(["oldest", "random"]),
-       resample=st.integers(1, 2), min_fresh=st.integers(0, 2))
+@given(
+    ops=ops,
+    max_age=st.integers(0, 2),
+    dp=st.sampled_from([1, 2]),
+    order=st.sampled_from(["oldest", "random"]),
+    resample=st.integers(1, 2),
+    min_fresh=st.integers(0, 2),
+)
 def test_bound_accounting_and_whole_groups(ops, max_age, dp, order, resample, min_fresh):
-    store = GroupStore(ReplayBufferConfig(capacity=8, order=order, max_resample=resample, min_fresh_groups=min_fresh),
-                       max_policy_age=max_age, dp_size=dp)
+    store = GroupStore(
+        ReplayBufferConfig(capacity=8, order=order, max_resample=resample, min_fresh_groups=min_fresh),
+        max_policy_age=max_age,
+        dp_size=dp,
+    )
     uses: dict[str, int] = {}
     sizes: dict[str, int] = {}
     version, n = 0, 0
@@ -226,9 +239,11 @@ def test_mixed_prompt_group_rejected_even_after_unpickling():
 
 def _completion(**fields):
     """Set fields of episode 1's completion after the group was built (as unpickled data can be)."""
+
     def change(group: Group) -> None:
         for name, value in fields.items():
             setattr(group.episodes[1].completion, name, value)
+
     return change
 
 
@@ -236,6 +251,7 @@ def _episode(**fields):
     def change(group: Group) -> None:
         for name, value in fields.items():
             setattr(group.episodes[1], name, value)
+
     return change
 
 
@@ -250,28 +266,49 @@ def _completion_for_episode(group: Group) -> None:
 
 # (a change to a 2-episode group "bad" with 2-token prompts and responses, what the error must say)
 MALFORMED_GROUPS = {
-    "short logprobs": (_completion(logprobs=torch.tensor([-1.0])),
-                       r"group 'bad' episode 1: completion.logprobs has 1 entries, expected 2 "
-                       r"\(one per response token\)"),
-    "no versions": (_completion(policy_versions=torch.tensor([], dtype=torch.long)),
-                    r"episode 1: completion.policy_versions has 0 entries, expected 2"),
-    "float ids": (_completion(response_ids=torch.tensor([3.0, 4.0])),
-                  r"episode 1: completion.response_ids has dtype torch.float32, expected an integer dtype"),
-    "bool versions": (_completion(policy_versions=torch.tensor([True, False])),
-                      r"episode 1: completion.policy_versions has dtype torch.bool, expected an integer dtype"),
-    "int logprobs": (_completion(logprobs=torch.tensor([-1, -1])),
-                     r"episode 1: completion.logprobs has dtype torch.int64, expected a floating-point dtype"),
-    "2-D prompt": (_completion(prompt_ids=torch.tensor([[1, 2]])),
-                   r"episode 1: completion.prompt_ids has shape \(1, 2\), expected 1 dim"),
-    "list ids": (_completion(response_ids=[3, 4]),
-                 r"episode 1: completion.response_ids is a list, expected an integer 1-D tensor"),
-    "no response": (_completion(response_ids=torch.tensor([], dtype=torch.long), logprobs=torch.tensor([]),
-                                policy_versions=torch.tensor([], dtype=torch.long)),
-                    r"episode 1: completion.response_ids is empty"),
+    "short logprobs": (
+        _completion(logprobs=torch.tensor([-1.0])),
+        r"group 'bad' episode 1: completion.logprobs has 1 entries, expected 2 "
+        r"\(one per response token\)",
+    ),
+    "no versions": (
+        _completion(policy_versions=torch.tensor([], dtype=torch.long)),
+        r"episode 1: completion.policy_versions has 0 entries, expected 2",
+    ),
+    "float ids": (
+        _completion(response_ids=torch.tensor([3.0, 4.0])),
+        r"episode 1: completion.response_ids has dtype torch.float32, expected an integer dtype",
+    ),
+    "bool versions": (
+        _completion(policy_versions=torch.tensor([True, False])),
+        r"episode 1: completion.policy_versions has dtype torch.bool, expected an integer dtype",
+    ),
+    "int logprobs": (
+        _completion(logprobs=torch.tensor([-1, -1])),
+        r"episode 1: completion.logprobs has dtype torch.int64, expected a floating-point dtype",
+    ),
+    "2-D prompt": (
+        _completion(prompt_ids=torch.tensor([[1, 2]])),
+        r"episode 1: completion.prompt_ids has shape \(1, 2\), expected 1 dim",
+    ),
+    "list ids": (
+        _completion(response_ids=[3, 4]),
+        r"episode 1: completion.response_ids is a list, expected an integer 1-D tensor",
+    ),
+    "no response": (
+        _completion(
+            response_ids=torch.tensor([], dtype=torch.long),
+            logprobs=torch.tensor([]),
+            policy_versions=torch.tensor([], dtype=torch.long),
+        ),
+        r"episode 1: completion.response_ids is empty",
+    ),
     "no prompt": (_no_prompt, r"episode 0: completion.prompt_ids is empty"),
     "other prompt": (_completion(prompt_ids=torch.tensor([9, 9])), r"episode 1: completion.prompt_ids differ"),
-    "-inf logprob": (_completion(logprobs=torch.tensor([-1.0, -float("inf")])),
-                     r"episode 1: completion.logprobs has -inf at response token 1, expected finite values"),
+    "-inf logprob": (
+        _completion(logprobs=torch.tensor([-1.0, -float("inf")])),
+        r"episode 1: completion.logprobs has -inf at response token 1, expected finite values",
+    ),
     "inf advantage": (_episode(advantage=float("inf")), r"episode 1: advantage is inf, expected a finite number"),
     "text advantage": (_episode(advantage="0.5"), r"episode 1: advantage is '0.5', expected a finite number"),
     "no episode": (_completion_for_episode, r"episode 1: expected an Episode holding a Completion, got Completion"),
@@ -310,6 +347,7 @@ def test_the_actor_refuses_a_malformed_group_and_goes_on():
 
 def test_sample_waits_for_the_batch_and_wakes_on_add():
     """sample(wait_s) returns as soon as an add completes the batch, and None after wait_s without one."""
+
     async def body():
         async with provisioned():
             buf = await ReplayBuffer.as_actor(ReplayBufferConfig(capacity=4))

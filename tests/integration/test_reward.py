@@ -17,19 +17,25 @@ def test_weighted_rewards_columns_failures_and_timeouts():
     async def body():
         async with provisioned():
             reward = await RewardActor.as_actor([RewardConfig("exact_match", 1.0), RewardConfig("format", 0.5)])
-            totals, parts = await reward.score.call_one(["1+2="] * 3, ["3", "3x", "4"], ["stop", "stop", "length"],
-                                                        {"answer": ["3"] * 3})
+            totals, parts = await reward.score.call_one(
+                ["1+2="] * 3, ["3", "3x", "4"], ["stop", "stop", "length"], {"answer": ["3"] * 3}
+            )
             assert parts == {"exact_match": [1.0, 0.0, 0.0], "format": [1.0, 0.0, 0.0]}
             assert totals == [1.5, 0.0, 0.0]
             # a user's reward gets every column of the row, under the column's name
             custom = await RewardActor.as_actor([RewardConfig("tests.support.actors:unit_reward")])
-            _, parts = await custom.score.call_one(["q", "q"], ["3 cm", "3"], ["stop", "stop"],
-                                                   {"answer": ["3", "3"], "unit": ["cm", "cm"]})
+            _, parts = await custom.score.call_one(
+                ["q", "q"], ["3 cm", "3"], ["stop", "stop"], {"answer": ["3", "3"], "unit": ["cm", "cm"]}
+            )
             assert parts["tests.support.actors:unit_reward"] == [1.0, 0.0]
             with pytest.raises(ActorError, match="unit has 1 values for 2 completions"):
-                await custom.score.call_one(["q", "q"], ["a", "b"], ["stop", "stop"], {"answer": ["3", "3"], "unit": ["cm"]})
-            for name, message in [("tests.support.actors:raising_reward", "raised ZeroDivisionError"),
-                                  ("tests.support.actors:nan_reward", "returned NaN")]:
+                await custom.score.call_one(
+                    ["q", "q"], ["a", "b"], ["stop", "stop"], {"answer": ["3", "3"], "unit": ["cm"]}
+                )
+            for name, message in [
+                ("tests.support.actors:raising_reward", "raised ZeroDivisionError"),
+                ("tests.support.actors:nan_reward", "returned NaN"),
+            ]:
                 broken = await RewardActor.as_actor([RewardConfig("exact_match"), RewardConfig(name)])
                 with pytest.raises(ActorError, match=f"reward '{name}' {message}"):
                     await broken.score.call_one(["1+2="], ["3"], ["stop"], {"answer": ["3"]})
@@ -62,7 +68,9 @@ def test_unknown_reward_names_the_choices():
 def test_a_reward_needing_a_column_the_task_lacks_is_named():
     check_reward_columns([RewardConfig("tests.support.actors:unit_reward")], ["answer", "unit"])
     with pytest.raises(ValueError, match=r"reward 'tests.support.actors:unit_reward' needs \['unit'\]"):
-        check_reward_columns([RewardConfig("exact_match"), RewardConfig("tests.support.actors:unit_reward")], ["answer", "id"])
+        check_reward_columns(
+            [RewardConfig("exact_match"), RewardConfig("tests.support.actors:unit_reward")], ["answer", "id"]
+        )
     with pytest.raises(ValueError, match=r"reward 'exact_match' needs \['answer'\]"):
         check_reward_columns([RewardConfig("exact_match")], ["id"])
 
@@ -74,8 +82,17 @@ def scripted_generator(texts: list[str]):
     from forge_rl.types import Completion
 
     async def route(prompt, n):
-        return [Completion(torch.tensor([1]), torch.tensor([2, 3]), torch.zeros(2), torch.zeros(2, dtype=torch.long),
-                           "stop", text=t) for t in texts[:n]]
+        return [
+            Completion(
+                torch.tensor([1]),
+                torch.tensor([2, 3]),
+                torch.zeros(2),
+                torch.zeros(2, dtype=torch.long),
+                "stop",
+                text=t,
+            )
+            for t in texts[:n]
+        ]
 
     return SimpleNamespace(generate=SimpleNamespace(route=route))
 
@@ -96,10 +113,18 @@ def test_a_reward_failing_on_its_first_groups_stops_the_run_with_its_error_and_a
 
     async def body():
         async with provisioned():
-            reward = await RewardActor.as_actor([RewardConfig("exact_match"), RewardConfig("tests.support.hostile_rewards:raises")])
+            reward = await RewardActor.as_actor(
+                [RewardConfig("exact_match"), RewardConfig("tests.support.hostile_rewards:raises")]
+            )
             stats = RolloutStats()
-            once = dict(dataset=dataset, generator=scripted_generator(["46", "45"]), reward=reward, buffer=None,
-                        group_size=2, stats=stats)
+            once = dict(
+                dataset=dataset,
+                generator=scripted_generator(["46", "45"]),
+                reward=reward,
+                buffer=None,
+                group_size=2,
+                stats=stats,
+            )
             for _ in range(FAIL_FAST_GROUPS - 1):
                 assert await rollout_from_dataset(**once) is False  # dropped and counted
             with pytest.raises(RewardFailing) as stopped:
@@ -108,9 +133,11 @@ def test_a_reward_failing_on_its_first_groups_stops_the_run_with_its_error_and_a
             return str(stopped.value)
 
     message = run(body())
-    assert message.startswith(f"reward 'tests.support.hostile_rewards:raises' failed on each of the first 8 groups it scored "
-                              "(reward_error), so the run stops: reward 'tests.support.hostile_rewards:raises' raised "
-                              "ZeroDivisionError: reward failed on purpose; a sample input: prompt=")
+    assert message.startswith(
+        f"reward 'tests.support.hostile_rewards:raises' failed on each of the first 8 groups it scored "
+        "(reward_error), so the run stops: reward 'tests.support.hostile_rewards:raises' raised "
+        "ZeroDivisionError: reward failed on purpose; a sample input: prompt="
+    )
     assert "completion='46'" in message and "answer='46'" in message and "\n" not in message
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dropped group")]
     assert len(printed) == 1 and "summarised every 30 s" in printed[0]
@@ -122,21 +149,27 @@ def test_a_failing_reward_does_not_zero_another_rewards_evaluation():
 
     from dataclasses import replace
 
-    examples = [replace(to_example({"prompt": f"{i}+0=", "answer": str(i)}, f"row {i}", i, TaskConfig()),
-                        text=f"{i}+0=") for i in range(4)]
+    examples = [
+        replace(to_example({"prompt": f"{i}+0=", "answer": str(i)}, f"row {i}", i, TaskConfig()), text=f"{i}+0=")
+        for i in range(4)
+    ]
     answers = {e.text: e.columns["answer"] for e in examples}
     right, wrong = [e.text for e in examples[:3]], examples[3].text
 
     async def route(prompt, n, **sampling):  # three right answers, one wrong
-        return (await scripted_generator([answers[prompt] if prompt in right else "x"]).generate.route(prompt, n))
+        return await scripted_generator([answers[prompt] if prompt in right else "x"]).generate.route(prompt, n)
 
     generator = SimpleNamespace(generate=SimpleNamespace(route=route))
 
     async def body():
         async with provisioned():
-            reward = await RewardActor.as_actor([RewardConfig("exact_match"), RewardConfig("tests.support.hostile_rewards:raises")])
-            return (await evaluate_task(generator, reward, examples, "exact_match"),
-                    await evaluate_task(generator, reward, examples, "tests.support.hostile_rewards:raises"))
+            reward = await RewardActor.as_actor(
+                [RewardConfig("exact_match"), RewardConfig("tests.support.hostile_rewards:raises")]
+            )
+            return (
+                await evaluate_task(generator, reward, examples, "exact_match"),
+                await evaluate_task(generator, reward, examples, "tests.support.hostile_rewards:raises"),
+            )
 
     assert wrong not in right
     scored, failed = run(body())
@@ -165,20 +198,37 @@ def test_a_dead_reward_model_stops_the_run_named_not_counted_as_drops():
             reward = await RewardActor.options(mesh_name="DoomedRA").as_actor([spec], 30.0, models={spec.name: rm})
 
             async def score(completions):
-                return await reward.score.call_one(["1+2="] * len(completions), [c.text for c in completions],
-                                                   ["stop"] * len(completions))
+                return await reward.score.call_one(
+                    ["1+2="] * len(completions), [c.text for c in completions], ["stop"] * len(completions)
+                )
 
             stats = RolloutStats()
-            assert await rollout_group(prompt_id="p", prompt="1+2=", generator=scripted_generator(["3", "4"]),
-                                       score=score, group_size=2, stats=stats) is not None
+            assert (
+                await rollout_group(
+                    prompt_id="p",
+                    prompt="1+2=",
+                    generator=scripted_generator(["3", "4"]),
+                    score=score,
+                    group_size=2,
+                    stats=stats,
+                )
+                is not None
+            )
             victim = next(p for p in psutil.Process().children() if p.name() == "forge:DoomedRM")
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(10)
             start = time.perf_counter()
-            with pytest.raises(RewardRoleDied, match="the classifier reward model 'classifier:tiny-rm' \\(tiny-rm\\) "
-                                                     "died"):
-                await rollout_group(prompt_id="p", prompt="1+2=", generator=scripted_generator(["3", "4"]),
-                                    score=score, group_size=2, stats=stats)
+            with pytest.raises(
+                RewardRoleDied, match="the classifier reward model 'classifier:tiny-rm' \\(tiny-rm\\) died"
+            ):
+                await rollout_group(
+                    prompt_id="p",
+                    prompt="1+2=",
+                    generator=scripted_generator(["3", "4"]),
+                    score=score,
+                    group_size=2,
+                    stats=stats,
+                )
             assert time.perf_counter() - start < 25  # not the reward timeout (30 s), nor no_batch_timeout_s
             assert sum(stats.drops.values()) == 0
             # the reward actor itself killed: Monarch's SupervisionError ends the rollout (the run names the role)
@@ -186,8 +236,14 @@ def test_a_dead_reward_model_stops_the_run_named_not_counted_as_drops():
             os.kill(actor.pid, signal.SIGKILL)
             actor.wait(10)
             with pytest.raises(SupervisionError):
-                await rollout_group(prompt_id="p", prompt="1+2=", generator=scripted_generator(["3", "4"]),
-                                    score=score, group_size=2, stats=stats)
+                await rollout_group(
+                    prompt_id="p",
+                    prompt="1+2=",
+                    generator=scripted_generator(["3", "4"]),
+                    score=score,
+                    group_size=2,
+                    stats=stats,
+                )
             assert sum(stats.drops.values()) == 0
 
     run(body())

@@ -41,8 +41,9 @@ def make_classifier(out: Path) -> Path:
     from transformers import Qwen3ForSequenceClassification
 
     torch.manual_seed(0)
-    model = Qwen3ForSequenceClassification.from_pretrained(resolve_model_path("tiny-warm"), num_labels=1,
-                                                           pad_token_id=0)
+    model = Qwen3ForSequenceClassification.from_pretrained(
+        resolve_model_path("tiny-warm"), num_labels=1, pad_token_id=0
+    )
     model.score.weight.data.normal_(0, 1.0)
     model.save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -58,21 +59,27 @@ def transformers_scores(path: Path, prompts: list[str], completions: list[str]) 
     model = AutoModelForSequenceClassification.from_pretrained(path).eval()
     out = []
     for p, c in zip(prompts, completions):
-        text = tok.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": c}],
-                                       tokenize=False)
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": p}, {"role": "assistant", "content": c}], tokenize=False
+        )
         with torch.no_grad():
-            out.append(float(model(**tok(text, return_tensors="pt", add_special_tokens=False)).logits[0, 0]))  # one label: the logit
+            out.append(
+                float(model(**tok(text, return_tensors="pt", add_special_tokens=False)).logits[0, 0])
+            )  # one label: the logit
     return out
 
 
 def test_classifier_batches_concurrent_groups_and_mixes_with_function_rewards(loop, classifier):
     rm = loop.run_until_complete(RewardModel.as_actor(str(classifier), 64, 50.0))
     spec = RewardConfig(model=str(classifier), weight=2.0)
-    reward = loop.run_until_complete(RewardActor.as_actor(
-        [spec, RewardConfig("format", 0.5)], 30.0, models={spec.name: rm}))
+    reward = loop.run_until_complete(
+        RewardActor.as_actor([spec, RewardConfig("format", 0.5)], 30.0, models={spec.name: rm})
+    )
 
     async def groups():  # three groups scored at once, as concurrent rollouts do
-        return await asyncio.gather(*(reward.score.call_one([q] * 3, a, ["stop"] * 3) for q, a in zip(QUESTIONS, ANSWERS)))
+        return await asyncio.gather(
+            *(reward.score.call_one([q] * 3, a, ["stop"] * 3) for q, a in zip(QUESTIONS, ANSWERS))
+        )
 
     results = loop.run_until_complete(groups())
     stats = loop.run_until_complete(rm.stats.call_one())
@@ -87,19 +94,23 @@ def test_classifier_batches_concurrent_groups_and_mixes_with_function_rewards(lo
     # max_concurrency=1: the same three groups go to the model one at a time, a forward each
     one = RewardConfig(model=str(classifier), max_concurrency=1)
     single_rm = loop.run_until_complete(RewardModel.options(mesh_name="single").as_actor(str(classifier), 64, 50.0))
-    single = loop.run_until_complete(RewardActor.options(mesh_name="single_reward").as_actor(
-        [one], 30.0, models={one.name: single_rm}))
+    single = loop.run_until_complete(
+        RewardActor.options(mesh_name="single_reward").as_actor([one], 30.0, models={one.name: single_rm})
+    )
 
     async def one_at_a_time():
-        return await asyncio.gather(*(single.score.call_one([q] * 3, a, ["stop"] * 3) for q, a in zip(QUESTIONS, ANSWERS)))
+        return await asyncio.gather(
+            *(single.score.call_one([q] * 3, a, ["stop"] * 3) for q, a in zip(QUESTIONS, ANSWERS))
+        )
 
     loop.run_until_complete(one_at_a_time())
     assert loop.run_until_complete(single_rm.stats.call_one())["forwards"] == 3
 
     # slower than reward_timeout_s (a forward that waits 2 s for company): the group fails, named and counted
     slow_rm = loop.run_until_complete(RewardModel.options(mesh_name="slow").as_actor(str(classifier), 64, 2000.0))
-    slow = loop.run_until_complete(RewardActor.options(mesh_name="slow_reward").as_actor(
-        [spec], 0.3, models={spec.name: slow_rm}))
+    slow = loop.run_until_complete(
+        RewardActor.options(mesh_name="slow_reward").as_actor([spec], 0.3, models={spec.name: slow_rm})
+    )
     with pytest.raises(Exception) as failed:
         loop.run_until_complete(slow.score.call_one([QUESTIONS[0]], ["46"], ["stop"]))
     error = getattr(failed.value, "exception", failed.value)
@@ -123,9 +134,13 @@ def test_max_batch_holds_and_a_failed_batch_is_retried_request_by_request(loop, 
     assert loop.run_until_complete(rm.stats.call_one())["largest_forward"] == 4
 
     async def three_groups():  # arrive within one window: batched together
-        return await asyncio.gather(*(rm.score.call_one([q] * 2, a) for q, a in
-                                      [("1+1=", ["2", "3"]), ("2+2=", ["POISON", "4"]), ("3+3=", ["6", "7"])]),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            *(
+                rm.score.call_one([q] * 2, a)
+                for q, a in [("1+1=", ["2", "3"]), ("2+2=", ["POISON", "4"]), ("3+3=", ["6", "7"])]
+            ),
+            return_exceptions=True,
+        )
 
     good, poisoned, also_good = loop.run_until_complete(three_groups())
     assert "poisoned input" in str(poisoned)
@@ -142,8 +157,9 @@ def test_an_input_longer_than_the_context_keeps_the_end_of_its_completion():
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-rm"))
 
     def render(c: str) -> str:
-        return tokenizer.apply_chat_template([{"role": "user", "content": "12+34="},
-                                              {"role": "assistant", "content": c}], tokenize=False)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": "12+34="}, {"role": "assistant", "content": c}], tokenize=False
+        )
 
     long = " ".join(str(i % 10) for i in range(2000)) + " so the answer is 46"
     text = fit_completion(render, long, tokenizer, 512)
@@ -161,7 +177,9 @@ def test_judge_parsing_and_reward_spec_errors():
     assert judge_score("12", "tests.integration.test_reward_model:halve", 1.0) == 6.0
     assert judge_engine_args(RewardConfig(model="tiny", kind="judge")) == {"tensor_parallel_size": 1}
     assert judge_engine_args(RewardConfig(model="tiny", kind="judge", engine_args={"max_model_len": 256})) == {
-        "tensor_parallel_size": 1, "max_model_len": 256}
+        "tensor_parallel_size": 1,
+        "max_model_len": 256,
+    }
     assert RewardUnparsable("x").reason == "reward_unparsable"
     with pytest.raises(ValueError, match="a name .* or a model"):
         RewardConfig()
@@ -177,13 +195,19 @@ def test_a_missing_reward_model_or_a_bad_setting_is_refused_at_start_naming_the_
     from forge_rl.recipes.grpo_checks import check_config
     from forge_rl.recipes.grpo_config import GRPOConfig
 
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
-                      [f"output_dir={tmp_path}", "rewards=[{name: exact_match}, {model: /nonexistent/rm}]"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        [f"output_dir={tmp_path}", "rewards=[{name: exact_match}, {model: /nonexistent/rm}]"],
+    )
     with pytest.raises(ConfigError, match=r"rewards\[1\].model='/nonexistent/rm': no such directory"):
         check_config(cfg)
     bad = "{model: tiny-warm, kind: judge, template: 'Rate {answer}', parser: '(\\\\d+', max_concurrency: 0}"
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
-                      [f"output_dir={tmp_path}", f"rewards=[{{name: exact_match}}, {bad}]"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        [f"output_dir={tmp_path}", f"rewards=[{{name: exact_match}}, {bad}]"],
+    )
     with pytest.raises(ConfigError) as refused:
         check_config(cfg)
     for key in ("max_concurrency=0", "template: only {prompt}", "template: it must show", "parser="):
@@ -198,8 +222,10 @@ def test_tiny_rm_tells_right_sums_from_wrong_ones(loop):
 
     rm = loop.run_until_complete(RewardModel.options(mesh_name="tiny_rm").as_actor("tiny-rm"))
     problems = held_out_problems(20)
-    groups = [[p.answer, str(int(p.answer) + 1), str(int(p.answer) - 10), p.answer[::-1] + "1", "", p.answer + "0"]
-              for p in problems]
+    groups = [
+        [p.answer, str(int(p.answer) + 1), str(int(p.answer) - 10), p.answer[::-1] + "1", "", p.answer + "0"]
+        for p in problems
+    ]
 
     async def score():
         return await asyncio.gather(*(rm.score.call_one([p.question] * len(g), g) for p, g in zip(problems, groups)))
@@ -218,13 +244,30 @@ def test_grpo_scored_by_the_tiny_rm_and_a_judge(tmp_path):
     from forge_rl.recipes.grpo import main
     from forge_rl.recipes.grpo_config import GRPOConfig
 
-    judge = ("{model: tiny-warm, kind: judge, template: '{prompt}{completion}', parser: '(\\d+)', scale: 0.001, "
-             "weight: 1.0, engine_args: {max_model_len: 96}}")
-    rewards = f"rewards=[{{model: tiny-rm, kind: classifier, weight: 1.0}}, {{name: format, weight: 0.1}}, {judge}, " \
-              "{name: exact_match, weight: 0.0}]"
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny_rm.yaml", [
-        "steps=2", "batch_groups=4", "group_size=4", "rollout_tasks=4", "eval_size=16", "eval_every=0",
-        "buffer.capacity=8", f"output_dir={tmp_path}", "export_dir=null", rewards])
+    judge = (
+        "{model: tiny-warm, kind: judge, template: '{prompt}{completion}', parser: '(\\d+)', scale: 0.001, "
+        "weight: 1.0, engine_args: {max_model_len: 96}}"
+    )
+    rewards = (
+        f"rewards=[{{model: tiny-rm, kind: classifier, weight: 1.0}}, {{name: format, weight: 0.1}}, {judge}, "
+        "{name: exact_match, weight: 0.0}]"
+    )
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny_rm.yaml",
+        [
+            "steps=2",
+            "batch_groups=4",
+            "group_size=4",
+            "rollout_tasks=4",
+            "eval_size=16",
+            "eval_every=0",
+            "buffer.capacity=8",
+            f"output_dir={tmp_path}",
+            "export_dir=null",
+            rewards,
+        ],
+    )
     summary = asyncio.run(main(cfg))
     assert summary["trainer_version"] == 2
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -243,15 +286,23 @@ def test_a_judges_unparsable_or_stuck_parser_fails_its_groups_named(loop):
     that never returns ends at the timeout in a reward worker (the actor goes on scoring), a good one scores."""
     from forge_rl.actors.generator import Generator
 
-    judge = loop.run_until_complete(Generator.options(mesh_name="judge").as_actor(
-        resolve_model_path("tiny-warm"), engine_args=judge_engine_args(RewardConfig(model="tiny-warm", kind="judge")),
-        sampling=dict(temperature=0.0, max_tokens=4), policy_weights=False))
+    judge = loop.run_until_complete(
+        Generator.options(mesh_name="judge").as_actor(
+            resolve_model_path("tiny-warm"),
+            engine_args=judge_engine_args(RewardConfig(model="tiny-warm", kind="judge")),
+            sampling=dict(temperature=0.0, max_tokens=4),
+            policy_weights=False,
+        )
+    )
     judged = dict(model="tiny-warm", kind="judge", template="{prompt}{completion}")
-    specs = [RewardConfig("ok", parser=r"(\d+)", max_tokens=4, **judged),
-             RewardConfig("never", parser=r"VERDICT=(\d+)", **judged),
-             RewardConfig("stuck", parser="tests.integration.test_reward_model:stuck_parser", **judged)]
-    reward = loop.run_until_complete(RewardActor.options(mesh_name="judged").as_actor(
-        specs, 10.0, 2, models={s.name: judge for s in specs}))
+    specs = [
+        RewardConfig("ok", parser=r"(\d+)", max_tokens=4, **judged),
+        RewardConfig("never", parser=r"VERDICT=(\d+)", **judged),
+        RewardConfig("stuck", parser="tests.integration.test_reward_model:stuck_parser", **judged),
+    ]
+    reward = loop.run_until_complete(
+        RewardActor.options(mesh_name="judged").as_actor(specs, 10.0, 2, models={s.name: judge for s in specs})
+    )
     loop.run_until_complete(judge.generate.call_one("1+1=", n=1))  # the engine's first step (warm-up) is slow
     start = time.perf_counter()
     parts = loop.run_until_complete(reward.score_each_reward.call_one(["12+34="], ["46"], ["stop"]))

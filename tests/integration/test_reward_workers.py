@@ -73,6 +73,7 @@ def test_errors_are_named_and_fixed_arguments_are_bound(pool):
 def test_groups_score_concurrently_on_the_pools_workers():
     pool = RewardPool(2)
     try:
+
         async def both():
             await pool.ready()
             start = time.perf_counter()
@@ -86,10 +87,12 @@ def test_groups_score_concurrently_on_the_pools_workers():
 
 def test_workers_die_with_the_process_that_started_them():
     # one worker idle, one stuck in a verifier (which never reads its pipe again)
-    script = ("import asyncio, threading, time; from forge_rl.rewards.workers import RewardPool; p = RewardPool(2); "
-              "asyncio.run(p.ready()); hang = p.call('tests.support.hostile_rewards:hangs', {}, ['q'], ['a'], answer=['a']); "
-              "threading.Thread(target=asyncio.run, args=(hang,), daemon=True).start(); time.sleep(1); "
-              "print('ready', flush=True); time.sleep(600)")
+    script = (
+        "import asyncio, threading, time; from forge_rl.rewards.workers import RewardPool; p = RewardPool(2); "
+        "asyncio.run(p.ready()); hang = p.call('tests.support.hostile_rewards:hangs', {}, ['q'], ['a'], answer=['a']); "
+        "threading.Thread(target=asyncio.run, args=(hang,), daemon=True).start(); time.sleep(1); "
+        "print('ready', flush=True); time.sleep(600)"
+    )
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout.readline().strip() == "ready"
@@ -107,19 +110,30 @@ def test_workers_die_with_the_process_that_started_them():
 def test_math_verifys_own_timeout_ends_a_slow_comparison_in_a_worker(pool):
     # sympy takes ~17 s on this machine to decide these differ; math-verify's SIGALRM gives up after 1 s
     start = time.perf_counter()
-    values = asyncio.run(pool.call("forge_rl.rewards.math:math_answer", {"verify_timeout_s": 1}, [""],
-                                   [r"\boxed{(x+y+z+1)^{30}}"], timeout_s=60, answer=["(x+2)^{60}"]))
+    values = asyncio.run(
+        pool.call(
+            "forge_rl.rewards.math:math_answer",
+            {"verify_timeout_s": 1},
+            [""],
+            [r"\boxed{(x+y+z+1)^{30}}"],
+            timeout_s=60,
+            answer=["(x+2)^{60}"],
+        )
+    )
     assert values == [0.0] and time.perf_counter() - start < 8
-    assert asyncio.run(pool.call("forge_rl.rewards.math:math_answer", {}, [""], [r"so \boxed{\frac12}"],
-                                 answer=["0.5"])) == [1.0]
+    assert asyncio.run(
+        pool.call("forge_rl.rewards.math:math_answer", {}, [""], [r"so \boxed{\frac12}"], answer=["0.5"])
+    ) == [1.0]
 
 
 def test_a_wrong_return_type_is_named_not_coerced(pool):
-    with pytest.raises(RewardError, match="reward 'mine' returned str '0.5'; it must return a list of floats, one "
-                                          "per completion"):
+    with pytest.raises(
+        RewardError, match="reward 'mine' returned str '0.5'; it must return a list of floats, one per completion"
+    ):
         asyncio.run(pool.score("mine", H + "returns_str", {}, ["q", "q"], ["a", "b"]))
-    with pytest.raises(RewardError, match="returned a list holding str '1.0' at index 0; it must return a list of "
-                                          "floats"):
+    with pytest.raises(
+        RewardError, match="returned a list holding str '1.0' at index 0; it must return a list of floats"
+    ):
         call(pool, "returns_strings")
     assert pool.replaced == 0
 

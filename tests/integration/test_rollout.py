@@ -26,8 +26,14 @@ def rollout_once(run, generate):
     example = to_example({"prompt": "1+1=", "answer": "2"}, "row 0", 0, TaskConfig())
     dataset = SimpleNamespace(next=endpoint(lambda: example))
     generator = SimpleNamespace(generate=endpoint(generate))
-    return rollout_from_dataset(dataset=dataset, generator=generator, reward=None, buffer=None,
-                                group_size=run.cfg.group_size, stats=run.rollouts)
+    return rollout_from_dataset(
+        dataset=dataset,
+        generator=generator,
+        reward=None,
+        buffer=None,
+        group_size=run.cfg.group_size,
+        stats=run.rollouts,
+    )
 
 
 def test_a_prompt_too_long_is_skipped_and_counted():
@@ -67,8 +73,13 @@ def test_overlong_completions_are_penalised_and_filtered_before_advantages():
     assert overlong_penalty(8, 8, 0) == 0.0
 
     def completion(n, finish):
-        return Completion(torch.tensor([1, 2]), torch.arange(3, 3 + n), torch.full((n,), -0.5),
-                          torch.zeros(n, dtype=torch.long), finish)
+        return Completion(
+            torch.tensor([1, 2]),
+            torch.arange(3, 3 + n),
+            torch.full((n,), -0.5),
+            torch.zeros(n, dtype=torch.long),
+            finish,
+        )
 
     completions = [completion(2, "stop"), completion(6, "stop"), completion(8, "length")]
     generator = SimpleNamespace(generate=endpoint(lambda prompt, n: completions))
@@ -77,9 +88,18 @@ def test_overlong_completions_are_penalised_and_filtered_before_advantages():
         return [1.0, 1.0, 1.0], {"exact_match": [1.0, 1.0, 1.0]}
 
     stats = RolloutStats()
-    group = asyncio.run(rollout_group(prompt_id="p", prompt="1+1=", generator=generator, score=score, group_size=3,
-                                      stats=stats, overlong=OverlongConfig(penalty_cache_len=4, filter=True),
-                                      max_tokens=8))
+    group = asyncio.run(
+        rollout_group(
+            prompt_id="p",
+            prompt="1+1=",
+            generator=generator,
+            score=score,
+            group_size=3,
+            stats=stats,
+            overlong=OverlongConfig(penalty_cache_len=4, filter=True),
+            max_tokens=8,
+        )
+    )
     assert stats.parts["overlong"] == [0.0, -0.5, -1.0] and stats.rewards == [1.0, 0.5, 0.0]
     advantages = [e.advantage for e in group.episodes]
     assert advantages[0] > 0 and abs(advantages[1]) < 1e-6  # rewards 1, 0.5, 0: the group's mean is 0.5

@@ -21,14 +21,28 @@ from tests.conftest import REPO
 from tests.unit.loop.test_run_folder import finished_run, garble, snapshot
 
 TINY = REPO / "configs/grpo/tiny.yaml"
-SMALL = ["batch_groups=4", "group_size=4", "rollout_tasks=2", "eval_size=32", "eval_every=0",
-         "buffer.capacity=8", "generator.sampling.max_tokens=6"]
+SMALL = [
+    "batch_groups=4",
+    "group_size=4",
+    "rollout_tasks=2",
+    "eval_size=32",
+    "eval_every=0",
+    "buffer.capacity=8",
+    "generator.sampling.max_tokens=6",
+]
 
 
 def test_a_damaged_tensor_is_caught_and_resume_falls_back_to_the_checkpoint_before(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    first = asyncio.run(main(load_config(GRPOConfig, TINY, SMALL + [
-        "steps=2", f"output_dir={run_dir}", "checkpoint_every=1", "checkpoint_keep_last=0"])))
+    first = asyncio.run(
+        main(
+            load_config(
+                GRPOConfig,
+                TINY,
+                SMALL + ["steps=2", f"output_dir={run_dir}", "checkpoint_every=1", "checkpoint_keep_last=0"],
+            )
+        )
+    )
     run_id = json.loads((run_dir / RUN_FILE).read_text())["id"]
     assert first["run_id"] == run_id and first["checkpoint"] == str(run_dir / "checkpoints/step-2")
 
@@ -42,8 +56,13 @@ def test_a_damaged_tensor_is_caught_and_resume_falls_back_to_the_checkpoint_befo
     shard = max((run_dir / "checkpoints/step-2").glob("*.distcp"), key=lambda p: p.stat().st_size)
     garble(shard, offset=shard.stat().st_size // 2)
     capsys.readouterr()
-    resumed = asyncio.run(main(load_config(GRPOConfig, TINY, SMALL + [
-        "steps=3", f"output_dir={run_dir}", "resume=true", "checkpoint_keep_last=0"])))
+    resumed = asyncio.run(
+        main(
+            load_config(
+                GRPOConfig, TINY, SMALL + ["steps=3", f"output_dir={run_dir}", "resume=true", "checkpoint_keep_last=0"]
+            )
+        )
+    )
     console = capsys.readouterr().out
     assert f"passed over step-2: checksum mismatch in {shard.name}; resuming from step-1" in console
     assert resumed["start_step"] == 1 and resumed["trainer_version"] == 3 and resumed["run_id"] == run_id
@@ -58,9 +77,24 @@ def test_ctrl_c_in_the_first_evaluation_says_so_and_stops_cleanly(tmp_path):
     run_dir = tmp_path / "run"
     old_id = finished_run(run_dir)
     app = subprocess.Popen(
-        [sys.executable, "-m", "apps.grpo.main", "--config", str(TINY), *SMALL, "eval_size=500", "steps=2",
-         f"output_dir={run_dir}", "overwrite=true"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+        [
+            sys.executable,
+            "-m",
+            "apps.grpo.main",
+            "--config",
+            str(TINY),
+            *SMALL,
+            "eval_size=500",
+            "steps=2",
+            f"output_dir={run_dir}",
+            "overwrite=true",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ),
+    )
     lines = []
     deadline = time.monotonic() + 400
     for line in app.stdout:

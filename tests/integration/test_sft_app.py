@@ -30,7 +30,8 @@ def tokenizer():
 
 def sft_config(tmp_path, *overrides):
     return load_config(
-        SFTConfig, REPO / "configs/sft/tiny.yaml",
+        SFTConfig,
+        REPO / "configs/sft/tiny.yaml",
         [f"output_dir={tmp_path}", "batch_size=64", "eval_size=0", "export_dir=", *overrides],
     )
 
@@ -69,9 +70,11 @@ def test_resume_continues_at_the_saved_step(tmp_path, tokenizer):
     import shutil
 
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(
-        json.dumps({"prompt": p.question, "completion": p.answer}) + "\n" for p in training_problems(100, seed=3)
-    ))
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": p.question, "completion": p.answer}) + "\n" for p in training_problems(100, seed=3)
+        )
+    )
     run = tmp_path / "run"
     args = [f"dataset={data}", "batch_size=32", "checkpoint_every=2"]
     asyncio.run(main(sft_config(run, "steps=4", *args)))
@@ -88,9 +91,25 @@ def test_resume_continues_at_the_saved_step(tmp_path, tokenizer):
 def test_ctrl_c_saves_a_checkpoint_and_exits(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "apps.sft.main", "--config", "configs/sft/tiny.yaml", f"output_dir={tmp_path}",
-         "steps=100000", "batch_size=32", "eval_size=0", "export_dir=", "checkpoint_every=0"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "apps.sft.main",
+            "--config",
+            "configs/sft/tiny.yaml",
+            f"output_dir={tmp_path}",
+            "steps=100000",
+            "batch_size=32",
+            "eval_size=0",
+            "export_dir=",
+            "checkpoint_every=0",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
         preexec_fn=started_in_the_background,  # SIGINT inherited ignored, as under nohup or `cmd &`
     )
     try:
@@ -132,7 +151,9 @@ def test_training_problems_never_contain_held_out_questions():
 
 def test_prompt_completion_tokenises_like_the_generator_sees_it(tokenizer):
     p = held_out_problems(1)[0]
-    ex = tokenize_messages(tokenizer, [{"role": "user", "content": p.question}, {"role": "assistant", "content": p.answer}])
+    ex = tokenize_messages(
+        tokenizer, [{"role": "user", "content": p.question}, {"role": "assistant", "content": p.answer}]
+    )
     assert ex.prompt_ids == tokenizer(chat_prompt(tokenizer, p), add_special_tokens=False)["input_ids"]
     assert ex.response_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>") == tokenizer.eos_token_id
     assert tokenizer.decode(ex.response_ids[:-1]) == p.answer
@@ -141,8 +162,13 @@ def test_prompt_completion_tokenises_like_the_generator_sees_it(tokenizer):
 def test_jsonl_and_hf_dir_formats(tmp_path, tokenizer):
     rows = [
         {"prompt": "1+2=", "completion": "3"},
-        {"messages": [{"role": "system", "content": "add"}, {"role": "user", "content": "2+2="},
-                      {"role": "assistant", "content": "4"}]},
+        {
+            "messages": [
+                {"role": "system", "content": "add"},
+                {"role": "user", "content": "2+2="},
+                {"role": "assistant", "content": "4"},
+            ]
+        },
     ]
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n")  # blank lines are skipped
@@ -155,15 +181,20 @@ def test_jsonl_and_hf_dir_formats(tmp_path, tokenizer):
     assert load_sft_dataset(tmp_path / "hf", tokenizer) == examples[:1]
 
 
-@pytest.mark.parametrize("line, why", [
-    ('{"prompt": "1+2=", "completion": "3"', "not valid JSON"),
-    ('{"prompt": "1+2="}', "no 'completion'"),
-    ('{"question": "1+2=", "answer": "3"}', "expected keys 'prompt' and 'completion', or 'messages'"),
-    ('{"messages": [{"role": "user", "content": "1+2="}, {"role": "user", "content": "3"}]}',
-     "last message must be the assistant's answer"),
-    ('{"prompt": "1+2=", "completion": 3}', "'completion' must be a string"),
-    ('[1, 2]', "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        ('{"prompt": "1+2=", "completion": "3"', "not valid JSON"),
+        ('{"prompt": "1+2="}', "no 'completion'"),
+        ('{"question": "1+2=", "answer": "3"}', "expected keys 'prompt' and 'completion', or 'messages'"),
+        (
+            '{"messages": [{"role": "user", "content": "1+2="}, {"role": "user", "content": "3"}]}',
+            "last message must be the assistant's answer",
+        ),
+        ('{"prompt": "1+2=", "completion": 3}', "'completion' must be a string"),
+        ("[1, 2]", "expected a JSON object"),
+    ],
+)
 def test_a_bad_line_is_named_with_file_and_line_number(tmp_path, tokenizer, line, why):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "1+1=", "completion": "2"}\n{"prompt": "2+1=", "completion": "3"}\n' + line + "\n")

@@ -32,7 +32,11 @@ def test_shutdown_leaves_no_processes_or_shm(how):
     seen = RunShm()
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.support.shutdown_script", how],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=started_in_the_background,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=started_in_the_background,
     )
     pids, shm, lines = [], [], []
     for line in proc.stdout:
@@ -142,9 +146,22 @@ def test_sigkill_of_a_grpo_run_in_the_background_leaves_nothing(tmp_path):
     import psutil
 
     app = subprocess.Popen(
-        [sys.executable, "-m", "apps.grpo.main", "--config", "configs/grpo/tiny.yaml", "steps=500", "eval_size=16",
-         "eval_every=0", f"output_dir={tmp_path}"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=started_in_the_background,
+        [
+            sys.executable,
+            "-m",
+            "apps.grpo.main",
+            "--config",
+            "configs/grpo/tiny.yaml",
+            "steps=500",
+            "eval_size=16",
+            "eval_every=0",
+            f"output_dir={tmp_path}",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=started_in_the_background,
     )
     lines = []
     for line in app.stdout:

@@ -40,13 +40,21 @@ def cluster(tmp_path_factory):
 
 def _on_login(cluster: SlurmCluster, argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     env = cluster.env(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    return subprocess.run(cluster.on_login(argv), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        cluster.on_login(argv),
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _squeue(cluster: SlurmCluster) -> list[str]:
-    out = subprocess.run(["squeue", "--noheader", "--format", "%i %T"], capture_output=True, text=True,
-                         env=cluster.env(), check=True)
+    out = subprocess.run(
+        ["squeue", "--noheader", "--format", "%i %T"], capture_output=True, text=True, env=cluster.env(), check=True
+    )
     return out.stdout.split("\n")[:-1]
 
 
@@ -65,8 +73,13 @@ def test_squeue_is_read_per_job_whatever_else_is_queued(cluster):
     env = cluster.env()
     ids = []
     for nodes in (1, 2):  # two jobs: Slurm 22.05's `squeue --json --job X` lists both, and SlurmJob took the first
-        out = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", "--output=/dev/null", "--wrap", "sleep 120"],
-                             capture_output=True, text=True, env=env, check=True)
+        out = subprocess.run(
+            ["sbatch", "--parsable", f"--nodes={nodes}", "--output=/dev/null", "--wrap", "sleep 120"],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
         ids.append(out.stdout.strip().split(";")[0])
     os.environ["SLURM_CONF"] = str(cluster.conf)
     try:
@@ -91,10 +104,25 @@ def test_grpo_interactive_on_three_nodes_stops_before_the_time_limit_then_reatta
     with a final checkpoint and keeps the allocation; a second run with the same settings reattaches to it (no
     new job), resumes from that checkpoint, finishes, and cancels the job at exit."""
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "apps.grpo.main", "--config", CONFIG, "launcher.kind=slurm", f"output_dir={out}",
-            "launcher.slurm.trainer_nodes=2", "trainer_procs=2", "launcher.slurm.time=00:03:00", *QUICK]
-    first = _on_login(cluster, [*argv, "steps=100000", "launcher.slurm.keep_job=true",
-                                "launcher.slurm.stop_before_end_s=120"], tmp_path, 300)
+    argv = [
+        sys.executable,
+        "-m",
+        "apps.grpo.main",
+        "--config",
+        CONFIG,
+        "launcher.kind=slurm",
+        f"output_dir={out}",
+        "launcher.slurm.trainer_nodes=2",
+        "trainer_procs=2",
+        "launcher.slurm.time=00:03:00",
+        *QUICK,
+    ]
+    first = _on_login(
+        cluster,
+        [*argv, "steps=100000", "launcher.slurm.keep_job=true", "launcher.slurm.stop_before_end_s=120"],
+        tmp_path,
+        300,
+    )
     assert first.returncode == 130, first.stdout[-3000:] + first.stderr[-3000:]  # interrupted, by design
     assert "(its time limit): stopping with a final checkpoint" in first.stdout
     stopped_at = int(complete_checkpoints(out / "checkpoints")[-1].name.split("-")[1])
@@ -102,8 +130,9 @@ def test_grpo_interactive_on_three_nodes_stops_before_the_time_limit_then_reatta
     jobs = _squeue(cluster)
     assert len(jobs) == 1 and jobs[0].endswith("RUNNING"), jobs  # kept
     job_id = jobs[0].split()[0]
-    second = _on_login(cluster, [*argv, f"steps={stopped_at + 2}", "resume=true",
-                                 "launcher.slurm.stop_before_end_s=0"], tmp_path, 300)
+    second = _on_login(
+        cluster, [*argv, f"steps={stopped_at + 2}", "resume=true", "launcher.slurm.stop_before_end_s=0"], tmp_path, 300
+    )
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "Submitting SLURM job" not in second.stderr + second.stdout  # reattached to the kept allocation
     assert f"resumed from {out / 'checkpoints'}/step-{stopped_at}" in second.stdout
@@ -125,10 +154,25 @@ def test_grpo_sbatch_job_is_requeued_and_resumes(cluster, tmp_path):
     # 6 steps: the kill comes at the first checkpoint (step 2), and the steps after it leave the killed job time to
     # be requeued before it could have finished; the requeued job then trains the rest
     nodes = cluster.nodes[:2]  # and not the third: the requeued job must come back to the node we look at
-    submit = _on_login(cluster, [sys.executable, "-m", "forge_rl.launch.launcher", "submit", "--config", CONFIG,
-                                 f"output_dir={out}", "steps=6", "checkpoint_every=2", "resume=auto",
-                                 f"launcher.slurm.sbatch_args=[--requeue,--exclude={cluster.nodes[2]}]", *QUICK],
-                       tmp_path, 60)
+    submit = _on_login(
+        cluster,
+        [
+            sys.executable,
+            "-m",
+            "forge_rl.launch.launcher",
+            "submit",
+            "--config",
+            CONFIG,
+            f"output_dir={out}",
+            "steps=6",
+            "checkpoint_every=2",
+            "resume=auto",
+            f"launcher.slurm.sbatch_args=[--requeue,--exclude={cluster.nodes[2]}]",
+            *QUICK,
+        ],
+        tmp_path,
+        60,
+    )
     assert submit.returncode == 0, submit.stdout + submit.stderr
     job_id = submit.stdout.split("submitted Slurm job ")[1].split(":")[0]
     deadline = time.monotonic() + 300
@@ -197,6 +241,7 @@ def _node_processes(cluster: SlurmCluster, node: str) -> list[int]:
 
 def _apps(cluster: SlurmCluster, node: str) -> list[int]:
     """The app processes (python -m forge_rl.recipes ...) running on `node`."""
+
     def runs_the_app(pid: int) -> bool:
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")

@@ -6,8 +6,15 @@ from pathlib import Path
 
 from benchmarks.soak import soak
 
-SMALL = ["batch_groups=4", "group_size=4", "rollout_tasks=2", "eval_size=8", "buffer.capacity=8",
-         "generator.sampling.max_tokens=6", "generator.replicas=2"]
+SMALL = [
+    "batch_groups=4",
+    "group_size=4",
+    "rollout_tasks=2",
+    "eval_size=8",
+    "buffer.capacity=8",
+    "generator.sampling.max_tokens=6",
+    "generator.replicas=2",
+]
 
 
 def test_a_short_soak_survives_a_replica_kill_and_leaves_nothing_behind(tmp_path: Path):

@@ -15,8 +15,11 @@ from tests.conftest import REPO
 
 def test_within_names_what_hung_and_the_key():
     async def body():
-        with pytest.raises(StepTimeout, match=r"the X's op to version 3 did not finish within "
-                                              r"timeouts.publish_s=0.2 s; on host h"):
+        with pytest.raises(
+            StepTimeout,
+            match=r"the X's op to version 3 did not finish within "
+            r"timeouts.publish_s=0.2 s; on host h",
+        ):
             await within(asyncio.Event().wait(), 0.2, "publish_s", "the X's op to version 3", "on host h")
         assert await within(asyncio.sleep(0, result=7), None, "publish_s", "x", "y") == 7
 
@@ -30,10 +33,24 @@ def test_a_trainer_rank_that_hangs_stops_the_run_within_the_timeout(tmp_path, mo
     waits in a collective. The run stops with the named error once timeouts.train_step_s has passed, and says
     to resume from the checkpoint the first step left."""
     monkeypatch.setenv(HANG_ENV, "optimizer_step:1:2")
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", [
-        "batch_groups=2", "group_size=4", "rollout_tasks=2", "eval_size=8", "eval_every=0", "buffer.capacity=4",
-        "generator.sampling.max_tokens=6", "steps=3", "trainer_procs=2", "checkpoint_every=1",
-        "timeouts.train_step_s=20", f"output_dir={tmp_path}"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        [
+            "batch_groups=2",
+            "group_size=4",
+            "rollout_tasks=2",
+            "eval_size=8",
+            "eval_every=0",
+            "buffer.capacity=4",
+            "generator.sampling.max_tokens=6",
+            "steps=3",
+            "trainer_procs=2",
+            "checkpoint_every=1",
+            "timeouts.train_step_s=20",
+            f"output_dir={tmp_path}",
+        ],
+    )
     start = time.perf_counter()
     with pytest.raises(StepTimeout) as error:
         asyncio.run(main(cfg))

@@ -30,7 +30,7 @@ def test_tokenizer_is_character_level_with_chat_template():
     text = tok.apply_chat_template([{"role": "user", "content": "12+34="}], tokenize=False, add_generation_prompt=True)
     assert text == PROMPT
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    assert len(ids) == len("user\n12+34=" "\n" "assistant\n") + 3  # one id per char, specials are single ids
+    assert len(ids) == len("user\n12+34=\nassistant\n") + 3  # one id per char, specials are single ids
     assert tok.decode(ids) == text and tok.eos_token_id == 2 and tok.pad_token_id == 0
 
 

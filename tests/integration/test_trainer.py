@@ -23,7 +23,7 @@ def make_batch(seed: int, B: int = 8, T: int = 24, shared_prompt: int = 0) -> Tr
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(3, 128, (B, T), generator=g)
     mask = torch.zeros(B, T, dtype=torch.bool)
-    mask[:, shared_prompt or 10:] = True
+    mask[:, shared_prompt or 10 :] = True
     tokens[:, :shared_prompt] = tokens[0, :shared_prompt]
     mask[0, 20:] = False  # one shorter response: the normalisations must see unequal lengths
     behaviour = -torch.rand(B, T, generator=g) * 5 * mask
@@ -32,15 +32,24 @@ def make_batch(seed: int, B: int = 8, T: int = 24, shared_prompt: int = 0) -> Tr
 
 def split(batch: TrainBatch, n: int) -> list[TrainBatch]:
     return [
-        TrainBatch(batch.tokens[i::n], batch.response_mask[i::n], batch.behaviour_logprobs[i::n],
-                   batch.policy_versions[i::n], batch.advantages[i::n])
+        TrainBatch(
+            batch.tokens[i::n],
+            batch.response_mask[i::n],
+            batch.behaviour_logprobs[i::n],
+            batch.policy_versions[i::n],
+            batch.advantages[i::n],
+        )
         for i in range(n)
     ]
 
 
 def config(tmp_path, **parallel) -> TrainerConfig:
-    return TrainerConfig(model="tiny", parallel=ParallelConfig(**parallel), optim=OptimizerConfig(lr=1e-3),
-                         checkpoint_dir=str(tmp_path / "ckpt"))
+    return TrainerConfig(
+        model="tiny",
+        parallel=ParallelConfig(**parallel),
+        optim=OptimizerConfig(lr=1e-3),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+    )
 
 
 def spawn(loop, cfg: TrainerConfig, procs: int = 1):
@@ -48,8 +57,12 @@ def spawn(loop, cfg: TrainerConfig, procs: int = 1):
 
 
 def steps(loop, trainer, n_dp: int, seeds=(0, 1, 2), shared_prompt: int = 0) -> list[dict]:
-    return [loop.run_until_complete(trainer.optimizer_step.call(split(make_batch(s, shared_prompt=shared_prompt), n_dp)))
-            .item(procs=0) for s in seeds]
+    return [
+        loop.run_until_complete(
+            trainer.optimizer_step.call(split(make_batch(s, shared_prompt=shared_prompt), n_dp))
+        ).item(procs=0)
+        for s in seeds
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +136,9 @@ def one_rank_rejects_its_batch(loop, trainer) -> None:
     flat = trainer.flatten("rank")
 
     async def both():  # each rank's call on its own, so one's error does not hide the other's
-        return await asyncio.gather(*(flat.slice(rank=r).optimizer_step.call_one(sent[r]) for r in range(2)),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            *(flat.slice(rank=r).optimizer_step.call_one(sent[r]) for r in range(2)), return_exceptions=True
+        )
 
     results = loop.run_until_complete(asyncio.wait_for(both(), 60))
     assert "another trainer rank rejected its batch" in str(results[0])
@@ -161,9 +175,11 @@ def malformed(change) -> TrainBatch:
 
 def _set(**fields):
     """Replace fields: by a value, or by a function of the batch."""
+
     def change(b: TrainBatch) -> None:
         for name, value in fields.items():
             setattr(b, name, value(b) if callable(value) else value)
+
     return change
 
 
@@ -173,47 +189,83 @@ def _poke(field: str, at: tuple, value):
 
 # (one rank's batch with something wrong, what the error must say)
 MALFORMED = {
-    "short logprobs": (_set(behaviour_logprobs=lambda b: b.behaviour_logprobs[:, :-1]),
-                       r"batch\[0\]\.behaviour_logprobs has shape \(8, 23\), expected \(8, 24\) "
-                       r"\(tokens is \(8, 24\)\)"),
-    "mask rows": (_set(response_mask=lambda b: b.response_mask[:7]),
-                  r"batch\[0\]\.response_mask has shape \(7, 24\), expected \(8, 24\)"),
-    "versions shape": (_set(policy_versions=lambda b: b.policy_versions.T),
-                       r"batch\[0\]\.policy_versions has shape \(24, 8\), expected \(8, 24\)"),
-    "advantages shape": (_set(advantages=lambda b: b.advantages[:, None]),
-                         r"batch\[0\]\.advantages has shape \(8, 1\), expected \(8,\) \(one per sequence\)"),
-    "ref shape": (_set(ref_logprobs=torch.zeros(8, 25)),
-                  r"batch\[0\]\.ref_logprobs has shape \(8, 25\), expected \(8, 24\)"),
-    "1-D tokens": (_set(tokens=lambda b: b.tokens.flatten()),
-                   r"batch\[0\]\.tokens has shape \(192,\), expected 2 dims"),
-    "float tokens": (_set(tokens=lambda b: b.tokens.float()),
-                     r"batch\[0\]\.tokens has dtype torch.float32, expected torch.int64"),
-    "uint8 mask": (_set(response_mask=lambda b: b.response_mask.to(torch.uint8)),
-                   r"batch\[0\]\.response_mask has dtype torch.uint8, expected torch.bool"),
-    "float64 logprobs": (_set(behaviour_logprobs=lambda b: b.behaviour_logprobs.double()),
-                         r"batch\[0\]\.behaviour_logprobs has dtype torch.float64, expected torch.float32"),
-    "bf16 advantages": (_set(advantages=lambda b: b.advantages.bfloat16()),
-                        r"batch\[0\]\.advantages has dtype torch.bfloat16, expected torch.float32"),
-    "list advantages": (_set(advantages=[0.5] * 8),
-                        r"batch\[0\]\.advantages is a list, expected a torch.float32 tensor"),
-    "nan advantage": (_poke("advantages", (3,), float("nan")),
-                      r"batch\[0\]\.advantages has nan at \[3\] \(1 non-finite values\), expected finite values"),
-    "inf logprob": (_poke("behaviour_logprobs", (2, 15), float("-inf")),
-                    r"batch\[0\]\.behaviour_logprobs has -inf at \[2, 15\]"),
+    "short logprobs": (
+        _set(behaviour_logprobs=lambda b: b.behaviour_logprobs[:, :-1]),
+        r"batch\[0\]\.behaviour_logprobs has shape \(8, 23\), expected \(8, 24\) "
+        r"\(tokens is \(8, 24\)\)",
+    ),
+    "mask rows": (
+        _set(response_mask=lambda b: b.response_mask[:7]),
+        r"batch\[0\]\.response_mask has shape \(7, 24\), expected \(8, 24\)",
+    ),
+    "versions shape": (
+        _set(policy_versions=lambda b: b.policy_versions.T),
+        r"batch\[0\]\.policy_versions has shape \(24, 8\), expected \(8, 24\)",
+    ),
+    "advantages shape": (
+        _set(advantages=lambda b: b.advantages[:, None]),
+        r"batch\[0\]\.advantages has shape \(8, 1\), expected \(8,\) \(one per sequence\)",
+    ),
+    "ref shape": (
+        _set(ref_logprobs=torch.zeros(8, 25)),
+        r"batch\[0\]\.ref_logprobs has shape \(8, 25\), expected \(8, 24\)",
+    ),
+    "1-D tokens": (
+        _set(tokens=lambda b: b.tokens.flatten()),
+        r"batch\[0\]\.tokens has shape \(192,\), expected 2 dims",
+    ),
+    "float tokens": (
+        _set(tokens=lambda b: b.tokens.float()),
+        r"batch\[0\]\.tokens has dtype torch.float32, expected torch.int64",
+    ),
+    "uint8 mask": (
+        _set(response_mask=lambda b: b.response_mask.to(torch.uint8)),
+        r"batch\[0\]\.response_mask has dtype torch.uint8, expected torch.bool",
+    ),
+    "float64 logprobs": (
+        _set(behaviour_logprobs=lambda b: b.behaviour_logprobs.double()),
+        r"batch\[0\]\.behaviour_logprobs has dtype torch.float64, expected torch.float32",
+    ),
+    "bf16 advantages": (
+        _set(advantages=lambda b: b.advantages.bfloat16()),
+        r"batch\[0\]\.advantages has dtype torch.bfloat16, expected torch.float32",
+    ),
+    "list advantages": (
+        _set(advantages=[0.5] * 8),
+        r"batch\[0\]\.advantages is a list, expected a torch.float32 tensor",
+    ),
+    "nan advantage": (
+        _poke("advantages", (3,), float("nan")),
+        r"batch\[0\]\.advantages has nan at \[3\] \(1 non-finite values\), expected finite values",
+    ),
+    "inf logprob": (
+        _poke("behaviour_logprobs", (2, 15), float("-inf")),
+        r"batch\[0\]\.behaviour_logprobs has -inf at \[2, 15\]",
+    ),
     # outside the response too: the loss masks by multiplying, and NaN * 0 is NaN
-    "nan prompt logprob": (_poke("behaviour_logprobs", (1, 0), float("nan")),
-                           r"batch\[0\]\.behaviour_logprobs has nan at \[1, 0\]"),
-    "nan ref": (_set(ref_logprobs=lambda b: torch.full((8, 24), float("nan"))),
-                r"batch\[0\]\.ref_logprobs has nan at \[0, 0\] \(192 non-finite values\)"),
-    "id = vocab": (_poke("tokens", (5, 7), 128),
-                   r"batch\[0\]\.tokens has id 128 at \[5, 7\] \(1 such ids\), "
-                   r"outside the model's vocabulary \[0, 128\)"),
+    "nan prompt logprob": (
+        _poke("behaviour_logprobs", (1, 0), float("nan")),
+        r"batch\[0\]\.behaviour_logprobs has nan at \[1, 0\]",
+    ),
+    "nan ref": (
+        _set(ref_logprobs=lambda b: torch.full((8, 24), float("nan"))),
+        r"batch\[0\]\.ref_logprobs has nan at \[0, 0\] \(192 non-finite values\)",
+    ),
+    "id = vocab": (
+        _poke("tokens", (5, 7), 128),
+        r"batch\[0\]\.tokens has id 128 at \[5, 7\] \(1 such ids\), "
+        r"outside the model's vocabulary \[0, 128\)",
+    ),
     "negative id": (_poke("tokens", (0, 0), -1), r"batch\[0\]\.tokens has id -1 at \[0, 0\]"),
-    "no rows": (_set(tokens=lambda b: b.tokens[:0], response_mask=lambda b: b.response_mask[:0]),
-                r"batch\[0\] is empty: tokens has shape \(0, 24\), expected at least one sequence"),
+    "no rows": (
+        _set(tokens=lambda b: b.tokens[:0], response_mask=lambda b: b.response_mask[:0]),
+        r"batch\[0\] is empty: tokens has shape \(0, 24\), expected at least one sequence",
+    ),
     "no response": (lambda b: b.response_mask.fill_(False), r"batch\[0\] has no response tokens"),
-    "too long": (_set(tokens=torch.ones(8, 600, dtype=torch.long)),
-                 r"sequences of 600 tokens; the model's max_seq_len is 512"),
+    "too long": (
+        _set(tokens=torch.ones(8, 600, dtype=torch.long)),
+        r"sequences of 600 tokens; the model's max_seq_len is 512",
+    ),
 }
 
 
@@ -235,12 +287,23 @@ def test_bad_batches_are_rejected_before_any_change(loop, single):
     its first one."""
     probe = make_batch(9)
     before = loop.run_until_complete(single.logprobs.call_one(probe))
-    cases = [([malformed(MALFORMED[c][0])], MALFORMED[c][1])
-             for c in ("short logprobs", "float tokens", "nan advantage", "inf logprob", "id = vocab", "no rows",
-                       "no response")]
-    cases += [([make_batch(1)] * 2, r"one TrainBatch per data-parallel rank \(1\), got 2"),
-              ([], r"one TrainBatch per data-parallel rank \(1\), got 0"),
-              ([{"tokens": make_batch(1).tokens}], r"batch\[0\] is a dict, expected a TrainBatch")]
+    cases = [
+        ([malformed(MALFORMED[c][0])], MALFORMED[c][1])
+        for c in (
+            "short logprobs",
+            "float tokens",
+            "nan advantage",
+            "inf logprob",
+            "id = vocab",
+            "no rows",
+            "no response",
+        )
+    ]
+    cases += [
+        ([make_batch(1)] * 2, r"one TrainBatch per data-parallel rank \(1\), got 2"),
+        ([], r"one TrainBatch per data-parallel rank \(1\), got 0"),
+        ([{"tokens": make_batch(1).tokens}], r"batch\[0\] is a dict, expected a TrainBatch"),
+    ]
     for batches, message in cases:
         with pytest.raises(ActorError, match=message):
             loop.run_until_complete(single.optimizer_step.call_one(batches))
@@ -302,9 +365,14 @@ def test_push_weights_from_one_and_from_sharded_ranks(loop, tmp_path):
     store = ShmWeightStore()
     block_mb = 0.01  # 10 KiB: 20 rows of the 128-wide tensors, so shards and fused q/k/v go in several blocks
     try:
-        cases = [(1, {}, "auto", 64), (2, dict(dp_shard=2), "auto", 64), (2, dict(dp_shard=1, tp=2), "auto", 64),
-                 (2, dict(dp_shard=2), "rank0", 64), (2, dict(dp_shard=1, tp=2), "rank0", 64),
-                 (2, dict(dp_shard=2), "rank0", block_mb)]
+        cases = [
+            (1, {}, "auto", 64),
+            (2, dict(dp_shard=2), "auto", 64),
+            (2, dict(dp_shard=1, tp=2), "auto", 64),
+            (2, dict(dp_shard=2), "rank0", 64),
+            (2, dict(dp_shard=1, tp=2), "rank0", 64),
+            (2, dict(dp_shard=2), "rank0", block_mb),
+        ]
         largest = max(t.nbytes for t in shipped.values())
         for version, (procs, parallel, publish_from, block) in enumerate(cases, 1):
             cfg = config(tmp_path / str(version), **parallel)
@@ -393,8 +461,11 @@ def test_push_weights_into_a_full_tmpfs_fails_by_name_and_the_trainer_goes_on(lo
         store = ShmWeightStore(cfg=store_cfg)
         try:
             loop.run_until_complete(trainer.push_weights.call(1))
-            with pytest.raises(ActorError, match=rf"WeightStoreFull.*weight store {shm}/weights is full: weights "
-                                                 rf"version 2 needs \d+ bytes .*, \d+ bytes .* free"):
+            with pytest.raises(
+                ActorError,
+                match=rf"WeightStoreFull.*weight store {shm}/weights is full: weights "
+                rf"version 2 needs \d+ bytes .*, \d+ bytes .* free",
+            ):
                 loop.run_until_complete(trainer.push_weights.call(2))
             assert os.listdir(store.root) == ["v00000001"]
             v1 = store.load(1)
@@ -427,7 +498,8 @@ def test_bf16_compute_keeps_fp32_masters_so_tiny_updates_land(loop, tmp_path, pr
     trainer = spawn(loop, cfg, procs=procs)
     masters = lambda out: load_file(  # noqa: E731 -- the fp32 masters, exported as they are
         loop.run_until_complete(trainer.export_hf.call(str(tmp_path / out), "float32")).item(procs=0)
-        + "/model.safetensors")
+        + "/model.safetensors"
+    )
     before = masters("before")
     steps(loop, trainer, procs, seeds=(0,))
     after = masters("after")

@@ -22,8 +22,9 @@ log.warning("a warning worth reading")
 
 @pytest.mark.parametrize("level", ["WARNING", "INFO"])
 def test_vllm_logs_at_the_configured_level_without_known_noise(level):
-    out = subprocess.run([sys.executable, "-c", SCRIPT.format(level=level)], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(level=level)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "a warning worth reading" in out.stdout
     assert "Failed to load weights" not in out.stdout + out.stderr

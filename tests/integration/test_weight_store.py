@@ -129,8 +129,9 @@ def test_the_versions_before_one_is_dropped_take_pages_prepared_ahead(store):
     assert all(bool((t == 2).all()) for t in loaded.values())
     del loaded
     store.publish(3, uniform_state(3, 1 << 16))
-    assert store.recycled == 1 and store.from_spares == 1 and sorted(os.listdir(store.root)) == ["v00000002",
-                                                                                                  "v00000003"]
+    assert (
+        store.recycled == 1 and store.from_spares == 1 and sorted(os.listdir(store.root)) == ["v00000002", "v00000003"]
+    )
 
 
 def test_a_pinned_version_is_never_overwritten(store):
@@ -174,7 +175,9 @@ def test_mismatch_names_the_tensor(store):
     store.publish(1, state)
     expected = spec_of(state)
     expected["model.norm.weight"] = (torch.bfloat16, (16,))
-    with pytest.raises(WeightMismatch, match=r"'model.norm.weight': stored torch.float32 \[16\], reader expects torch.bfloat16"):
+    with pytest.raises(
+        WeightMismatch, match=r"'model.norm.weight': stored torch.float32 \[16\], reader expects torch.bfloat16"
+    ):
         store.load(1, expected=expected)
     expected = spec_of(state) | {"lm_head.weight": (torch.float32, (64, 8))}
     with pytest.raises(WeightMismatch, match=r"'lm_head.weight'.*\[64, 16\].*\[64, 8\]"):
@@ -216,8 +219,13 @@ def test_a_full_tmpfs_fails_the_publish_by_name_and_keeps_the_previous_version(t
                 store.publish(2, state(2))
             e, message = full.value, str(full.value)
             assert e.errno == errno.ENOSPC and e.version == 2 and e.needed > e.free == free_before, message
-            for part in (f"weight store {store.root} is full", f"weights version 2 needs {e.needed} bytes",
-                         f"{e.free} bytes", "weight_store.keep_versions (now 2", "set weight_store.root"):
+            for part in (
+                f"weight store {store.root} is full",
+                f"weights version 2 needs {e.needed} bytes",
+                f"{e.free} bytes",
+                "weight_store.keep_versions (now 2",
+                "set weight_store.root",
+            ):
                 assert part in message, message
             assert str(pickle.loads(pickle.dumps(e))) == message  # reaches an endpoint's caller intact
             with pytest.raises(WeightStoreFull, match=f"weights version 2 needs {e.needed} bytes"):
@@ -409,8 +417,11 @@ def test_cross_host_prefetch_reads_over_rdma_into_the_readers_host():
                 for j in jobs:
                     j.kill()
             assert sorted(leftovers(prov.run_id)) == sorted(
-                [f"forge_rl-{prov.run_id}-pids", f"forge_rl-{prov.run_id}-weights-gen-host",
-                 f"forge_rl-{prov.run_id}-weights-trainer-host"]
+                [
+                    f"forge_rl-{prov.run_id}-pids",
+                    f"forge_rl-{prov.run_id}-weights-gen-host",
+                    f"forge_rl-{prov.run_id}-weights-trainer-host",
+                ]
             )
             run_id = prov.run_id
         assert leftovers(run_id) == []

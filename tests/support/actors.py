@@ -113,6 +113,9 @@ class CudaMemory(ForgeActor):
         import torch
 
         # non_releasable: free parts of segments that hold a live block, which empty_cache cannot give back
-        return dict(allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(),
-                    max_reserved=torch.cuda.max_memory_reserved(),
-                    non_releasable=torch.cuda.memory_stats().get("inactive_split_bytes.all.current", 0))
+        return dict(
+            allocated=torch.cuda.memory_allocated(),
+            reserved=torch.cuda.memory_reserved(),
+            max_reserved=torch.cuda.max_memory_reserved(),
+            non_releasable=torch.cuda.memory_stats().get("inactive_split_bytes.all.current", 0),
+        )

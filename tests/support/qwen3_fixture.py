@@ -14,9 +14,21 @@ FIXTURE = Path(__file__).parent / "fixtures" / "qwen3"
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 IM_END, ENDOFTEXT = 151645, 151643
 THINK_TOKENS = [151667, 151668]  # <think>, </think>
-CONFIG = {**MODEL_CONFIG, "vocab_size": 151_936, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 512,
-          "tie_word_embeddings": True, "bos_token_id": ENDOFTEXT, "eos_token_id": IM_END, "pad_token_id": ENDOFTEXT}
+CONFIG = {
+    **MODEL_CONFIG,
+    "vocab_size": 151_936,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+    "bos_token_id": ENDOFTEXT,
+    "eos_token_id": IM_END,
+    "pad_token_id": ENDOFTEXT,
+}
 
 
 def qwen3_tokenizer():

@@ -28,16 +28,25 @@ from pathlib import Path
 
 SUBNET = "10.77.0"
 BRIDGE = "forge-br0"
-PACKAGES = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm", "munged": "munge", "ip": "iproute2",
-            "unshare": "util-linux", "nsenter": "util-linux"}
+PACKAGES = {
+    "slurmctld": "slurm-wlm",
+    "slurmd": "slurm-wlm",
+    "sbatch": "slurm-wlm",
+    "munged": "munge",
+    "ip": "iproute2",
+    "unshare": "util-linux",
+    "nsenter": "util-linux",
+}
 
 
 def missing() -> str | None:
     """Why a cluster cannot be made here, or None."""
     absent = sorted({pkg for exe, pkg in PACKAGES.items() if shutil.which(exe) is None})
     if absent:
-        return (f"Debian packages {', '.join(absent)} are not installed (`apt-get install -y {' '.join(absent)}`; "
-                ".ci/run and `make setup-slurm` install them)")
+        return (
+            f"Debian packages {', '.join(absent)} are not installed (`apt-get install -y {' '.join(absent)}`; "
+            ".ci/run and `make setup-slurm` install them)"
+        )
     if os.geteuid() != 0:
         return "a test Slurm cluster needs root (network namespaces, a bridge, daemons run as root)"
     probe = subprocess.run(["ip", "netns", "add", "forge-probe"], capture_output=True, text=True)
@@ -67,8 +76,19 @@ class SlurmCluster:
         # nsenter, not `ip netns exec`: that remounts /sys, which hides the cgroup hierarchy slurmd needs
         hosts = f"/etc/netns/{self.netns(host)}/hosts"
         shm = f" && mount --bind {self.shm(host)} /dev/shm" if host in self.nodes else ""
-        return ["nsenter", f"--net=/run/netns/{self.netns(host)}", "unshare", "--mount", "--uts", "--",
-                "sh", "-c", f'mount --bind {hosts} /etc/hosts{shm} && hostname {host} && exec "$@"', "sh", *argv]
+        return [
+            "nsenter",
+            f"--net=/run/netns/{self.netns(host)}",
+            "unshare",
+            "--mount",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            f'mount --bind {hosts} /etc/hosts{shm} && hostname {host} && exec "$@"',
+            "sh",
+            *argv,
+        ]
 
     @staticmethod
     def shm(node: str) -> Path:
@@ -139,8 +159,11 @@ class SlurmCluster:
             _run(["ip", "link", "set", inner, "netns", ns])
             _run(["ip", "link", "set", outer, "master", BRIDGE])
             _run(["ip", "link", "set", outer, "up"])
-            for cmd in (["ip", "addr", "add", f"{ip}/24", "dev", inner], ["ip", "link", "set", inner, "up"],
-                        ["ip", "link", "set", "lo", "up"]):
+            for cmd in (
+                ["ip", "addr", "add", f"{ip}/24", "dev", inner],
+                ["ip", "link", "set", inner, "up"],
+                ["ip", "link", "set", "lo", "up"],
+            ):
                 _run(["ip", "netns", "exec", ns, *cmd])
             etc = Path(f"/etc/netns/{ns}")
             etc.mkdir(parents=True, exist_ok=True)
@@ -156,9 +179,20 @@ class SlurmCluster:
         key = d / "munge.key"
         key.write_bytes(secrets.token_bytes(128))
         key.chmod(0o600)
-        self._daemon(None, ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={self.munge_socket}",
-                            f"--pid-file={d}/munged.pid", f"--seed-file={d}/munged.seed", f"--log-file={d}/munged.log"],
-                     "munged")
+        self._daemon(
+            None,
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={self.munge_socket}",
+                f"--pid-file={d}/munged.pid",
+                f"--seed-file={d}/munged.seed",
+                f"--log-file={d}/munged.log",
+            ],
+            "munged",
+        )
         _wait(lambda: self.munge_socket.exists(), 20, "munged did not create its socket", lambda: self.log("munged"))
 
     def _write_conf(self) -> None:
@@ -168,7 +202,7 @@ class SlurmCluster:
         # cred_expire: also how long a requeued job waits before it may start again (default 120 s)
         self.conf.write_text(f"""\
 ClusterName=forge-test
-SlurmctldHost=login({self.hosts['login']})
+SlurmctldHost=login({self.hosts["login"]})
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.munge_socket},cred_expire=10
@@ -191,14 +225,22 @@ ReturnToService=2
 SlurmdTimeout=60
 KillWait=10
 {nodes}
-PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
 """)
 
     def _daemon(self, host: str | None, argv: list[str], name: str) -> None:
         log = open(self.root / f"{name}.out", "ab")
         cmd = argv if host is None else self.on(host, argv)
-        self._daemons.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              env=self.env(), start_new_session=True))
+        self._daemons.append(
+            subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env(),
+                start_new_session=True,
+            )
+        )
         log.close()
 
     def _wait_idle(self, timeout_s: float) -> None:
@@ -207,8 +249,12 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
             states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
             return all(states.get(n) == "idle" for n in self.nodes)
 
-        _wait(idle, timeout_s, "the Slurm nodes did not come up idle",
-              lambda: "\n".join(self.log(n)[-2000:] for n in ("slurmctld", *[f"slurmd-{n}" for n in self.nodes])))
+        _wait(
+            idle,
+            timeout_s,
+            "the Slurm nodes did not come up idle",
+            lambda: "\n".join(self.log(n)[-2000:] for n in ("slurmctld", *[f"slurmd-{n}" for n in self.nodes])),
+        )
 
 
 def _run(cmd: list[str]) -> None:
@@ -238,7 +284,10 @@ if __name__ == "__main__":  # a cluster to try things by hand: python -m tests.s
     import sys
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    root, nodes = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/forge-slurm"), int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    root, nodes = (
+        Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/forge-slurm"),
+        int(sys.argv[2]) if len(sys.argv) > 2 else 2,
+    )
     root.mkdir(parents=True, exist_ok=True)
     cluster = SlurmCluster(root, nodes).start()
     print(f"up: SLURM_CONF={cluster.conf}; login shell: {' '.join(cluster.on_login(['bash']))}; Ctrl-C stops it")

@@ -25,8 +25,10 @@ class App:
 @pytest.fixture
 def cfg_file(tmp_path):
     path = tmp_path / "app.yaml"
-    path.write_text("model: tiny\ngroup_size: 8\nbatch_size: ${group_size}\ntrainer:\n  lr: 0.1\n"
-                    "engine_args:\n  max_model_len: 64\n")
+    path.write_text(
+        "model: tiny\ngroup_size: 8\nbatch_size: ${group_size}\ntrainer:\n  lr: 0.1\n"
+        "engine_args:\n  max_model_len: 64\n"
+    )
     return path
 
 
@@ -113,6 +115,7 @@ def test_required_marker_in_a_file_overrides_the_default(tmp_path):
 
 # ---- every shipped config ------------------------------------------------------------------------
 
+
 def _app_schema(path):
     from forge_rl.recipes.distill_config import DistillConfig
     from forge_rl.recipes.grpo_config import GRPOConfig
@@ -182,12 +185,17 @@ def test_a_run_fills_in_its_own_copy_of_the_config(tmp_path):
     assert second.cfg.trainer.grpo.max_response_len > first.cfg.trainer.grpo.max_response_len
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["reference.follow_every=5"], "reference.follow_every=5 but the run has no reference policy"),
-    (["reference.follow_every=5", "trainer.grpo.kl_coef=0.1", "reference.follow_lag=2"],
-     r"reference.follow_lag=2: the weight store keeps only the newest 2 versions \(weight_store.keep_versions\)"),
-    (["reference.follow_every=-1"], "reference.follow_every=-1 must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["reference.follow_every=5"], "reference.follow_every=5 but the run has no reference policy"),
+        (
+            ["reference.follow_every=5", "trainer.grpo.kl_coef=0.1", "reference.follow_lag=2"],
+            r"reference.follow_lag=2: the weight store keeps only the newest 2 versions \(weight_store.keep_versions\)",
+        ),
+        (["reference.follow_every=-1"], "reference.follow_every=-1 must be >= 0"),
+    ],
+)
 def test_a_following_reference_needs_a_reference_and_a_version_the_store_keeps(overrides, message):
     from forge_rl.recipes.grpo_checks import check_config
     from forge_rl.recipes.grpo_config import GRPOConfig
@@ -215,6 +223,7 @@ def test_profile_steps_are_steps_of_the_run():
 
 # ---- what every run shares: one key each ------------------------------------------------------------
 
+
 def test_a_renamed_key_is_refused_naming_the_new_one(tmp_path):
     """SFT's older keys for what every run shares (RunConfig) are refused in one line, in a file and on the
     command line alike, naming the key to write instead."""
@@ -224,7 +233,9 @@ def test_a_renamed_key_is_refused_naming_the_new_one(tmp_path):
     old.write_text("steps: 3\nsave_every: 2\n")
     with pytest.raises(ConfigError, match=rf"config key 'save_every' in file {old} is now 'checkpoint_every'"):
         load_config(SFTConfig, old)
-    with pytest.raises(ConfigError, match="config key 'procs' in command-line override 'procs=2' is now 'trainer_procs'"):
+    with pytest.raises(
+        ConfigError, match="config key 'procs' in command-line override 'procs=2' is now 'trainer_procs'"
+    ):
         load_config(SFTConfig, None, ["procs=2"])
     cfg = load_config(SFTConfig, None, ["trainer_procs=2", "checkpoint_every=5"])
     assert (cfg.trainer_procs, cfg.checkpoint_every) == (2, 5)
@@ -248,10 +259,13 @@ def test_grpo_and_sft_share_the_run_keys():
             load_config(schema, None, ["resume=sometimes"])
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["trainer_procs=3", "trainer.parallel.tp=2"], r"trainer_procs=3 is not a multiple of trainer.parallel.tp=2"),
-    (["trainer_procs=4", "trainer.parallel.dp_shard=3"], r"dp_shard=3 x tp=1 does not fit trainer_procs=4"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer_procs=3", "trainer.parallel.tp=2"], r"trainer_procs=3 is not a multiple of trainer.parallel.tp=2"),
+        (["trainer_procs=4", "trainer.parallel.dp_shard=3"], r"dp_shard=3 x tp=1 does not fit trainer_procs=4"),
+    ],
+)
 def test_one_data_parallel_size_for_every_run(overrides, message):
     """dp_size reads trainer_procs and trainer.parallel the same way for GRPO and SFT; each run's batch must divide
     by it."""
@@ -274,8 +288,11 @@ def test_checking_a_config_leaves_it_as_it_was():
     from forge_rl.recipes.grpo_checks import check_config, derive_settings
     from forge_rl.recipes.grpo_config import GRPOConfig
 
-    cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml",
-                      ["generator.sampling.temperature=0.7", "trainer.grpo.normalize=token_sum"])
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        ["generator.sampling.temperature=0.7", "trainer.grpo.normalize=token_sum"],
+    )
     before = copy.deepcopy(cfg)
     check_config(cfg)
     assert cfg == before

@@ -38,7 +38,8 @@ def test_the_stated_error_is_found_under_every_wrapper():
 
 def test_a_message_becomes_one_line():
     assert one_line(ConfigError("config file x.yaml is not valid YAML: while parsing\n  in 'x.yaml', line 1\n\n")) == (
-        "config file x.yaml is not valid YAML: while parsing in 'x.yaml', line 1")
+        "config file x.yaml is not valid YAML: while parsing in 'x.yaml', line 1"
+    )
 
 
 @dataclass
@@ -49,14 +50,18 @@ class Tiny:
 def _app(error: BaseException):
     async def main(cfg):
         raise error
+
     return main
 
 
-@pytest.mark.parametrize("error, status", [
-    (ActorError(DataError("rows.jsonl:3: no column 'answer'")), 2),
-    (ConfigError("steps must be >= 1, got 0"), 2),
-    (RunStopped("the Trainer process died"), 1),
-])
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (ActorError(DataError("rows.jsonl:3: no column 'answer'")), 2),
+        (ConfigError("steps must be >= 1, got 0"), 2),
+        (RunStopped("the Trainer process died"), 1),
+    ],
+)
 def test_the_app_ends_on_one_line_and_its_status(error, status, capsys, monkeypatch):
     monkeypatch.delenv("FORGE_RL_DEBUG", raising=False)
     monkeypatch.setattr("forge_rl.recipes.command_line.handle_stop_signals", lambda: None)  # pytest's stay
@@ -81,4 +86,7 @@ def test_debug_adds_the_traceback_and_a_bug_keeps_it(capsys, monkeypatch):
     with pytest.raises(SystemExit) as end:  # a config error on the command line: status 2, one line
         run_from_command_line(Tiny, _app(RuntimeError()), "tiny", ["stepz=3"])
     assert end.value.code == 2
-    assert capsys.readouterr().err == "forge_rl: unknown config key 'stepz' in command-line override 'stepz=3'; did you mean 'steps'?\n"
+    assert (
+        capsys.readouterr().err
+        == "forge_rl: unknown config key 'stepz' in command-line override 'stepz=3'; did you mean 'steps'?\n"
+    )

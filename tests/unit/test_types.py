@@ -33,7 +33,10 @@ def test_group_rejects_mixed_prompts():
 
 
 def test_collate_aligns_response_fields_with_tokens():
-    eps = [Episode(completion(), advantage=1.0), Episode(completion(prompt=(1,), response=(9, 9, 9), versions=(1, 1, 2)), advantage=-1.0)]
+    eps = [
+        Episode(completion(), advantage=1.0),
+        Episode(completion(prompt=(1,), response=(9, 9, 9), versions=(1, 1, 2)), advantage=-1.0),
+    ]
     b = TrainBatch.collate(eps, pad_id=0, pad_to_multiple=8)
     assert b.tokens.shape == (2, 8)
     assert b.tokens[0, :5].tolist() == [1, 5, 6, 7, 8] and b.tokens[0, 5:].eq(0).all()
@@ -47,11 +50,22 @@ def test_collate_aligns_response_fields_with_tokens():
 
 def test_types_pickle_compactly():
     eps = [
-        Episode(completion(prompt=tuple(range(100)), response=tuple(range(i, i + 1000)), versions=(i,) * 1000), advantage=0.5)
+        Episode(
+            completion(prompt=tuple(range(100)), response=tuple(range(i, i + 1000)), versions=(i,) * 1000),
+            advantage=0.5,
+        )
         for i in range(8)
     ]
-    raw = sum(t.nbytes for e in eps for t in (e.completion.prompt_ids, e.completion.response_ids,
-                                              e.completion.logprobs, e.completion.policy_versions))
+    raw = sum(
+        t.nbytes
+        for e in eps
+        for t in (
+            e.completion.prompt_ids,
+            e.completion.response_ids,
+            e.completion.logprobs,
+            e.completion.policy_versions,
+        )
+    )
     blob = pickle.dumps(Group("p", eps))
     assert len(blob) < 1.2 * raw  # tensors pickle as raw buffers, not one object per token
     again = pickle.loads(blob)

@@ -23,8 +23,14 @@ def _batch(prompts: list[list[int]], group_size: int, seed: int = 0, env_turns: 
             if env_turns:  # model tokens, then the environment's, then the model's again
                 env_mask = torch.zeros(R, dtype=torch.bool)
                 env_mask[2 : R - 2] = True
-            c = Completion(torch.tensor(prompt), torch.randint(3, 128, (R,), generator=g), torch.zeros(R),
-                           torch.zeros(R, dtype=torch.long), "stop", env_mask=env_mask)
+            c = Completion(
+                torch.tensor(prompt),
+                torch.randint(3, 128, (R,), generator=g),
+                torch.zeros(R),
+                torch.zeros(R, dtype=torch.long),
+                "stop",
+                env_mask=env_mask,
+            )
             episodes.append(Episode(c, advantage=float(torch.randn(1, generator=g))))
     return TrainBatch.collate(episodes, pad_id=0)
 
@@ -77,8 +83,9 @@ def test_a_response_sees_only_its_prompt_and_itself(model):
     # Changing one response's tokens must not change another response's logprobs in the packed row.
     batch = _batch(_prompts([20]), group_size=4)
     lp, _ = _logprobs(model, batch, packed=True)
-    other = TrainBatch(batch.tokens.clone(), batch.response_mask, batch.behaviour_logprobs, batch.policy_versions,
-                       batch.advantages)
+    other = TrainBatch(
+        batch.tokens.clone(), batch.response_mask, batch.behaviour_logprobs, batch.policy_versions, batch.advantages
+    )
     other.tokens[0][batch.response_mask[0]] = 7
     lp2, _ = _logprobs(model, other, packed=True)
     assert not torch.allclose(lp2[0], lp[0])

@@ -25,8 +25,9 @@ def write_all_formats(tmp_path, rows=ROWS) -> dict[str, str]:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
-                          "test": datasets.Dataset.from_list(rows[:5])}).save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:5])}
+    ).save_to_disk(str(tmp_path / "saved"))
     files = tmp_path / "files"  # a directory of data files, split names from file names (load_dataset)
     files.mkdir()
     (files / "train.jsonl").write_text((tmp_path / "t.jsonl").read_text())
@@ -74,8 +75,9 @@ def test_builtin_arithmetic_task_is_the_same_stream_and_held_out_set():
     from forge_rl.data.arithmetic import held_out_problems, training_problems
 
     rows = TaskRows(TaskConfig(source="arithmetic"), seed=3)
-    assert [(e.prompt, e.answer) for e in (rows.next() for _ in range(50))] == \
-        [(p.question, p.answer) for p in training_problems(50, 3)]
+    assert [(e.prompt, e.answer) for e in (rows.next() for _ in range(50))] == [
+        (p.question, p.answer) for p in training_problems(50, 3)
+    ]
     assert [(e.prompt, e.answer) for e in rows.held_out()] == [(p.question, p.answer) for p in held_out_problems(500)]
 
 
@@ -102,8 +104,9 @@ def test_held_out_fraction_is_disjoint_and_fixed_by_split_seed(tmp_path):
     assert len(held) == 5 and held == {e.prompt for e in b.held_out()}  # the run's seed does not move it
     trained = {a.next().prompt for _ in range(40)}
     assert len(trained) == 15 and not trained & held
-    moved = TaskRows(TaskConfig(source=paths["t.jsonl"], prompt_column="question", held_out_fraction=0.25,
-                                split_seed=1))
+    moved = TaskRows(
+        TaskConfig(source=paths["t.jsonl"], prompt_column="question", held_out_fraction=0.25, split_seed=1)
+    )
     assert {e.prompt for e in moved.held_out()} != held
     held_file = TaskRows(TaskConfig(source=paths["t.jsonl"], prompt_column="question", held_out=paths["t.csv"]))
     assert len(held_file.held_out()) == 20
@@ -126,8 +129,10 @@ def test_chat_messages_system_prompt_few_shot_and_rendering():
     example = to_example({"prompt": chat, "answer": "5"}, "row", 0, cfg)
     assert [m["content"] for m in example.messages] == ["Be terse.", "1+1=", "2", "2+3="]
     plain = TaskConfig(chat_template=False, system_prompt="Add.", few_shot=[{"prompt": "1+1=", "answer": "2"}])
-    assert render(tokenizer, to_example({"prompt": "2+3=", "answer": 5}, "row", 0, plain), plain) == \
-        "Add.\n\n1+1=2\n\n2+3="
+    assert (
+        render(tokenizer, to_example({"prompt": "2+3=", "answer": 5}, "row", 0, plain), plain)
+        == "Add.\n\n1+1=2\n\n2+3="
+    )
 
 
 def test_bad_data_is_named_by_file_line_and_column(tmp_path):
@@ -136,7 +141,10 @@ def test_bad_data_is_named_by_file_line_and_column(tmp_path):
     with pytest.raises(DataError, match=rf"{bad}:2: not valid JSON"):
         TaskRows(TaskConfig(source=str(bad)))
     cases = [
-        ({"question": "a", "answer": "1"}, r"row.jsonl:3: no column 'prompt' \(task.prompt_column\); the row has \['answer', 'question'\]"),
+        (
+            {"question": "a", "answer": "1"},
+            r"row.jsonl:3: no column 'prompt' \(task.prompt_column\); the row has \['answer', 'question'\]",
+        ),
         ({"prompt": "a"}, r"no column 'answer' \(task.answer_column\)"),
         ({"prompt": "a", "answer": None}, r"column 'answer' \(task.answer_column\) must be a string or a number"),
         ({"prompt": "", "answer": "1"}, "column 'prompt' .* is empty"),
@@ -197,11 +205,11 @@ def test_math_answers_match_in_equivalent_forms():
     ]
     got = math_answer([""] * len(cases), [c for c, _, _ in cases], answer=[a for _, a, _ in cases])
     assert got == [want for *_, want in cases]
-    assert math_format([""] * 4, ["\\boxed{1}", "work\n#### 3", "3", "\\boxed{1}"],
-                       finish_reason=["stop", "stop", "stop", "length"]) == [1.0, 1.0, 0.0, 0.0]
+    assert math_format(
+        [""] * 4, ["\\boxed{1}", "work\n#### 3", "3", "\\boxed{1}"], finish_reason=["stop", "stop", "stop", "length"]
+    ) == [1.0, 1.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="cannot read the reference answer"):
         math_answer([""], ["1"], answer=["   "])
-
 
 
 def test_columns_are_renamed_for_the_rewards_and_a_missing_one_is_named():
@@ -213,5 +221,9 @@ def test_columns_are_renamed_for_the_rewards_and_a_missing_one_is_named():
     with pytest.raises(DataError, match=r"mbpp.jsonl:2: no column 'test_list' \(task.columns maps it to 'tests'\)"):
         to_example({"text": "Write g"}, "mbpp.jsonl:2", 1, cfg)
     with pytest.raises(DataError, match="maps 'test_list' to 'completions'"):
-        to_example(row, "mbpp.jsonl:1", 0, TaskConfig(prompt_column="text", answer_column=None,
-                                                                 columns={"test_list": "completions"}))
+        to_example(
+            row,
+            "mbpp.jsonl:1",
+            0,
+            TaskConfig(prompt_column="text", answer_column=None, columns={"test_list": "completions"}),
+        )

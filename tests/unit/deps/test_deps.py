@@ -61,9 +61,11 @@ def test_monarch_slurm_job_internals():
     assert list(inspect.signature(reader).parameters) == ["self", "job_id"]
     assert SlurmHosts.__dict__.get(monarch.SLURM_JOB_READER) is not None  # forge_rl's override is the one used
     # A SlurmJob sets Monarch's transport for the whole process when made: in a process of its own.
-    probe = ("from monarch.job import SlurmJob; from forge_rl.deps.monarch import slurm_job_id; "
-             "job = SlurmJob(meshes={'trainer': 1}, job_name='probe'); job._slurm_job_id = '4242'; "
-             "print(slurm_job_id(job))")
+    probe = (
+        "from monarch.job import SlurmJob; from forge_rl.deps.monarch import slurm_job_id; "
+        "job = SlurmJob(meshes={'trainer': 1}, job_name='probe'); job._slurm_job_id = '4242'; "
+        "print(slurm_job_id(job))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.split()[-1] == "4242", out.stdout + out.stderr
 
@@ -86,8 +88,17 @@ def test_vllm_names():
     from forge_rl.deps import vllm
 
     llm = vllm.async_llm()
-    for method in ("from_vllm_config", "generate", "pause_generation", "resume_generation", "collective_rpc",
-                   "add_lora", "remove_lora", "sleep", "wake_up"):
+    for method in (
+        "from_vllm_config",
+        "generate",
+        "pause_generation",
+        "resume_generation",
+        "collective_rpc",
+        "add_lora",
+        "remove_lora",
+        "sleep",
+        "wake_up",
+    ):
         assert hasattr(llm, method), f"AsyncLLM.{method}: {RECHECK}"
     assert issubclass(vllm.engine_dead_error(), Exception)
     assert vllm.engine_context().name == "ENGINE_CONTEXT"
@@ -101,10 +112,12 @@ def test_vllm_route_recording_names():
     import subprocess
     import sys
 
-    check = ("from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter\n"
-             "from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner\n"
-             "assert callable(BaseRouter.set_capture_fn)\n"
-             "assert isinstance(MoERunner.layer_id, property) and isinstance(MoERunner.is_monolithic, property)\n")
+    check = (
+        "from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter\n"
+        "from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner\n"
+        "assert callable(BaseRouter.set_capture_fn)\n"
+        "assert isinstance(MoERunner.layer_id, property) and isinstance(MoERunner.is_monolithic, property)\n"
+    )
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{done.stderr[-2000:]}\n{RECHECK}"
 
@@ -117,8 +130,11 @@ def test_the_engine_args_checked_without_vllm_are_vllms():
 
     assert vllm.COMMON_ENGINE_ARGS <= vllm.engine_arg_names(), f"not AsyncEngineArgs fields: {RECHECK}"
     vllm.check_engine_args({"max_model_len": 128, "max_logprobs": 1}, "generator.engine_args")
-    with pytest.raises(ConfigError, match=r"generator\.engine_args\.max_model_length is not a vLLM engine argument; "
-                                          r"did you mean 'max_model_len'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"generator\.engine_args\.max_model_length is not a vLLM engine argument; "
+        r"did you mean 'max_model_len'",
+    ):
         vllm.check_engine_args({"max_model_length": 128}, "generator.engine_args")
 
 

@@ -18,8 +18,14 @@ from forge_rl.types import Completion, Episode, TrainBatch
 
 
 def example(answer: str = "46", **columns) -> TaskExample:
-    return TaskExample(id="t0", prompt="12+34=", messages=[{"role": "user", "content": "12+34="}], answer=answer,
-                       columns={"answer": answer, **columns}, where="test row 0")
+    return TaskExample(
+        id="t0",
+        prompt="12+34=",
+        messages=[{"role": "user", "content": "12+34="}],
+        answer=answer,
+        columns={"answer": answer, **columns},
+        where="test row 0",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +44,11 @@ def test_turns_between_replies_continue_the_chat_template_token_for_token(tokeni
     ids += first + r.between(feedback, model_stopped=True)
     ids += tokenizer("4", add_special_tokens=False)["input_ids"] + r.between(feedback, model_stopped=False)
     expected = tokenizer.apply_chat_template(
-        messages + [{"role": "assistant", "content": "45"}, *feedback, {"role": "assistant", "content": "4"},
-                    *feedback], tokenize=False, add_generation_prompt=True)
+        messages
+        + [{"role": "assistant", "content": "45"}, *feedback, {"role": "assistant", "content": "4"}, *feedback],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert tokenizer.decode(ids) == expected
 
 
@@ -62,12 +71,16 @@ def test_tool_env_runs_calls_and_scores_the_final_answer():
         await env.reset(example())
         return [await env.step(r) for r in replies]
 
-    steps = asyncio.run(play([
-        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12+34"}}\n</tool_call>',
-        "<tool_call>{not json}</tool_call>",
-        '<tool_call>{"name": "shell", "arguments": {}}</tool_call>',
-        "46",
-    ]))
+    steps = asyncio.run(
+        play(
+            [
+                '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12+34"}}\n</tool_call>',
+                "<tool_call>{not json}</tool_call>",
+                '<tool_call>{"name": "shell", "arguments": {}}</tool_call>',
+                "46",
+            ]
+        )
+    )
     assert steps[0].messages == [{"role": "tool", "content": "46"}] and not steps[0].done
     assert steps[1].messages[0]["content"].startswith("error: a tool call is")
     assert steps[2].messages[0]["content"] == "error: no tool 'shell'; tools: ['calculator']"
@@ -75,22 +88,40 @@ def test_tool_env_runs_calls_and_scores_the_final_answer():
     assert ToolEnv.chat_template_kwargs(tools=("calculator",))["tools"][0]["function"]["name"] == "calculator"
 
 
-@pytest.mark.parametrize("expression, result", [
-    ("12*(3+4)", "84"), ("7/2", "3.5"), ("-2**3", "-8"), ("10//3", "3"),
-    ("__import__('os').system('true')", "error: unsupported"), ("2**1000", "error: exponent too large"),
-    ("1/0", "error: division by zero"), ("open('/etc/passwd')", "error: unsupported"), ("1+", "error:"),
-    # nested powers pass the exponent check one by one: the result's size stops them (str() of a huge int raised)
-    ("((9**64)**64)**2", "error: result too large"), ("((9**64)**64)**64", "error: result too large"),
-    ("(" * 150 + "1" + ")" * 150, "error:"), ("1e300*1e300", "inf"), ("2**-2", "0.25"),
-])
+@pytest.mark.parametrize(
+    "expression, result",
+    [
+        ("12*(3+4)", "84"),
+        ("7/2", "3.5"),
+        ("-2**3", "-8"),
+        ("10//3", "3"),
+        ("__import__('os').system('true')", "error: unsupported"),
+        ("2**1000", "error: exponent too large"),
+        ("1/0", "error: division by zero"),
+        ("open('/etc/passwd')", "error: unsupported"),
+        ("1+", "error:"),
+        # nested powers pass the exponent check one by one: the result's size stops them (str() of a huge int raised)
+        ("((9**64)**64)**2", "error: result too large"),
+        ("((9**64)**64)**64", "error: result too large"),
+        ("(" * 150 + "1" + ")" * 150, "error:"),
+        ("1e300*1e300", "inf"),
+        ("2**-2", "0.25"),
+    ],
+)
 def test_calculator_evaluates_arithmetic_and_nothing_else(expression, result):
     assert calculator(expression).startswith(result)
 
 
 def test_environment_tokens_are_not_response_tokens_of_the_batch():
     env_mask = torch.tensor([False, False, True, True, True, False])
-    c = Completion(torch.tensor([5, 6, 7]), torch.arange(10, 16), torch.tensor([-0.5, -0.1, 0, 0, 0, -0.2]),
-                   torch.tensor([3, 3, 3, 3, 3, 4]), "stop", env_mask=env_mask)
+    c = Completion(
+        torch.tensor([5, 6, 7]),
+        torch.arange(10, 16),
+        torch.tensor([-0.5, -0.1, 0, 0, 0, -0.2]),
+        torch.tensor([3, 3, 3, 3, 3, 4]),
+        "stop",
+        env_mask=env_mask,
+    )
     batch = TrainBatch.collate([Episode(c, advantage=1.0)], pad_id=0)
     assert batch.response_mask[0].tolist() == [False] * 3 + [True, True, False, False, False, True]
     assert batch.num_response_tokens == 3
@@ -98,13 +129,16 @@ def test_environment_tokens_are_not_response_tokens_of_the_batch():
         Completion(c.prompt_ids, c.response_ids, c.logprobs, c.policy_versions, "stop", env_mask=env_mask[:2])
 
 
-@pytest.mark.parametrize("cfg, message", [
-    (dict(name="chess"), "env.name='chess': use one of"),
-    (dict(name="retry", args={"feedbak": "no"}), r"env.args \['feedbak'\] do not fit"),
-    (dict(name="tools", args={"tools": ["shell"]}), r"unknown tools \['shell'\]"),
-    (dict(name="forge_rl.rewards.exact_match:exact_match"), "is not a forge_rl.envs.Environment subclass"),
-    (dict(name="forge_rl.envs.base:Environment"), r"does not override step\(reply\)"),
-])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (dict(name="chess"), "env.name='chess': use one of"),
+        (dict(name="retry", args={"feedbak": "no"}), r"env.args \['feedbak'\] do not fit"),
+        (dict(name="tools", args={"tools": ["shell"]}), r"unknown tools \['shell'\]"),
+        (dict(name="forge_rl.rewards.exact_match:exact_match"), "is not a forge_rl.envs.Environment subclass"),
+        (dict(name="forge_rl.envs.base:Environment"), r"does not override step\(reply\)"),
+    ],
+)
 def test_bad_environment_config_is_named(cfg, message):
     with pytest.raises(ValueError, match=message):
         env_factory(EnvConfig(**cfg))
@@ -154,8 +188,17 @@ class FakeGenerator:
         if self.calls > 1 and isinstance(self.later, Exception):
             raise self.later
         ids = self.tokenizer("45<|im_end|>", add_special_tokens=False)["input_ids"]
-        return [Completion(torch.tensor(prompt_ids), torch.tensor(ids), torch.zeros(len(ids)),
-                           torch.zeros(len(ids), dtype=torch.long), "stop", text="45") for _ in range(n)]
+        return [
+            Completion(
+                torch.tensor(prompt_ids),
+                torch.tensor(ids),
+                torch.zeros(len(ids)),
+                torch.zeros(len(ids), dtype=torch.long),
+                "stop",
+                text="45",
+            )
+            for _ in range(n)
+        ]
 
 
 class BrokenEnv(ToolEnv):
@@ -163,21 +206,41 @@ class BrokenEnv(ToolEnv):
         raise KeyError("the environment's own bug")
 
 
-@pytest.mark.parametrize("make_env, later, reason, counted", [
-    (lambda: BrokenEnv(), None, "env_error", 2),
-    (lambda: env_factory(EnvConfig(name="retry", max_turns=3))(), RuntimeError("engine died"), "generation_error", 2),
-    (lambda: env_factory(EnvConfig(name="retry", max_turns=3))(), "too long", "prompt_too_long", 1),
-    (lambda: ToolEnv(reward="tests.support.hostile_rewards:segfaults", reward_workers=1), None, "reward_crash", 2),
-])
-def test_a_failing_environment_or_generation_drops_its_group_counted(tokenizer, make_env, later, reason, counted,
-                                                                     capsys):
+@pytest.mark.parametrize(
+    "make_env, later, reason, counted",
+    [
+        (lambda: BrokenEnv(), None, "env_error", 2),
+        (
+            lambda: env_factory(EnvConfig(name="retry", max_turns=3))(),
+            RuntimeError("engine died"),
+            "generation_error",
+            2,
+        ),
+        (lambda: env_factory(EnvConfig(name="retry", max_turns=3))(), "too long", "prompt_too_long", 1),
+        (lambda: ToolEnv(reward="tests.support.hostile_rewards:segfaults", reward_workers=1), None, "reward_crash", 2),
+    ],
+)
+def test_a_failing_environment_or_generation_drops_its_group_counted(
+    tokenizer, make_env, later, reason, counted, capsys
+):
     from forge_rl.actors.generator import PromptTooLong
 
     later = PromptTooLong("prompt of 200 tokens") if later == "too long" else later
     stats = RolloutStats()
     cfg = EnvConfig(name="retry", max_turns=3, max_total_tokens=64)
-    group = asyncio.run(rollout_env_group(example(), [1, 2, 3], FakeGenerator(tokenizer, later), make_env,
-                                          TurnRenderer(tokenizer), cfg, group_size=2, max_tokens=8, stats=stats))
+    group = asyncio.run(
+        rollout_env_group(
+            example(),
+            [1, 2, 3],
+            FakeGenerator(tokenizer, later),
+            make_env,
+            TurnRenderer(tokenizer),
+            cfg,
+            group_size=2,
+            max_tokens=8,
+            stats=stats,
+        )
+    )
     assert group is None and stats.drops[reason] == counted  # prompts for prompt_too_long, else episodes
     assert sum(n for k, n in stats.drops.items() if k != reason) == 0
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dropped group")]

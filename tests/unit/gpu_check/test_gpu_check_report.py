@@ -6,7 +6,7 @@ import pytest
 
 from gpu_check.pytest_report import pytest_rows, summary_of
 
-TESTS = '''
+TESTS = """
 import pytest
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def test_cached_memory_given_back():
 
 def test_needs_a_fixture(broken):
     pass
-'''
+"""
 
 
 @pytest.mark.integration  # a pytest of its own in a subprocess: 6-13 s on the 2-core machine, kept out of test-fast
@@ -34,15 +34,16 @@ def test_each_failed_test_is_a_row_with_its_failing_line_and_the_whole_output_is
     assert verdict[1].startswith("FAILED: 1 failed, 1 passed, 1 error in ")
     assert "pytest's output: tier.log" in verdict[1]
     assert failed[0][0] == "  failed: test_cached_memory_given_back"
-    assert failed[0][1] == (f"{tmp_path}/test_tier.py:13: `assert after[\"reserved\"] - after[\"allocated\"] <= "
-                            "64 * 2**20`: assert (7373586432 - 7225487360) <= (64 * (2 ** 20))")
+    assert failed[0][1] == (
+        f'{tmp_path}/test_tier.py:13: `assert after["reserved"] - after["allocated"] <= '
+        "64 * 2**20`: assert (7373586432 - 7225487360) <= (64 * (2 ** 20))"
+    )
     assert failed[1][0] == "  error: test_needs_a_fixture"
-    assert failed[1][1].startswith(f"{tmp_path}/test_tier.py:6: `raise RuntimeError(\"no CUDA memory reading\")`: ")
+    assert failed[1][1].startswith(f'{tmp_path}/test_tier.py:6: `raise RuntimeError("no CUDA memory reading")`: ')
     assert "RuntimeError: no CUDA memory reading" in failed[1][1]
     assert len(failed) == 2
     log = (tmp_path / "tier.log").read_text()
     assert "def test_cached_memory_given_back" in log and "RuntimeError" in log  # the tracebacks, whole
-
 
 
 def test_pytests_closing_line_loses_its_rule():

@@ -57,4 +57,3 @@ def test_the_generator_asks_for_a_gpu_without_initialising_cuda(monkeypatch):
 
     assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"  # torch asks NVML, not the CUDA runtime
     assert not torch.cuda.is_initialized()
-

@@ -33,24 +33,31 @@ def test_without_cuda_the_no_vllm_tier_is_a_cpu_logic_check_and_says_so():
     assert got["no-vLLM"].runs and got["no-vLLM"].on == "cpu"
     assert "no CUDA device visible" in got["no-vLLM"].why and "no GPU figures" in got["no-vLLM"].why
     assert not got["vLLM"].runs and got["vLLM"].why == "no CUDA device visible (torch.cuda.is_available() is False)"
-    asked = tiers(python="3.12.1", torch="2.13.0", cuda_devices=0, vllm="0.32.0", vllm_torch_pin="2.13.0",
-                  cpu_only_asked=True)
+    asked = tiers(
+        python="3.12.1", torch="2.13.0", cuda_devices=0, vllm="0.32.0", vllm_torch_pin="2.13.0", cpu_only_asked=True
+    )
     assert asked["vLLM"].why == "--cpu-only was given"
 
 
 def test_the_vllm_tier_runs_where_the_pin_matches_whatever_the_cuda_build_tag_and_not_when_import_fails():
     ok = tiers(**H100, torch="2.13.0+cu130", vllm="0.32.0", vllm_torch_pin="2.13.0")
     assert ok["vLLM"].runs and ok["vLLM"].on == "cuda"
-    broken = tiers(**H100, torch="2.13.0+cu130", vllm="0.32.0", vllm_torch_pin="2.13.0",
-                   vllm_import_error="ImportError: libcudart.so.13: cannot open shared object file")
+    broken = tiers(
+        **H100,
+        torch="2.13.0+cu130",
+        vllm="0.32.0",
+        vllm_torch_pin="2.13.0",
+        vllm_import_error="ImportError: libcudart.so.13: cannot open shared object file",
+    )
     assert not broken["vLLM"].runs and broken["vLLM"].why.startswith("`import vllm` fails: ImportError: libcudart")
 
 
 def test_the_report_says_every_tier_up_front():
     facts = HostFacts(**H100, torch="2.11.0+cu130", vllm=None, vllm_torch_pin="2.13.0")
     text = describe(facts, decide(facts))
-    assert text.splitlines()[0] == ("gpu-check on this host: Python 3.12.1, torch 2.11.0+cu130, 1 x NVIDIA H100 80GB "
-                                    "HBM3, vLLM not installed")
+    assert text.splitlines()[0] == (
+        "gpu-check on this host: Python 3.12.1, torch 2.11.0+cu130, 1 x NVIDIA H100 80GB HBM3, vLLM not installed"
+    )
     assert "  no-vLLM tier: runs (1 x NVIDIA H100 80GB HBM3, torch 2.11.0+cu130)" in text
     assert "  vLLM tier: cannot run (vLLM is not installed" in text
 
@@ -65,20 +72,34 @@ def test_torch_pins_are_read_from_requirements_and_this_environments_vllm():
 
 
 def test_a_trainer_stack_that_does_not_import_with_this_torch_rules_out_both_gpu_tiers_and_says_why():
-    got = tiers(**H100, torch="2.11.0+cu130", vllm=None, vllm_torch_pin="2.13.0",
-                stack_import_error="ImportError: cannot import name 'DataParallelMeshDims' from 'torch.distributed.fsdp'")
+    got = tiers(
+        **H100,
+        torch="2.11.0+cu130",
+        vllm=None,
+        vllm_torch_pin="2.13.0",
+        stack_import_error="ImportError: cannot import name 'DataParallelMeshDims' from 'torch.distributed.fsdp'",
+    )
     assert got["CPU logic"].runs and not got["no-vLLM"].runs and not got["vLLM"].runs
-    assert got["no-vLLM"].why == ("forge_rl's trainer stack does not import with torch 2.11.0+cu130: ImportError: "
-                                  "cannot import name 'DataParallelMeshDims' from 'torch.distributed.fsdp'")
+    assert got["no-vLLM"].why == (
+        "forge_rl's trainer stack does not import with torch 2.11.0+cu130: ImportError: "
+        "cannot import name 'DataParallelMeshDims' from 'torch.distributed.fsdp'"
+    )
 
 
 def test_on_torch_2_11_the_no_vllm_tier_runs_and_says_which_torch_names_stand_in():
-    got = tiers(**H100, torch="2.11.0+cu130", vllm=None, vllm_torch_pin="2.13.0",
-                torch_placeholders=("torch.distributed.fsdp.DataParallelMeshDims",))
+    got = tiers(
+        **H100,
+        torch="2.11.0+cu130",
+        vllm=None,
+        vllm_torch_pin="2.13.0",
+        torch_placeholders=("torch.distributed.fsdp.DataParallelMeshDims",),
+    )
     assert got["no-vLLM"].runs and got["no-vLLM"].on == "cuda"
-    assert got["no-vLLM"].why == ("1 x NVIDIA H100 80GB HBM3, torch 2.11.0+cu130; torch 2.11.0 lacks "
-                                  "torch.distributed.fsdp.DataParallelMeshDims, which TorchTitan imports and forge_rl "
-                                  "never uses: a placeholder stands in")
+    assert got["no-vLLM"].why == (
+        "1 x NVIDIA H100 80GB HBM3, torch 2.11.0+cu130; torch 2.11.0 lacks "
+        "torch.distributed.fsdp.DataParallelMeshDims, which TorchTitan imports and forge_rl "
+        "never uses: a placeholder stands in"
+    )
 
 
 def test_a_torch_without_torchtitans_2_12_name_gets_a_placeholder_that_refuses_to_be_used(monkeypatch):

@@ -23,16 +23,21 @@ def make_group(i: int, version: int, zero_advantage: bool, size: int = 2) -> Gro
     episodes = []
     for k in range(size):
         completion = Completion(
-            prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3, 4]), logprobs=torch.tensor([-1.0, -1.0]),
-            policy_versions=torch.tensor([version, version]), finish_reason="stop", text="",
+            prompt_ids=torch.tensor([1, 2]),
+            response_ids=torch.tensor([3, 4]),
+            logprobs=torch.tensor([-1.0, -1.0]),
+            policy_versions=torch.tensor([version, version]),
+            finish_reason="stop",
+            text="",
         )
         advantage = 0.0 if zero_advantage else (1.0 if k == 0 else -1.0)
         episodes.append(Episode(completion, reward=advantage, advantage=advantage))
     return Group(f"p{i}", episodes)
 
 
-def simulate(seed: int, max_policy_age: int, batch_groups: int, concurrency: int, in_order: bool,
-             steps: int = 12) -> GroupStore:
+def simulate(
+    seed: int, max_policy_age: int, batch_groups: int, concurrency: int, in_order: bool, steps: int = 12
+) -> GroupStore:
     """A run of `steps` train steps; returns the buffer's bookkeeping."""
     rng = random.Random(seed)
 
@@ -76,8 +81,12 @@ def simulate(seed: int, max_policy_age: int, batch_groups: int, concurrency: int
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), max_policy_age=st.integers(0, 3), batch_groups=st.integers(1, 6),
-       concurrency=st.integers(1, 12))
+@given(
+    seed=st.integers(0, 10_000),
+    max_policy_age=st.integers(0, 3),
+    batch_groups=st.integers(1, 6),
+    concurrency=st.integers(1, 12),
+)
 def test_no_rollout_is_admitted_that_would_arrive_stale(seed, max_policy_age, batch_groups, concurrency):
     store = simulate(seed, max_policy_age, batch_groups, concurrency, in_order=True)
     assert store.dropped["stale"] == 0
@@ -86,8 +95,12 @@ def test_no_rollout_is_admitted_that_would_arrive_stale(seed, max_policy_age, ba
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000), max_policy_age=st.integers(0, 2), batch_groups=st.integers(1, 4),
-       concurrency=st.integers(2, 12))
+@given(
+    seed=st.integers(0, 10_000),
+    max_policy_age=st.integers(0, 2),
+    batch_groups=st.integers(1, 4),
+    concurrency=st.integers(2, 12),
+)
 def test_stragglers_are_dropped_and_counted_never_trained_stale(seed, max_policy_age, batch_groups, concurrency):
     store = simulate(seed, max_policy_age, batch_groups, concurrency, in_order=False)
     assert all(age <= max_policy_age for age in store.staleness)  # what was trained met the bound
@@ -120,6 +133,7 @@ def test_synchronous_admission_generates_one_batch_per_version():
 def test_stale_groups_dropped_by_a_failed_sample_free_their_slots():
     """A resumed synchronous run finds stale leftovers in the buffer: the sample drops them and fails;
     admission must count what the buffer really holds, or it waits forever (seen before the fix)."""
+
     async def run():
         adm = Admission(max_policy_age=0, batch_groups=4, version=3)
         store = GroupStore(ReplayBufferConfig(capacity=8), max_policy_age=0)
@@ -139,6 +153,7 @@ def test_a_group_stored_while_the_buffer_is_counted_still_counts():
     count was read must not be lost: losing it freed a slot that was not free, and in the synchronous
     83M benchmark that admitted groups beyond the batch which arrived stale a step later (seen before
     the fix: 11% of generated episodes dropped at max_policy_age 0)."""
+
     async def run():
         adm = Admission(max_policy_age=0, batch_groups=4)
         for _ in range(4):

@@ -30,8 +30,12 @@ def no_batch_message(drops: dict[str, int], added: int = 0) -> str:
 
 
 def test_no_batch_names_the_dominant_drop_reason():
-    for reason, why in [("reward_timeout", "longer than reward_timeout_s"), ("reward_crash", "worker process dies"),
-                        ("reward_memory", "past reward_memory_mb"), ("reward_error", "raises or returns")]:
+    for reason, why in [
+        ("reward_timeout", "longer than reward_timeout_s"),
+        ("reward_crash", "worker process dies"),
+        ("reward_memory", "past reward_memory_mb"),
+        ("reward_error", "raises or returns"),
+    ]:
         message = no_batch_message({reason: 40, "reward_error" if reason != "reward_error" else "reward_crash": 4})
         assert f"most groups were dropped for {reason} (40 episodes)" in message and why in message, message
         assert "generator is stuck" not in message

@@ -37,11 +37,14 @@ def test_drawn_lengths_stay_within_min_tokens_and_max_tokens():
     assert draws.sampling("7") == dict(max_tokens=draws.length("7"), filler_after_eos=True)
 
 
-@pytest.mark.parametrize("lengths, match", [
-    (ResponseLengths(median=200), "median \\(200\\) <= generator.sampling.max_tokens \\(128\\)"),
-    (ResponseLengths(median=10, min_tokens=20), "min_tokens \\(20\\) <= median \\(10\\)"),
-    (ResponseLengths(median=10, p99_over_median=0.5), "p99_over_median=0.5 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "lengths, match",
+    [
+        (ResponseLengths(median=200), "median \\(200\\) <= generator.sampling.max_tokens \\(128\\)"),
+        (ResponseLengths(median=10, min_tokens=20), "min_tokens \\(20\\) <= median \\(10\\)"),
+        (ResponseLengths(median=10, p99_over_median=0.5), "p99_over_median=0.5 must be >= 1"),
+    ],
+)
 def test_lengths_that_cannot_be_drawn_are_refused_naming_the_key(lengths, match):
     cfg = GRPOConfig()
     cfg.generator.sampling["max_tokens"] = 128
@@ -71,9 +74,14 @@ def test_lengths_refuse_overlong_and_environments_and_stale_in_flight_takes_two_
 
 def completion(ids: list[int], versions: list[int] | None = None) -> Completion:
     n = len(ids)
-    return Completion(prompt_ids=torch.tensor([5, 6]), response_ids=torch.tensor(ids),
-                      logprobs=torch.full((n,), -0.5), policy_versions=torch.tensor(versions or [0] * n),
-                      finish_reason="length", text="not yet split")
+    return Completion(
+        prompt_ids=torch.tensor([5, 6]),
+        response_ids=torch.tensor(ids),
+        logprobs=torch.full((n,), -0.5),
+        policy_versions=torch.tensor(versions or [0] * n),
+        finish_reason="length",
+        text="not yet split",
+    )
 
 
 def test_filler_after_the_first_end_of_sequence_token_is_masked_and_out_of_the_text():
@@ -93,7 +101,13 @@ def test_filler_after_the_first_end_of_sequence_token_is_masked_and_out_of_the_t
 
 def test_tokens_made_after_a_swap_mid_sequence_are_counted():
     stats = RolloutStats()
-    stats.count_versions([completion([1, 2, 3, 4], [3, 3, 4, 4]), completion([1, 2, 3], [3, 3, 3]),
-                          completion([1, 2, 3, 4, 5], [2, 3, 3, 4, 4])])
-    assert stats.partial_rollouts() == dict(sequences=3, swapped_sequences=2, swapped_tokens=2 + 4,
-                                            requeued_groups=0, requeued_tokens=0)
+    stats.count_versions(
+        [
+            completion([1, 2, 3, 4], [3, 3, 4, 4]),
+            completion([1, 2, 3], [3, 3, 3]),
+            completion([1, 2, 3, 4, 5], [2, 3, 3, 4, 4]),
+        ]
+    )
+    assert stats.partial_rollouts() == dict(
+        sequences=3, swapped_sequences=2, swapped_tokens=2 + 4, requeued_groups=0, requeued_tokens=0
+    )

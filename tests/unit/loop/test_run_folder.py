@@ -105,10 +105,12 @@ def test_checksums_catch_garbage_a_missing_file_and_a_damaged_app_state(tmp_path
     (tmp_path / "step-2" / MANIFEST).write_text("{not json")
     path, skipped = newest_intact(tmp_path, "r")
     assert path.name == "step-1"
-    assert skipped == ["step-5: checksum mismatch in __0_0.distcp", "step-4: missing __0_0.distcp",
-                       "step-3: checksum mismatch in app_state.pt",
-                       f"step-2: {MANIFEST} unreadable (written only in part, or by a forge_rl without checkpoint "
-                       "checksums)"]
+    assert skipped == [
+        "step-5: checksum mismatch in __0_0.distcp",
+        "step-4: missing __0_0.distcp",
+        "step-3: checksum mismatch in app_state.pt",
+        f"step-2: {MANIFEST} unreadable (written only in part, or by a forge_rl without checkpoint checksums)",
+    ]
 
 
 def test_resume_takes_the_newest_intact_checkpoint_of_the_run_and_names_what_it_passed_over(tmp_path):
@@ -196,8 +198,10 @@ def test_output_folder_and_resume_mistakes_end_in_one_line_and_status_2(tmp_path
             "output_dir read-only": ([f"output_dir={read_only}/run"], "output_dir=.*cannot be written"),
             "a second run": ([f"output_dir={tmp_path}/done"], "already holds run .* overwrite=true"),
             "resume=true, no checkpoint": ([f"output_dir={tmp_path}/new", "resume=true"], "no intact checkpoint"),
-            "steps below the checkpoint": ([f"output_dir={tmp_path}/done", "resume=true", "steps=3"],
-                                           "steps=3 is below"),
+            "steps below the checkpoint": (
+                [f"output_dir={tmp_path}/done", "resume=true", "steps=3"],
+                "steps=3 is below",
+            ),
         }
         for case, (overrides, line) in cases.items():
             status, out, err = command_line("grpo", TINY, *overrides)
@@ -225,8 +229,7 @@ def test_resume_auto_refuses_a_run_whose_checkpoints_are_elsewhere_and_leaves_it
     assert snapshot(tmp_path) == before
     with pytest.raises(RunFolderError, match=f"saved its checkpoints in trainer.checkpoint_dir={elsewhere.resolve()}"):
         claim(out, resume=True)
-    assert claim_output_dir(out, elsewhere, algorithm="grpo", resume="auto", overwrite=False,
-                            steps=10).resume_step == 2
+    assert claim_output_dir(out, elsewhere, algorithm="grpo", resume="auto", overwrite=False, steps=10).resume_step == 2
 
 
 def test_resume_finishes_a_save_that_a_crash_stopped_before_its_rename(tmp_path):

@@ -8,8 +8,15 @@ import torch
 from forge_rl.actors.replay_buffer import GroupStore
 from forge_rl.actors.replay_buffer_config import ReplayBufferConfig
 from forge_rl.config import ConfigError, load_config
-from forge_rl.loop.sampling import (KEPT_SET, NEUTRAL, REPRODUCED, SET_BY_GENERATOR, behaviour_temperature, truncation,
-                                    untrainable)
+from forge_rl.loop.sampling import (
+    KEPT_SET,
+    NEUTRAL,
+    REPRODUCED,
+    SET_BY_GENERATOR,
+    behaviour_temperature,
+    truncation,
+    untrainable,
+)
 from forge_rl.recipes.grpo_checks import check_config, derive_settings
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.types import Completion, Episode, Group
@@ -17,10 +24,18 @@ from tests.conftest import REPO
 
 # a value of each option that changes the distribution: written here by hand, not read from NEUTRAL
 NOT_REPRODUCED = {
-    "repetition_penalty": 1.1, "presence_penalty": 0.5,
-    "frequency_penalty": 0.5, "logit_bias": {5: 2.0}, "allowed_token_ids": [5, 6], "bad_words": ["7"],
-    "min_tokens": 3, "structured_outputs": {"regex": "[0-9]+"}, "watermarking": {"key": 1},
-    "extra_args": {"logits_processors": ["x"]}, "thinking_token_budget": 64, "repetition_detection": {"window": 4},
+    "repetition_penalty": 1.1,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "logit_bias": {5: 2.0},
+    "allowed_token_ids": [5, 6],
+    "bad_words": ["7"],
+    "min_tokens": 3,
+    "structured_outputs": {"regex": "[0-9]+"},
+    "watermarking": {"key": 1},
+    "extra_args": {"logits_processors": ["x"]},
+    "thinking_token_budget": 64,
+    "repetition_detection": {"window": 4},
 }
 
 
@@ -60,8 +75,11 @@ def test_truncation_is_reproduced_over_the_kept_set_and_a_top_k_over_the_cap_is_
     assert behaviour_temperature({"temperature": 0.7, **sampling}, max_kept_tokens=64) == 0.7
     assert truncation({"temperature": 0.7, "max_tokens": 4, **sampling}) == sampling
     assert truncation({"top_p": 1.0, "top_k": -1, "min_p": 0.0}) == {}  # their neutral values truncate nothing
-    with pytest.raises(ValueError, match=r"^generator\.sampling\.top_k=65 keeps more tokens than .*"
-                                         r"generator\.max_kept_tokens=64"):
+    with pytest.raises(
+        ValueError,
+        match=r"^generator\.sampling\.top_k=65 keeps more tokens than .*"
+        r"generator\.max_kept_tokens=64",
+    ):
         behaviour_temperature({"temperature": 0.7, **sampling, "top_k": 65}, max_kept_tokens=64)
 
 
@@ -111,9 +129,17 @@ def test_an_option_in_the_grpo_config_fails_before_any_actor_starts(option):
 
 def group_sampled_with(sampling: dict | None, **kept) -> Group:
     def episode(advantage: float) -> Episode:
-        c = Completion(torch.tensor([1, 2]), torch.tensor([3, 4]), torch.tensor([-1.0, -1.0]), torch.tensor([0, 0]),
-                       "stop", sampling=sampling, **kept)
+        c = Completion(
+            torch.tensor([1, 2]),
+            torch.tensor([3, 4]),
+            torch.tensor([-1.0, -1.0]),
+            torch.tensor([0, 0]),
+            "stop",
+            sampling=sampling,
+            **kept,
+        )
         return Episode(c, advantage=advantage)
+
     return Group("p0", [episode(0.5), episode(-0.5)])
 
 
@@ -121,15 +147,20 @@ def test_the_buffer_refuses_episodes_drawn_with_what_the_trainer_does_not_reprod
     store = GroupStore(ReplayBufferConfig(), temperature=1.0)
     assert store.add(group_sampled_with({"temperature": 1.0, "max_tokens": 8, "stop": ["\n"]}))
     assert store.add(group_sampled_with(None))  # made by hand, not by a generator: nothing to check
-    kept = dict(kept_ids=torch.tensor([3, 9, 4], dtype=torch.int32), kept_offsets=torch.tensor([0, 2, 3],
-                                                                                                dtype=torch.int32))
+    kept = dict(
+        kept_ids=torch.tensor([3, 9, 4], dtype=torch.int32), kept_offsets=torch.tensor([0, 2, 3], dtype=torch.int32)
+    )
     assert store.add(group_sampled_with({"temperature": 1.0, "top_p": 0.8}, **kept))  # its kept sets recorded
     for sampling, named, recorded in [
-            ({"temperature": 1.0, "top_p": 0.8}, "it was drawn with top_p=0.8 and carries no sampling mask", {}),
-            ({"temperature": 1.0, "top_k": 20}, "1 of its tokens were drawn \\(top_k=20\\) from more tokens than the "
-             "generator records", dict(kept_over_cap=1)),
-            ({"temperature": 0.5}, "temperature=0.5 differs from the trainer's 1.0", {}),
-            ({"temperature": 1.0, "extra_args": {"logits_processors": ["x"]}}, "extra_args=", {})]:
+        ({"temperature": 1.0, "top_p": 0.8}, "it was drawn with top_p=0.8 and carries no sampling mask", {}),
+        (
+            {"temperature": 1.0, "top_k": 20},
+            "1 of its tokens were drawn \\(top_k=20\\) from more tokens than the generator records",
+            dict(kept_over_cap=1),
+        ),
+        ({"temperature": 0.5}, "temperature=0.5 differs from the trainer's 1.0", {}),
+        ({"temperature": 1.0, "extra_args": {"logits_processors": ["x"]}}, "extra_args=", {}),
+    ]:
         with pytest.raises(ValueError, match=rf"group 'p0' episode 0 cannot be trained on: {named}"):
             store.add(group_sampled_with(sampling, **recorded))
     assert store.added == 6 and store.present == 6  # refused groups left nothing behind

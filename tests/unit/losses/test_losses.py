@@ -50,18 +50,21 @@ IS_BEHAVIOUR = -torch.log(torch.tensor([[4.0, 1.5, 0.25], [1.0, 3.0, 0.8]]))
 IS_MASK = torch.tensor([[True, True, True], [True, True, False]])
 
 
-@pytest.mark.parametrize("correction, level, weights, acted", [
-    ("tis", "token", [[2.0, 1.5, 0.25], [1.0, 2.0, 0.8]], [[1, 0, 0], [0, 1, 0]]),  # min(w, 2)
-    ("mis", "token", [[0.0, 1.5, 0.25], [1.0, 0.0, 0.8]], [[1, 0, 0], [0, 1, 0]]),  # w if w <= 2, else 0
-    ("icepop", "token", [[0.0, 1.5, 0.0], [1.0, 0.0, 0.8]], [[1, 0, 1], [0, 1, 0]]),  # w if 0.5 <= w <= 2
-    # sequences: row 0's product 4 * 1.5 * 0.25 = 1.5, row 1's (over its 2 response tokens) 1 * 3 = 3
-    ("tis", "sequence", [[1.5] * 3, [2.0] * 3], [[0] * 3, [1] * 3]),
-    ("mis", "sequence", [[1.5] * 3, [0.0] * 3], [[0] * 3, [1] * 3]),
-    ("icepop", "sequence", [[1.5] * 3, [0.0] * 3], [[0] * 3, [1] * 3]),
-    # geometric means: row 0's (4 * 1.5 * 0.25)^(1/3) = 1.5^(1/3), row 1's (1 * 3)^(1/2)
-    ("tis", "geometric", [[1.5 ** (1 / 3)] * 3, [3 ** 0.5] * 3], [[0] * 3, [0] * 3]),
-    ("icepop", "geometric", [[1.5 ** (1 / 3)] * 3, [3 ** 0.5] * 3], [[0] * 3, [0] * 3]),
-])
+@pytest.mark.parametrize(
+    "correction, level, weights, acted",
+    [
+        ("tis", "token", [[2.0, 1.5, 0.25], [1.0, 2.0, 0.8]], [[1, 0, 0], [0, 1, 0]]),  # min(w, 2)
+        ("mis", "token", [[0.0, 1.5, 0.25], [1.0, 0.0, 0.8]], [[1, 0, 0], [0, 1, 0]]),  # w if w <= 2, else 0
+        ("icepop", "token", [[0.0, 1.5, 0.0], [1.0, 0.0, 0.8]], [[1, 0, 1], [0, 1, 0]]),  # w if 0.5 <= w <= 2
+        # sequences: row 0's product 4 * 1.5 * 0.25 = 1.5, row 1's (over its 2 response tokens) 1 * 3 = 3
+        ("tis", "sequence", [[1.5] * 3, [2.0] * 3], [[0] * 3, [1] * 3]),
+        ("mis", "sequence", [[1.5] * 3, [0.0] * 3], [[0] * 3, [1] * 3]),
+        ("icepop", "sequence", [[1.5] * 3, [0.0] * 3], [[0] * 3, [1] * 3]),
+        # geometric means: row 0's (4 * 1.5 * 0.25)^(1/3) = 1.5^(1/3), row 1's (1 * 3)^(1/2)
+        ("tis", "geometric", [[1.5 ** (1 / 3)] * 3, [3**0.5] * 3], [[0] * 3, [0] * 3]),
+        ("icepop", "geometric", [[1.5 ** (1 / 3)] * 3, [3**0.5] * 3], [[0] * 3, [0] * 3]),
+    ],
+)
 def test_mismatch_corrections_by_hand(correction, level, weights, acted):
     cfg = GRPOLossConfig(is_correction=correction, is_level=level, is_low=0.5, is_high=2.0)
     weight, where = mismatch_weight(IS_LP, IS_BEHAVIOUR, cfg, IS_MASK)
@@ -82,8 +85,12 @@ def test_mismatch_corrections_by_hand(correction, level, weights, acted):
 def test_sequence_weight_of_a_long_sequence_does_not_overflow():
     behaviour = torch.full((1, 4000), -0.5)  # w = e^0.5 per token: the product is e^2000
     for correction in ("tis", "mis"):
-        weight, _ = mismatch_weight(torch.zeros(1, 4000), behaviour, GRPOLossConfig(
-            is_correction=correction, is_level="sequence"), torch.ones(1, 4000, dtype=torch.bool))
+        weight, _ = mismatch_weight(
+            torch.zeros(1, 4000),
+            behaviour,
+            GRPOLossConfig(is_correction=correction, is_level="sequence"),
+            torch.ones(1, 4000, dtype=torch.bool),
+        )
         assert torch.isfinite(weight).all() and weight[0, 0].item() == (2.0 if correction == "tis" else 0.0)
 
 
@@ -113,8 +120,9 @@ def test_kl_estimators_and_penalty():
 
 def test_entropy_bonus_lowers_the_loss():
     lp = torch.zeros(1, 2)
-    loss, diag = per_token_loss(lp, lp, torch.tensor([0.0]), GRPOLossConfig(entropy_coef=0.5),
-                                entropy=torch.tensor([[1.0, 3.0]]))
+    loss, diag = per_token_loss(
+        lp, lp, torch.tensor([0.0]), GRPOLossConfig(entropy_coef=0.5), entropy=torch.tensor([[1.0, 3.0]])
+    )
     assert torch.allclose(loss, torch.tensor([[-0.5, -1.5]]))
 
 
@@ -181,6 +189,7 @@ def test_sft_loss_and_config_errors():
 
 # ---- chunked logprobs -------------------------------------------------------------------------------
 
+
 def naive_token_logprobs(logits, tokens, temperature):
     logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
     picked = logp.gather(-1, tokens[:, 1:, None])[..., 0]
@@ -199,9 +208,9 @@ def test_blockwise_logprobs_equal_the_full_log_softmax_with_gradients(block_elem
     tokens = torch.randint(0, 301, (5, 9), generator=g)
     weights = torch.randn(5, 9, generator=g)
     want_lp, want_ent = naive_token_logprobs(logits, tokens, temperature)
-    want_grad, = torch.autograd.grad((want_lp * weights).sum() + 0.1 * want_ent.sum(), logits)
+    (want_grad,) = torch.autograd.grad((want_lp * weights).sum() + 0.1 * want_ent.sum(), logits)
     lp, ent = token_logprobs(logits, tokens, temperature, entropy="grad", block_elements=block_elements)
-    grad, = torch.autograd.grad((lp * weights).sum() + 0.1 * ent.sum(), logits)
+    (grad,) = torch.autograd.grad((lp * weights).sum() + 0.1 * ent.sum(), logits)
     assert (lp - want_lp).abs().max() < 1e-5 and (ent - want_ent).abs().max() < 1e-5
     assert (grad - want_grad).abs().max() < 1e-5
     lp, ent = token_logprobs(logits, tokens, temperature, entropy="detached", block_elements=block_elements)
@@ -234,7 +243,8 @@ def test_fused_lm_head_logprobs_equal_the_full_logits_with_gradients(memory_byte
     positions = 5 * (9 - shift)
     keep, rows = plan_blocks(positions, 301, memory_bytes, compute_bytes=4)
     assert {1: (not keep and rows == 1), 10**9: (keep and rows == positions)}.get(
-        memory_bytes, keep == bool(shift) and rows < positions)
+        memory_bytes, keep == bool(shift) and rows < positions
+    )
     torch.testing.assert_close(lp, want_lp, atol=1e-5, rtol=0)
     torch.testing.assert_close(ent, want_ent, atol=1e-5, rtol=0)
     for a, b in zip(got, want):
@@ -350,8 +360,13 @@ def test_distillation_advantage_is_minus_the_reverse_kl_to_the_teacher_per_token
     loss.sum().backward()
     torch.testing.assert_close(lp.grad, -advantage)  # d(ratio)/d(lp) = 1 at ratio 1
     # pure distillation: the reward's advantage is left out
-    loss, _ = per_token_loss(behaviour, behaviour, torch.tensor([5.0]), GRPOLossConfig(distill_coef=1.0,
-                             reward_coef=0.0), ref_logprobs=teacher)
+    loss, _ = per_token_loss(
+        behaviour,
+        behaviour,
+        torch.tensor([5.0]),
+        GRPOLossConfig(distill_coef=1.0, reward_coef=0.0),
+        ref_logprobs=teacher,
+    )
     torch.testing.assert_close(loss, behaviour - teacher)
     with pytest.raises(ValueError, match="needs TrainBatch.ref_logprobs"):
         per_token_loss(behaviour, behaviour, torch.tensor([1.0]), cfg)
@@ -368,8 +383,10 @@ def test_fused_head_forwards_before_their_backwards_keep_their_own_logits():
 
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(301, 16, generator=g).requires_grad_()
-    inputs = [(torch.randn(3, 7, 16, generator=g).requires_grad_(), torch.randint(0, 301, (3, 7), generator=g))
-              for _ in range(2)]
+    inputs = [
+        (torch.randn(3, 7, 16, generator=g).requires_grad_(), torch.randint(0, 301, (3, 7), generator=g))
+        for _ in range(2)
+    ]
     lps = [hidden_logprobs(h, weight, t, memory_bytes=10**9)[0] for h, t in inputs]
     grads = torch.autograd.grad(sum(lp.sum() for lp in lps), [h for h, _ in inputs] + [weight])
     want_lps = [naive_token_logprobs(h @ weight.T, t, 1.0)[0] for h, t in inputs]

@@ -86,10 +86,10 @@ def test_masked_logprobs_and_entropy_equal_a_hand_computation_with_gradients(blo
     torch.testing.assert_close(lp.detach()[~restricted], full_lp[~restricted], atol=1e-6, rtol=0)
     assert (want_lp[(kept[..., 1] < 0) & restricted] == 0).all()  # a set of one token: log 1
 
-    grad, = torch.autograd.grad((lp * weights).sum() + 0.1 * ent.sum(), leaf)
+    (grad,) = torch.autograd.grad((lp * weights).sum() + 0.1 * ent.sum(), leaf)
     naive_leaf = logits.clone().requires_grad_()
     nlp, nent = _naive(naive_leaf, tokens, kept, TEMPERATURE)
-    want_grad, = torch.autograd.grad((nlp * weights).sum() + 0.1 * nent.sum(), naive_leaf)
+    (want_grad,) = torch.autograd.grad((nlp * weights).sum() + 0.1 * nent.sum(), naive_leaf)
     assert grad.isfinite().all()
     torch.testing.assert_close(grad, want_grad, atol=1e-5, rtol=0)
     outside = ~keep_only(torch.zeros(B, T, V), kept).isfinite()[:, 1:]
@@ -105,20 +105,26 @@ def test_fused_lm_head_and_packed_rows_apply_the_same_sets(shift, memory_bytes):
     tokens = torch.randint(0, V, (B, T), generator=g)
     kept, weights = _kept(tokens, g), torch.randn(B, T, generator=g)
     h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-    lp, ent = hidden_logprobs(h, w, tokens, TEMPERATURE, entropy="grad", shift=shift, memory_bytes=memory_bytes,
-                              kept=kept)
+    lp, ent = hidden_logprobs(
+        h, w, tokens, TEMPERATURE, entropy="grad", shift=shift, memory_bytes=memory_bytes, kept=kept
+    )
     got = torch.autograd.grad((lp * weights).sum() + 0.1 * ent.sum(), (h, w))
     h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     logits = h2 @ w2.T
     if shift:
         want_lp, want_ent = token_logprobs(logits, tokens, TEMPERATURE, entropy="grad", kept=kept)
     else:  # packed rows: the logits already picked at the predicting positions, each with its target's set
-        flat_lp, flat_ent = selected_logprobs(logits.flatten(0, 1), tokens.flatten(), TEMPERATURE, entropy="grad",
-                                              kept=kept.flatten(0, 1))
+        flat_lp, flat_ent = selected_logprobs(
+            logits.flatten(0, 1), tokens.flatten(), TEMPERATURE, entropy="grad", kept=kept.flatten(0, 1)
+        )
         want_lp, want_ent = flat_lp.view(B, T), flat_ent.view(B, T)
         # by hand: position t's logits predict tokens[t] (shift the tokens one on for _by_hand)
-        by_hand, _ = _by_hand(torch.cat([logits.detach(), logits.detach()[:, -1:]], 1), torch.cat(
-            [tokens[:, :1], tokens], 1), torch.cat([kept[:, :1], kept], 1), TEMPERATURE)
+        by_hand, _ = _by_hand(
+            torch.cat([logits.detach(), logits.detach()[:, -1:]], 1),
+            torch.cat([tokens[:, :1], tokens], 1),
+            torch.cat([kept[:, :1], kept], 1),
+            TEMPERATURE,
+        )
         torch.testing.assert_close(want_lp.detach(), by_hand[:, 1:], atol=1e-5, rtol=0)
     want = torch.autograd.grad((want_lp * weights).sum() + 0.1 * want_ent.sum(), (h2, w2))
     torch.testing.assert_close(lp, want_lp, atol=1e-5, rtol=0)
@@ -138,11 +144,21 @@ def _completion(prompt: list[int], response: list[int], sets: list[list[int]] | 
         offsets = [0]
         for s in sets:
             offsets.append(offsets[-1] + len(s))
-        kept = dict(kept_ids=torch.tensor([i for s in sets for i in s], dtype=torch.int32),
-                    kept_offsets=torch.tensor(offsets, dtype=torch.int32))
+        kept = dict(
+            kept_ids=torch.tensor([i for s in sets for i in s], dtype=torch.int32),
+            kept_offsets=torch.tensor(offsets, dtype=torch.int32),
+        )
     n = len(response)
-    return Completion(torch.tensor(prompt), torch.tensor(response), -torch.rand(n), torch.zeros(n, dtype=torch.long),
-                      "stop", sampling={"temperature": 0.7, "top_p": 0.9}, **kept, **kw)
+    return Completion(
+        torch.tensor(prompt),
+        torch.tensor(response),
+        -torch.rand(n),
+        torch.zeros(n, dtype=torch.long),
+        "stop",
+        sampling={"temperature": 0.7, "top_p": 0.9},
+        **kept,
+        **kw,
+    )
 
 
 def test_the_generator_reads_kept_sets_from_processed_logprobs_and_marks_a_set_over_the_cap():
@@ -172,8 +188,14 @@ def test_completion_checks_its_csr_and_counts_its_bytes():
     from forge_rl.types import Completion
 
     with pytest.raises(ValueError, match="come together"):
-        Completion(torch.tensor([1]), torch.tensor([3]), torch.zeros(1), torch.zeros(1, dtype=torch.long), "stop",
-                   kept_ids=torch.tensor([3], dtype=torch.int32))
+        Completion(
+            torch.tensor([1]),
+            torch.tensor([3]),
+            torch.zeros(1),
+            torch.zeros(1, dtype=torch.long),
+            "stop",
+            kept_ids=torch.tensor([3], dtype=torch.int32),
+        )
 
 
 def test_collate_pads_kept_sets_into_the_tokens_places_and_the_buffer_checkpoint_keeps_them(tmp_path):
@@ -189,7 +211,7 @@ def test_collate_pads_kept_sets_into_the_tokens_places_and_the_buffer_checkpoint
     torch.save(store.state_dict(), tmp_path / "state.pt")  # as save_checkpoint writes the buffer
     resumed = GroupStore(ReplayBufferConfig(), temperature=0.7)
     resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))
-    batch, = resumed.sample(policy_version=0, batch_groups=1)
+    (batch,) = resumed.sample(policy_version=0, batch_groups=1)
     assert batch.kept.dtype == torch.int32 and tuple(batch.kept.shape) == (2, 6, 3)
     assert (batch.kept[:, :3] == -1).all()  # the prompt: the whole vocabulary
     assert batch.kept[0, 3].tolist() == [3, 7, -1] and batch.kept[0, 4].tolist() == [4, -1, -1]
@@ -228,8 +250,11 @@ def test_a_group_with_a_sample_over_the_cap_is_dropped_whole_and_counted_before_
 
     from forge_rl.loop.rollout import DropLog, RolloutStats, rollout_group
 
-    completions = [_completion([1, 2], [3, 4], [[3], [4, 5]]), _completion([1, 2], [3], None, kept_over_cap=1),
-                   _completion([1, 2], [6], [[6, 7]])]
+    completions = [
+        _completion([1, 2], [3, 4], [[3], [4, 5]]),
+        _completion([1, 2], [3], None, kept_over_cap=1),
+        _completion([1, 2], [6], [[6, 7]]),
+    ]
 
     async def generate(prompt, n):
         return completions
@@ -239,7 +264,15 @@ def test_a_group_with_a_sample_over_the_cap_is_dropped_whole_and_counted_before_
 
     printed = []
     stats = RolloutStats(drop_log=DropLog(write=printed.append))
-    group = asyncio.run(rollout_group(prompt_id="p7", prompt="1+1=", generator=SimpleNamespace(
-        generate=SimpleNamespace(route=generate)), score=score, group_size=3, stats=stats))
+    group = asyncio.run(
+        rollout_group(
+            prompt_id="p7",
+            prompt="1+1=",
+            generator=SimpleNamespace(generate=SimpleNamespace(route=generate)),
+            score=score,
+            group_size=3,
+            stats=stats,
+        )
+    )
     assert group is None and stats.drops["sampling_mask_over_cap"] == 3 and stats.generated_tokens == 4
     assert printed and "dropped group p7 (sampling_mask_over_cap): 1 of its 3 samples" in printed[0]

@@ -32,8 +32,9 @@ def generator():
     loop = asyncio.new_event_loop()
     ctx = provisioned()
     loop.run_until_complete(ctx.__aenter__())
-    actor = loop.run_until_complete(Generator.as_actor(str(TINY_MOE), engine_args=dict(max_model_len=128),
-                                                       record_routes=True))
+    actor = loop.run_until_complete(
+        Generator.as_actor(str(TINY_MOE), engine_args=dict(max_model_len=128), record_routes=True)
+    )
     yield loop, actor
     loop.run_until_complete(ctx.__aexit__(None, None, None))
     loop.close()
@@ -45,8 +46,9 @@ def test_the_generator_records_every_positions_experts_as_transformers_routes_th
 
     loop, actor = generator
     hf = AutoModelForCausalLM.from_pretrained(TINY_MOE, dtype=torch.float32).eval()
-    completions = loop.run_until_complete(actor.generate.call_one([5, 17, 33, 40, 41, 9, 3, 12], n=4,
-                                                                  temperature=1.0, max_tokens=10))
+    completions = loop.run_until_complete(
+        actor.generate.call_one([5, 17, 33, 40, 41, 9, 3, 12], n=4, temperature=1.0, max_tokens=10)
+    )
     completions += loop.run_until_complete(actor.generate.call_one([7, 8, 9], n=1, temperature=1.0, max_tokens=5))
     for c in completions:
         ids = torch.cat([c.prompt_ids, c.response_ids]).tolist()
@@ -112,13 +114,20 @@ def test_the_load_balancing_loss_counts_the_replayed_experts():
 
 def _completion(prompt: list[int], response: list[int], routes: torch.Tensor | None) -> Completion:
     n = len(response)
-    return Completion(torch.tensor(prompt), torch.tensor(response), torch.zeros(n), torch.zeros(n, dtype=torch.long),
-                      "stop", routes=routes)
+    return Completion(
+        torch.tensor(prompt),
+        torch.tensor(response),
+        torch.zeros(n),
+        torch.zeros(n, dtype=torch.long),
+        "stop",
+        routes=routes,
+    )
 
 
 def _routes(positions: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 4, (positions, LAYERS, TOP_K), generator=torch.Generator().manual_seed(seed),
-                         dtype=torch.uint8)
+    return torch.randint(
+        0, 4, (positions, LAYERS, TOP_K), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8
+    )
 
 
 def test_routes_travel_in_completions_batches_and_packed_rows():
@@ -212,8 +221,18 @@ def test_vllms_own_routed_experts_become_the_same_record():
     engine = np.random.default_rng(0).integers(0, 4, (3 + 4 - 1, LAYERS, TOP_K)).astype(np.uint8)
     child = Child()
     child.extend(CompletionOutput(0, "", [7, 8], None, None))
-    child.extend(CompletionOutput(0, "", [9, 2], None, None, routed_experts=engine, finish_reason="stop",
-                                  weight_versions=[WeightVersionSpan("0", 0, 4)]))
+    child.extend(
+        CompletionOutput(
+            0,
+            "",
+            [9, 2],
+            None,
+            None,
+            routed_experts=engine,
+            finish_reason="stop",
+            weight_versions=[WeightVersionSpan("0", 0, 4)],
+        )
+    )
     routes = completion_routes(child, prompt_len=3, dtype=torch.uint8)
     assert routes.dtype == torch.uint8 and torch.equal(routes, torch.from_numpy(engine))
     _completion([1, 2, 3], [7, 8, 9, 2], routes)  # the shape Completion takes
@@ -230,5 +249,7 @@ def test_engine_arguments_that_would_lose_routes_are_refused_by_name():
     assert route_engine_args(False, {}, "generator.engine_args") == dict(enable_prefix_caching=False)
     with pytest.raises(ConfigError, match="generator.engine_args.enable_prefix_caching=true with trainer.keep_routing"):
         route_engine_args(False, dict(enable_prefix_caching=True), "generator.engine_args")
-    with pytest.raises(ConfigError, match="generator.engine_args.worker_extension_cls='my.Ext' with trainer.keep_routing"):
+    with pytest.raises(
+        ConfigError, match="generator.engine_args.worker_extension_cls='my.Ext' with trainer.keep_routing"
+    ):
         route_engine_args(False, dict(worker_extension_cls="my.Ext"), "generator.engine_args")

@@ -14,16 +14,23 @@ from forge_rl.models import fused_qkv
 from forge_rl.models.sharded_load import SafetensorsCheckpoint
 
 
-@pytest.mark.parametrize("heads_per_kv, head_dim, start, stop", [(2, 8, 0, 64), (2, 8, 5, 37), (4, 4, 13, 14),
-                                                                 (1, 16, 16, 48)])
+@pytest.mark.parametrize(
+    "heads_per_kv, head_dim, start, stop", [(2, 8, 0, 64), (2, 8, 5, 37), (4, 4, 13, 14), (1, 16, 16, 48)]
+)
 def test_fused_qkv_rows_and_split_match_torchtitans_merge(heads_per_kv, head_dim, start, stop):
     n_kv = 2
     wq = torch.arange(n_kv * heads_per_kv * head_dim, dtype=torch.float32)[:, None] + 1000
     wk = torch.arange(n_kv * head_dim, dtype=torch.float32)[:, None] + 2000
     wv = torch.arange(n_kv * head_dim, dtype=torch.float32)[:, None] + 3000
     # FusedQKVLinear._merge_qkv_on_load's layout: per KV head, its query heads, then its key, then its value
-    fused = torch.cat([wq.reshape(n_kv, heads_per_kv, head_dim, 1), wk.reshape(n_kv, 1, head_dim, 1),
-                       wv.reshape(n_kv, 1, head_dim, 1)], dim=1).reshape(-1, 1)
+    fused = torch.cat(
+        [
+            wq.reshape(n_kv, heads_per_kv, head_dim, 1),
+            wk.reshape(n_kv, 1, head_dim, 1),
+            wv.reshape(n_kv, 1, head_dim, 1),
+        ],
+        dim=1,
+    ).reshape(-1, 1)
     stop = min(stop, len(fused))
     source = {"wq": wq, "wk": wk, "wv": wv}
     rows = torch.cat([source[s][a:b] for s, a, b in fused_qkv.rows(start, stop, heads_per_kv, head_dim)])

@@ -12,8 +12,11 @@ import pytest
 from tests.conftest import REPO
 
 # docs/benchmarks_history.md is a record of past runs: it names files as they were when each ran
-DOCS = [REPO / "README.md", REPO / "CONTRIBUTING.md",
-        *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "benchmarks_history.md")]
+DOCS = [
+    REPO / "README.md",
+    REPO / "CONTRIBUTING.md",
+    *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "benchmarks_history.md"),
+]
 CODE = re.compile(r"`([^`\n]+)`")
 
 
@@ -110,8 +113,12 @@ def test_dotted_config_keys_exist():
     section of a run's config (trainer, generator, buffer, critic, ppo, ...) is a field path of GRPO's,
     distillation's, PPO's or SFT's config."""
     roots = _config_roots()
-    sections = {f.name for schema in roots for f in dataclasses.fields(schema)
-                if dataclasses.is_dataclass(f.type) or "Config" in str(f.type) or "Section" in str(f.type)}
+    sections = {
+        f.name
+        for schema in roots
+        for f in dataclasses.fields(schema)
+        if dataclasses.is_dataclass(f.type) or "Config" in str(f.type) or "Section" in str(f.type)
+    }
     missing = []
     for doc, key in _config_keys():
         keys = key.split(".")

@@ -17,8 +17,14 @@ LAYERS = (
     {"forge_rl.recipes", "forge_rl.rehearsal"},
     {"forge_rl.loop"},
     {"forge_rl.actors", "forge_rl.envs", "forge_rl.runtime", "forge_rl.launch"},
-    {"forge_rl.weights", "forge_rl.losses", "forge_rl.rewards", "forge_rl.data", "forge_rl.models",
-     "forge_rl.observability"},
+    {
+        "forge_rl.weights",
+        "forge_rl.losses",
+        "forge_rl.rewards",
+        "forge_rl.data",
+        "forge_rl.models",
+        "forge_rl.observability",
+    },
     {"forge_rl.types", "forge_rl.config", "forge_rl.deps"},
     {"forge_rl.errors"},
 )
@@ -65,7 +71,7 @@ def _project_imports(path: Path) -> set[str]:
             base = node.module or ""
             if node.level:
                 package = here[:-1] if here[-1] != "__init__" else here
-                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
             names.update(f"{base}.{a.name}" for a in node.names)
     return {n for n in names if _package(n)}
 
@@ -85,8 +91,11 @@ def test_dependencies_point_one_way():
             if any(p not in set().union(*LAYERS) for p in (source, target)):
                 unplaced.update(p for p in (source, target) if p not in set().union(*LAYERS))
                 continue
-            allowed = target == source or _layer(target) > _layer(source) or (
-                _layer(target) == _layer(source) and _layer(source) != len(LAYERS) - 1)
+            allowed = (
+                target == source
+                or _layer(target) > _layer(source)
+                or (_layer(target) == _layer(source) and _layer(source) != len(LAYERS) - 1)
+            )
             if not allowed and not any(rel == f and (name == m or name.startswith(m + ".")) for f, m in UPWARD):
                 upward.append(f"{rel} imports {name}")
     assert not unplaced, f"packages in no layer of LAYERS (place them, and say where in docs/design.md): {unplaced}"
@@ -176,17 +185,22 @@ def test_no_import_cycles():
 
 def test_every_upward_import_still_exists():
     """An exception that no longer happens is removed from UPWARD (and from docs/design.md)."""
-    stale = [(f, m) for f, m in UPWARD
-             if not any(n == m or n.startswith(m + ".") for n in _project_imports(REPO / f))]
+    stale = [(f, m) for f, m in UPWARD if not any(n == m or n.startswith(m + ".") for n in _project_imports(REPO / f))]
     assert stale == []
 
 
 def test_nothing_imports_apps():
     """The library, tests, benchmarks, the GPU check and notebooks use the runs in forge_rl/recipes, never an app."""
-    offenders = [str(p.relative_to(REPO)) for p in _python_files("forge_rl", "tests", "benchmarks", "gpu_check", "apps")
-                 if any(name == "apps" or name.startswith("apps.") for name in _imports(p))]
-    notebooks = [str(p.relative_to(REPO)) for p in (REPO / "docs/notebooks").glob("*.ipynb")
-                 if "from apps" in p.read_text() or "import apps" in p.read_text()]
+    offenders = [
+        str(p.relative_to(REPO))
+        for p in _python_files("forge_rl", "tests", "benchmarks", "gpu_check", "apps")
+        if any(name == "apps" or name.startswith("apps.") for name in _imports(p))
+    ]
+    notebooks = [
+        str(p.relative_to(REPO))
+        for p in (REPO / "docs/notebooks").glob("*.ipynb")
+        if "from apps" in p.read_text() or "import apps" in p.read_text()
+    ]
     assert offenders + notebooks == []
 
 

@@ -38,11 +38,14 @@ def test_parts_are_at_most_the_limit_and_join_back_byte_exact(house, tmp_path):
         assert sha256_of(tmp_path / "out" / "wheels" / f.name) == sha256_of(f)
 
 
-@pytest.mark.parametrize("damage,says", [
-    ("flip", "part house.tar.003 does not match its sha256"),
-    ("truncate", "part house.tar.003 has 99999 bytes, the manifest says 100000"),
-    ("remove", "part house.tar.003 is missing"),
-])
+@pytest.mark.parametrize(
+    "damage,says",
+    [
+        ("flip", "part house.tar.003 does not match its sha256"),
+        ("truncate", "part house.tar.003 has 99999 bytes, the manifest says 100000"),
+        ("remove", "part house.tar.003 is missing"),
+    ],
+)
 def test_a_damaged_or_missing_part_is_named(house, tmp_path, damage, says):
     _, parts, _ = house
     part = parts / "house.tar.003"
@@ -78,8 +81,11 @@ def test_an_archive_that_fills_its_last_part_exactly_leaves_no_empty_part(tmp_pa
 
 
 def _item(name, requires=(), requested=False, extras=()):
-    return dict(metadata=dict(name=name, version="1", requires_dist=list(requires)), requested=requested,
-                requested_extras=list(extras))
+    return dict(
+        metadata=dict(name=name, version="1", requires_dist=list(requires)),
+        requested=requested,
+        requested_extras=list(extras),
+    )
 
 
 def test_the_closure_leaves_out_torch_and_what_only_it_needs_and_follows_extras():
@@ -89,9 +95,15 @@ def test_the_closure_leaves_out_torch_and_what_only_it_needs_and_follows_extras(
         _item("torchdata", ["torch>=2", "requests"]),
         _item("datasets", ["fsspec[http]>=2023", "filelock", "torch; extra == 'torch'"], requested=True),
         _item("fsspec", ["aiohttp; extra == 'http'", "s3fs; extra == 's3'"]),
-        _item("math-verify", ["latex2sympy2_extended"], requested=True), _item("latex2sympy2-extended", ["sympy"]),
-        _item("nvidia-cublas"), _item("sympy"), _item("filelock"), _item("requests"), _item("aiohttp"),
-        _item("pywin32"), _item("x", ["pywin32; sys_platform == 'win32'"], requested=True),
+        _item("math-verify", ["latex2sympy2_extended"], requested=True),
+        _item("latex2sympy2-extended", ["sympy"]),
+        _item("nvidia-cublas"),
+        _item("sympy"),
+        _item("filelock"),
+        _item("requests"),
+        _item("aiohttp"),
+        _item("pywin32"),
+        _item("x", ["pywin32; sys_platform == 'win32'"], requested=True),
     ]
     got = needed(items, "3.12", {"torch"})
     assert "torch" not in got and "nvidia-cublas" not in got  # only torch needs it
@@ -103,9 +115,11 @@ def test_the_installer_refuses_a_wheelhouse_for_another_python_in_one_line(house
     _, parts, _ = house
     manifest = json.loads((parts / MANIFEST).read_text())
     (parts / MANIFEST).write_text(json.dumps(dict(manifest, python="3.99", abi="cp399", wheels=[])))
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "install_wheelhouse.py"), str(parts)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "install_wheelhouse.py"), str(parts)], capture_output=True, text=True
+    )
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     assert out.returncode == 1 and out.stderr.strip() == (
         f"install_wheelhouse: the wheelhouse is for Python 3.99 (cp399), this is Python {here}: run it with "
-        f"python3.99, or make one with `make wheelhouse PYTHON_VERSION={here}`")
+        f"python3.99, or make one with `make wheelhouse PYTHON_VERSION={here}`"
+    )

@@ -30,7 +30,7 @@ def test_gae_by_hand():
     values = torch.tensor([[9.0, 0.5, 0.2, 0.8]])  # the prompt's value is never read
     rewards = terminal_rewards(torch.tensor([1.0]), mask)
     adv, ret = gae(rewards, values, mask, gamma=0.9, lam=0.5)
-    d3 = 1.0 - 0.8                # r + gamma * 0 - V3 (the episode ends)
+    d3 = 1.0 - 0.8  # r + gamma * 0 - V3 (the episode ends)
     d2 = 0.0 + 0.9 * 0.8 - 0.2
     d1 = 0.0 + 0.9 * 0.2 - 0.5
     a3 = d3
@@ -94,8 +94,14 @@ def test_per_token_advantages_give_each_token_its_own_gradient():
 
 def batch(rewards, mask) -> TrainBatch:
     B, T = mask.shape
-    return TrainBatch(torch.randint(3, 100, (B, T)), mask, torch.zeros(B, T), torch.where(mask, 0, -1), torch.zeros(B),
-                      rewards=torch.tensor(rewards))
+    return TrainBatch(
+        torch.randint(3, 100, (B, T)),
+        mask,
+        torch.zeros(B, T),
+        torch.where(mask, 0, -1),
+        torch.zeros(B),
+        rewards=torch.tensor(rewards),
+    )
 
 
 def test_the_runs_advantage_stage_whitens_over_the_step_and_passes_validation():
@@ -113,16 +119,18 @@ def test_the_runs_advantage_stage_whitens_over_the_step_and_passes_validation():
         validate_batches(bad, 2, vocab_size=128, max_len=64)
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(trainer={"grpo": {"policy_loss": "gspo"}}), "policy_loss='gspo'"),
-    (dict(overlong={"filter": True}), "overlong.filter"),
-    (dict(critic={"model": "/nonexistent/critic"}), "critic.model"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(trainer={"grpo": {"policy_loss": "gspo"}}), "policy_loss='gspo'"),
+        (dict(overlong={"filter": True}), "overlong.filter"),
+        (dict(critic={"model": "/nonexistent/critic"}), "critic.model"),
+    ],
+)
 def test_ppo_config_errors_name_the_key(change, message, tmp_path):
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PPOConfig),
-                                              {"output_dir": str(tmp_path), **change}))
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PPOConfig), {"output_dir": str(tmp_path), **change}))
     with pytest.raises(ConfigError, match=message):
         PPORun(cfg).prepare()
     with pytest.raises(ValueError, match="ppo.gamma"):
@@ -138,8 +146,9 @@ def test_one_sample_per_prompt_is_ppos_default_and_refused_for_grpo(tmp_path):
     ppo = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PPOConfig), {"output_dir": str(tmp_path / "p")}))
     assert ppo.group_size == 1
     PPORun(ppo).prepare()
-    grpo = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GRPOConfig),
-                                               {"output_dir": str(tmp_path / "g"), "group_size": 1}))
+    grpo = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(GRPOConfig), {"output_dir": str(tmp_path / "g"), "group_size": 1})
+    )
     with pytest.raises(ConfigError, match=r"group_size=1: GRPO's advantage .* set group_size >= 2"):
         GRPORun(grpo).prepare()
 
@@ -149,9 +158,15 @@ def test_the_critic_takes_the_trainers_placement_settings_and_its_own_optimizer(
 
     from forge_rl.recipes.ppo import critic_config
 
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PPOConfig), {
-        "trainer": {"dtype": "bfloat16", "parallel": {"tp": 2}, "lora": {"rank": 8}, "checkpoint_dir": "/ck"},
-        "critic": {"optim": {"lr": 3e-4}}}))
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(
+            OmegaConf.structured(PPOConfig),
+            {
+                "trainer": {"dtype": "bfloat16", "parallel": {"tp": 2}, "lora": {"rank": 8}, "checkpoint_dir": "/ck"},
+                "critic": {"optim": {"lr": 3e-4}},
+            },
+        )
+    )
     cfg.trainer.release_memory_after_step = True  # what the run sets when colocated on a GPU
     c = critic_config(cfg, "/models/rm")
     assert (c.model, c.optim.lr, c.checkpoint_dir) == ("/models/rm", 3e-4, "/ck/critic")

@@ -11,8 +11,11 @@ import pytest
 
 from forge_rl.rewards.sandbox import SandboxLimits, code_tests, extract_code, run_sandboxed
 
-WHY_NOT = ("bubblewrap (bwrap) is not installed: apt-get install bubblewrap (.ci/run installs it)"
-           if shutil.which("bwrap") is None else None)
+WHY_NOT = (
+    "bubblewrap (bwrap) is not installed: apt-get install bubblewrap (.ci/run installs it)"
+    if shutil.which("bwrap") is None
+    else None
+)
 
 
 @pytest.fixture(autouse=True)
@@ -21,6 +24,7 @@ def bwrap():
         if os.environ.get("FORGE_RL_REQUIRE_SANDBOX"):  # CI installs bubblewrap: there, a skip would hide a failure
             pytest.fail(f"FORGE_RL_REQUIRE_SANDBOX is set but {WHY_NOT}")
         pytest.skip(WHY_NOT)
+
 
 LIMITS = SandboxLimits(wall_s=3, cpu_s=1, memory_mb=256, file_mb=4, output_bytes=1 << 16)
 
@@ -33,19 +37,26 @@ def leftovers(marker: str) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("name, code, reason", [
-    ("fork bomb", "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass", "timeout"),
-    ("infinite loop", "while True: pass", "cpu_limit"),
-    ("sleeps past the wall clock", "import time; time.sleep(60)", "timeout"),
-    ("reads the project", f"print(open({os.path.abspath(__file__)!r}).read())", "error"),
-    ("reads the user's home", "import os; print(os.listdir('/root/.ssh'))", "error"),
-    ("opens a socket", "import socket; socket.create_connection(('10.1.2.3', 80), timeout=2)", "error"),
-    ("fills the disk", "f = open('/tmp/fill', 'wb')\nwhile True: f.write(b'0' * (1 << 20))", "error"),
-    ("writes outside the scratch directory", "open('/usr/owned', 'w').write('x')", "error"),
-    ("allocates too much", "x = bytearray(1 << 30)", "memory_limit"),
-    ("floods its output", "import sys\nwhile True: sys.stdout.write('x' * 65536)", "output_limit"),
-    ("kills its parent", "import os, signal; os.kill(os.getppid(), signal.SIGKILL); import time; time.sleep(60)", None),
-])
+@pytest.mark.parametrize(
+    "name, code, reason",
+    [
+        ("fork bomb", "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass", "timeout"),
+        ("infinite loop", "while True: pass", "cpu_limit"),
+        ("sleeps past the wall clock", "import time; time.sleep(60)", "timeout"),
+        ("reads the project", f"print(open({os.path.abspath(__file__)!r}).read())", "error"),
+        ("reads the user's home", "import os; print(os.listdir('/root/.ssh'))", "error"),
+        ("opens a socket", "import socket; socket.create_connection(('10.1.2.3', 80), timeout=2)", "error"),
+        ("fills the disk", "f = open('/tmp/fill', 'wb')\nwhile True: f.write(b'0' * (1 << 20))", "error"),
+        ("writes outside the scratch directory", "open('/usr/owned', 'w').write('x')", "error"),
+        ("allocates too much", "x = bytearray(1 << 30)", "memory_limit"),
+        ("floods its output", "import sys\nwhile True: sys.stdout.write('x' * 65536)", "output_limit"),
+        (
+            "kills its parent",
+            "import os, signal; os.kill(os.getppid(), signal.SIGKILL); import time; time.sleep(60)",
+            None,
+        ),
+    ],
+)
 def test_hostile_code_ends_with_a_reason_and_leaves_nothing(name, code, reason):
     marker = f"marker_{uuid.uuid4().hex}"
     start = time.monotonic()
@@ -93,8 +104,10 @@ def test_code_tests_reward_scores_solutions_by_the_rows_tests():
 
 
 def test_a_fork_bomb_is_capped_at_the_process_limit():
-    code = ("import os, time\nn = 0\nwhile n < 1000:\n    try:\n        pid = os.fork()\n    except OSError:\n"
-            "        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    n += 1\nprint(n)\n")
+    code = (
+        "import os, time\nn = 0\nwhile n < 1000:\n    try:\n        pid = os.fork()\n    except OSError:\n"
+        "        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    n += 1\nprint(n)\n"
+    )
     result = run_sandboxed(code, SandboxLimits(wall_s=5, processes=16))
     assert result.ok, result
     assert int(result.stdout) < 16  # the host's process table is safe, whatever user the caller is

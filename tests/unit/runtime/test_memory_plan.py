@@ -6,17 +6,44 @@ import json
 import pytest
 
 from forge_rl.config import ConfigError
-from forge_rl.runtime.memory_plan import (ENGINE_OVERHEAD_GB, GB, LM_HEAD_MEMORY_GB, MARGIN_GB, TRAINER_OVERHEAD_GB,
-                                          ModelShape, main, plan_memory, size_one_gpu)
+from forge_rl.runtime.memory_plan import (
+    ENGINE_OVERHEAD_GB,
+    GB,
+    LM_HEAD_MEMORY_GB,
+    MARGIN_GB,
+    TRAINER_OVERHEAD_GB,
+    ModelShape,
+    main,
+    plan_memory,
+    size_one_gpu,
+)
 
 QWEN3 = dict(model_type="qwen3", vocab_size=151936, num_key_value_heads=8, head_dim=128)
 CONFIGS = {
-    "Qwen3-0.6B": dict(QWEN3, hidden_size=1024, num_hidden_layers=28, intermediate_size=3072, num_attention_heads=16,
-                       tie_word_embeddings=True),
-    "Qwen3-1.7B": dict(QWEN3, hidden_size=2048, num_hidden_layers=28, intermediate_size=6144, num_attention_heads=16,
-                       tie_word_embeddings=True),
-    "Qwen3-8B": dict(QWEN3, hidden_size=4096, num_hidden_layers=36, intermediate_size=12288, num_attention_heads=32,
-                     tie_word_embeddings=False),
+    "Qwen3-0.6B": dict(
+        QWEN3,
+        hidden_size=1024,
+        num_hidden_layers=28,
+        intermediate_size=3072,
+        num_attention_heads=16,
+        tie_word_embeddings=True,
+    ),
+    "Qwen3-1.7B": dict(
+        QWEN3,
+        hidden_size=2048,
+        num_hidden_layers=28,
+        intermediate_size=6144,
+        num_attention_heads=16,
+        tie_word_embeddings=True,
+    ),
+    "Qwen3-8B": dict(
+        QWEN3,
+        hidden_size=4096,
+        num_hidden_layers=36,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        tie_word_embeddings=False,
+    ),
 }
 # Per layer: q h*16*128 (32*4096 for 8B), k and v h*8*128 each, o = q, MLP 3*h*I, two norms 2*h, q/k norms 2*128.
 # 0.6B: embed 151936*1024 = 155,582,464; layer 2,097,152 + 2*1,048,576 + 2,097,152 + 9,437,184 + 2,048 + 256
@@ -57,8 +84,9 @@ def test_small_models_fit_one_80gb_gpu_with_everything_on_it():
         assert plan.kv_tokens == pytest.approx(kv, abs=2)
         # activations with checkpointing: 4*2048 tokens * h * (2*28 + 34) bytes = 0.75 / 1.51 GB, and the fused
         # lm_head's working memory: its 1 GiB budget (the micro-batch's logits would take 4*2048 * 151936 * 10 bytes)
-        assert plan.activations_gb == pytest.approx(4 * 2048 * CONFIGS[name]["hidden_size"] * 90 / GB
-                                                    + LM_HEAD_MEMORY_GB)
+        assert plan.activations_gb == pytest.approx(
+            4 * 2048 * CONFIGS[name]["hidden_size"] * 90 / GB + LM_HEAD_MEMORY_GB
+        )
         assert plan.warnings == []
 
 
@@ -71,16 +99,23 @@ def test_a_ppo_critic_on_the_trainers_gpu_counts_its_16_bytes_per_parameter():
     assert with_critic.gpu_memory_utilization < alone.gpu_memory_utilization
     # four ranks share it
     four = plan_memory(shape("Qwen3-0.6B"), 80e9, trainer_ranks=4, critic_params=p)
-    assert four.trainer_resident_gb - plan_memory(shape("Qwen3-0.6B"), 80e9, trainer_ranks=4).trainer_resident_gb \
-        == pytest.approx(4 * p / GB)
+    assert four.trainer_resident_gb - plan_memory(
+        shape("Qwen3-0.6B"), 80e9, trainer_ranks=4
+    ).trainer_resident_gb == pytest.approx(4 * p / GB)
 
 
 def test_8b_needs_the_optimizer_offloaded_and_is_refused_without_it():
     without = plan_memory(shape("Qwen3-8B"), 80e9, **ONE_GPU)
     # 16 * 8.19B = 131.05 GB of states (+ 1 GB context) on an 80 GB GPU
     assert without.trainer_step_gb == pytest.approx(16 * PARAMS["Qwen3-8B"] / GB + 1) and not without.fits
-    for text in ("Qwen3-8B (8.19B params)", "80.0 GB GPU", "132.1 GB", "fp32 params 32.8 + grads 32.8 + Adam 65.5 GB",
-                 "trainer_procs", "resources.placement: disaggregated"):
+    for text in (
+        "Qwen3-8B (8.19B params)",
+        "80.0 GB GPU",
+        "132.1 GB",
+        "fp32 params 32.8 + grads 32.8 + Adam 65.5 GB",
+        "trainer_procs",
+        "resources.placement: disaggregated",
+    ):
         assert text in without.refusal
     with pytest.raises(ConfigError, match=r"Qwen3-8B .* 132\.1 GB"):
         without.check()
@@ -91,17 +126,35 @@ def test_8b_needs_the_optimizer_offloaded_and_is_refused_without_it():
     assert plan.trainer_step_gb == pytest.approx(8 * PARAMS["Qwen3-8B"] / GB + 1)
     assert plan.gpu_memory_utilization == 0.552  # (80 - 33.76 - 2) / 80 = 0.5530 -> 0.552 after flooring 552.96
     # (0.552*80 - 16.38 GB bf16 weights - 2 GB) / 147,456 bytes = 174,821 tokens
-    assert plan.kv_tokens == pytest.approx((0.552 * 80 - 2 * PARAMS["Qwen3-8B"] / GB - 2) * GB / KV_BYTES["Qwen3-8B"], abs=2)
+    assert plan.kv_tokens == pytest.approx(
+        (0.552 * 80 - 2 * PARAMS["Qwen3-8B"] / GB - 2) * GB / KV_BYTES["Qwen3-8B"], abs=2
+    )
 
 
 def test_an_engine_that_cannot_hold_its_minimum_kv_is_refused_with_the_numbers():
     # 8B offloaded: 174,821 KV tokens; 64 sequences x 4096 = 262,144 do not fit
-    plan = plan_memory(shape("Qwen3-8B"), 80e9, offload_optimizer=True, micro_batch=4, seq_len=2048,
-                       max_model_len=4096, max_num_seqs=64)
+    plan = plan_memory(
+        shape("Qwen3-8B"),
+        80e9,
+        offload_optimizer=True,
+        micro_batch=4,
+        seq_len=2048,
+        max_model_len=4096,
+        max_num_seqs=64,
+    )
     assert not plan.fits
-    for text in ("Qwen3-8B", "33.8 GB", "gpu_memory_utilization 0.552 (44.2 GB)", "16.4 GB", "174,821 tokens",
-                 "262,144", "max_model_len=4096 x max_num_seqs=64", "generator.engine_args.max_model_len",
-                 "generator.engine_args.max_num_seqs", "resources.placement: disaggregated"):
+    for text in (
+        "Qwen3-8B",
+        "33.8 GB",
+        "gpu_memory_utilization 0.552 (44.2 GB)",
+        "16.4 GB",
+        "174,821 tokens",
+        "262,144",
+        "max_model_len=4096 x max_num_seqs=64",
+        "generator.engine_args.max_model_len",
+        "generator.engine_args.max_num_seqs",
+        "resources.placement: disaggregated",
+    ):
         assert text in plan.refusal, text
     # 8B on a 40 GB GPU: even offloaded, a step needs fp32 params + grads = 65.5 GB (+1)
     verdict, on_40 = size_one_gpu(shape("Qwen3-8B"), 40e9, **ONE_GPU)
@@ -188,8 +241,11 @@ def test_a_trainer_sharing_its_gpu_gives_its_cached_memory_back_after_each_step(
     from forge_rl.recipes import startup
     from forge_rl.recipes.grpo_config import GRPOConfig
 
-    for gpus, placement, expected in ((["0", "1", "2", "3"], "colocated", True),
-                                      (["0", "1", "2", "3"], "disaggregated", False), ([], "auto", False)):
+    for gpus, placement, expected in (
+        (["0", "1", "2", "3"], "colocated", True),
+        (["0", "1", "2", "3"], "disaggregated", False),
+        ([], "auto", False),
+    ):
         monkeypatch.setattr(startup, "visible_gpus", lambda gpus=gpus: gpus)
         cfg = GRPOConfig(trainer_procs=2)
         cfg.resources.placement = placement

@@ -33,18 +33,27 @@ def test_derived_split_gives_each_replica_and_rank_its_own_cores():
 
 
 def test_explicit_cores_are_used_as_given():
-    p = plan(list(range(8)), trainer_procs=2, replicas=2, generator_cpus="0-2|3-5", trainer_cpus="6,7", trainer_threads=1)
+    p = plan(
+        list(range(8)), trainer_procs=2, replicas=2, generator_cpus="0-2|3-5", trainer_cpus="6,7", trainer_threads=1
+    )
     assert p.generator_cpus == [[0, 1, 2], [3, 4, 5]] and p.trainer_cpus == [[6], [7]] and p.trainer_threads == 1
 
 
-@pytest.mark.parametrize("cfg,trainer_procs,message", [
-    (dict(placement="disaggregated"), 2, r"resources\.placement=disaggregated needs a core per generator replica"),
-    (dict(generator_cpus="0", trainer_cpus="0", placement="disaggregated"), 1, r"share cores \[0\]"),
-    (dict(generator_cpus="0|1"), 1, r"resources\.generator_cpus='0\|1' lists 2 replicas' cores; generator\.replicas=1"),
-    (dict(trainer_cpus="7"), 1, r"resources\.trainer_cpus names cores \[7\]"),
-    (dict(trainer_cpus="1-x"), 1, r"resources\.trainer_cpus='1-x': expected core ids"),
-    (dict(placement="sideways"), 1, r"resources\.placement='sideways'"),
-])
+@pytest.mark.parametrize(
+    "cfg,trainer_procs,message",
+    [
+        (dict(placement="disaggregated"), 2, r"resources\.placement=disaggregated needs a core per generator replica"),
+        (dict(generator_cpus="0", trainer_cpus="0", placement="disaggregated"), 1, r"share cores \[0\]"),
+        (
+            dict(generator_cpus="0|1"),
+            1,
+            r"resources\.generator_cpus='0\|1' lists 2 replicas' cores; generator\.replicas=1",
+        ),
+        (dict(trainer_cpus="7"), 1, r"resources\.trainer_cpus names cores \[7\]"),
+        (dict(trainer_cpus="1-x"), 1, r"resources\.trainer_cpus='1-x': expected core ids"),
+        (dict(placement="sideways"), 1, r"resources\.placement='sideways'"),
+    ],
+)
 def test_conflicting_settings_name_their_keys(cfg, trainer_procs, message):
     with pytest.raises(ValueError, match=message):
         plan([0, 1], trainer_procs=trainer_procs, **cfg)
