@@ -5,7 +5,8 @@
 Issue 17's workload: a Qwen3-shaped model of 83M parameters (hidden 768, 12 layers, 12 heads, 4 KV heads,
 MLP 2304, random init, the tiny model's character tokenizer), G=8, 4 groups per step, 64 new tokens
 (`ignore_eos`: every response is exactly 64 tokens, so every step and both loops do the same work), the
-zero-advantage filter off (a random model earns almost no reward: the steps still do all their work). On the 2-core CPU machine generation and training
+zero-advantage filter off (a random model earns almost no reward: the steps still do all their work). On the 2-core
+CPU machine generation and training
 each take seconds per step, so where the roles' time goes decides the loop's speed. Each run is
 apps/grpo/main.py in this process, one after the other (per placement, sync then async); prints steps/min
 (training phase), the trainer's and the generator's idle fractions, the stale drops, each run against the best

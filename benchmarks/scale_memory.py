@@ -2,7 +2,8 @@
 
     python -m benchmarks.scale_memory [--size 1b|0.6b|debug] [--no-train] [--seqs 2] [--tokens 32]
 
-Needs root and the test Slurm cluster's packages (tests/support/slurm_cluster.py; `make setup-slurm`). It writes a random-init
+Needs root and the test Slurm cluster's packages (tests/support/slurm_cluster.py; `make setup-slurm`). It writes a
+random-init
 Qwen3-shaped checkpoint (bf16 safetensors, several files) into a temp dir, starts a Slurm cluster of network-namespace
 hosts (a login host and three nodes, each node with a /dev/shm of its own), and from a controller on the login host
 runs, through the same launcher as `launcher.kind=slurm`: a trainer of 2 ranks on 2 nodes (FSDP2 across hosts, fp32
@@ -84,7 +85,7 @@ def write_checkpoint(out: Path, size: str) -> int:
         layer = name.split(".")[2] if ".layers." in name else "x"
         files.setdefault("x" if layer == "x" else str(int(layer) // 4), {})[name] = shape
     total = 0
-    for i, (key, shapes) in enumerate(sorted(files.items())):
+    for i, (_, shapes) in enumerate(sorted(files.items())):
         part = {
             n: (torch.ones(s) if n.endswith("norm.weight") else torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)
             for n, s in shapes.items()

@@ -193,7 +193,7 @@ def print_report(r: dict) -> None:
             f"held-out accuracy {r['eval_first']:.1%} at the start -> {r['eval_last']:.1%} at the end; "
             f"{r['steps_per_min']:.1f} steps/min (replica respawns included)"
         )
-    print(f"\n| process | RSS after warm-up (MiB) | RSS at the end (MiB) | change |\n|---|---|---|---|")
+    print("\n| process | RSS after warm-up (MiB) | RSS at the end (MiB) | change |\n|---|---|---|---|")
     for role in sorted(set(r["rss_warm"]) | set(r["rss_end"])):
         warm, end = r["rss_warm"].get(role), r["rss_end"].get(role)
         change = f"{(end / warm - 1):+.1%}" if warm and end else "-"

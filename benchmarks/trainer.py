@@ -15,7 +15,8 @@ that are the model's own (so the step trains: ratio 1, nothing clipped), AdamW, 
   called by the controller as a run calls it; its time includes the call.
 
 Each side runs `--warmup` steps, then `--steps` timed steps (the mean is reported); on a CPU the sides take their
-steps in turn (a plain step, a forge_rl step, ...), so that the load of a shared machine falls on both alike. tokens/s counts every token of the
+steps in turn (a plain step, a forge_rl step, ...), so that the load of a shared machine falls on both alike.
+tokens/s counts every token of the
 batch. MFU (GPU only) = (6 N + 6 L T d) FLOPs per token / the GPU's dense bf16 peak, where N is every parameter
 (the tied embedding counted once, as the lm_head's matmul), L layers, T the sequence length and d the attention
 width (heads x head_dim): the causal attention's forward and backward. Peak memory: the GPU's peak reserved, or on

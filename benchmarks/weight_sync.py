@@ -5,7 +5,8 @@
 Same host: a writer proc publishes version v (full tensors), a reader proc prefetches v and loads it
 (zero-copy views of the version in shared memory): that is the store's end-to-end. The reader then
 copies the views into its own preallocated tensors (what a generator materialising weights does),
-shown as a second end-to-end. Compared with a plain torch copy_ of the same tensors in the reader proc. Across hosts: two Monarch ProcessJob
+shown as a second end-to-end. Compared with a plain torch copy_ of the same tensors in the reader proc. Across
+hosts: two Monarch ProcessJob
 "hosts" on this machine; the reader prefetches over Monarch RDMA (TCP fallback without InfiniBand).
 Shared memory per host is sampled throughout and must stay <= keep_versions x model bytes.
 """

@@ -121,7 +121,8 @@ def main() -> None:
     from rich.table import Table
 
     t = Table(
-        title=f"weight sync GPU -> shm -> GPU, {torch.cuda.get_device_name()}, {os.cpu_count()} CPUs (GB/s = 1e9 B/s, median)"
+        title=f"weight sync GPU -> shm -> GPU, {torch.cuda.get_device_name()}, {os.cpu_count()} CPUs "
+        "(GB/s = 1e9 B/s, median)"
     )
     for col in (
         "model",

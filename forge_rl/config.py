@@ -20,7 +20,8 @@ import math
 import types
 import typing
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import (

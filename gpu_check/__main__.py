@@ -7,7 +7,8 @@ It first says which tiers this host can run and why not the others (gpu_check/ti
 2. no-vLLM (tests/gpu/test_gpu.py, with vLLM made unimportable for every process it starts): a FSDP2 bf16 step of a
    Qwen3-0.6B-shaped model with fp32 master weights over NCCL and its peak GPU memory against the memory plan,
    both publish paths from CUDA, the critic; then the trainer's step against a plain transformers loop at equal work
-   at Qwen3-0.6B and -1.7B shapes (benchmarks/trainer.py, its table in OUT/trainer.md). It needs no vLLM, so a host with a site PyTorch of another version
+   at Qwen3-0.6B and -1.7B shapes (benchmarks/trainer.py, its table in OUT/trainer.md). It needs no vLLM, so a host
+   with a site PyTorch of another version
    and a wheelhouse install runs it (docs/getting_started.md). Without CUDA it runs on CPU with a small model as
    a logic check of the same code, and says the GPU part did not run.
 3. vLLM, where CUDA is visible and vLLM imports with this torch (vLLM pins one torch): vLLM's behaviour logprobs

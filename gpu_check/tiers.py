@@ -142,7 +142,7 @@ def import_error(statement: str) -> str | None:
     """`statement` run in a child process (a torch mismatch can crash it): None when it imports, else the last
     line of its error."""
     out = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True, timeout=600, cwd=REPO)
-    return None if out.returncode == 0 else ((out.stderr.strip().splitlines() or ["exit %d" % out.returncode])[-1])
+    return None if out.returncode == 0 else ((out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1])
 
 
 # What the no-vLLM tier's trainer imports first: Monarch, and TorchTitan's Qwen3 (through forge_rl/deps, which gives

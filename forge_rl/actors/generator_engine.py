@@ -51,7 +51,8 @@ def route_engine_args(cuda: bool, engine_args: dict[str, Any], key: str) -> dict
 def cpu_engine_env(args: dict[str, Any]) -> dict[str, Any]:
     """A CPU engine of one rank pinned to one core runs its model in the EngineCore process ("uni"
     executor). vLLM's CPU platform turns "uni" into "mp" (a Worker process of its own, fed over a
-    shared-memory queue) unless V1 multiprocessing is off; AsyncLLM keeps its EngineCore process either way, so turning it off here only
+    shared-memory queue) unless V1 multiprocessing is off; AsyncLLM keeps its EngineCore process either way, so
+    turning it off here only
     removes the Worker: on one pinned core the engine starts sooner and makes more groups/s (measured in commit
     efefe27). With more than one core (colocated, or unpinned) the Worker is kept: the
     scheduler and the model then run on different cores, which is faster there. An

@@ -8,7 +8,8 @@ data-parallel rank, or None when there are not enough yet.
 
 Groups are kept or dropped whole because their advantages were computed over the whole group: trained
 without some of its episodes, a group's advantages would no longer sum to zero, and the missing episodes'
-baseline share would push every survivor's probability the same way (docs/replay_buffer.md). Every episode that enters leaves as trained or as dropped with a reason, and
+baseline share would push every survivor's probability the same way (docs/replay_buffer.md). Every episode that
+enters leaves as trained or as dropped with a reason, and
 added == trained + dropped + present holds after every call.
 
 The bookkeeping lives in `GroupStore` (plain Python, property-tested); the actor adds the waiting.

@@ -30,7 +30,8 @@ import inspect
 import math
 import re
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from monarch.actor import concurrent_endpoint, endpoint
 
@@ -40,9 +41,9 @@ from forge_rl.rewards.judge import PARSE_TARGET
 from forge_rl.rewards.reward_config import RewardConfig
 from forge_rl.rewards.workers import (
     DEFAULT_MEMORY_MB,
-    RewardCrash,
+    RewardCrash,  # noqa: F401 (re-exported)
     RewardError,  # noqa: F401 (re-exported)
-    RewardOutOfMemory,
+    RewardOutOfMemory,  # noqa: F401 (re-exported)
     RewardPool,
     RewardTimeout,
     default_reward_workers,
@@ -232,7 +233,7 @@ class RewardActor(ForgeActor):
 
         try:
             values = await asyncio.wait_for(call(), self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RewardTimeout(
                 f"reward model {spec.name!r} took longer than reward_timeout_s={self.timeout_s}"
             ) from None

@@ -15,7 +15,8 @@ so one bad request fails alone. A sequence longer than the model's context keeps
 (`fit_completion`). One label: the reward is the logit itself (a Bradley-Terry reward model's score); two:
 softmax's p(label 1), in [0, 1].
 
-A judge is a `Generator` actor (vLLM, one replica) started from the judge's checkpoint with greedy sampling; the reward actor
+A judge is a `Generator` actor (vLLM, one replica) started from the judge's checkpoint with greedy sampling; the
+reward actor
 fills `template` ({prompt}, {completion}), renders it as a user turn with the judge's chat template, and turns the
 judge's text into a number with `parser` (a regex whose first group is a float, or "package.module:function"),
 times `scale`. Text it cannot parse fails the group as `reward_unparsable`, counted like every reward failure

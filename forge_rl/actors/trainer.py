@@ -148,7 +148,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         except (AssertionError, ValueError) as e:
             raise ValueError(
                 f"trainer.parallel (dp_shard={p.dp_shard}, tp={p.tp}, ep={p.ep}) does not fit {self.world} procs: {e}"
-            )
+            ) from None
         dist_utils.set_spmd_backend("partial_dtensor")
         dims.build_mesh()
         return parallelism, dims

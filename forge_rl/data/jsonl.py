@@ -55,7 +55,8 @@ def _messages_of(record: Any, where: str) -> list[dict[str, str]]:
                 raise DatasetFormatError(f"{where}: messages[{i}] has role {m['role']!r}; expected one of {ROLES}")
         if messages[-1]["role"] != "assistant":
             raise DatasetFormatError(
-                f"{where}: the last message must be the assistant's answer (the target), got role {messages[-1]['role']!r}"
+                f"{where}: the last message must be the assistant's answer (the target), got role "
+                f"{messages[-1]['role']!r}"
             )
         if not messages[-1]["content"]:
             raise DatasetFormatError(f"{where}: the assistant's answer (last message) is empty")

@@ -8,7 +8,8 @@
 - `buffers_left_uninitialised(modules)`: `init_states` leaves those modules' own buffers alone (TorchTitan's
   per-module `_init_self_buffers` hook), so that one RoPE cache can stand for every layer's.
 - `build_qwen3_layers`, `build_qwen3_moe_layers`, `qwen3_norm`, `EMBEDDING_INIT`, `LINEAR_INIT`: how TorchTitan's
-  own Qwen3 configs are built (per-layer block configs, the RMSNorm config, its initialisers). forge_rl builds a Qwen3 config from
+  own Qwen3 configs are built (per-layer block configs, the RMSNorm config, its initialisers). forge_rl builds a
+  Qwen3 config from
   any HF config.json with them instead of copying their code; TorchTitan exports only fixed model flavours.
 """
 

@@ -60,7 +60,8 @@ def engine_context():
     return UsageContext.ENGINE_CONTEXT
 
 
-# Engine arguments the configs and docs use, known to be AsyncEngineArgs fields (tests/unit/deps/test_deps.py checks them):
+# Engine arguments the configs and docs use, known to be AsyncEngineArgs fields (tests/unit/deps/test_deps.py
+# checks them):
 # a config that uses only these is checked without importing vLLM (~5 s on a small CPU); any other name is
 # looked up among AsyncEngineArgs' fields.
 COMMON_ENGINE_ARGS = frozenset(

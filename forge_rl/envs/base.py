@@ -21,7 +21,8 @@ Environments are named in config (`env.name`): a key of `ENVIRONMENTS` or "packa
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 ENVIRONMENTS = {"retry": "forge_rl.envs.retry:RetryEnv", "tools": "forge_rl.envs.tools:ToolEnv"}
 

@@ -11,7 +11,8 @@ is handled exactly like SIGINT.
 (its parent, the reward actor, may be SIGKILLed) and the app of an sbatch job, whose starter is Monarch's batch
 runner. When Slurm ends or requeues that job, the runner dies at once (it handles no signal) and the app is
 reparented; a proctrack plugin that follows parents (proctrack/linuxproc) then no longer sees it, so the old
-app lived on beside the requeued job's, on the same node, output directory and /dev/shm (tests/integration/test_slurm.py).
+app lived on beside the requeued job's, on the same node, output directory and /dev/shm
+(tests/integration/test_slurm.py).
 """
 
 import ctypes

@@ -96,7 +96,8 @@ class TurnRenderer:
         lo = max(0, at - 40)
         raise ValueError(
             "the chat template rewrites earlier assistant turns: once more messages follow, the model's own "
-            f"tokens render differently (as generated: {expected[lo : at + 60]!r}; re-rendered: {real[lo : at + 60]!r}), "
+            f"tokens render differently (as generated: {expected[lo : at + 60]!r}; "
+            f"re-rendered: {real[lo : at + 60]!r}), "
             "so a conversation cannot be continued token for token (e.g. Qwen3 strips the reasoning of earlier "
             "turns: set chat_template_kwargs enable_thinking: false, or use a template that keeps it)"
         )

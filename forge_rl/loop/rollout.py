@@ -143,7 +143,7 @@ class Admission:
             self._changed.notify_all()
             try:
                 await asyncio.wait_for(self._changed.wait_for(lambda: self.in_flight == 0), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
         return True
 

@@ -10,7 +10,8 @@ EMBEDDED = ("tiny", "tiny-warm", "tiny-teacher", "tiny-rm", "tiny-moe")
 
 
 def resolve_model_path(model: str) -> str:
-    """ "tiny", "tiny-warm", "tiny-teacher", "tiny-rm", "tiny-moe" -> the embedded models; anything else must be a local HF model
+    """ "tiny", "tiny-warm", "tiny-teacher", "tiny-rm", "tiny-moe" -> the embedded models; anything else must be a
+    local HF model
     directory (nothing is downloaded at run time)."""
     if model == "tiny":
         return str(TINY_MODEL_DIR)

@@ -36,7 +36,7 @@ def run_from_command_line(
         print(e)
         return
     except KeyboardInterrupt:
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     except Exception as e:
         end_on(e, debug)
     if isinstance(summary, dict) and summary.get("interrupted"):  # a run that saved and stopped on a signal

@@ -1,4 +1,5 @@
-"""Rehearse a config's trainer (or PPO's critic, or its reference policy) at full size on this CPU machine: each of its W ranks runs the
+"""Rehearse a config's trainer (or PPO's critic, or its reference policy) at full size on this CPU machine: each of
+its W ranks runs the
 Trainer's own code with fake tensors and a fake process group (forge_rl/rehearsal), and each phase's memory per
 rank is printed beside the memory plan's.
 

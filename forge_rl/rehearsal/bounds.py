@@ -70,7 +70,8 @@ def phase_plan(hf_config: dict, cfg, world: int, seq_len: int, role: str = "trai
 
 
 def findings(result, plan: PhasePlan) -> list[str]:
-    """Every way the rehearsal's ranks broke the plan: a peak above it (by more than TOLERANCE), a transient above one block or shard, a
+    """Every way the rehearsal's ranks broke the plan: a peak above it (by more than TOLERANCE), a transient above
+    one block or shard, a
     tensor not written exactly once. Empty when none."""
     out = [f"{phase}: {problem}" for phase, problems in result.coverage_problems().items() for problem in problems]
     for rank, phases in sorted(result.ranks.items()):

@@ -8,7 +8,8 @@ they would take.
 
 Under `FakeMemory` every tensor the code makes out of nothing (torch.empty, zeros, a model's `to_empty`) is a fake
 tensor (torch's FakeTensorMode), unless it is a few integers the code reads (at most 16 MiB: a device mesh's rank
-table, the indices DTensor computes shard offsets from), and so is everything computed from one: the weights, activations, gradients,
+table, the indices DTensor computes shard offsets from), and so is everything computed from one: the weights,
+activations, gradients,
 optimizer states, gathered parameters. Tensors computed only from real ones stay real: the batches and what the
 code decides from their contents (validation, prompt packing, masks) run as they would. Where real data meets a
 fake tensor in a way whose result's shape depends on the data (a boolean mask indexing a fake tensor), the mask is

@@ -8,7 +8,8 @@ The sandbox (bubblewrap from Debian, `apt-get install bubblewrap`) has
 - a read-only view of the system's interpreter and libraries only (not /root, /home, /work, the project, its
   virtual environment), and one writable scratch directory (/tmp, a tmpfs of `scratch_mb`);
 - rlimits: CPU seconds, address space, processes, file size, open files (run as root, the code runs as
-  `nobody`: root is exempt from the process limit); a wall-clock limit that kills the whole PID namespace; output read up to `output_bytes`.
+  `nobody`: root is exempt from the process limit); a wall-clock limit that kills the whole PID namespace; output
+  read up to `output_bytes`.
 
 Every way a run can end is a `SandboxResult` with a reason: "ok", "error" (non-zero exit), "timeout",
 "cpu_limit", "memory_limit", "output_limit", "killed". Nothing it starts outlives the call.

@@ -153,7 +153,8 @@ class ModelShape:
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
 
     def activation_bytes(self, tokens: int, checkpointing: bool, logits: bool, vocab_shards: int = 1) -> int:
-        """The trainer's activations for `tokens` tokens on one rank of `vocab_shards` TP ranks (the module's formula)."""
+        """The trainer's activations for `tokens` tokens on one rank of `vocab_shards` TP ranks (the module's
+        formula)."""
         h, layers, layer = self.hidden_size, self.num_hidden_layers, self.layer_activation_bytes()
         per_token = 2 * h * layers + layer if checkpointing else layer * layers
         return tokens * (per_token // vocab_shards + (self.vocab_size // vocab_shards * 2 if logits else 0))
@@ -197,7 +198,8 @@ class MemoryPlan:
         line = (
             f"memory plan {self.model} ({self.params / 1e9:.2f}B params) on a {self.gpu_gb:.1f} GB GPU: trainer "
             f"{self.trainer_resident_gb:.1f} GB while generating ({keeps}), {self.trainer_step_gb:.1f} GB states + "
-            f"~{self.activations_gb:.1f} GB activations while stepping; engine weights {self.engine_weights_gb:.1f} GB, "
+            f"~{self.activations_gb:.1f} GB activations while stepping; engine weights "
+            f"{self.engine_weights_gb:.1f} GB, "
             f"gpu_memory_utilization {self.gpu_memory_utilization:.3f} -> {self.kv_tokens:,} KV tokens "
             f"(needs {self.min_kv_tokens:,}: {self.min_kv_what})"
         )
@@ -214,7 +216,8 @@ class MemoryPlan:
             raise ConfigError(
                 f"generator.engine_args.gpu_memory_utilization={user_utilization} gives the engine "
                 f"{user_utilization * self.gpu_gb:.1f} GB of the {self.gpu_gb:.1f} GB GPU, but the trainer keeps "
-                f"{self.trainer_resident_gb:.1f} GB on it while the engine generates ({self.model}, colocated): at most "
+                f"{self.trainer_resident_gb:.1f} GB on it while the engine generates ({self.model}, colocated): "
+                "at most "
                 f"{self.gpu_memory_utilization:.3f}; lower it or leave it out (the memory plan sets it)"
             )
         if (tokens := self.kv_tokens_at(user_utilization)) < self.min_kv_tokens:
@@ -296,7 +299,8 @@ def plan_memory(
     plan.refusal = _refusal(plan, lora)
     if plan.trainer_step_gb + plan.activations_gb + margin_gb > gpu_gb and not plan.refusal:
         plan.warnings.append(
-            f"warning: the trainer's step may not fit: {plan.trainer_step_gb:.1f} GB states + ~{plan.activations_gb:.1f} "
+            f"warning: the trainer's step may not fit: {plan.trainer_step_gb:.1f} GB states + "
+            f"~{plan.activations_gb:.1f} "
             f"GB activations ({micro_batch} x {seq_len} tokens per micro-batch, activation checkpointing "
             f"{'on' if activation_checkpointing else 'off'}) + {margin_gb:.1f} GB margin > {gpu_gb:.1f} GB; lower "
             "trainer.micro_batch_size or set trainer.parallel.activation_checkpointing: true"
@@ -328,7 +332,8 @@ def _refusal(plan: MemoryPlan, lora: bool) -> str:
             f"{head}: the trainer keeps {plan.trainer_resident_gb:.1f} GB while the engine generates, which leaves "
             f"the engine gpu_memory_utilization {plan.gpu_memory_utilization:.3f} "
             f"({plan.gpu_memory_utilization * plan.gpu_gb:.1f} GB) for its weights {plan.engine_weights_gb:.1f} GB + "
-            f"{ENGINE_OVERHEAD_GB:.1f} GB overhead + a KV cache of {plan.kv_tokens:,} tokens ({kv / 1024:.0f} KiB each), "
+            f"{ENGINE_OVERHEAD_GB:.1f} GB overhead + a KV cache of {plan.kv_tokens:,} tokens ({kv / 1024:.0f} "
+            "KiB each), "
             f"fewer than the {plan.min_kv_tokens:,} it needs ({plan.min_kv_what}: "
             f"{plan.min_kv_tokens * kv / GB / plan.tensor_parallel_size:.1f} GB per GPU); lower "
             "generator.engine_args.max_model_len or generator.engine_args.max_num_seqs, "

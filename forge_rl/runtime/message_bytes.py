@@ -15,7 +15,7 @@ messages sent by other processes are not counted.
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Iterator
+from collections.abc import Iterator
 
 
 @dataclass

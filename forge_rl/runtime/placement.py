@@ -86,8 +86,9 @@ class Placement:
         gen = " | ".join(_fmt(c) for c in self.generator_cpus)
         train = " | ".join(_fmt(c) for c in self.trainer_cpus)
         how = "time-shared: the generator pauses while the trainer steps" if self.colocated else "side by side"
+        cores = _fmt(sorted({c for cs in self.generator_cpus + self.trainer_cpus for c in cs}))
         return (
-            f"placement {self.mode} on CPU cores {_fmt(sorted({c for cs in self.generator_cpus + self.trainer_cpus for c in cs}))}"
+            f"placement {self.mode} on CPU cores {cores}"
             f" ({how}): generator replicas [{gen}], trainer ranks [{train}] x {self.trainer_threads} threads"
         )
 

@@ -3,7 +3,8 @@
 Every actor and service in a run gets its proc mesh here: on this host, or on a host mesh the launcher made
 for its role (`hosts={"trainer": HostMesh, ...}`, from a Slurm allocation). On CUDA hosts the provisioner hands out
 GPUs per proc -- exactly the ids the placement plan chose (`gpu_ids`), or else the next free ones -- and pins them
-with CUDA_VISIBLE_DEVICES in the proc's bootstrap, before anything in the proc can initialise CUDA. For meshes that run torch.distributed (the trainer), it sets up the
+with CUDA_VISIBLE_DEVICES in the proc's bootstrap, before anything in the proc can initialise CUDA. For meshes that
+run torch.distributed (the trainer), it sets up the
 torch elastic environment (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK) with monarch.spmd.
 
 `shutdown()` stops every mesh it made and removes the run's shared-memory files

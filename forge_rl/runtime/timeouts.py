@@ -10,7 +10,8 @@ are generous: they are for hangs, not for slow steps.
 import asyncio
 import os
 from dataclasses import dataclass
-from typing import Any, Awaitable
+from typing import Any
+from collections.abc import Awaitable
 
 from forge_rl.errors import RunStopped
 

@@ -120,7 +120,8 @@ def _register_with_cuda(mm: mmap.mmap, writable: bool) -> int | None:
     err = cudart.cudaHostRegister(ptr, len(mm), flags)
     if getattr(err, "value", err) != 0:
         warnings.warn(
-            f"weight store: cudaHostRegister of a {len(mm) >> 20} MiB map failed ({err}); copies stay pageable"
+            f"weight store: cudaHostRegister of a {len(mm) >> 20} MiB map failed ({err}); copies stay pageable",
+            stacklevel=2,
         )
         return None
     return ptr

@@ -56,7 +56,7 @@ def _make(root: Path, size: int, n: int, device: int | None) -> None:
         except OSError as e:  # a full /dev/shm: the next version makes its own pages (or says it is full)
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-            warnings.warn(f"weight store: no spare version file prepared in {root}: {e}")
+            warnings.warn(f"weight store: no spare version file prepared in {root}: {e}", stacklevel=2)
             return
 
 

@@ -15,7 +15,7 @@ from tests.gpu.test_gpu import _trainer_config, model_0_6b  # noqa: F401 (a fixt
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 
 
-def test_vllm_behaviour_logprobs_match_the_trainers_bf16_forward(loop, model_0_6b, tmp_path):
+def test_vllm_behaviour_logprobs_match_the_trainers_bf16_forward(loop, model_0_6b, tmp_path):  # noqa: F811
     """The same tokens under the same weights: vLLM's sampled-token logprobs (bf16 engine) against the trainer's
     bf16 forward. bf16 rounding sets the gap, reported and bounded loosely."""
     trainer, generator = loop.run_until_complete(

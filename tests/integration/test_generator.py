@@ -120,7 +120,8 @@ def test_stop_strings_still_work_without_vllm_detokenizing_by_default(generator)
 
 def test_filler_after_eos_runs_every_response_to_max_tokens_and_masks_the_filler(generator):
     """generator.lengths' requests run to max_tokens whatever the model emits; the text ends at the first
-    end-of-sequence token and the tokens after it are masked (tests/unit/loop/test_lengths.py checks that split on a model
+    end-of-sequence token and the tokens after it are masked (tests/unit/loop/test_lengths.py checks that split on
+    a model
     that ends its answers); the engine's occupancy counts the request's 4 sequences all along."""
     loop, svc = generator
     N = 96  # as long as max_model_len allows: the tail below is a smaller share of a longer request

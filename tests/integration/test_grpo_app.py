@@ -371,7 +371,8 @@ def test_lora_grpo_on_shared_cores_with_a_kl_penalty_moves_and_syncs_only_the_ad
 
 
 def test_a_grpo_run_with_a_kl_to_a_moving_anchor_records_each_steps_reference_version(users_task_run):
-    """reference.follow_every=1, follow_lag=1 (the Reference's own test: tests/integration/test_reference.py): steps 1 and 2 are
+    """reference.follow_every=1, follow_lag=1 (the Reference's own test: tests/integration/test_reference.py):
+    steps 1 and 2 are
     scored by the starting policy (after step 1 the anchor would be version 0 again), step 3 by version 1, step 4 by
     version 2; the metrics say so. The run is users_task_run's: the anchor does not care whose task it is."""
     run, _, _ = users_task_run

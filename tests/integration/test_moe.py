@@ -1,7 +1,8 @@
 """Mixture of experts end to end on the embedded tiny-moe (Qwen3-MoE, 4 experts, top 2): the shipped checkpoint
 rebuilds bit for bit and is the same model in transformers and TorchTitan; expert-parallel trainer ranks match one
 proc and publish the experts in vLLM's per-expert layout, each rank its own experts; a synchronous fp32 GRPO run with
-an EP trainer sees the generator's logprobs to < 1e-4 after every publish (tests/integration/test_moe_grpo.py: its runs start
+an EP trainer sees the generator's logprobs to < 1e-4 after every publish (tests/integration/test_moe_grpo.py: its
+runs start
 their own provisioner); LoRA on MoE is refused by name."""
 
 import pytest
@@ -167,7 +168,10 @@ def test_expert_parallel_ranks_match_one_proc_and_publish_their_own_experts(loop
     def run(cfg, procs):
         trainer = loop.run_until_complete(Trainer.options(procs=procs, spmd=True).as_actor(cfg))
         pushed = loop.run_until_complete(trainer.push_weights.call(procs)) if procs > 1 else None
-        step = lambda s: loop.run_until_complete(trainer.optimizer_step.call(split(make_batch(s), procs))).item(procs=0)
+
+        def step(s):
+            return loop.run_until_complete(trainer.optimizer_step.call(split(make_batch(s), procs))).item(procs=0)
+
         out = [step(0)]
         saved = loop.run_until_complete(trainer.save.call()).item(procs=0)  # DCP, each EP rank its own experts
         out += [step(1), step(2)]

@@ -134,7 +134,7 @@ def test_a_reward_failing_on_its_first_groups_stops_the_run_with_its_error_and_a
 
     message = run(body())
     assert message.startswith(
-        f"reward 'tests.support.hostile_rewards:raises' failed on each of the first 8 groups it scored "
+        "reward 'tests.support.hostile_rewards:raises' failed on each of the first 8 groups it scored "
         "(reward_error), so the run stops: reward 'tests.support.hostile_rewards:raises' raised "
         "ZeroDivisionError: reward failed on purpose; a sample input: prompt="
     )

@@ -1,7 +1,9 @@
-"""GRPO on a real Slurm cluster: slurmctld and three slurmd nodes, each a host of its own (tests/support/slurm_cluster.py).
+"""GRPO on a real Slurm cluster: slurmctld and three slurmd nodes, each a host of its own
+(tests/support/slurm_cluster.py).
 
 The trainer runs on its own node(s) (FSDP across two of them in one test) and the generator on another, so every
-weights version crosses hosts through the weight store's RDMA path. Three ways in, as a user would run them: the interactive controller on the login host
+weights version crosses hosts through the weight store's RDMA path. Three ways in, as a user would run them: the
+interactive controller on the login host
 (sbatch of the workers, attach, reattach to a kept allocation, cancel at exit), one sbatch job running workers
 and controller inside the allocation, and a requeue in the middle of such a job (what preemption does), after
 which the job resumes from its last checkpoint and each node has swept what the killed job left in its /dev/shm.

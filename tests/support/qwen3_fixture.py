@@ -1,4 +1,5 @@
-"""Qwen3's real tokenizer (tests/support/fixtures/qwen3: vocab.json, merges.txt, tokenizer_config.json with the real chat
+"""Qwen3's real tokenizer (tests/support/fixtures/qwen3: vocab.json, merges.txt, tokenizer_config.json with the
+real chat
 template; SOURCE.md says where they come from) on a small random-init Qwen3 with the real 151,936-entry vocabulary,
 built once per test session into a temporary directory. Offline: nothing is downloaded. (head_dim 32: vLLM's CPU
 attention has no kernel for 16.)"""
@@ -50,7 +51,8 @@ def build_qwen3_model(out: Path) -> Path:
 def keep_the_model_from_thinking(weights: Path) -> None:
     """Embeddings (tied to the output) scaled up, so the random model's next-token distribution is peaked, and
     the rows of <think> and </think> zeroed, so they never come near the top: a reply containing </think> is one
-    Qwen3's template rewrites when a user turn follows it (refused, tests/integration/test_qwen3_template.py), and a random
+    Qwen3's template rewrites when a user turn follows it (refused, tests/integration/test_qwen3_template.py), and
+    a random
     model over the full vocabulary does sample it now and then."""
     from safetensors.torch import load_file, save_file
 

@@ -106,7 +106,8 @@ def test_vllm_names():
 
 def test_vllm_route_recording_names():
     """What Keep Routing's CPU recorder (forge_rl/deps/vllm_routes.py) uses of vLLM's MoE layers; the model runner's
-    batch layout is checked against a real engine (tests/unit/models/test_keep_routing.py). In a subprocess: importing vLLM's
+    batch layout is checked against a real engine (tests/unit/models/test_keep_routing.py). In a subprocess:
+    importing vLLM's
     model executor in the test process changes what later engines forked from its procs do (their EngineCore
     processes were left without their VLLM:: names, which the shutdown tests look for)."""
     import subprocess

@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
