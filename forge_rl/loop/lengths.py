@@ -26,7 +26,7 @@ P99_Z = 2.3263478740408408  # the standard normal's 99th percentile
 
 
 @dataclass
-class ResponseLengths:
+class ResponseLengthsConfig:
     median: int = 0  # tokens; 0: off (responses end where the model ends them)
     p99_over_median: float = 9.0  # the tail: the 99th percentile's length over the median's
     min_tokens: int = 1  # the shortest drawn length
@@ -59,7 +59,7 @@ class ResponseLengths:
 class LengthDraws:
     """The response length of each example (`length(example_id)`), drawn as the module doc says."""
 
-    def __init__(self, lengths: ResponseLengths, max_tokens: int):
+    def __init__(self, lengths: ResponseLengthsConfig, max_tokens: int):
         lengths.check(max_tokens)
         self.lengths, self.max_tokens = lengths, max_tokens
 

@@ -8,7 +8,7 @@ from typing import Any
 from forge_rl.actors.generator_modes import SWAP_MODES
 from forge_rl.actors.replay_buffer_config import ReplayBufferConfig
 from forge_rl.envs.base import EnvConfig
-from forge_rl.loop.lengths import ResponseLengths
+from forge_rl.loop.lengths import ResponseLengthsConfig
 from forge_rl.recipes.run_config import RunConfig
 from forge_rl.rewards.overlong import OverlongConfig
 from forge_rl.runtime.placement import ResourcesConfig
@@ -33,7 +33,7 @@ class GeneratorConfig:
     # larger set is not trained on (drops/sampling_mask_over_cap). docs/algorithms.md, "Keep Sampling Mask"
     max_kept_tokens: int = 64
     # drawn, long-tailed response lengths (a workload, e.g. reasoning models' tails): forge_rl/loop/lengths.py
-    lengths: ResponseLengths = field(default_factory=ResponseLengths)
+    lengths: ResponseLengthsConfig = field(default_factory=ResponseLengthsConfig)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from forge_rl.actors.generator_outputs import filler_completion
 from forge_rl.errors import ConfigError
-from forge_rl.loop.lengths import LengthDraws, ResponseLengths
+from forge_rl.loop.lengths import LengthDraws, ResponseLengthsConfig
 from forge_rl.loop.rollout import RolloutStats
 from forge_rl.models import model_path
 from forge_rl.recipes.grpo_checks import check_single_turn_options
@@ -18,20 +18,20 @@ from forge_rl.types import Completion
 
 
 def test_drawn_lengths_have_the_asked_median_and_tail_and_each_example_keeps_its_own():
-    draws = LengthDraws(ResponseLengths(median=40, p99_over_median=9, seed=3), max_tokens=100_000)
+    draws = LengthDraws(ResponseLengthsConfig(median=40, p99_over_median=9, seed=3), max_tokens=100_000)
     lengths = sorted(draws.length(f"ex-{i}") for i in range(20_000))
     p50, p99 = lengths[len(lengths) // 2], lengths[int(0.99 * len(lengths))]
     assert 38 <= p50 <= 42 and 8.0 <= p99 / p50 <= 10.0, (p50, p99)
     assert statistics.mean(lengths) > 1.4 * p50  # a heavy right tail
-    again = LengthDraws(ResponseLengths(median=40, p99_over_median=9, seed=3), max_tokens=100_000)
-    other = LengthDraws(ResponseLengths(median=40, p99_over_median=9, seed=4), max_tokens=100_000)
+    again = LengthDraws(ResponseLengthsConfig(median=40, p99_over_median=9, seed=3), max_tokens=100_000)
+    other = LengthDraws(ResponseLengthsConfig(median=40, p99_over_median=9, seed=4), max_tokens=100_000)
     ids = [f"ex-{i}" for i in range(50)]
     assert [draws.length(i) for i in ids] == [again.length(i) for i in reversed(ids)][::-1]  # whatever the order
     assert [draws.length(i) for i in ids] != [other.length(i) for i in ids]
 
 
 def test_drawn_lengths_stay_within_min_tokens_and_max_tokens():
-    draws = LengthDraws(ResponseLengths(median=12, p99_over_median=9, min_tokens=8, seed=0), max_tokens=112)
+    draws = LengthDraws(ResponseLengthsConfig(median=12, p99_over_median=9, min_tokens=8, seed=0), max_tokens=112)
     lengths = [draws.length(str(i)) for i in range(5_000)]
     assert min(lengths) == 8 and max(lengths) == 112
     assert draws.sampling("7") == dict(max_tokens=draws.length("7"), filler_after_eos=True)
@@ -40,9 +40,9 @@ def test_drawn_lengths_stay_within_min_tokens_and_max_tokens():
 @pytest.mark.parametrize(
     "lengths, match",
     [
-        (ResponseLengths(median=200), "median \\(200\\) <= generator.sampling.max_tokens \\(128\\)"),
-        (ResponseLengths(median=10, min_tokens=20), "min_tokens \\(20\\) <= median \\(10\\)"),
-        (ResponseLengths(median=10, p99_over_median=0.5), "p99_over_median=0.5 must be >= 1"),
+        (ResponseLengthsConfig(median=200), "median \\(200\\) <= generator.sampling.max_tokens \\(128\\)"),
+        (ResponseLengthsConfig(median=10, min_tokens=20), "min_tokens \\(20\\) <= median \\(10\\)"),
+        (ResponseLengthsConfig(median=10, p99_over_median=0.5), "p99_over_median=0.5 must be >= 1"),
     ],
 )
 def test_lengths_that_cannot_be_drawn_are_refused_naming_the_key(lengths, match):
@@ -56,7 +56,7 @@ def test_lengths_that_cannot_be_drawn_are_refused_naming_the_key(lengths, match)
 def test_lengths_refuse_overlong_and_environments_and_stale_in_flight_takes_two_values():
     cfg = GRPOConfig()
     cfg.generator.sampling["max_tokens"] = 64
-    cfg.generator.lengths = ResponseLengths(median=16)
+    cfg.generator.lengths = ResponseLengthsConfig(median=16)
     cfg.overlong.filter = True
     with pytest.raises(ConfigError, match="overlong"):
         check_single_turn_options(cfg)
@@ -64,7 +64,7 @@ def test_lengths_refuse_overlong_and_environments_and_stale_in_flight_takes_two_
     cfg.env.name = "retry"
     with pytest.raises(ConfigError, match="generator.lengths applies to single-turn rollouts"):
         check_single_turn_options(cfg)
-    cfg.generator.lengths = ResponseLengths()
+    cfg.generator.lengths = ResponseLengthsConfig()
     cfg.stale_in_flight = "requeue"
     with pytest.raises(ConfigError, match="stale_in_flight=requeue applies to single-turn"):
         check_single_turn_options(cfg)
