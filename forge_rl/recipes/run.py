@@ -7,6 +7,7 @@ it, the hosts its roles run on, a timeline of what each role did, and the start/
 
 GRPORun (and PPO and distillation through it) and SFTRun are the two users."""
 
+import abc
 import asyncio
 import contextlib
 import copy
@@ -20,7 +21,7 @@ from forge_rl.loop.run_folder import RunClaim, claim_output_dir
 from forge_rl.observability.timeline import Timeline
 
 
-class RecipeRun:
+class RecipeRun(abc.ABC):
     """A run's shared skeleton. Subclasses define `prepare` and `start_roles`, and may extend `stop`."""
 
     def __init__(self, cfg):
@@ -34,13 +35,13 @@ class RecipeRun:
         self.timeline = Timeline()  # each role's busy spans: output_dir/timeline.{json,png}
         self._stack: contextlib.AsyncExitStack | None = None
 
+    @abc.abstractmethod
     def prepare(self) -> None:
         """Everything that needs no actor: config checks, paths, data, the output folder."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def start_roles(self, hosts: dict) -> None:
         """Start the run's actors on `hosts` (empty: this host) and resume when asked to."""
-        raise NotImplementedError
 
     def claim_output(self, checkpoint_dir: Path, algorithm: str) -> None:
         """Claim output_dir for this run (or refuse, in one line), say what the claim noticed, and write the
