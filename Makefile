@@ -5,13 +5,23 @@ DEMO := overwrite=true
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
+EXTRAS_STAMP := $(VENV)/.forge_rl-extras-done
 
-.PHONY: setup setup-slurm demo demo-ppo demo-rm demo-multiturn demo-distill demo-lora demo-moe test test-fast lint format gpu-check wheelhouse clean
+.PHONY: setup setup-extras setup-slurm demo demo-ppo demo-rm demo-multiturn demo-distill demo-lora demo-moe test test-fast lint format gpu-check wheelhouse clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
+
+# The optional integrations (pyproject.toml: envs, agents) the tests exercise against the real packages;
+# `make demo` does not need them.
+setup-extras: $(EXTRAS_STAMP)
+
+$(EXTRAS_STAMP): $(STAMP)
+	$(PY) -m pip install --disable-pip-version-check -q -e ".[envs,agents]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -c 'import reasoning_gym, openenv, verifiers, openai, vllm'
+	touch $(EXTRAS_STAMP)
 
 demo: setup
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny.yaml $(DEMO) $(ARGS)
@@ -34,10 +44,10 @@ demo-lora: setup  # GRPO training LoRA adapters, adapter-only weight sync (confi
 demo-moe: setup  # GRPO on a mixture-of-experts model, tiny-moe (Qwen3-MoE in TorchTitan and vLLM; configs/grpo/tiny_moe.yaml)
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny_moe.yaml $(DEMO) $(ARGS)
 
-test: setup lint
+test: setup-extras lint
 	$(PY) -m pytest $(ARGS)
 
-test-fast: setup lint  # unit tests only (no procs, engines or ranks): what to run while developing (CONTRIBUTING.md)
+test-fast: setup-extras lint  # unit tests only (no procs, engines or ranks): what to run while developing (CONTRIBUTING.md)
 	$(PY) -m pytest -m "not integration" $(ARGS)
 
 lint: setup  # the formatter's check and the linter (ruff, configured in pyproject.toml); `make format` fixes the first
