@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from collections.abc import Sequence
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import (
     ConfigKeyError,
@@ -113,8 +114,12 @@ def _read_yaml(path: Path) -> DictConfig:
         raise ConfigError(f"config file {path} not found")
     try:
         loaded = OmegaConf.load(path)
-    except Exception as e:  # yaml.YAMLError and friends: keep the parser's position info
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(e)}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read ({e.strerror or e})") from None
     if not isinstance(loaded, DictConfig):
         raise ConfigError(f"config file {path} must hold a mapping of keys, found a {type(loaded).__name__}")
     return loaded
@@ -125,8 +130,22 @@ def _parse_override(item: str) -> DictConfig:
         raise ConfigError(f"command-line override {item!r} is not of the form key=value")
     try:
         return OmegaConf.from_dotlist([item])
+    except yaml.YAMLError as e:  # the value is read as YAML: `key=[1, 2` or `key={a: b`
+        raise ConfigError(
+            f"command-line override {item!r}: its value is not valid YAML ({yaml_problem(e)}); quote it whole "
+            "for the shell, e.g. 'key=[1, 2]'"
+        ) from None
     except OmegaConfBaseException as e:
-        raise ConfigError(f"command-line override {item!r} cannot be parsed: {e}") from None
+        raise ConfigError(f"command-line override {item!r} cannot be parsed: {one_line(e)}") from None
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """What the YAML parser found and where, on one line: "did not find expected ',' or ']' at line 2, column 1"."""
+    problem = getattr(error, "problem", None) or getattr(error, "context", None)
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    if problem is None:
+        return one_line(error)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def _field_types(schema: type) -> dict[str, Any]:

@@ -85,6 +85,27 @@ def test_bad_interpolation_and_bad_files(tmp_path):
         load_config(App, None, ["model"])
 
 
+@pytest.mark.parametrize(
+    "text, override, where",
+    [
+        ("model: m\nengine_args: {a: 1\n", None, "line 3, column 1"),
+        (None, "engine_args={name: x", "line 2, column 1"),
+        (None, "engine_args=[1, 2", "line 2, column 1"),
+        (None, "model=a: b: c", "line 1, column 5"),
+    ],
+)
+def test_yaml_that_does_not_parse_is_one_line_naming_line_and_column(tmp_path, text, override, where):
+    path = None
+    if text is not None:
+        path = tmp_path / "broken.yaml"
+        path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(App, path, [override] if override else ["model=m"])
+    message = str(e.value)
+    assert "\n" not in message and where in message, message
+    assert (str(path) if path else repr(override)) in message and "not valid YAML" in message
+
+
 def test_parse_args_exits_with_message(cfg_file, capsys):
     assert parse_args(App, ["--config", str(cfg_file), "trainer.lr=0.5"]).trainer.lr == 0.5
     with pytest.raises(SystemExit) as e:

@@ -4,6 +4,8 @@ status 1; anything else keeps its traceback. The apps themselves: tests/integrat
 
 from dataclasses import dataclass
 
+from pathlib import Path
+
 import pytest
 from monarch.actor import ActorError
 
@@ -81,8 +83,6 @@ def test_debug_adds_the_traceback_and_a_bug_keeps_it(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "Traceback" in err and err.endswith("forge_rl: steps must be >= 1, got 0\n")
     monkeypatch.delenv("FORGE_RL_DEBUG")
-    with pytest.raises(ZeroDivisionError):  # not the user's: the traceback is the report
-        run_from_command_line(Tiny, _app(ZeroDivisionError("bug")), "tiny", [])
     with pytest.raises(SystemExit) as end:  # a config error on the command line: status 2, one line
         run_from_command_line(Tiny, _app(RuntimeError()), "tiny", ["stepz=3"])
     assert end.value.code == 2
@@ -90,3 +90,26 @@ def test_debug_adds_the_traceback_and_a_bug_keeps_it(capsys, monkeypatch):
         capsys.readouterr().err
         == "forge_rl: unknown config key 'stepz' in command-line override 'stepz=3'; did you mean 'steps'?\n"
     )
+
+
+def test_a_bug_is_one_line_naming_it_and_the_file_its_traceback_went_to(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("FORGE_RL_DEBUG", raising=False)
+    monkeypatch.setattr("forge_rl.recipes.command_line.handle_stop_signals", lambda: None)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    from forge_rl.data.arithmetic import problems
+
+    async def main(cfg):  # a bug inside forge_rl, as an actor reports it: wrapped in Monarch's ActorError
+        try:
+            problems(1, seed=0, max_operand="x")  # randint(0, "x") raises TypeError inside forge_rl
+        except TypeError as e:
+            raise ActorError(e) from None
+
+    with pytest.raises(SystemExit) as end:
+        run_from_command_line(Tiny, main, "tiny", [])
+    assert end.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("forge_rl: an unexpected TypeError in forge_rl/data/arithmetic.py:"), err
+    assert "a bug in forge_rl" in err and "report it" in err
+    log = Path(err.split("its traceback is in ")[1].split(";")[0])
+    assert log.parent == tmp_path and "Traceback" in log.read_text() and "arithmetic.py" in log.read_text()
