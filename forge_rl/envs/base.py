@@ -15,7 +15,11 @@ steps' rewards; group advantages compare whole trajectories. An environment inst
 trajectory, so it may keep state.
 
 Environments are named in config (`env.name`): a key of `ENVIRONMENTS` or "package.module:Class", built with
-`env.args` as keyword arguments.
+`env.args` as keyword arguments. `env.openenv` names an OpenEnv environment instead (forge_rl/envs/openenv.py):
+`env.name` is then "openenv".
+
+`reset` may return chat messages: they replace the task's prompt (an environment that poses its own task, as
+an OpenEnv one's first observation does). `close` is called when the trajectory ends, however it ends.
 """
 
 import importlib
@@ -24,31 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable
 
+from forge_rl.envs.environment import Environment, EnvStep  # noqa: F401 - re-exported: environments import them here
+from forge_rl.envs.openenv_config import EXTRA_MISSING, OpenEnvConfig
+from forge_rl.errors import ConfigError
+
 ENVIRONMENTS = {"retry": "forge_rl.envs.retry:RetryEnv", "tools": "forge_rl.envs.tools:ToolEnv"}
-
-
-@dataclass
-class EnvStep:
-    messages: list[dict[str, str]] = field(default_factory=list)  # the environment's next turn (role, content)
-    reward: float = 0.0  # added to the trajectory's reward
-    done: bool = False
-    solved: bool = False  # the task was solved (what held-out evaluation counts)
-
-
-class Environment:
-    """One trajectory of a multi-turn task. Override `reset` and `step`."""
-
-    @classmethod
-    def chat_template_kwargs(cls, **args: Any) -> dict[str, Any]:
-        """What the chat template gets when the task's prompts are rendered (e.g. `tools`, for a tool-using
-        environment), given the environment's `env.args`."""
-        return {}
-
-    async def reset(self, example: Any) -> None:
-        """Start on `example` (a forge_rl.data.task.TaskExample)."""
-
-    async def step(self, reply: str) -> EnvStep:
-        raise NotImplementedError(f"{type(self).__name__} must override Environment.step(reply) -> EnvStep")
+OPENENV = "openenv"  # env.name when env.openenv is given
+OPENENV_EXTRA = ("openenv", "fastapi", "uvicorn", "websockets", "fastmcp")  # what the `envs` extra installs
 
 
 @dataclass
@@ -57,8 +43,17 @@ class EnvConfig:
     args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the environment's class
     max_turns: int = 2  # model turns per trajectory at most
     max_total_tokens: int = 64  # response tokens per trajectory at most, the environment's included
+    openenv: OpenEnvConfig | None = None  # an OpenEnv environment (forge_rl/envs/openenv.py); sets name "openenv"
 
     def __post_init__(self) -> None:
+        if self.openenv is not None:
+            if self.name not in (None, OPENENV):
+                raise ValueError(f"env.name={self.name!r} and env.openenv: give one (env.openenv sets the name)")
+            if self.args:
+                raise ValueError("env.args: an OpenEnv environment's arguments are env.openenv.args")
+            self.name = OPENENV
+        elif self.name == OPENENV:
+            raise ValueError("env.name=openenv needs the env.openenv section (env.openenv.env or env.openenv.url)")
         if self.max_turns < 1:
             raise ValueError(f"env.max_turns must be >= 1, got {self.max_turns}")
         if self.max_total_tokens < 1:
@@ -71,9 +66,21 @@ class _Factory:
     def __init__(self, cls: type, args: dict[str, Any]):
         self.cls, self.args = cls, args
         self.template_kwargs = cls.chat_template_kwargs(**args)
+        self.failures_in_a_row = 0  # groups the environment failed on since one succeeded (multiturn.py)
 
     def __call__(self) -> Environment:
         return self.cls(**self.args)
+
+
+def _openenv_factory() -> Callable:
+    """forge_rl/envs/openenv_factory.py's factory; a ConfigError naming the extra when openenv is not installed."""
+    try:
+        from forge_rl.envs.openenv_factory import openenv_factory
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] in OPENENV_EXTRA:
+            raise ConfigError(EXTRA_MISSING) from None
+        raise
+    return openenv_factory
 
 
 # The run's settings an environment's class may take (ToolEnv scores its final answer as the reward actor does).
@@ -83,7 +90,10 @@ RUN_SETTINGS = ("reward_timeout_s", "reward_workers", "reward_memory_mb")
 def env_factory(cfg: EnvConfig, run: Any = None) -> Callable[[], Environment]:
     """A function that makes a fresh environment per trajectory. Fails at once (naming the key) on an unknown
     name or arguments the class does not take. `run` (the run's config) gives the class those of its
-    RUN_SETTINGS that its __init__ takes and env.args does not set."""
+    RUN_SETTINGS that its __init__ takes and env.args does not set. With env.openenv, the OpenEnv adapter's
+    factory (forge_rl/envs/openenv.py); given `run`, a served environment's server is started (once per run)."""
+    if cfg.openenv is not None:
+        return _openenv_factory()(cfg, run)
     path = ENVIRONMENTS.get(cfg.name, cfg.name)
     if not path or ":" not in path:
         raise ValueError(f"env.name={cfg.name!r}: use one of {sorted(ENVIRONMENTS)} or 'package.module:Class'")

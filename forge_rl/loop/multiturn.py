@@ -11,11 +11,19 @@ from the whole sequence so far. Model tokens keep their behaviour logprobs and p
 the environment's tokens carry the version of the model token before them, so staleness is the model's.
 Limits: `env.max_turns` model turns and `env.max_total_tokens` response tokens (the environment's included).
 
+An environment whose `reset` returns chat messages poses its own prompt (an OpenEnv environment's first
+observation): the group's first turn is generated from those, rendered by the chat template, and every
+trajectory of the group must get the same ones. Each step's reward is kept (`Episode.metadata["step_rewards"]`);
+the trajectory's reward is their sum. Every environment is closed when its trajectory ends, however it ends.
+
 A failure costs its group, never the run: an environment that raises (building it, `reset`, `step`, rendering
-its messages) drops the group as `env_error`, a generation that fails as `generation_error` (a sequence grown
-too long for the engine as `prompt_too_long`), a reward that fails in its worker (ToolEnv's final answer) under
-its own reason (`reward_timeout`, ...). Each is counted in `RolloutStats.drops` (logged as drops/<reason>) and
-printed as one line. In evaluation the example counts as not solved. A generator proc that died is the run's.
+its messages) drops the group as `env_error` (or the reason an `EnvError` names, e.g. `env_timeout`), a
+generation that fails as `generation_error` (a sequence grown too long for the engine as `prompt_too_long`), a
+reward that fails in its worker (ToolEnv's final answer) under its own reason (`reward_timeout`, ...). Each is
+counted in `RolloutStats.drops` (logged as drops/<reason>) and printed as one line. An environment that fails on
+FAIL_FAST_GROUPS groups in a row, none succeeding in between, stops the run (`EnvFailing`, its latest error): a
+broken environment or a server that died. In evaluation the example counts as not solved. A generator proc that
+died is the run's.
 """
 
 import asyncio
@@ -25,7 +33,9 @@ import torch
 
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.envs.base import EnvConfig, Environment
-from forge_rl.loop.rollout import KEPT_OVER_CAP
+from forge_rl.envs.environment import EVAL_TRAJECTORIES, EnvError
+from forge_rl.errors import RunStopped
+from forge_rl.loop.rollout import FAIL_FAST_GROUPS, KEPT_OVER_CAP
 from forge_rl.losses.advantages import group_advantages
 from forge_rl.rewards.workers import RewardError
 from forge_rl.runtime.replies import replies
@@ -47,6 +57,11 @@ class TurnRenderer:
     def __init__(self, tokenizer, **chat_template_kwargs):
         self.tokenizer, self.kwargs = tokenizer, chat_template_kwargs
         self.eos = tokenizer.eos_token or ""
+
+    def prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """The token ids of a prompt an environment posed (its chat messages), ready for the model's turn."""
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **self.kwargs)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _render(self, conversation: list[dict[str, str]]) -> str:
         return self.tokenizer.apply_chat_template(
@@ -107,6 +122,10 @@ class GenerationError(RuntimeError):
     """The generator failed on a turn (its error is the __cause__); the rollout drops the group."""
 
 
+class EnvFailing(RunStopped):
+    """The environment failed on FAIL_FAST_GROUPS groups in a row: the run stops with its latest error."""
+
+
 async def generate(generator, prompt_ids: list[int], **kwargs) -> list[Completion]:
     """generator.generate, its failures told apart from the environment's (a dead generator proc is the run's)."""
     try:
@@ -124,7 +143,7 @@ def drop_reason(error: Exception) -> str:
     if isinstance(error, GenerationError):
         cause = getattr(error.__cause__, "exception", error.__cause__)
         return "prompt_too_long" if isinstance(cause, PromptTooLong) else "generation_error"
-    if isinstance(error, RewardError):  # the environment's reward function, in its worker (ToolEnv)
+    if isinstance(error, (RewardError, EnvError)):  # ToolEnv's reward in its worker; an environment's own reason
         return error.reason
     return "env_error"  # reset, step, or rendering the environment's messages
 
@@ -186,9 +205,10 @@ class TurnRoutes:
 @dataclass
 class Trajectory:
     completion: Completion | None  # None: an evaluation's example that failed
-    reward: float
+    reward: float  # the sum of step_rewards
     solved: bool
     turns: int
+    step_rewards: tuple[float, ...] = ()  # each environment step's reward, in order
 
 
 async def play(
@@ -209,7 +229,8 @@ async def play(
     kept = KeptSets()  # truncated sampling: each token's kept set, the environment's tokens none
     routes = TurnRoutes()  # Keep Routing: the experts each position was routed to
     history: list[dict[str, str]] = []  # the model's turns and the environment's messages, after the prompt
-    turn, reward, solved, turns = first, 0.0, False, 0
+    turn, solved, turns = first, False, 0
+    step_rewards: list[float] = []
     finish = first.finish_reason
     while True:
         turns += 1
@@ -221,7 +242,7 @@ async def play(
         routes.add_turn(turn)
         finish = turn.finish_reason
         step = await env.step(turn.text)
-        reward += float(step.reward)
+        step_rewards.append(float(step.reward))
         solved = solved or step.solved
         if step.done or turns >= env_cfg.max_turns or not step.messages:
             break
@@ -252,7 +273,7 @@ async def play(
         **kept.fields(),
         **routes.fields(),
     )
-    return Trajectory(completion, reward, solved, turns)
+    return Trajectory(completion, sum(step_rewards), solved, turns, tuple(step_rewards))
 
 
 async def play_group(
@@ -266,18 +287,45 @@ async def play_group(
     max_tokens: int,
     **sampling,
 ) -> list[Trajectory]:
-    """`n` trajectories of one example: the first turns in one engine request, the rest concurrently."""
-    envs = [make_env() for _ in range(n)]
-    await asyncio.gather(*(env.reset(example) for env in envs))
-    first = await generate(generator, prompt_ids, n=n, max_tokens=min(max_tokens, env_cfg.max_total_tokens), **sampling)
-    return list(
-        await asyncio.gather(
-            *(
-                play(env, c, prompt_ids, generator, renderer, env_cfg, max_tokens, **sampling)
-                for env, c in zip(envs, first)
+    """`n` trajectories of one example: the first turns in one engine request, the rest concurrently. The
+    environments are closed when the group ends, however it ends."""
+    envs: list[Environment] = []
+    try:
+        envs += [make_env() for _ in range(n)]
+        posed = await asyncio.gather(*(env.reset(example) for env in envs))
+        prompt_ids = posed_prompt(posed, renderer, example) or prompt_ids
+        budget = min(max_tokens, env_cfg.max_total_tokens)
+        first = await generate(generator, prompt_ids, n=n, max_tokens=budget, **sampling)
+        return list(
+            await asyncio.gather(
+                *(
+                    play(env, c, prompt_ids, generator, renderer, env_cfg, max_tokens, **sampling)
+                    for env, c in zip(envs, first)
+                )
             )
         )
-    )
+    finally:
+        await close_all(envs)
+
+
+def posed_prompt(posed: list, renderer: TurnRenderer, example) -> list[int] | None:
+    """The prompt the environments posed at reset (one for the whole group), as token ids; None: the example's."""
+    if all(p is None for p in posed):
+        return None
+    if any(p != posed[0] for p in posed):
+        raise ValueError(
+            f"the environments of example {example.id}'s group posed different prompts at reset: every trajectory "
+            "of a group must start on the same task (the same seed and reset arguments must give the same one)"
+        )
+    return renderer.prompt(posed[0])
+
+
+async def close_all(envs: list[Environment]) -> None:
+    """Close every environment; a close that fails is printed (one line) and does not hide the group's result."""
+    closed = await asyncio.gather(*(env.close() for env in envs), return_exceptions=True)
+    for error in closed:
+        if isinstance(error, Exception):
+            print(f"environment close failed: {type(error).__name__}: {error}".splitlines()[0][:200], flush=True)
 
 
 async def rollout_env_group(
@@ -305,7 +353,10 @@ async def rollout_env_group(
         # prompt_too_long counts prompts, as in single-turn rollouts; every other reason counts episodes
         stats.drops[reason] = stats.drops.get(reason, 0) + (1 if reason == "prompt_too_long" else group_size)
         stats.drop_log.dropped(example.id, reason, f"{type(e).__name__}: {e}")
+        count_env_failure(make_env, reason, e)
         return None
+    if hasattr(make_env, "failures_in_a_row"):
+        make_env.failures_in_a_row = 0
     stats.generated_tokens += sum(int((~t.completion.env_mask).sum()) for t in trajectories)
     if over := sum(t.completion.kept_over_cap > 0 for t in trajectories):  # trained whole or not at all
         stats.drops[KEPT_OVER_CAP] = stats.drops.get(KEPT_OVER_CAP, 0) + group_size
@@ -333,11 +384,23 @@ async def rollout_env_group(
                 reward=t.reward,
                 rewards={"env": t.reward, "solved": float(t.solved)},
                 advantage=a,
-                metadata={"example": example.id, "turns": t.turns},
+                metadata={"example": example.id, "turns": t.turns, "step_rewards": list(t.step_rewards)},
             )
             for t, a in zip(trajectories, advantages)
         ],
     )
+
+
+def count_env_failure(make_env, reason: str, error: Exception) -> None:
+    """One more group the environment failed on; EnvFailing once FAIL_FAST_GROUPS fail in a row."""
+    if not reason.startswith("env_") or not hasattr(make_env, "failures_in_a_row"):
+        return
+    make_env.failures_in_a_row += 1
+    if make_env.failures_in_a_row >= FAIL_FAST_GROUPS:
+        raise EnvFailing(
+            f"the environment failed on {make_env.failures_in_a_row} groups in a row, none succeeding in between "
+            f"({reason}; latest: {type(error).__name__}: {str(error).strip()[:300]}), so the run stops"
+        ) from None
 
 
 async def rollout_env_from_dataset(
@@ -374,7 +437,13 @@ async def rollout_env_from_dataset(
 
 
 async def evaluate_env(
-    generator, examples, make_env, renderer: TurnRenderer, env_cfg: EnvConfig, max_tokens: int, concurrency: int = 64
+    generator,
+    examples,
+    make_env,
+    renderer: TurnRenderer,
+    env_cfg: EnvConfig,
+    max_tokens: int,
+    concurrency: int = EVAL_TRAJECTORIES,
 ) -> dict:
     """Greedy trajectories of the held-out examples. Returns {"accuracy": fraction solved within
     env.max_turns, "first_turn": fraction solved on the first turn, "reward": mean reward, "turns", "n"}."""
