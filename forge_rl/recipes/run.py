@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from forge_rl.config import to_yaml
+from forge_rl.envs.openenv_server import stop_server
 from forge_rl.launch.launcher import run_hosts
 from forge_rl.loop.run_folder import RunClaim, claim_output_dir
 from forge_rl.observability.timeline import Timeline
@@ -75,10 +76,16 @@ class RecipeRun(abc.ABC):
         return self
 
     async def stop(self) -> None:
-        """Every actor and proc of the run gone, with its shared memory (idempotent)."""
-        if self._stack is not None:
-            stack, self._stack = self._stack, None
-            await asyncio.shield(stack.aclose())
+        """Every actor and proc of the run gone, with its shared memory, and the processes it owns outside its
+        hosts (an OpenEnv server it serves its environment from: env.openenv.serve) (idempotent)."""
+        try:
+            if self._stack is not None:
+                stack, self._stack = self._stack, None
+                await asyncio.shield(stack.aclose())
+        finally:
+            env = getattr(self.cfg, "env", None)  # SFT has none
+            if env is not None:
+                stop_server(env)
 
     async def __aenter__(self):
         return await self.start()
