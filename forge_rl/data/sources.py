@@ -12,6 +12,9 @@ A source is one of
 - "package.module:function": called with `split=`, returning a list or an iterable of dicts. An endless
   iterator is allowed (a generated task); it is read lazily.
 
+"reasoning_gym:NAME" names a reasoning-gym task instead (`is_reasoning_gym_source`): its rows and splits come from
+the task's own settings (forge_rl/data/reasoning_gym.py), so `read_rows` refuses it.
+
 `where` names the row for error messages: "file:line" for JSONL and CSV, "file row i" otherwise. Nothing is
 downloaded: every path is local.
 """
@@ -27,12 +30,27 @@ from typing import Any
 from forge_rl.errors import DataError
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
-__all__ = ["DataError", "FILE_SUFFIXES", "is_callable_source", "read_jsonl", "read_rows"]
+REASONING_GYM_PREFIX = "reasoning_gym:"  # task.source: reasoning_gym:basic_arithmetic
+__all__ = [
+    "DataError",
+    "FILE_SUFFIXES",
+    "REASONING_GYM_PREFIX",
+    "is_callable_source",
+    "is_reasoning_gym_source",
+    "read_jsonl",
+    "read_rows",
+]
+
+
+def is_reasoning_gym_source(source: str) -> bool:
+    return source.startswith(REASONING_GYM_PREFIX)
 
 
 def is_callable_source(source: str) -> bool:
     module, sep, attr = source.partition(":")
-    return bool(sep and attr and module and "/" not in source and not Path(source).exists())
+    return bool(
+        sep and attr and module and "/" not in source and not Path(source).exists()
+    ) and not is_reasoning_gym_source(source)
 
 
 def read_rows(
@@ -40,6 +58,8 @@ def read_rows(
 ) -> list[tuple[str, dict]] | Iterator[tuple[str, dict]]:
     """Every row of `source` (a list), or an iterator for a function that yields rows lazily. A function gets
     `split` and `seed` as keyword arguments where it has parameters of those names."""
+    if is_reasoning_gym_source(source):  # its rows depend on task.reasoning_gym, which only a task has
+        raise DataError(f"data source {source!r}: a reasoning-gym task is a task.source of the RL apps (GRPO, PPO)")
     if is_callable_source(source):
         return _call_source(source, split, seed)
     path = Path(source).expanduser()

@@ -8,6 +8,9 @@
       system_prompt: "Answer with a number."
       held_out: data/test.jsonl            # or a split name of `source`, or held_out_fraction: 0.05
 
+`source: reasoning_gym:NAME` trains on a reasoning-gym task, its rows and both splits made from one seed by
+`task.reasoning_gym` (forge_rl/data/reasoning_gym.py).
+
 Every row becomes a `TaskExample`: an id, the prompt as the row has it, the chat messages given to the
 template (system prompt, few-shot turns, then the prompt), the answer, and every other column. Reward
 functions get those columns as keyword arguments, one value per completion (TRL's convention), so a reward can
@@ -23,7 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge_rl.data.sources import DataError, is_callable_source, read_rows
+from forge_rl.data.reasoning_gym import ReasoningGymConfig, reasoning_gym_splits
+from forge_rl.data.sources import DataError, is_callable_source, is_reasoning_gym_source, read_rows
 
 # Built-in tasks: a name in `task.source` stands for these settings.
 TASKS = {
@@ -52,6 +56,8 @@ class TaskConfig:
     held_out_fraction: float = 0.0  # or: hold out this fraction of `source`'s rows
     split_seed: int = 0  # which rows held_out_fraction takes (independent of the run's seed)
     eval_reward: str | None = None  # the reward whose held-out mean is eval/accuracy; default: the first reward
+    # source reasoning_gym:NAME: the task's config, prompt template and split sizes (split_seed is its seed)
+    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.held_out_fraction < 1.0:
@@ -63,6 +69,18 @@ class TaskConfig:
         for i, shot in enumerate(self.few_shot):
             if not isinstance(shot, dict) or set(shot) != {"prompt", "answer"}:
                 raise ValueError(f"task.few_shot[{i}] must be {{prompt: ..., answer: ...}}, got {shot!r}")
+        if is_reasoning_gym_source(self.source):
+            for key in ("split", "held_out"):
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"task.{key}={getattr(self, key)!r}: a reasoning-gym task's splits are "
+                        "task.reasoning_gym.train_size and held_out_size (of one seed, task.split_seed)"
+                    )
+            if self.held_out_fraction:
+                raise ValueError(
+                    f"task.held_out_fraction={self.held_out_fraction}: a reasoning-gym task holds out "
+                    "task.reasoning_gym.held_out_size questions instead"
+                )
 
     def resolved(self) -> "TaskConfig":
         """This config with a built-in task's name replaced by its settings (those not set here)."""
@@ -185,9 +203,13 @@ class TaskRows:
     def __init__(self, cfg: TaskConfig, seed: int = 0):
         cfg = cfg.resolved()
         self.cfg, self.seed = cfg, seed
-        rows = read_rows(cfg.source, cfg.split, seed)
-        self.streamed = not isinstance(rows, list)
         self._held_out: list[TaskExample] | None = None
+        if is_reasoning_gym_source(cfg.source):  # both splits at once, from one seed (split_seed, not the run's)
+            rows, held_out = reasoning_gym_splits(cfg.source, cfg.reasoning_gym, cfg.split_seed)
+            self._held_out = [to_example(row, where, i, cfg) for i, (where, row) in enumerate(held_out)]
+        else:
+            rows = read_rows(cfg.source, cfg.split, seed)
+        self.streamed = not isinstance(rows, list)
         if self.streamed:
             if cfg.held_out_fraction:
                 raise DataError(

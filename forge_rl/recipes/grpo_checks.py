@@ -18,6 +18,7 @@ from forge_rl.loop.sampling import behaviour_temperature, truncation
 from forge_rl.models import model_path
 from forge_rl.recipes import run_config
 from forge_rl.recipes.grpo_config import GRPOConfig
+from forge_rl.rewards.reasoning_gym import task_rewards
 from forge_rl.runtime.provisioner import visible_gpus
 
 
@@ -62,7 +63,7 @@ def check_config(cfg: GRPOConfig) -> None:
             check_engine_args(spec.engine_args, f"rewards[{i}].engine_args")
             if errors := reward_model_errors(spec):
                 raise ConfigError("; ".join(f"rewards[{i}].{error}" for error in errors))
-    names = [r.name for r in cfg.rewards]
+    names = [r.name for r in task_rewards(cfg)]  # a reasoning-gym task's scorer, where rewards are the default
     if cfg.task.eval_reward is not None and cfg.task.eval_reward not in names:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
 
@@ -71,7 +72,9 @@ def derive_settings(cfg: GRPOConfig) -> None:
     """Fill in the settings that follow from others (after check_config): the trainer's temperature (the
     behaviour policy's), its collective timeout (timeouts.collective_s), the dtype it publishes weights in (the
     engine's, unless set), Dr. GRPO's max_response_len (the generation budget, unless set), and the chat template
-    arguments an environment needs (its tools; the user's own win)."""
+    arguments an environment needs (its tools; the user's own win), and a reasoning-gym task's scorer as the
+    reward where `rewards` are left at their default."""
+    cfg.rewards = task_rewards(cfg)
     cfg.trainer.temperature = behaviour_temperature(
         cfg.generator.sampling, max_kept_tokens=cfg.generator.max_kept_tokens
     )
