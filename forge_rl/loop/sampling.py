@@ -162,3 +162,33 @@ def untrainable(
             f"(generator.sampling.temperature; {TRAINS_ON})"
         )
     return None
+
+
+def check_sampling_values(sampling: dict[str, Any], key: str = "generator.sampling") -> None:
+    """vLLM's own validation of `sampling` (its SamplingParams), in the controller before any engine starts, its
+    refusal re-worded to name the config key: `generator.sampling.top_p=1.5: top_p must be in (0, 1]`. Each option
+    is tried alone first, so the one vLLM refuses is named; then together (options that only conflict as a set).
+    Without vLLM in this process (a controller on a host that runs no engine) the generator checks them at start."""
+    import logging
+
+    logging.disable(logging.WARNING)  # vLLM's import-time warnings would add lines to a one-line error
+    try:
+        from vllm.sampling_params import SamplingParams
+    except ImportError:
+        return
+    finally:
+        logging.disable(logging.NOTSET)
+    for option, value in sampling.items():
+        if why := _refused_by_vllm(SamplingParams, {option: value}):
+            raise ConfigError(f"{key}.{option}={value!r}: {why}")
+    if why := _refused_by_vllm(SamplingParams, sampling):
+        raise ConfigError(f"{key} {dict(sampling)}: {why}")
+
+
+def _refused_by_vllm(params: type, options: dict[str, Any]) -> str | None:
+    try:
+        params(**options)
+    except Exception as e:  # VLLMValidationError for a value out of range, TypeError for one of the wrong type
+        said = " ".join(str(e).split()).split(" (parameter=")[0] or type(e).__name__
+        return f"not a value of the type vLLM's SamplingParams takes ({said})" if isinstance(e, TypeError) else said
+    return None

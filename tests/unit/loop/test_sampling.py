@@ -14,6 +14,7 @@ from forge_rl.loop.sampling import (
     REPRODUCED,
     SET_BY_GENERATOR,
     behaviour_temperature,
+    check_sampling_values,
     truncation,
     untrainable,
 )
@@ -171,3 +172,22 @@ def test_untrainable_without_a_trainer_temperature_checks_only_the_options():
     assert "min_p" in untrainable({"temperature": 0.5, "min_p": 0.1}, None)
     assert untrainable({"temperature": 0.5, "min_p": 0.1}, None, kept_recorded=True) is None
     assert "repetition_penalty" in untrainable({"temperature": 0.5, "repetition_penalty": 1.1}, None, True)
+
+
+@pytest.mark.parametrize(
+    "sampling, line",
+    [
+        ({"temperature": 1.0, "top_p": 1.5}, "generator.sampling.top_p=1.5: top_p must be in (0, 1]"),
+        ({"max_tokens": 0}, "generator.sampling.max_tokens=0: max_tokens must be at least 1"),
+        ({"top_k": "x"}, "generator.sampling.top_k='x': not a value of the type vLLM's SamplingParams takes"),
+        ({"min_p": 2}, "generator.sampling.min_p=2: min_p must be in [0, 1]"),
+    ],
+)
+def test_vllm_refuses_a_sampling_value_naming_the_config_key_on_one_line(sampling, line):
+    with pytest.raises(ConfigError) as e:
+        check_sampling_values(sampling)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value), str(e.value)
+
+
+def test_sampling_vllm_takes_passes():
+    check_sampling_values({"temperature": 0.7, "top_p": 0.95, "top_k": 20, "max_tokens": 8, "stop": ["\n"]})
