@@ -13,7 +13,13 @@
   `forge_rl_reload_weights` reloads, then runs that step for each CPU expert layer (`CPUUnquantizedExperts`).
 - `WorkerExtension`: what a CPU generator's workers get, the reload above and Keep Routing's route recorder
   (forge_rl/deps/vllm_routes.py).
+- `openai_protocol()`: vLLM's pydantic models of the OpenAI API (vllm.entrypoints.openai.*.protocol and
+  vllm.entrypoints.serve.engine.protocol), which the agents' endpoint (forge_rl/agents/server.py) serves, so that
+  forge_rl never writes the OpenAI schema itself; `hermes_tool_parser()`: the parser vLLM ships for Hermes-style
+  tool calls (`<tool_call>{...}</tool_call>`, Qwen3's), vllm.tool_parsers.hermes_tool_parser.
 """
+
+from types import SimpleNamespace
 
 from forge_rl.deps.vllm_routes import RouteRecorder
 
@@ -52,6 +58,42 @@ def engine_dead_error() -> type[Exception]:
     from vllm.v1.engine.exceptions import EngineDeadError
 
     return EngineDeadError
+
+
+def openai_protocol() -> SimpleNamespace:
+    """vLLM's OpenAI request and response models: chat completions, completions, models, errors and usage."""
+    from vllm.entrypoints.openai.chat_completion import protocol as chat
+    from vllm.entrypoints.openai.completion import protocol as completion
+    from vllm.entrypoints.serve.engine import protocol as serve
+    from vllm.entrypoints.generate.base.protocol import FunctionCall, ToolCall
+
+    return SimpleNamespace(
+        ChatCompletionRequest=chat.ChatCompletionRequest,
+        ChatCompletionResponse=chat.ChatCompletionResponse,
+        ChatCompletionResponseChoice=chat.ChatCompletionResponseChoice,
+        ChatMessage=chat.ChatMessage,
+        ChatCompletionLogProbs=chat.ChatCompletionLogProbs,
+        ChatCompletionLogProbsContent=chat.ChatCompletionLogProbsContent,
+        CompletionRequest=completion.CompletionRequest,
+        CompletionResponse=completion.CompletionResponse,
+        CompletionResponseChoice=completion.CompletionResponseChoice,
+        CompletionLogProbs=completion.CompletionLogProbs,
+        ModelCard=serve.ModelCard,
+        ModelList=serve.ModelList,
+        ErrorInfo=serve.ErrorInfo,
+        ErrorResponse=serve.ErrorResponse,
+        UsageInfo=serve.UsageInfo,
+        ToolCall=ToolCall,
+        FunctionCall=FunctionCall,
+    )
+
+
+def hermes_tool_parser() -> type:
+    """vLLM's parser of Hermes-style tool calls (Qwen3's format); made with a tokenizer, it turns a reply's text
+    into OpenAI tool calls (`extract_tool_calls(text, request)`)."""
+    from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+
+    return Hermes2ProToolParser
 
 
 def engine_context():

@@ -17,6 +17,7 @@ from typing import Any
 from forge_rl.data.arithmetic import Problem, chat_prompt
 from forge_rl.rewards.exact_match import exact_match
 from forge_rl.actors.reward import RewardRoleDied
+from forge_rl.agents.evaluation import evaluate_agent
 from forge_rl.envs import env_factory
 from forge_rl.loop.multiturn import TurnRenderer, evaluate_env
 
@@ -155,11 +156,17 @@ async def _one_reward_each(reward, examples, completions, names: list[str], name
     return probe + list(rest)
 
 
-async def evaluate_held_out(cfg, generator, reward, held_out: list, tokenizer, eval_reward: str) -> dict[str, float]:
+async def evaluate_held_out(
+    cfg, generator, reward, held_out: list, tokenizer, eval_reward: str, agents=None
+) -> dict[str, float]:
     """`eval/accuracy`: the mean of the eval reward over the held-out examples, greedy (NaN when the task has
-    none); with an environment (cfg.env), the fraction solved within env.max_turns, and `eval/first_turn`."""
+    none); with an environment (cfg.env), the fraction solved within env.max_turns, and `eval/first_turn`; with an
+    agent (`agents`, cfg.agent.entry), the fraction of its evaluation episodes solved, and `eval/reward`."""
     if not held_out:
         return {"eval/accuracy": float("nan")}
+    if agents is not None:  # one greedy evaluation episode per example, through the run's endpoint
+        result = await evaluate_agent(agents, held_out, reward, cfg.task.eval_reward or cfg.rewards[0].name)
+        return {"eval/accuracy": result["accuracy"], "eval/reward": result["reward"]}
     max_tokens = cfg.generator.sampling.get("max_tokens", 8)
     if cfg.env.name is not None:  # solved within env.max_turns, greedy
         renderer = TurnRenderer(tokenizer, **cfg.chat_template_kwargs)

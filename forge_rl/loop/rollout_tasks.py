@@ -6,6 +6,7 @@ step and run beside the steps until the run lands or stops them."""
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from forge_rl.agents.rollout import rollout_agent_from_dataset
 from forge_rl.envs import env_factory
 from forge_rl.loop.lengths import LengthDraws
 from forge_rl.loop.multiturn import TurnRenderer, rollout_env_from_dataset
@@ -16,9 +17,22 @@ from forge_rl.observability.timeline import Timeline
 LAND_TIMEOUT_S = 60.0  # how long rollouts in flight get to put their groups in the buffer before a checkpoint
 
 
-def rollout_once_of(cfg, tokenizer, *, dataset, generator, buffer, reward, stats) -> Callable[[], Awaitable[bool]]:
-    """One rollout as the config asks for it: a group of single completions scored by the reward actor, or a
-    group of multi-turn trajectories played against `cfg.env`."""
+def rollout_once_of(
+    cfg, tokenizer, *, dataset, generator, buffer, reward, stats, agents=None
+) -> Callable[[], Awaitable[bool]]:
+    """One rollout as the config asks for it: a group of single completions scored by the reward actor, a
+    group of multi-turn trajectories played against `cfg.env`, or a group of an agent's episodes through the run's
+    endpoint (`agents`, forge_rl/agents/rollout.py's AgentRunner, with cfg.agent.entry)."""
+    if cfg.agent.enabled:
+        return lambda: rollout_agent_from_dataset(
+            agents=agents,
+            dataset=dataset,
+            reward=reward,
+            buffer=buffer,
+            group_size=cfg.group_size,
+            stats=stats,
+            scale_advantages_by_std=cfg.scale_advantages_by_std,
+        )
     actors = dict(
         dataset=dataset,
         generator=generator,

@@ -80,6 +80,7 @@ class GRPORun(RecipeRun):
         self.log: MetricsLogger | None = None
         self.trainer = self.generator = self.buffer = self.reward = self.dataset = self.reference = None
         self.rollouts: RolloutTasks | None = None  # from prepare() on
+        self.agents = None  # agent.entry: the endpoint and the agent (forge_rl/agents/rollout.py's AgentRunner)
         self.weights: WeightSync | None = None  # from start() on
         self._step_task: asyncio.Future | None = None  # score + train + publish of the step in flight
         self._started: float | None = None  # the training clock: from the first step (evaluations move it on)
@@ -154,6 +155,7 @@ class GRPORun(RecipeRun):
             )
         gpus = startup.place(self, hosts)
         await self.start_actors(hosts, gpus)
+        self.agents = await startup.start_agents(self)
         self.weights = WeightSync(self.state, cfg, self.generator, self.reference, self.timeline, self._where)
         await startup.resume(self)
 
@@ -287,6 +289,7 @@ class GRPORun(RecipeRun):
             buffer=self.buffer,
             reward=self.reward,
             stats=self.state.rollouts,
+            agents=self.agents,
         )
         self._gen_at_start = await self.generator.stats.route()
         self._gen_busy_start = self._gen_at_start["busy_s"]
@@ -306,7 +309,13 @@ class GRPORun(RecipeRun):
         try:
             with self.timeline.span("generators", "evaluate", step=self.step):
                 scores = await evaluate_held_out(
-                    self.cfg, self.generator, self.reward, self.held_out, self.tokenizer, self.eval_reward_name()
+                    self.cfg,
+                    self.generator,
+                    self.reward,
+                    self.held_out,
+                    self.tokenizer,
+                    self.eval_reward_name(),
+                    agents=self.agents,
                 )
         finally:
             await self.state.admission.pause(False)
@@ -414,6 +423,9 @@ class GRPORun(RecipeRun):
         """Stop the rollouts, every actor and proc of the run, and remove its shared memory (idempotent)."""
         if self.rollouts is not None:
             await self.rollouts.stop()
+        if self.agents is not None:  # after the rollouts: no agent is left calling it
+            agents, self.agents = self.agents, None
+            await agents.close()
         if self.timeline.spans and self.out.is_dir():  # an interrupted run's too
             self.timeline.write(self.out)
         if self.weights is not None:
@@ -448,6 +460,9 @@ class GRPORun(RecipeRun):
     def eval_reward_name(self) -> str:
         if self.cfg.env.name is not None:
             return f"solved within {self.cfg.env.max_turns} turns ({self.cfg.env.name})"
+        if self.cfg.agent.enabled:
+            scored_by = self.cfg.task.eval_reward or self.cfg.rewards[0].name
+            return f"solved by agent {self.cfg.agent.entry} (its reward > 0, or {scored_by})"
         return self.cfg.task.eval_reward or self.cfg.rewards[0].name
 
 

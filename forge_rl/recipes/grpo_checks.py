@@ -9,6 +9,7 @@ from pathlib import Path
 
 from forge_rl.actors.generator_engine import route_engine_args
 from forge_rl.actors.reward import check_reward_columns, reward_model_errors
+from forge_rl.agents.entry import load_entry, require_openai
 from forge_rl.config import ConfigError
 from forge_rl.data.task import TaskRows, check_prompts_fit, first_prompts
 from forge_rl.deps.vllm import check_engine_args
@@ -53,6 +54,7 @@ def check_config(cfg: GRPOConfig) -> None:
             f"generator.sampling.max_tokens={cfg.generator.sampling.get('max_tokens', 16)}"
         )
     check_single_turn_options(cfg)
+    check_agent(cfg)
     if cfg.env.name is not None:
         environment(cfg)  # an unknown name or arguments fail here, naming env.name / env.args
     if cfg.launcher.kind == "slurm":
@@ -110,6 +112,32 @@ def check_single_turn_options(cfg: GRPOConfig) -> None:
     ):
         if on and cfg.env.name is not None:
             raise ConfigError(f"{name} applies to single-turn rollouts; env.name={cfg.env.name!r} is multi-turn")
+
+
+def check_agent(cfg: GRPOConfig) -> None:
+    """agent.entry: the openai package installed, the function importable and taking (example, client), and no
+    setting that the agent's episodes cannot honour."""
+    if not cfg.agent.enabled:
+        return
+    require_openai()
+    load_entry(cfg.agent.entry)
+    if cfg.env.name is not None:
+        raise ConfigError(
+            f"agent.entry={cfg.agent.entry!r} and env.name={cfg.env.name!r}: a run trains one task, an agent or an "
+            "environment; set one of them to null"
+        )
+    refused = {
+        "trainer.keep_routing=true": cfg.trainer.keep_routing,
+        "generator.lengths": cfg.generator.lengths.enabled,
+        "stale_in_flight=requeue": cfg.stale_in_flight == "requeue",
+        "overlong.*": bool(cfg.overlong.filter or cfg.overlong.penalty_cache_len),
+    }
+    for name, on in refused.items():
+        if on:
+            raise ConfigError(
+                f"{name} is not supported with agent.entry (it acts on one engine request per group, and an "
+                "agent's episodes make their own calls); turn it off"
+            )
 
 
 def check_sampling(cfg: GRPOConfig) -> None:

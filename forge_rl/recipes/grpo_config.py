@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge_rl.actors.generator_modes import SWAP_MODES
+from forge_rl.agents.config import AgentConfig
 from forge_rl.actors.replay_buffer_config import ReplayBufferConfig
 from forge_rl.envs.base import EnvConfig
 from forge_rl.loop.lengths import ResponseLengthsConfig
@@ -73,6 +74,9 @@ class GRPOConfig(RunConfig):
     # Multi-turn: an environment answers each model turn (feedback, tool results) until done; it rewards the
     # trajectory, and its tokens are masked out of the loss (forge_rl/envs, forge_rl/loop/multiturn.py)
     env: EnvConfig = field(default_factory=EnvConfig)
+    # An agent written against the openai client (agent.entry): the run serves an OpenAI-compatible endpoint backed
+    # by its generators, and trains on the exact tokens of the agent's calls (forge_rl/agents, docs/agents.md)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)  # DAPO: length penalty, truncation filter
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)

@@ -16,13 +16,16 @@ from forge_rl.actors.replay_buffer import ReplayBuffer
 from forge_rl.actors.reward import RewardActor, judge_engine_args
 from forge_rl.actors.reward_model import RewardModel
 from forge_rl.actors.trainer import Trainer
+from forge_rl.agents.entry import AgentEntry
+from forge_rl.agents.rollout import AgentRunner
+from forge_rl.agents.server import AgentServer, EndpointSettings
 from forge_rl.launch.launcher import weight_server
 from forge_rl.launch.launcher_config import LauncherConfig
 from forge_rl.loop.checkpoint import resume_from_checkpoint
 from forge_rl.loop.train_loop import data_shards
 from forge_rl.models import resolve_model_path
 from forge_rl.observability import MetricsLogger
-from forge_rl.recipes.grpo_checks import dp_size, max_prompt_tokens
+from forge_rl.recipes.grpo_checks import dp_size, max_prompt_tokens, model_len_and_room
 from forge_rl.runtime.memory_plan import ModelShape, gpu_total_bytes, plan_memory
 from forge_rl.runtime.placement import Placement, plan_placement, plan_reward_models
 from forge_rl.runtime.provisioner import visible_gpus
@@ -134,6 +137,31 @@ async def start_actors(run, hosts: dict, gpus: list[str]) -> None:
             if not cfg.eval_size
             else "[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): no evaluations[/yellow]"
         )
+
+
+async def start_agents(run) -> AgentRunner | None:
+    """The agent's OpenAI-compatible endpoint, served from this process on the run's generators, and its function
+    (agent.entry); None without an agent."""
+    cfg = run.cfg
+    if not cfg.agent.enabled:
+        return None
+    settings = EndpointSettings(
+        model_name=cfg.model,
+        sampling=dict(cfg.generator.sampling),
+        max_model_len=model_len_and_room(cfg, run.model_dir)[0],
+        non_prefix=cfg.agent.non_prefix,
+        port=cfg.agent.port,
+        tool_parser=cfg.agent.tool_parser,
+        chat_template_kwargs=dict(cfg.chat_template_kwargs),
+    )
+    server = AgentServer(run.tokenizer, run.generator, settings)
+    entry = AgentEntry(cfg.agent.entry, cfg.agent.episode_timeout_s, cfg.agent.max_concurrent_episodes)
+    await server.start()
+    run.console.print(
+        f"agent {cfg.agent.entry}: OpenAI-compatible endpoint at {server.base_url()} (each episode's client: "
+        f"http://127.0.0.1:{server.port}/episodes/<id>/v1)"
+    )
+    return AgentRunner(server, entry, cfg.agent.max_concurrent_episodes)
 
 
 async def start_reward_models(run) -> dict:

@@ -15,7 +15,7 @@ MAX_APP_LINES = 60
 LAYERS = (
     {"apps"},
     {"forge_rl.recipes", "forge_rl.rehearsal"},
-    {"forge_rl.loop"},
+    {"forge_rl.loop", "forge_rl.agents"},
     {"forge_rl.actors", "forge_rl.envs", "forge_rl.runtime", "forge_rl.launch"},
     {
         "forge_rl.weights",

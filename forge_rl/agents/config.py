@@ -1,0 +1,40 @@
+"""The `agent` section of a run's config: an agent written against the `openai` client, trained through the run's
+OpenAI-compatible endpoint (forge_rl/agents/server.py). Torch-free and vLLM-free, so a config is read and checked
+in a moment; what is checked against the rest of the run is forge_rl/agents/checks.py."""
+
+from dataclasses import dataclass
+
+NON_PREFIX = ("split", "refuse")
+
+
+@dataclass
+class AgentConfig:
+    # "package.module:function", called once per episode as fn(example, client) -> float reward or None (the run's
+    # reward functions then score the episode's final assistant text). null: no agent, no endpoint
+    entry: str | None = None
+    port: int = 0  # the endpoint's loopback port; 0: a free one, chosen at start
+    episode_timeout_s: float = 300.0  # an episode still running after this long fails, and its group is dropped
+    max_concurrent_episodes: int = 64  # episodes running at once, the run's training and evaluation together
+    # a call whose messages do not continue an earlier call's conversation token for token (history edited, context
+    # compacted, a template that re-renders earlier turns): "split" the episode into trajectories that each train on
+    # their own tokens, or "refuse" the call (HTTP 400) and drop the group
+    non_prefix: str = "split"
+    tool_parser: str | None = "hermes"  # tool calls in the model's text -> OpenAI tool_calls (Qwen3); null: none
+
+    def __post_init__(self) -> None:
+        if self.entry is not None and (not isinstance(self.entry, str) or ":" not in self.entry):
+            raise ValueError(f"agent.entry={self.entry!r}: give 'package.module:function'")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port < 65536:
+            raise ValueError(f"agent.port={self.port!r}: give a port number, or 0 for a free one")
+        if not self.episode_timeout_s > 0:
+            raise ValueError(f"agent.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+        if self.max_concurrent_episodes < 1:
+            raise ValueError(f"agent.max_concurrent_episodes must be >= 1, got {self.max_concurrent_episodes}")
+        if self.non_prefix not in NON_PREFIX:
+            raise ValueError(f"agent.non_prefix={self.non_prefix!r}; choose one of {NON_PREFIX}")
+        if self.tool_parser not in (None, "hermes"):
+            raise ValueError(f"agent.tool_parser={self.tool_parser!r}; choose 'hermes' (Qwen3's format) or null")
+
+    @property
+    def enabled(self) -> bool:
+        return self.entry is not None

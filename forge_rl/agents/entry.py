@@ -1,0 +1,118 @@
+"""The agent a run trains: `agent.entry`, a function written against the `openai` client.
+
+    async def solve(example, client: openai.AsyncOpenAI) -> float | None: ...   # runs in the run's event loop
+    def solve(example, client: openai.OpenAI) -> float | None: ...              # runs in a thread of its own
+
+It is called once per episode with the task's example (forge_rl.data.task.TaskExample: prompt, messages, answer,
+columns) and a client whose base URL names the episode (`client.base_url`, for code that wants a URL: e.g.
+http://127.0.0.1:PORT/episodes/t12/v1/). It returns the episode's reward, or None to have the run's reward functions
+score the episode's last reply. An episode that raises, outlives agent.episode_timeout_s, or returns anything but a
+finite number (or None) fails with one line naming it (`EpisodeFailed`).
+"""
+
+import asyncio
+import importlib
+import inspect
+import math
+import numbers
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from forge_rl.errors import ConfigError
+
+EXTRA = "pip install 'forge_rl[agents]'"
+API_KEY = "forge-rl"  # the endpoint checks no key; the openai client wants one
+
+
+class EpisodeFailed(RuntimeError):
+    """An episode that ended without a usable reward; `reason` is the counted drop reason."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def require_openai(key: str = "agent.entry") -> None:
+    """The `openai` package, which agents are given a client of: a ConfigError naming the extra when it is missing."""
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"{key} needs the openai package, which is not installed: {EXTRA}") from None
+
+
+def load_entry(path: str, key: str = "agent.entry") -> Callable:
+    """The function `path` ("package.module:function") names, checked to take (example, client)."""
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise ConfigError(f"{key}={path!r}: give 'package.module:function'")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise ConfigError(f"{key}={path!r}: cannot import {module} ({e})") from None
+    except AttributeError:
+        raise ConfigError(f"{key}={path!r}: {module} has no {name!r}") from None
+    if not callable(fn):
+        raise ConfigError(f"{key}={path!r} is a {type(fn).__name__}, not a function")
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError as e:
+        raise ConfigError(f"{key}={path!r} must take (example, client): {e}") from None
+    except ValueError:  # no signature to read (a builtin): it is called and fails, if it must, per episode
+        pass
+    return fn
+
+
+class AgentEntry:
+    """Runs the agent's function for one episode at a time: its client, its time limit, its result checked."""
+
+    def __init__(self, path: str, timeout_s: float, max_threads: int):
+        require_openai()
+        self.path, self.fn, self.timeout_s = path, load_entry(path), timeout_s
+        self.is_async = inspect.iscoroutinefunction(self.fn)
+        # a sync agent's thread; the default executor's few threads would make episodes wait for each other
+        self.threads = None if self.is_async else ThreadPoolExecutor(max_threads, thread_name_prefix="agent")
+
+    async def run(self, example, base_url: str) -> float | None:
+        """The agent's reward for one episode (None: score its last reply), or EpisodeFailed."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                result = await (self._async(example, base_url) if self.is_async else self._sync(example, base_url))
+        except TimeoutError:
+            raise EpisodeFailed(
+                "agent_timeout", f"agent {self.path} did not return within agent.episode_timeout_s={self.timeout_s}"
+            ) from None
+        except EpisodeFailed:
+            raise
+        except Exception as e:
+            raise EpisodeFailed("agent_error", f"agent {self.path} raised {type(e).__name__}: {e}") from None
+        if result is None:
+            return None
+        if isinstance(result, bool) or not isinstance(result, numbers.Real) or not math.isfinite(float(result)):
+            raise EpisodeFailed(
+                "agent_reward", f"agent {self.path} returned {result!r:.80}; return a finite number or None"
+            )
+        return float(result)
+
+    async def _async(self, example, base_url: str):
+        import openai
+
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=API_KEY, timeout=self.timeout_s, max_retries=0)
+        try:
+            return await self.fn(example, client)
+        finally:
+            await client.close()
+
+    async def _sync(self, example, base_url: str):
+        import openai
+
+        client = openai.OpenAI(base_url=base_url, api_key=API_KEY, timeout=self.timeout_s, max_retries=0)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.threads, self.fn, example, client)
+        finally:
+            client.close()
+
+    def close(self) -> None:
+        """The sync agents' threads: none waits for an agent that still runs (its episode is closed: every call it
+        makes is refused, and its client times out)."""
+        if self.threads is not None:
+            self.threads.shutdown(wait=False, cancel_futures=True)
