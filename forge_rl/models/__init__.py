@@ -32,9 +32,22 @@ def resolve_model_path(model: str) -> str:
     return str(path)
 
 
-def model_path(model: str, key: str = "model") -> str:
+# What each role loads: the trainer trains Qwen3 (dense and MoE) as a causal LM; a reward model is a sequence
+# classifier (one score per sequence); a critic is built on either (its head is replaced by a value head).
+TRAINED_MODEL_TYPES = ("qwen3", "qwen3_moe")
+ROLE_HEADS = {
+    "policy": ("ForCausalLM",),
+    "reference": ("ForCausalLM",),
+    "teacher": ("ForCausalLM",),
+    "reward model": ("ForSequenceClassification",),
+    "critic": ("ForCausalLM", "ForSequenceClassification"),
+}
+
+
+def model_path(model: str, key: str = "model", role: str = "policy") -> str:
     """`resolve_model_path` for a config's `key`, checked before any actor loads it: a directory with an HF model
-    config and weights. What is wrong is a ConfigError naming the key and what to give instead."""
+    config and weights, of an architecture the `role` (a key of ROLE_HEADS) can load. What is wrong is a
+    ConfigError naming the key and what to give instead."""
     where = f"{key}={model!r}"
     fix = f"give a local HF model directory (config.json and weights) or one of {', '.join(EMBEDDED)}"
     if model not in EMBEDDED:
@@ -54,7 +67,30 @@ def model_path(model: str, key: str = "model") -> str:
         raise ConfigError(f"{where}: {path / 'config.json'} has no model_type, so it is not an HF model config; {fix}")
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ConfigError(f"{where}: {path} has no weights (*.safetensors); {fix}")
+    check_role(config, where, role)
     return str(path)
+
+
+def check_role(config: dict, where: str, role: str) -> None:
+    """A ConfigError when the HF config's architecture is not one the `role` loads (a reward model given as the
+    policy, a model type the trainer does not build)."""
+    heads = ROLE_HEADS[role]
+    architectures = config.get("architectures") or []
+    if architectures and not any(a.endswith(head) for a in architectures for head in heads):
+        wanted = " or ".join(f"a *{head} checkpoint" for head in heads)
+        raise ConfigError(
+            f"{where}: its config.json names architecture {', '.join(architectures)}, but the {role} needs {wanted}"
+            + (
+                " (a reward model goes under rewards: - model: ...)"
+                if "ForSequenceClassification" in str(architectures)
+                else ""
+            )
+        )
+    if role != "reward model" and config.get("model_type") not in TRAINED_MODEL_TYPES:
+        raise ConfigError(
+            f"{where}: model_type {config.get('model_type')!r} is not one forge_rl trains "
+            f"({', '.join(TRAINED_MODEL_TYPES)}); give a Qwen3 checkpoint"
+        )
 
 
 def load_tokenizer(model_dir: str, key: str = "model"):

@@ -41,7 +41,7 @@ class DistillRun(GRPORun):
 
     def prepare(self) -> None:
         cfg = self.cfg
-        self.teacher = model_path(cfg.teacher, "teacher")
+        self.teacher = model_path(cfg.teacher, "teacher", role="teacher")
         check_same_tokenizer(model_path(cfg.model), self.teacher)
         if cfg.trainer.grpo.distill_coef <= 0:
             raise ConfigError(f"trainer.grpo.distill_coef={cfg.trainer.grpo.distill_coef}: distillation needs > 0")

@@ -93,7 +93,9 @@ class PPORun(GRPORun):
                 "sequence; PPO's advantages are per token: use 'grpo' (PPO's clip) or 'cispo'"
             )
         super().prepare()
-        self.critic_model = model_path(cfg.critic.model or cfg.model, "critic.model" if cfg.critic.model else "model")
+        self.critic_model = model_path(
+            cfg.critic.model or cfg.model, "critic.model" if cfg.critic.model else "model", role="critic"
+        )
 
     def group_advantages(self) -> bool:
         return False  # the critic is the baseline: one sample per prompt is enough
