@@ -15,7 +15,7 @@ from forge_rl.data.task import TaskRows, check_prompts_fit, first_prompts
 from forge_rl.deps.vllm import check_engine_args
 from forge_rl.envs import env_factory
 from forge_rl.errors import UserError
-from forge_rl.loop.sampling import behaviour_temperature, truncation
+from forge_rl.loop.sampling import behaviour_temperature, check_sampling_values, truncation
 from forge_rl.models import model_path
 from forge_rl.recipes import run_config
 from forge_rl.recipes.grpo_config import GRPOConfig
@@ -61,7 +61,7 @@ def check_config(cfg: GRPOConfig) -> None:
         check_slurm_sizes(cfg)
     for i, spec in enumerate(cfg.rewards):
         if spec.model is not None:  # a reward model's checkpoint must be there before any actor starts
-            model_path(spec.model, f"rewards[{i}].model")
+            model_path(spec.model, f"rewards[{i}].model", role="reward model")
             check_engine_args(spec.engine_args, f"rewards[{i}].engine_args")
             if errors := reward_model_errors(spec):
                 raise ConfigError("; ".join(f"rewards[{i}].{error}" for error in errors))
@@ -161,6 +161,7 @@ def check_sampling(cfg: GRPOConfig) -> None:
         raise ConfigError(
             f"generator.sampling.max_tokens={max_tokens!r}: a response needs at least one token; give an integer >= 1"
         )
+    check_sampling_values(cfg.generator.sampling)  # vLLM's own ranges, before an engine finds them
 
 
 def check_group_size(cfg: GRPOConfig, algorithm: str) -> None:
