@@ -42,7 +42,7 @@ class AdditionEnvironment(Environment):
         self.answer = ""
 
     def reset(
-        self, seed: int | None = None, episode_id: str | None = None, question: str | None = None, **_: Any
+        self, seed: int | None = None, episode_id: str | None = None, question: str | None = None
     ) -> AdditionObservation:
         if question is None:
             rng = random.Random(seed)

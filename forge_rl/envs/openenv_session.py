@@ -43,11 +43,13 @@ class _Thread:
 
     def __init__(self, name: str):
         self.calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.pending = 0  # calls put and not yet finished (one still running after its caller gave up: hung)
         threading.Thread(target=self._run, daemon=True, name=name).start()
 
     async def call(self, fn, *args, **kwargs) -> Any:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        self.pending += 1
         self.calls.put((fn, args, kwargs, loop, future))
         return await future
 
@@ -61,6 +63,7 @@ class _Thread:
                 result, error = fn(*args, **kwargs), None
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
                 result, error = None, e
+            self.pending -= 1
             try:
                 loop.call_soon_threadsafe(_settle, future, result, error)
             except RuntimeError:  # the loop closed while the call ran: nobody waits for it
@@ -113,8 +116,10 @@ class InProcessSession:
         return _seen(await self.thread.call(self.env.step, typed))
 
     async def close(self) -> None:
+        """The environment's close, on its thread; none while a call that timed out still runs there (the
+        environment is stuck inside it, and its thread is abandoned)."""
         try:
-            if self.env is not None:
+            if self.env is not None and not self.thread.pending:
                 await asyncio.wait_for(self.thread.call(self.env.close), CONNECT_TIMEOUT_S)
         finally:
             self.thread.stop()
