@@ -185,6 +185,10 @@ class AgentServer:
 
                 @app.get(f"{prefix}/models")
                 async def models(episode_id: str | None = None):
+                    try:
+                        self._episode(episode_id if episode else None)
+                    except UnknownEpisode as e:
+                        return self._error(str(e), "NotFoundError", 404)
                     return JSONResponse(self.models().model_dump(exclude_none=True))
 
             routes()
@@ -224,34 +228,12 @@ class AgentServer:
         )
         asked = request.max_completion_tokens or request.max_tokens
         completions = await self._generate(record, plan.prompt_ids, request.n or 1, asked, options)
-        parse = bool(tools) and request.tool_choice != "none" and self.settings.tool_parser is not None
-        replies, choices = [], []
-        for i, c in enumerate(completions):
-            text = self._text(c, options, request.skip_special_tokens and not parse, request.include_stop_str_in_output)
-            content, calls = self._tool_calls(text, request) if parse else (text, [])
-            replies.append(
-                reply_of(
-                    c,
-                    self.tokenizer,
-                    self.eos_ids,
-                    assistant_message(content, [t.model_dump() for t in calls]),
-                    content or "",
-                )
-            )
-            choices.append(
-                p.ChatCompletionResponseChoice(
-                    index=i,
-                    message=p.ChatMessage(role="assistant", content=content, tool_calls=calls),
-                    logprobs=p.ChatCompletionLogProbs(content=self._chat_logprobs(c)) if request.logprobs else None,
-                    finish_reason="tool_calls" if calls else c.finish_reason,
-                    token_ids=c.response_ids.tolist() if request.return_token_ids else None,
-                )
-            )
+        replies, choices = zip(*(self.chat_choice(i, c, request, options) for i, c in enumerate(completions)))
         if record is not None:
-            record.record(plan, replies, "chat", messages)
+            record.record(plan, list(replies), "chat", messages)
         response = p.ChatCompletionResponse(
             model=self.settings.model_name,
-            choices=choices,
+            choices=list(choices),
             usage=self._usage(plan.prompt_ids, completions),
             prompt_token_ids=plan.prompt_ids if request.return_token_ids else None,
         )
@@ -307,6 +289,23 @@ class AgentServer:
         return response
 
     # ---- their parts --------------------------------------------------------------------------------------------
+
+    def chat_choice(self, index: int, c, request, options: dict) -> tuple:
+        """One choice of a chat call: what the episode records of it (Reply) and what the agent gets: the reply's
+        text, its tool calls parsed into OpenAI tool_calls when the request has tools, its logprobs if asked."""
+        p = self.protocol
+        parse = bool(request.tools) and request.tool_choice != "none" and self.settings.tool_parser is not None
+        text = self._text(c, options, request.skip_special_tokens and not parse, request.include_stop_str_in_output)
+        content, calls = self._tool_calls(text, request) if parse else (text, [])
+        message = assistant_message(content, [t.model_dump() for t in calls])
+        choice = p.ChatCompletionResponseChoice(
+            index=index,
+            message=p.ChatMessage(role="assistant", content=content, tool_calls=calls),
+            logprobs=p.ChatCompletionLogProbs(content=self._chat_logprobs(c)) if request.logprobs else None,
+            finish_reason="tool_calls" if calls else c.finish_reason,
+            token_ids=c.response_ids.tolist() if request.return_token_ids else None,
+        )
+        return reply_of(c, self.tokenizer, self.eos_ids, message, content or ""), choice
 
     def _mode(self, record: EpisodeRecord | None) -> str:
         return "free" if record is None else ("train" if record.trained else "eval")

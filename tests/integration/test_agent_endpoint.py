@@ -1,0 +1,277 @@
+"""Agents through the run's OpenAI-compatible endpoint (forge_rl/agents), against the real openai client, vLLM and
+TorchTitan: one synchronous fp32 GRPO run on tiny-warm whose agent (`two_turns` below) answers, hears "Wrong. Try
+again." and answers again, driven step by step and shared by every test here. Its second call continues the
+first call's sampled tokens exactly; the trainer's logprobs of its episodes' tokens match the engine's within the
+bound the synchronous fp32 runs hold (tests/integration/test_mismatch.py); an edited history is split or refused;
+tool calls come back as tool_calls; a different sampler is refused by name; and every bad agent ends in one line."""
+
+import asyncio
+import json
+import math
+import socket
+
+import openai
+import pytest
+import torch
+
+from forge_rl.agents.entry import AgentEntry
+from forge_rl.config import load_config
+from forge_rl.loop.rollout import DropLog, RolloutStats
+from forge_rl.recipes.grpo import GRPOConfig, GRPORun
+from forge_rl.types import Completion
+from tests.conftest import REPO
+
+HERE = "tests.integration.test_agent_endpoint"
+SEEN: list[dict] = []  # what two_turns' calls got back: prompt ids and sampled ids of each call
+
+
+async def two_turns(example, client: openai.AsyncOpenAI) -> float:
+    """The run's agent: a try, "Wrong. Try again.", a second try; reward 1 for a right answer on either."""
+    messages = [dict(m) for m in example.messages]
+    calls = []
+    for _ in range(2):
+        reply = await client.chat.completions.create(
+            model="tiny-warm", messages=messages, logprobs=True, extra_body={"return_token_ids": True}
+        )
+        choice = reply.choices[0]
+        calls.append({"prompt": reply.prompt_token_ids, "sampled": choice.token_ids})
+        if (choice.message.content or "").strip() == example.answer:
+            break
+        messages += [
+            {"role": "assistant", "content": choice.message.content},
+            {"role": "user", "content": "Wrong. Try again."},
+        ]
+    SEEN.append({"calls": calls, "url": str(client.base_url)})
+    return float(len(calls) == 1) + 0.5 * float((choice.message.content or "").strip() == example.answer)
+
+
+async def raises(example, client):
+    await client.chat.completions.create(model="m", messages=example.messages)
+    raise ValueError("the agent's own bug")
+
+
+async def hangs(example, client):
+    await asyncio.sleep(3600)
+
+
+async def returns_nan(example, client):
+    await client.chat.completions.create(model="m", messages=example.messages)
+    return math.nan
+
+
+def returns_text(example, client: openai.OpenAI):  # a sync agent: it runs in a thread with a sync client
+    client.chat.completions.create(model="m", messages=example.messages)
+    return "1.0"
+
+
+async def unknown_episode(example, client):
+    wrong = openai.AsyncOpenAI(base_url=str(client.base_url).replace("/episodes/", "/episodes/x"), api_key="k")
+    await wrong.chat.completions.create(model="m", messages=example.messages)
+
+
+async def too_long(example, client):
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1=" * 100}])
+
+
+async def hotter(example, client):
+    await client.chat.completions.create(model="m", messages=example.messages, temperature=0.5)
+    return 1.0
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The shared run: started, two synchronous steps taken. Yields (event loop, run, the steps' lines)."""
+    out = tmp_path_factory.mktemp("agent")
+    cfg = load_config(
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        [
+            f"output_dir={out}",
+            f"agent.entry={HERE}:two_turns",
+            "batch_groups=2",
+            "group_size=2",
+            "rollout_tasks=2",
+            "eval_size=4",
+            "eval_every=0",
+            "buffer.capacity=4",
+            "buffer.drop_zero_advantage=false",
+            "generator.sampling.max_tokens=6",
+            "async_mode=false",
+            "max_policy_age=0",
+            "steps=2",
+            "export_dir=null",
+        ],
+    )
+    loop = asyncio.new_event_loop()
+    grpo = GRPORun(cfg)
+    loop.run_until_complete(grpo.start())
+    try:
+        lines = [loop.run_until_complete(grpo.train_step()) for _ in range(2)]
+        yield loop, grpo, lines
+    finally:
+        port = grpo.agents.server.port if grpo.agents else None
+        loop.run_until_complete(grpo.stop())
+        loop.close()
+        if port is not None:  # nothing left listening
+            with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                pass
+
+
+def test_a_second_call_continues_the_first_calls_sampled_tokens(run):
+    _, _, lines = run
+    two = [s["calls"] for s in SEEN if len(s["calls"]) == 2]
+    assert two, "no episode took a second try"
+    for first, second in two:
+        head = first["prompt"] + first["sampled"]
+        assert second["prompt"][: len(head)] == head  # the engine's own tokens, not re-tokenised text
+    assert len({s["url"] for s in SEEN}) == len(SEEN)  # each episode its own base URL
+    assert all("/episodes/" in s["url"] for s in SEEN)
+    assert all(line["reward/agent_calls"] >= 1 for line in lines if "reward/agent_calls" in line)
+
+
+def test_the_trainers_logprobs_match_the_engines_on_agent_episodes(run):
+    """Synchronous fp32 on both sides: only kernel-order rounding remains (the bound test_mismatch.py holds)."""
+    _, _, lines = run
+    for line in lines:
+        assert line["trainer/mismatch_abs_mean"] < 1e-4 and line["trainer/mismatch_abs_max"] < 1e-3
+
+
+def _episode_calls(run, trained: bool, *conversations, non_prefix: str = "split", **sent):
+    """Calls of one episode through the real openai client, each with the messages `conversation(replies)` makes
+    of the replies so far and the options `sent`. Returns (its record, the replies, or the error that ended them)."""
+    loop, grpo, _ = run
+    server = grpo.agents.server
+    server.settings.non_prefix = non_prefix
+    record = server.open_episode(None, trained)
+    client = openai.AsyncOpenAI(base_url=server.base_url(record), api_key="k", max_retries=0)
+
+    async def calls():
+        got = []
+        for conversation in conversations:
+            try:
+                got.append(await client.chat.completions.create(model="m", messages=conversation(got), **sent))
+            except openai.APIStatusError as e:
+                return got + [e]
+        return got
+
+    try:
+        return record, loop.run_until_complete(calls())
+    finally:
+        server.settings.non_prefix = "split"
+        server.close_episode(record)
+        loop.run_until_complete(client.close())
+
+
+QUESTION = [{"role": "user", "content": "12+34="}]
+
+
+def _asked(got):
+    return QUESTION
+
+
+def _edited(got):
+    return [*QUESTION, {"role": "assistant", "content": "x" + (got[0].choices[0].message.content or "")}, *QUESTION]
+
+
+def test_an_edited_history_splits_the_episode_or_is_refused(run):
+    record, got = _episode_calls(run, True, _asked, _edited)
+    assert all(isinstance(g, openai.types.chat.ChatCompletion) for g in got)
+    assert record.splits == 1 and len(record.trajectories) == 2
+    record, got = _episode_calls(run, True, _asked, _edited, non_prefix="refuse")
+    assert isinstance(got[-1], openai.BadRequestError) and "non_prefix: refuse" in str(got[-1])
+    assert record.failure[0] == "agent_non_prefix" and len(record.trajectories) == 1
+
+
+def test_a_different_sampler_is_refused_by_name_in_training_and_allowed_in_evaluation(run):
+    for field, value, sent in (
+        ("temperature", 0.5, {"temperature": 0.5}),
+        ("top_p", 0.9, {"top_p": 0.9}),
+        ("top_k", 5, {"extra_body": {"top_k": 5}}),
+    ):
+        record, got = _episode_calls(run, True, _asked, **sent)
+        assert isinstance(got[0], openai.BadRequestError), field
+        assert f"{field}={value} differs from the run's generator.sampling.{field}" in str(got[0])
+        assert record.failure[0] == "agent_request"  # the episode's group would be dropped, counted
+    record, got = _episode_calls(run, True, _asked, temperature=1.0)  # the run's own value is fine
+    assert isinstance(got[0], openai.types.chat.ChatCompletion) and record.failure is None
+    record, got = _episode_calls(run, False, _asked, _asked, temperature=0.0)
+    assert got[0].choices[0].message.content == got[1].choices[0].message.content  # evaluation: greedy allowed
+
+
+def test_tool_calls_come_back_as_openai_tool_calls(run):
+    """The tiny model writes no tool call itself, so a reply holding one (Qwen3's Hermes format) is given as the
+    engine's tokens: the endpoint's choice, parsed by vLLM's Hermes parser, validates as the openai client's type.
+    A request with tools is served end to end."""
+    loop, grpo, _ = run
+    server = grpo.agents.server
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    request = server.protocol.ChatCompletionRequest.model_validate({"messages": QUESTION, "tools": tools})
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 12, "b": 34}}\n</tool_call>'
+    ids = server.tokenizer(text, add_special_tokens=False)["input_ids"] + [server.tokenizer.eos_token_id]
+    sampled = Completion(
+        torch.tensor([1]), torch.tensor(ids), torch.zeros(len(ids)), torch.zeros(len(ids), dtype=torch.long), "stop"
+    )
+    reply, choice = server.chat_choice(0, sampled, request, {})
+    response = server.protocol.ChatCompletionResponse(
+        model="m", choices=[choice], usage=server.protocol.UsageInfo()
+    ).model_dump(exclude_none=True)
+    parsed = openai.types.chat.ChatCompletion.model_validate(response).choices[0]
+    assert parsed.finish_reason == "tool_calls" and parsed.message.tool_calls[0].function.name == "add"
+    assert json.loads(parsed.message.tool_calls[0].function.arguments) == {"a": 12, "b": 34}
+    assert reply.raw == text  # the episode keeps what the model wrote, for the next call's continuation
+    _, got = _episode_calls(run, True, _asked, tools=tools)
+    assert isinstance(got[0], openai.types.chat.ChatCompletion)
+
+
+def test_models_completions_and_an_unknown_episode(run):
+    loop, grpo, _ = run
+    server = grpo.agents.server
+    root = openai.AsyncOpenAI(base_url=server.base_url(), api_key="k", max_retries=0)
+    record = server.open_episode(None, True)
+    episode = openai.AsyncOpenAI(base_url=server.base_url(record), api_key="k", max_retries=0)
+
+    async def calls():
+        models = await root.models.list()
+        first = await episode.completions.create(model="m", prompt="12+34=", max_tokens=4)
+        second = await episode.completions.create(model="m", prompt="12+34=" + first.choices[0].text + " 1+1=")
+        with pytest.raises(openai.NotFoundError, match="no open episode 'nope'"):
+            await openai.AsyncOpenAI(
+                base_url=server.base_url().replace("/v1", "/episodes/nope/v1"), api_key="k"
+            ).models.list()
+        return models, first, second
+
+    models, first, second = loop.run_until_complete(calls())
+    assert [m.id for m in models.data] == [grpo.cfg.model]
+    assert record.calls == 2 and len(record.trajectories) == 1 and record.splits == 0  # the second continued
+    server.close_episode(record)
+    loop.run_until_complete(root.close())
+    loop.run_until_complete(episode.close())
+
+
+@pytest.mark.parametrize(
+    "agent, reason, says",
+    [
+        ("raises", "agent_error", "raised ValueError: the agent's own bug"),
+        ("hangs", "agent_timeout", "did not return within agent.episode_timeout_s=2"),
+        ("returns_nan", "agent_reward", "returned nan; return a finite number or None"),
+        ("returns_text", "agent_reward", "returned '1.0'; return a finite number or None"),
+        ("unknown_episode", "agent_error", "no open episode"),
+        ("too_long", "prompt_too_long", "max_model_len"),
+        ("hotter", "agent_request", "temperature=0.5 differs"),
+    ],
+)
+def test_a_bad_agent_costs_its_group_in_one_line(run, agent, reason, says):
+    loop, grpo, _ = run
+    runner = grpo.agents
+    lines: list[str] = []
+    stats = RolloutStats(drop_log=DropLog(write=lines.append))
+    entry, runner.entry = runner.entry, AgentEntry(f"{HERE}:{agent}", timeout_s=2, max_threads=4)
+    try:
+        example = loop.run_until_complete(grpo.dataset.next.call_one())
+        group = loop.run_until_complete(runner.group(example, 2, grpo.reward, stats))
+    finally:
+        runner.entry.close()
+        runner.entry = entry
+    assert group is None and stats.drops[reason] == (1 if reason == "prompt_too_long" else 2)
+    assert len(lines) == 1 and "\n" not in lines[0] and says in lines[0] and f"({reason})" in lines[0], lines
+    assert not runner.server.episodes  # every episode of the group closed
