@@ -17,14 +17,13 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
-from io import StringIO
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
+from tests.support.app_checks import check_in_process
 
 GRPO = ("grpo", "configs/grpo/tiny.yaml")
 SFT = ("sft", "configs/sft/tiny.yaml")
@@ -215,55 +214,11 @@ def run_case(case: Case, out: Path, extra: tuple[str, ...] = ()) -> Result:
     return Result(case, "as the app", proc.returncode, time.perf_counter() - start, proc.stderr, proc.stdout)
 
 
-class PassedEveryCheck(Exception):
-    """Raised in process where the app would go on to start its first actor."""
-
-
-def checks_only(app: str):
-    """The app's schema, and a `main` that runs everything the app does before its first actor (the run's
-    prepare(): its start() calls it first), then raises PassedEveryCheck instead of starting actors."""
-    from forge_rl.recipes.distill import DistillConfig, DistillRun
-    from forge_rl.recipes.grpo import GRPOConfig, GRPORun
-    from forge_rl.recipes.ppo import PPOConfig, PPORun
-    from forge_rl.recipes.sft import SFTConfig, SFTRun
-
-    schema, run_class = {
-        "grpo": (GRPOConfig, GRPORun),
-        "sft": (SFTConfig, SFTRun),
-        "ppo": (PPOConfig, PPORun),
-        "distill": (DistillConfig, DistillRun),
-    }[app]
-
-    async def main(cfg) -> dict:
-        run_class(cfg).prepare()
-        raise PassedEveryCheck(f"{app}: every check before the actors passed")
-
-    return schema, main
-
-
 def run_in_process(case: Case, out: Path) -> Result:
     """The case through the apps' own command line (parse, config, checks, the one line and the exit status) in
     this process: status 0 and "starting actors" on stdout where every check passed."""
-    import traceback
-
-    from forge_rl.recipes.command_line import run_from_command_line
-
-    schema, main = checks_only(case.app[0])
-    stdout, stderr = StringIO(), StringIO()
-    start = time.perf_counter()
-    with redirect_stdout(stdout), redirect_stderr(stderr):
-        try:
-            run_from_command_line(schema, main, case.app[0], argv(case, out))
-            status = 0
-        except SystemExit as e:
-            status = e.code if isinstance(e.code, int) else 1
-        except PassedEveryCheck as e:
-            status = 0
-            print(f"{e}: starting actors", file=stdout)
-        except Exception:  # a bug: what the app would print, its traceback
-            status = 1
-            print(traceback.format_exc(), file=stderr)
-    return Result(case, "in process", status, time.perf_counter() - start, stderr.getvalue(), stdout.getvalue())
+    c = check_in_process(case.app[0], argv(case, out))
+    return Result(case, "in process", c.status, c.seconds, c.stderr, c.stdout)
 
 
 def bad_files(d: Path) -> None:
