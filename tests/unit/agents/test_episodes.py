@@ -53,7 +53,9 @@ def call(record: EpisodeRecord, tokenizer, messages: list[dict], reply_text: str
     plan = record.plan_chat(messages, None, {})
     completion = sampled(tokenizer, plan.prompt_ids, reply_text, **kwargs)
     message = assistant_message(reply_text, [])
-    record.record(plan, [reply_of(completion, tokenizer, {tokenizer.eos_token_id}, message, reply_text)], "chat", messages)
+    record.record(
+        plan, [reply_of(completion, tokenizer, {tokenizer.eos_token_id}, message, reply_text)], "chat", messages
+    )
     return plan, {"role": "assistant", "content": reply_text}
 
 
