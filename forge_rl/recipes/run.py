@@ -63,7 +63,11 @@ class RecipeRun(abc.ABC):
 
     async def start(self):
         """prepare(), the launcher's hosts, then the roles; on any failure everything started is stopped."""
-        self.prepare()
+        try:
+            self.prepare()
+        except BaseException:
+            self._stop_owned()  # what a check started before a later one refused the run
+            raise
         self._stack = contextlib.AsyncExitStack()
         try:
             hosts, self.provisioner = await self._stack.enter_async_context(
@@ -83,9 +87,13 @@ class RecipeRun(abc.ABC):
                 stack, self._stack = self._stack, None
                 await asyncio.shield(stack.aclose())
         finally:
-            env = getattr(self.cfg, "env", None)  # SFT has none
-            if env is not None:
-                stop_server(env)
+            self._stop_owned()
+
+    def _stop_owned(self) -> None:
+        """Stop the processes the run owns outside its hosts: its OpenEnv server (env.openenv.serve)."""
+        env = getattr(self.cfg, "env", None)  # SFT has none
+        if env is not None:
+            stop_server(env)
 
     async def __aenter__(self):
         return await self.start()
