@@ -22,6 +22,7 @@ from forge_rl.errors import ConfigError
 
 EXTRA = "pip install 'forge_rl[agents]'"
 API_KEY = "forge-rl"  # the endpoint checks no key; the openai client wants one
+RETRIES = 2  # the openai client's own retries of a call that failed to connect (its default)
 
 
 class EpisodeFailed(RuntimeError):
@@ -96,7 +97,7 @@ class AgentEntry:
     async def _async(self, example, base_url: str):
         import openai
 
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=API_KEY, timeout=self.timeout_s, max_retries=0)
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=API_KEY, timeout=self.timeout_s, max_retries=RETRIES)
         try:
             return await self.fn(example, client)
         finally:
@@ -105,7 +106,7 @@ class AgentEntry:
     async def _sync(self, example, base_url: str):
         import openai
 
-        client = openai.OpenAI(base_url=base_url, api_key=API_KEY, timeout=self.timeout_s, max_retries=0)
+        client = openai.OpenAI(base_url=base_url, api_key=API_KEY, timeout=self.timeout_s, max_retries=RETRIES)
         try:
             return await asyncio.get_running_loop().run_in_executor(self.threads, self.fn, example, client)
         finally:

@@ -32,6 +32,9 @@ from forge_rl.deps.monarch import SupervisionError
 from forge_rl.errors import ConfigError
 
 
+KEEP_ALIVE_S = 600
+
+
 class UnknownEpisode(LookupError):
     """A call under an episode URL that names no open episode."""
 
@@ -126,8 +129,16 @@ class AgentServer:
                 f"agent.port={self.settings.port}: cannot listen on 127.0.0.1 ({e}); use 0 for a free port"
             ) from None
         self.port = self._socket.getsockname()[1]
+        # an episode's client keeps its connection between calls, however long the agent takes in between: closed by
+        # uvicorn's default 5 s keep-alive, a connection can be closed just as the client reuses it (a connection
+        # error on a busy machine)
         config = uvicorn.Config(
-            self._app(), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
+            self._app(),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         self._server = _ServerWithoutSignals(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
@@ -167,10 +178,17 @@ class AgentServer:
                 return self._error(str(e), "NotFoundError", 404)
             except Refused as e:
                 return self._error(str(e), "BadRequestError", 400)
+            except (SupervisionError, asyncio.CancelledError):
+                raise
             except ValueError as e:  # a body that is not JSON, or not the request's schema (pydantic says which field)
                 return self._error(" ".join(str(e).split())[:500], "BadRequestError", 400)
             except _GenerationFailed as e:
                 return self._error(str(e), "InternalServerError", 500)
+            except Exception as e:  # a bug of the endpoint's: the episode fails, the run goes on
+                message = f"the endpoint failed on this call: {type(e).__name__}: {e}".splitlines()[0][:300]
+                if episode_id is not None and episode_id in self.episodes:
+                    self.episodes[episode_id].fail("endpoint_error", message)
+                return self._error(message, "InternalServerError", 500)
 
         for prefix, episode in (("/v1", None), ("/episodes/{episode_id}/v1", "episode_id")):
 
@@ -333,7 +351,7 @@ class AgentServer:
                 record.fail(e.reason, str(e))
             self.stats.refused += 1
             raise
-        except ValueError as e:  # a message the template cannot take
+        except Exception as e:  # a message the template cannot take (a ValueError, or the template's own error)
             self.stats.refused += 1
             if record is not None:
                 record.fail("agent_request", str(e))

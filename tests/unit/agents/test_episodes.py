@@ -152,3 +152,25 @@ def test_a_group_of_split_episodes_shares_one_prompt(tiny):
         assert c.prompt_ids.tolist() + c.response_ids.tolist() == t.tokens()
         trained = [i for i, e in zip(c.response_ids.tolist(), c.env_mask.tolist()) if not e]
         assert trained == [i for i, e in zip(t.ids, t.env) if not e]  # only the engine's sampled tokens train
+
+
+def test_a_tool_call_and_its_result_continue_on_the_models_tokens(qwen3):
+    """Qwen3 writes a tool call in its Hermes format; the agent sends it back as OpenAI tool_calls and adds the tool's
+    result: the template renders the call as the model wrote it, so the episode stays one trajectory."""
+    record = episode(qwen3, enable_thinking=False)
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    asked = [template_message(m) for m in QUESTION]
+    plan = record.plan_chat(asked, tools, {})
+    raw = '<tool_call>\n{"name": "add", "arguments": {"a": 12, "b": 34}}\n</tool_call>'
+    completion = sampled(qwen3, plan.prompt_ids, raw)
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 12, "b": 34}'}}
+    returned = assistant_message(None, [call])
+    record.record(plan, [reply_of(completion, qwen3, {qwen3.eos_token_id}, returned, "")], "chat", asked)
+    sent = [*QUESTION, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    sent.append({"role": "tool", "tool_call_id": "call_1", "content": "46"})
+    second = record.plan_chat([template_message(m) for m in sent], tools, {})
+    assert second.split is None and second.tip is not None
+    assert "<tool_response>\n46\n</tool_response>" in qwen3.decode(second.inserted)
+    assert second.prompt_ids[: len(plan.prompt_ids) + len(completion.response_ids)] == plan.prompt_ids + (
+        completion.response_ids.tolist()
+    )
