@@ -14,12 +14,14 @@ import functools
 import importlib
 import inspect
 import json
+import logging
 import socket
 import sys
 import typing
 
 from openenv.core.env_server import Action, Observation, create_fastapi_app
 from openenv.core.env_server import Environment as OpenEnvEnvironment
+from starlette.websockets import WebSocketDisconnect
 
 from forge_rl.launch.signals import die_with_parent
 
@@ -86,6 +88,14 @@ def _listening_socket() -> socket.socket:
     return sock
 
 
+class ClosedSessionNoise(logging.Filter):
+    """Drops the traceback uvicorn logs when openenv's /ws handler closes a WebSocket the client has already
+    closed (every episode ends so): harmless, and one per episode would fill the server's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], WebSocketDisconnect))
+
+
 def main(spec: dict) -> None:
     die_with_parent(spec["parent"])
     import uvicorn  # openenv's server runs under it (an openenv-core dependency)
@@ -98,6 +108,7 @@ def main(spec: dict) -> None:
     sock = _listening_socket()
     print(sock.getsockname()[1], flush=True)  # the run reads the port from this first line
     config = uvicorn.Config(app, log_level="warning", ws_max_size=100 << 20, timeout_graceful_shutdown=2)
+    logging.getLogger("uvicorn.error").addFilter(ClosedSessionNoise())  # after Config, which sets up logging
     uvicorn.Server(config).run(sockets=[sock])
 
 

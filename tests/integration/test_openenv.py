@@ -85,6 +85,8 @@ def test_a_run_has_one_server_played_over_websocket_one_that_dies_is_named_and_s
         prompt, steps = asyncio.run(one_episode(factory, ["45", "46"]))
         assert prompt == [{"role": "user", "content": "12+34="}]
         assert [(s.reward, s.done) for s in steps] == [(0.0, False), (0.5, True)]
+        time.sleep(1.0)  # the server ends the session after the client left
+        assert "Exception" not in factory.server.log_path.read_text()  # an episode's end is no error in its log
         pid, port = factory.server.proc.pid, port_of(factory.server.url)
         os.kill(pid, signal.SIGKILL)  # the server dies mid-run: the next episode's failure names it
         with pytest.raises(Exception, match=r"the OpenEnv server of .*RecordedAddition exited \(status -9\)"):
