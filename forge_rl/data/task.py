@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import jinja2
+
 from forge_rl.data.reasoning_gym import ReasoningGymConfig, reasoning_gym_splits
 from forge_rl.data.sources import DataError, is_callable_source, is_reasoning_gym_source, read_rows
 
@@ -187,9 +189,18 @@ def render(tokenizer, example: TaskExample, cfg: TaskConfig, **chat_template_kwa
                 "the model's tokenizer has no chat template; set task.chat_template: false to give "
                 "prompts as plain text"
             )
-        return tokenizer.apply_chat_template(
-            example.messages, tokenize=False, add_generation_prompt=True, **chat_template_kwargs
-        )
+        try:
+            return tokenizer.apply_chat_template(
+                example.messages, tokenize=False, add_generation_prompt=True, **chat_template_kwargs
+            )
+        except jinja2.TemplateError as e:  # a template that does not parse, or fails on this prompt's messages
+            where = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
+            raise DataError(
+                f"the model's chat template{where} does not render example {example.id} "
+                f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); fix chat_template in "
+                f"{getattr(tokenizer, 'name_or_path', 'the model directory')}'s tokenizer_config.json (or "
+                "chat_template.jinja), or set task.chat_template: false to give prompts as plain text"
+            ) from None
     text = ""
     for m in example.messages:  # a few-shot answer follows its prompt directly, as the model should answer
         text += m["content"] + ("\n\n" if m["role"] in ("system", "assistant") else "")

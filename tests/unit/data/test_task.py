@@ -112,6 +112,28 @@ def test_held_out_fraction_is_disjoint_and_fixed_by_split_seed(tmp_path):
     assert len(held_file.held_out()) == 20
 
 
+@pytest.mark.parametrize(
+    "template, says",
+    [
+        ("{% for m in messages %}", "TemplateSyntaxError: Unexpected end of template"),
+        ("{% for m in messages %}{{ m.nope.nope }}{% endfor %}", "UndefinedError"),
+    ],
+)
+def test_a_chat_template_that_does_not_render_is_one_line_naming_the_example_and_the_fix(template, says):
+    from transformers import AutoTokenizer
+
+    from forge_rl.models import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-warm"))
+    tokenizer.chat_template = template
+    example = to_example({"prompt": "2+3=", "answer": "5"}, "row", 7, TaskConfig())
+    with pytest.raises(DataError) as e:
+        render(tokenizer, example, TaskConfig())
+    message = str(e.value)
+    assert "\n" not in message and says in message and f"example {example.id}" in message, message
+    assert "task.chat_template: false" in message
+
+
 def test_chat_messages_system_prompt_few_shot_and_rendering():
     from transformers import AutoTokenizer
 
