@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 EXTRAS_STAMP := $(VENV)/.forge_rl-extras-done
 
-.PHONY: setup setup-extras setup-slurm demo demo-ppo demo-rm demo-multiturn demo-distill demo-lora demo-moe test test-fast lint format gpu-check wheelhouse clean
+.PHONY: setup setup-extras setup-slurm demo demo-ppo demo-rm demo-multiturn demo-reasoning-gym demo-distill demo-lora demo-moe test test-fast lint format gpu-check wheelhouse clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -34,6 +34,9 @@ demo-rm: setup  # GRPO scored only by a learned reward model, tiny-rm, never the
 
 demo-multiturn: setup  # addition with a retry after feedback: a multi-turn environment (configs/grpo/tiny_retry.yaml)
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny_retry.yaml $(DEMO) $(ARGS)
+
+demo-reasoning-gym: setup-extras  # a reasoning-gym task (basic_arithmetic, + only, 2 digits), its scorer as the reward (configs/grpo/tiny_reasoning_gym.yaml)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny_reasoning_gym.yaml $(DEMO) $(ARGS)
 
 demo-distill: setup  # on-policy distillation of tiny-warm from tiny-teacher (configs/distill/tiny.yaml)
 	$(PY) -m apps.distill.main --config configs/distill/tiny.yaml $(DEMO) $(ARGS)
