@@ -72,6 +72,9 @@ class AgentEntry:
         self.is_async = inspect.iscoroutinefunction(self.fn)
         # a sync agent's thread; the default executor's few threads would make episodes wait for each other
         self.threads = None if self.is_async else ThreadPoolExecutor(max_threads, thread_name_prefix="agent")
+        # every episode's client shares one connection pool: an HTTP client of its own would load the system's CA
+        # certificates each time (most of an episode's cost in the run's process, though the endpoint is plain HTTP)
+        self._http = None
 
     async def run(self, example, base_url: str) -> float | None:
         """The agent's reward for one episode (None: score its last reply), or EpisodeFailed."""
@@ -94,26 +97,30 @@ class AgentEntry:
             )
         return float(result)
 
-    async def _async(self, example, base_url: str):
+    def client(self, base_url: str):
+        """An episode's client: openai.AsyncOpenAI for an async agent, openai.OpenAI for a sync one, on the shared
+        connection pool (the episode's requests end with it: cancelled, or refused once the episode is closed)."""
         import openai
 
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=API_KEY, timeout=self.timeout_s, max_retries=RETRIES)
-        try:
-            return await self.fn(example, client)
-        finally:
-            await client.close()
+        if self._http is None:
+            self._http = openai.DefaultAsyncHttpxClient() if self.is_async else openai.DefaultHttpxClient()
+        kind = openai.AsyncOpenAI if self.is_async else openai.OpenAI
+        return kind(
+            base_url=base_url, api_key=API_KEY, timeout=self.timeout_s, max_retries=RETRIES, http_client=self._http
+        )
+
+    async def _async(self, example, base_url: str):
+        return await self.fn(example, self.client(base_url))
 
     async def _sync(self, example, base_url: str):
-        import openai
+        client = self.client(base_url)
+        return await asyncio.get_running_loop().run_in_executor(self.threads, self.fn, example, client)
 
-        client = openai.OpenAI(base_url=base_url, api_key=API_KEY, timeout=self.timeout_s, max_retries=RETRIES)
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.threads, self.fn, example, client)
-        finally:
-            client.close()
-
-    def close(self) -> None:
-        """The sync agents' threads: none waits for an agent that still runs (its episode is closed: every call it
-        makes is refused, and its client times out)."""
+    async def close(self) -> None:
+        """The shared connection pool, and the sync agents' threads: none waits for an agent that still runs (its
+        episode is closed: every call it makes is refused, and its client times out)."""
+        http, self._http = self._http, None
+        if http is not None:
+            await (http.aclose() if self.is_async else asyncio.to_thread(http.close))
         if self.threads is not None:
             self.threads.shutdown(wait=False, cancel_futures=True)

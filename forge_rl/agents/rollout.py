@@ -51,7 +51,7 @@ class AgentRunner:
     async def close(self) -> None:
         """Stop the endpoint (the port released) and the sync agents' threads."""
         await self.server.stop()
-        self.entry.close()
+        await self.entry.close()
 
     async def episode(self, example, trained: bool) -> tuple[EpisodeRecord, float | None]:
         """Run one episode: its record and the agent's reward (None: the reward functions score it). Raises

@@ -270,7 +270,7 @@ def test_a_bad_agent_costs_its_group_in_one_line(run, agent, reason, says):
         example = loop.run_until_complete(grpo.dataset.next.call_one())
         group = loop.run_until_complete(runner.group(example, 2, grpo.reward, stats))
     finally:
-        runner.entry.close()
+        loop.run_until_complete(runner.entry.close())
         runner.entry = entry
     assert group is None and stats.drops[reason] == (1 if reason == "prompt_too_long" else 2)
     assert len(lines) == 1 and "\n" not in lines[0] and says in lines[0] and f"({reason})" in lines[0], lines
