@@ -52,6 +52,8 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
             merged = OmegaConf.merge(merged, layer)
         except ValidationError as e:
             raise ConfigError(_type_message(schema, e, source)) from None
+        except TypeError:  # OmegaConf cannot merge a mapping into a list or a list into a mapping
+            raise ConfigError(_container_message(merged, layer, source)) from None
         except OmegaConfBaseException as e:  # what the key checks above do not foresee
             raise ConfigError(f"{source}: {str(e).splitlines()[0]}") from None
         for key in _missing_keys(layer):  # merge keeps the default under "???"; the file means "required"
@@ -146,6 +148,22 @@ def yaml_problem(error: yaml.YAMLError) -> str:
     if problem is None:
         return one_line(error)
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
+def _container_message(merged: DictConfig, layer: DictConfig, source: str, prefix: str = "") -> str:
+    """Name the key where `layer` gives a mapping for a list or a list for a mapping."""
+    for key, value in layer.items_ex(resolve=False):
+        current = merged.get(key) if isinstance(merged, DictConfig) else None
+        full_key = f"{prefix}{key}"
+        if isinstance(value, DictConfig) and isinstance(current, ListConfig):
+            return f"config key '{full_key}' in {source} expects a list, got a mapping"
+        if isinstance(value, ListConfig) and isinstance(current, DictConfig):
+            return f"config key '{full_key}' in {source} expects a mapping, got a list"
+        if isinstance(value, DictConfig) and isinstance(current, DictConfig):
+            inner = _container_message(current, value, source, f"{full_key}.")
+            if not inner.startswith(f"{source}:"):
+                return inner
+    return f"{source}: a mapping where the config has a list, or a list where it has a mapping"
 
 
 def _field_types(schema: type) -> dict[str, Any]:

@@ -290,7 +290,13 @@ class TaskRows:
                 if is_callable_source(source) or _looks_like_path(source):
                     rows = read_rows(source, None, self.seed)
                 else:  # a split name of the training source
-                    rows = read_rows(self.cfg.source, source, self.seed)
+                    try:
+                        rows = read_rows(self.cfg.source, source, self.seed)
+                    except DataError as e:
+                        raise DataError(
+                            f"task.held_out={source!r}, not a file or 'package.module:function', is read as a split "
+                            f"name of task.source, and: {e}"
+                        ) from None
                 if not isinstance(rows, list):
                     raise DataError(
                         f"task.held_out {source!r} yields rows lazily; the held-out set must be finite (return a list)"

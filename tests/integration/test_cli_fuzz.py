@@ -132,3 +132,24 @@ def test_a_mistyped_value_is_accepted_or_refused_in_one_line_naming_its_key(in_p
     assert named in lines[0] or value in lines[0], (
         f"{command}: the line names neither the key nor the value: {lines[0]}"
     )
+
+
+# what a 1,500-case run found ending otherwise (a bug's line, or a line naming neither key nor value), now refused
+FOUND = [
+    ("distill", "env.args", "[]"),
+    ("sft", "task.few_shot", "{}"),
+    ("grpo", "task.columns", "[]"),
+    ("distill", "rewards", "{}"),
+    ("ppo", "trainer.lora.targets", "{}"),
+    ("ppo", "trainer.profile_steps", "{}"),
+    ("distill", "task.held_out", "1e30"),
+    ("distill", "task.held_out", "true"),
+]
+
+
+@pytest.mark.parametrize("app, key, value", FOUND)
+def test_what_the_long_fuzz_found_is_refused_in_one_line_naming_its_key(in_process, app, key, value):
+    checked = check_in_process(app, case(app, key, value, in_process / f"found-{app}-{key}-{value}"))
+    lines = [line for line in checked.stderr.splitlines() if line.strip()]
+    assert checked.status == 2 and len(lines) == 1, checked.stderr
+    assert lines[0].startswith("forge_rl: ") and key in lines[0], lines[0]

@@ -106,6 +106,17 @@ def test_yaml_that_does_not_parse_is_one_line_naming_line_and_column(tmp_path, t
     assert (str(path) if path else repr(override)) in message and "not valid YAML" in message
 
 
+@pytest.mark.parametrize(
+    "override, expects", [("engine_args=[]", "expects a mapping, got a list"), ("trainer={}", None)]
+)
+def test_a_list_for_a_mapping_is_one_line_naming_the_key(override, expects):
+    if expects is None:  # an empty mapping for a mapping merges as nothing
+        assert load_config(App, None, ["model=m", override]).trainer == Trainer()
+        return
+    with pytest.raises(ConfigError, match=rf"config key 'engine_args' in command-line override .* {expects}"):
+        load_config(App, None, ["model=m", override])
+
+
 def test_parse_args_exits_with_message(cfg_file, capsys):
     assert parse_args(App, ["--config", str(cfg_file), "trainer.lr=0.5"]).trainer.lr == 0.5
     with pytest.raises(SystemExit) as e:
