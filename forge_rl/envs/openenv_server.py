@@ -41,7 +41,7 @@ class EnvServer:
         """Start the server and wait until it answers /health; its URL. RunStopped (one line: the class, the
         server's last line of stderr, its log) when it exits or does not answer within `timeout_s`."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+        with open(self.log_path, "wb") as log:  # the run's server, from its start; the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "forge_rl.envs.openenv_app", json.dumps(self.spec)],
                 stdout=subprocess.PIPE,
