@@ -27,7 +27,7 @@ from forge_rl.actors.generator import Generator
 from forge_rl.actors.generator_engine import CPU_ENGINE_DEFAULTS
 from forge_rl.agents.server import AgentServer, EndpointSettings
 from forge_rl.models import load_tokenizer, model_path
-from forge_rl.runtime import provisioned, stop_actor
+from forge_rl.runtime import provisioned
 from forge_rl.weights import WeightStoreConfig
 
 SAMPLING = dict(temperature=1.0, max_tokens=8)
@@ -50,10 +50,11 @@ async def direct_pair(generator, tokenizer) -> list[float]:
     return [t1 - t0, time.perf_counter() - t1]
 
 
-async def endpoint_pair(server: AgentServer) -> list[float]:
-    """The same two calls through the endpoint, as an agent makes them, in an episode of their own."""
+async def endpoint_pair(server: AgentServer, http) -> list[float]:
+    """The same two calls through the endpoint, as an agent makes them, in an episode of their own (its client on
+    the connection pool every episode shares, as a run's agents have: forge_rl/agents/entry.py)."""
     record = server.open_episode(None, trained=True)
-    client = openai.AsyncOpenAI(base_url=server.base_url(record), api_key="k", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=server.base_url(record), api_key="k", max_retries=0, http_client=http)
     try:
         t0 = time.perf_counter()
         reply = await client.chat.completions.create(model="tiny-warm", messages=QUESTION)
@@ -64,7 +65,6 @@ async def endpoint_pair(server: AgentServer) -> list[float]:
         return [t1 - t0, time.perf_counter() - t1]
     finally:
         server.close_episode(record)
-        await client.close()
 
 
 async def timed(pair, calls: int, concurrency: int) -> tuple[list[float], float]:
@@ -96,19 +96,21 @@ async def main() -> None:
         settings = EndpointSettings("tiny-warm", dict(SAMPLING), max_model_len=128)
         server = AgentServer(tokenizer, generator, settings)
         await server.start()
+        http = openai.DefaultAsyncHttpxClient()
         try:
             await timed(lambda: direct_pair(generator, tokenizer), 20, 4)  # warm-up of both paths
-            await timed(lambda: endpoint_pair(server), 20, 4)
+            await timed(lambda: endpoint_pair(server, http), 20, 4)
             rows = []
             for concurrency in (1, args.concurrency):
                 direct, direct_rate = await timed(lambda: direct_pair(generator, tokenizer), args.calls, concurrency)
                 before = (server.stats.calls, server.stats.overhead_s)
-                through, through_rate = await timed(lambda: endpoint_pair(server), args.calls, concurrency)
+                through, through_rate = await timed(lambda: endpoint_pair(server, http), args.calls, concurrency)
                 inside = (server.stats.overhead_s - before[1]) / (server.stats.calls - before[0])
                 rows.append((concurrency, direct, direct_rate, through, through_rate, inside))
         finally:
+            await http.aclose()
             await server.stop()
-            await stop_actor(generator)
+            await generator.shutdown()
     table = Table(title=f"agent endpoint vs the generator, {args.calls} calls per row (tiny-warm, CPU)")
     for col in ("episodes at once", "path", "mean ms/call", "median ms/call", "calls/s", "endpoint code ms/call"):
         table.add_column(col, justify="right")

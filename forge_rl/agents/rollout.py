@@ -126,9 +126,8 @@ class AgentRunner:
         trajectories = [(k, t) for k, (record, _) in enumerate(done) for t in record.trajectories]
         prompt_len = shared_prompt_len([t for _, t in trajectories])
         if prompt_len == 0:
-            self._failed(
-                example.id, EpisodeFailed("agent_prompts_differ", "its episodes share no prompt token"), 0, stats
-            )
+            failure = EpisodeFailed("agent_prompts_differ", "its episodes share no prompt token")
+            self._failed(example.id, failure, len(done), stats)
             return None
         tokenizer = self.server.tokenizer
         completions = [trajectory_completion(t, prompt_len, tokenizer) for _, t in trajectories]
