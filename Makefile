@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 EXTRAS_STAMP := $(VENV)/.forge_rl-extras-done
 
-.PHONY: setup setup-extras setup-slurm demo demo-ppo demo-rm demo-multiturn demo-reasoning-gym demo-openenv demo-distill demo-lora demo-moe test test-fast lint format gpu-check wheelhouse clean
+.PHONY: setup setup-extras setup-slurm demo demo-ppo demo-rm demo-multiturn demo-reasoning-gym demo-openenv demo-agent demo-distill demo-lora demo-moe test test-fast lint format gpu-check wheelhouse clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -40,6 +40,9 @@ demo-reasoning-gym: setup-extras  # a reasoning-gym task (basic_arithmetic, + on
 
 demo-openenv: setup-extras  # an OpenEnv environment (examples/openenv_addition: addition with a retry) trained through its HTTP server (configs/grpo/tiny_openenv.yaml)
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny_openenv.yaml $(DEMO) $(ARGS)
+
+demo-agent: setup-extras  # an agent written only against the openai client (examples/agents/retry_agent.py) trained through the run's OpenAI-compatible endpoint (configs/grpo/tiny_agent.yaml)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny_agent.yaml $(DEMO) $(ARGS)
 
 demo-distill: setup  # on-policy distillation of tiny-warm from tiny-teacher (configs/distill/tiny.yaml)
 	$(PY) -m apps.distill.main --config configs/distill/tiny.yaml $(DEMO) $(ARGS)

@@ -1,6 +1,6 @@
 """env.openenv served: one server per run, played over WebSocket, and nothing left once the run ends, fails or is
 interrupted (no server process, no port held). Against the real openenv package and its real uvicorn server;
-the adapter's logic in process is tests/unit/envs/test_openenv.py's."""
+the adapter's logic in process is tests/integration/test_openenv_adapter.py's."""
 
 import asyncio
 import os

@@ -1,4 +1,4 @@
-"""OpenEnv environments for the tests of env.openenv (tests/unit/envs/test_openenv.py and
+"""OpenEnv environments for the tests of env.openenv (tests/integration/test_openenv_adapter.py and
 tests/integration/test_openenv.py): the example's addition game recording what it was given, and environments that
 break in each way a user's can.
 Each is a real openenv Environment, named by "tests.support.openenv_envs:Class" as a config would."""

@@ -1,7 +1,8 @@
 """env.openenv in process, against the real openenv package: a group's trajectories start on one task, each step's
 reward reaches the episode, MCP tools reach the chat template and their calls the environment, and every bad input
 ends in one line (a dropped group, a refused config, a stopped run). The model's replies are scripted (the
-generator is not under test here); the served and whole-run paths are tests/integration/test_openenv.py's."""
+generator is not under test here); the served and whole-run paths are tests/integration/test_openenv.py's. It starts
+no process, but importing openenv costs seconds (gradio, fastmcp), so it is not among make test-fast's unit tests."""
 
 import asyncio
 import sys
