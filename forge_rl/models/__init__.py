@@ -40,6 +40,7 @@ ROLE_HEADS = {
     "reference": ("ForCausalLM",),
     "teacher": ("ForCausalLM",),
     "reward model": ("ForSequenceClassification",),
+    "judge": ("ForCausalLM",),  # a reward model of kind judge: a causal LM on an engine of its own
     "critic": ("ForCausalLM", "ForSequenceClassification"),
 }
 
@@ -86,7 +87,7 @@ def check_role(config: dict, where: str, role: str) -> None:
                 else ""
             )
         )
-    if role != "reward model" and config.get("model_type") not in TRAINED_MODEL_TYPES:
+    if role not in ("reward model", "judge") and config.get("model_type") not in TRAINED_MODEL_TYPES:
         raise ConfigError(
             f"{where}: model_type {config.get('model_type')!r} is not one forge_rl trains "
             f"({', '.join(TRAINED_MODEL_TYPES)}); give a Qwen3 checkpoint"

@@ -61,7 +61,7 @@ def check_config(cfg: GRPOConfig) -> None:
         check_slurm_sizes(cfg)
     for i, spec in enumerate(cfg.rewards):
         if spec.model is not None:  # a reward model's checkpoint must be there before any actor starts
-            model_path(spec.model, f"rewards[{i}].model", role="reward model")
+            model_path(spec.model, f"rewards[{i}].model", role="judge" if spec.kind == "judge" else "reward model")
             check_engine_args(spec.engine_args, f"rewards[{i}].engine_args")
             if errors := reward_model_errors(spec):
                 raise ConfigError("; ".join(f"rewards[{i}].{error}" for error in errors))

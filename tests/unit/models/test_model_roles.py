@@ -19,6 +19,7 @@ from forge_rl.models import model_path, resolve_model_path
         ("tiny-moe", "policy"),
         ("tiny-rm", "reward model"),
         ("tiny-rm", "critic"),
+        ("tiny-warm", "judge"),
         ("tiny-warm", "critic"),
     ],
 )
@@ -37,6 +38,7 @@ def test_each_embedded_model_fits_the_roles_it_is_made_for(model, role):
         ),
         ("tiny-rm", "teacher", "teacher", "the teacher needs a *ForCausalLM"),
         ("tiny-warm", "reward model", "rewards[0].model", "the reward model needs a *ForSequenceClassification"),
+        ("tiny-rm", "judge", "rewards[0].model", "the judge needs a *ForCausalLM"),
     ],
 )
 def test_a_model_given_for_the_wrong_role_is_one_line_naming_key_and_architecture(model, role, key, says):
