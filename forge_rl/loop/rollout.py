@@ -41,6 +41,7 @@ from forge_rl.errors import RunStopped
 from forge_rl.runtime.replies import replies
 from forge_rl.loop.lengths import LengthDraws
 from forge_rl.losses.advantages import group_advantages
+from forge_rl.observability.timeline import phase
 from forge_rl.rewards.overlong import OverlongConfig, overlong_penalty
 from forge_rl.rewards.workers import RewardError
 from forge_rl.types import Episode, Group
@@ -290,7 +291,8 @@ async def rollout_group(
     completions. `generate_args`: the generate call's own (a drawn length, max_age). Returns None (counted in
     `stats.drops`) when scoring fails; any other error propagates and ends the caller's loop.
     """
-    completions = await generator.generate.route(prompt, n=group_size, **(generate_args or {}))
+    with phase("generate"):
+        completions = await generator.generate.route(prompt, n=group_size, **(generate_args or {}))
     stats.generated_tokens += sum(len(c.response_ids) for c in completions)
     stats.count_versions(completions)
     if over := sum(c.kept_over_cap > 0 for c in completions):  # the group is trained whole or not at all
@@ -304,7 +306,8 @@ async def rollout_group(
         )
         return None
     try:
-        totals, parts = await score(completions)
+        with phase("reward"):
+            totals, parts = await score(completions)
     except SupervisionError:
         raise  # the reward actor died: the run's to handle (RoleDied), not one group's
     except Exception as e:  # a reward function failed on this group: drop it, count it, go on
@@ -407,4 +410,7 @@ async def rollout_from_dataset(
             raise
         stats.drops["prompt_too_long"] += 1
         return False
-    return group is not None and await calls.call(buffer, "add", group)
+    if group is None:
+        return False
+    with phase("buffer"):
+        return await calls.call(buffer, "add", group)

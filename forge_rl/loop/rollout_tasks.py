@@ -12,7 +12,7 @@ from forge_rl.loop.lengths import LengthDraws
 from forge_rl.loop.multiturn import TurnRenderer, rollout_env_from_dataset
 from forge_rl.loop.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.loop.train_loop import RunState, raise_if_failed
-from forge_rl.observability.timeline import Timeline
+from forge_rl.observability.timeline import Timeline, rollout_lane
 
 LAND_TIMEOUT_S = 60.0  # how long rollouts in flight get to put their groups in the buffer before a checkpoint
 
@@ -79,7 +79,7 @@ class RolloutTasks:
         ]
 
     async def _timed(self, lane: str, rollout: Awaitable[bool]) -> bool:
-        with self.timeline.span(lane, "rollout"):
+        with rollout_lane(self.timeline, lane):  # its phases (generate, reward, buffer) go on its lane too
             return await rollout
 
     def raise_if_failed(self) -> None:

@@ -11,6 +11,7 @@ says per lane how much of the run it was busy, the figure the summary keeps.
 """
 
 import contextlib
+import contextvars
 import json
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,13 @@ from pathlib import Path
 
 TRACE = "timeline.json"
 PNG = "timeline.png"
+CRITICAL_PATH = "step (critical path)"  # the lane of each step's parts (forge_rl/observability/step_time.py)
+
+# The lane of the rollout task running in this asyncio task (RolloutTasks sets it), so that a rollout's phases
+# (generate, reward, buffer) land on it without the rollout code knowing about timelines.
+_ROLLOUT_LANE: contextvars.ContextVar[tuple["Timeline", str] | None] = contextvars.ContextVar(
+    "rollout_lane", default=None
+)
 
 
 @dataclass
@@ -34,6 +42,7 @@ class Timeline:
         self.t0 = time.perf_counter()
         self.spans: list[Span] = []
         self.marks: list[tuple[float, str]] = []
+        self.open: dict[int, Span] = {}  # spans whose block is still running, by id (see spans_during)
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -41,11 +50,25 @@ class Timeline:
     @contextlib.contextmanager
     def span(self, lane: str, name: str, **args):
         """A busy span of `lane` for the block (recorded even when the block raises: the time was spent)."""
-        start = self.now()
+        span = Span(lane, name, self.now(), 0.0, args)
+        self.open[id(span)] = span
         try:
             yield
         finally:
-            self.spans.append(Span(lane, name, start, self.now(), args))
+            del self.open[id(span)]
+            span.end = self.now()
+            self.spans.append(span)
+
+    def spans_during(self, start: float, end: float, since: int = 0) -> list[Span]:
+        """Spans that overlap [start, end], clipped to it, those still running included (as running to `end`).
+        `since`: len(self.spans) taken at or before `start` (a span is appended when it ends, so one that
+        overlaps the window is never before it), to skip the run's history."""
+        candidates = [*self.spans[since:], *(Span(s.lane, s.name, s.start, end, s.args) for s in self.open.values())]
+        return [
+            Span(s.lane, s.name, max(s.start, start), min(s.end, end), s.args)
+            for s in candidates
+            if s.end > start and s.start < end
+        ]
 
     def mark(self, name: str) -> None:
         """An instant on every lane: a step's end, an evaluation."""
@@ -69,8 +92,10 @@ class Timeline:
         return out
 
     def role_busy_fractions(self) -> dict[str, float]:
-        """busy_fractions with the rollout tasks' lanes as one mean, "rollout tasks" (what the summary shows)."""
+        """busy_fractions with the rollout tasks' lanes as one mean, "rollout tasks" (what the summary shows); the
+        critical path's lane is not a role (it is busy whenever a step runs) and is left out."""
         lanes = self.busy_fractions()
+        lanes.pop(CRITICAL_PATH, None)
         rollouts = [f for lane, f in lanes.items() if lane.startswith("rollout")]
         out = {lane: f for lane, f in lanes.items() if not lane.startswith("rollout")}
         if rollouts:
@@ -106,6 +131,30 @@ class Timeline:
         trace = out / TRACE
         trace.write_text(json.dumps(self.chrome_trace()))
         return trace, plot_timeline(self, out / PNG)
+
+
+@contextlib.contextmanager
+def rollout_lane(timeline: "Timeline", lane: str):
+    """The block is rollout task `lane`'s: `phase` spans inside it (this asyncio task's) go on that lane."""
+    token = _ROLLOUT_LANE.set((timeline, lane))
+    try:
+        with timeline.span(lane, "rollout"):
+            yield
+    finally:
+        _ROLLOUT_LANE.reset(token)
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """A phase of the rollout running in this asyncio task (generate, reward, buffer), a span on its lane; nothing
+    outside a rollout task (an evaluation, a test calling the rollout directly)."""
+    where = _ROLLOUT_LANE.get()
+    if where is None:
+        yield
+        return
+    timeline, lane = where
+    with timeline.span(lane, name):
+        yield
 
 
 def plot_timeline(timeline: Timeline, out_png: str | Path, title: str = "") -> Path:

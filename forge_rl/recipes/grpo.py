@@ -51,6 +51,7 @@ from forge_rl.loop.train_loop import (
 from forge_rl.loop.weight_sync import WeightSync
 from forge_rl.models import load_tokenizer, model_path
 from forge_rl.observability import MetricsLogger, plot_run
+from forge_rl.observability.step_time import StepClock
 from forge_rl.recipes import startup
 from forge_rl.recipes.run import RecipeRun
 from forge_rl.recipes.grpo_checks import (
@@ -206,23 +207,61 @@ class GRPORun(RecipeRun):
 
     async def train_step(self) -> dict[str, float]:
         """One step: collect a batch at the policy version, score it, train on it, publish version + 1, swap the
-        generators to it (async: while the next step collects). Returns the step's metrics line, also logged."""
-        s, cfg = self.state, self.cfg
+        generators to it (async: while the next step collects). Returns the step's metrics line, also logged, with
+        where the step's wall time went on its critical path (step_time/<part>, forge_rl/observability/step_time.py;
+        each part a span on the timeline's critical-path lane)."""
+        s = self.state
         if not self.rollouts:  # the rollout tasks start with the first step and run beside every step after it
             await self._start_rollouts()
+        clock = StepClock(self.timeline, step=s.version + 1)
         step_start, tokens_before = time.perf_counter(), s.rollouts.generated_tokens
         buffer_before = await self.buffer.stats.call_one()
         # 1. collect: the rollout tasks generate, score and buffer groups; take a batch at the trainer's version
-        batches, sample_wait, staleness = await self._collect()
-        hold_s = await self.weights.step_aside() if self.placement.colocated else None  # the trainer's device
+        batches, sample_wait, staleness = await self._collect(clock)
+        if self.placement.colocated:  # the trainer's device
+            with clock.part("swap"):
+                hold_s = await self.weights.step_aside()
+        else:
+            hold_s = None
 
-        async def score_train_publish() -> tuple[dict, dict]:
-            version, t, where = s.version + 1, cfg.timeouts, self._where()
-            with self.timeline.span("trainer", "score + train + publish", step=version):
-                # 2. score: reference (or teacher) logprobs; PPO's critic values and advantages
+        busy_start = time.perf_counter()
+        with clock.part("reference"):
+            reference_version = await self.weights.reference_caught_up()
+        # shielded: an interrupt lets it finish
+        self._step_task = asyncio.ensure_future(self._score_train_publish(batches, clock))
+        metrics, push = await asyncio.shield(self._step_task)
+        s.trainer_busy_s += time.perf_counter() - busy_start
+        if reference_version is not None:  # the version whose logprobs this step's batch was scored with
+            metrics["reference/version"] = reference_version
+        self.weights.follow_policy(self.step)
+        if hold_s is not None:  # the generators take the device back (GPU: wake up)
+            with clock.part("swap"):
+                push = dict(push, hold_s=hold_s, release_s=await self.weights.take_back())
+        s.mismatch.append((metrics["mismatch_abs_mean"], metrics["mismatch_abs_max"]))
+        # 5. swap: every generator replica prefetches the new version and swaps between engine steps
+        with clock.part("swap"):  # async: only the swap before it, if still running, is waited for
+            await self.weights.swap_generators(s.version)
+        self.rollouts.raise_if_failed()
+        took = dict(
+            step_s=time.perf_counter() - step_start, generated_tokens=s.rollouts.generated_tokens - tokens_before
+        )
+        line = await step_line(self, metrics, push, batches, buffer_before, staleness, sample_wait, **took)
+        line.update(clock.finish())  # the parts sum to step_time/wall; the controller's share is the remainder
+        self.log.log(self.step, line)
+        self.timeline.mark(f"step {self.step}")
+        return line
+
+    async def _score_train_publish(self, batches: list, clock: StepClock) -> tuple[dict, dict]:
+        """Score, train, publish version + 1 (the step in flight: an interrupt lets it finish)."""
+        s, cfg = self.state, self.cfg
+        version, t, where = s.version + 1, cfg.timeouts, self._where()
+        with self.timeline.span("trainer", "score + train + publish", step=version):
+            # 2. score: reference (or teacher) logprobs; PPO's critic values and advantages
+            with clock.part("reference"):
                 scored, score_metrics = await self.score(batches, version)
-                # 3. train: the policy's optimizer step, each rank on its own data-parallel shard
-                sent = batches_for_ranks(scored, self.shards["trainer"])
+            # 3. train: the policy's optimizer step, each rank on its own data-parallel shard
+            sent = batches_for_ranks(scored, self.shards["trainer"])
+            with clock.part("train"):
                 metrics = (
                     await within(
                         call_each_rank(self.trainer, Trainer.optimizer_step, sent),
@@ -232,44 +271,24 @@ class GRPORun(RecipeRun):
                         where,
                     )
                 )[0]
-                # 4. publish version + 1 into the weight store, while anything trained beside the policy steps
-                push = within(
-                    self.trainer.push_weights.call(version),
-                    t.publish_s,
-                    "publish_s",
-                    f"the Trainer's push_weights of version {version}",
-                    where,
-                )
+            # 4. publish version + 1 into the weight store, while anything trained beside the policy steps
+            push = within(
+                self.trainer.push_weights.call(version),
+                t.publish_s,
+                "publish_s",
+                f"the Trainer's push_weights of version {version}",
+                where,
+            )
+            with clock.part("publish"):
                 beside, push = await asyncio.gather(self.train_beside(scored, version), push)
-            s.version = version
-            return {**metrics, **score_metrics, **beside}, push.get(0)
+        s.version = version
+        return {**metrics, **score_metrics, **beside}, push.get(0)
 
-        busy_start, reference_version = time.perf_counter(), await self.weights.reference_caught_up()
-        self._step_task = asyncio.ensure_future(score_train_publish())  # shielded: an interrupt lets it finish
-        metrics, push = await asyncio.shield(self._step_task)
-        s.trainer_busy_s += time.perf_counter() - busy_start
-        if reference_version is not None:  # the version whose logprobs this step's batch was scored with
-            metrics["reference/version"] = reference_version
-        self.weights.follow_policy(self.step)
-        if hold_s is not None:  # the generators take the device back (GPU: wake up)
-            push = dict(push, hold_s=hold_s, release_s=await self.weights.take_back())
-        s.mismatch.append((metrics["mismatch_abs_mean"], metrics["mismatch_abs_max"]))
-        # 5. swap: every generator replica prefetches the new version and swaps between engine steps
-        await self.weights.swap_generators(s.version)
-        self.rollouts.raise_if_failed()
-        took = dict(
-            step_s=time.perf_counter() - step_start, generated_tokens=s.rollouts.generated_tokens - tokens_before
-        )
-        line = await step_line(self, metrics, push, batches, buffer_before, staleness, sample_wait, **took)
-        self.log.log(self.step, line)
-        self.timeline.mark(f"step {self.step}")
-        return line
-
-    async def _collect(self) -> tuple[list, float, float]:
+    async def _collect(self, clock: StepClock) -> tuple[list, float, float]:
         """A batch of groups at the trainer's version, how long it was waited for, and its mean staleness. The next
         batch is sampled at version + 1: admission then admits only what that batch can still use."""
         s = self.state
-        with self.timeline.span("controller", "wait for a batch", step=s.version + 1):
+        with self.timeline.span("controller", "wait for a batch", step=s.version + 1), clock.waiting_for_samples():
             batches, sample_wait = await wait_for_batch(s, self.buffer, self.rollouts.tasks)
         stored = s.admission.stored
         await s.admission.sampled((await self.buffer.stats.call_one())["groups"], s.version + 1, stored)
