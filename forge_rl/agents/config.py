@@ -2,9 +2,35 @@
 OpenAI-compatible endpoint (forge_rl/agents/server.py). Torch-free and vLLM-free, so a config is read and checked
 in a moment; what is checked against the rest of the run is forge_rl/agents/checks.py."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 NON_PREFIX = ("split", "refuse")
+IN_PROCESS_HARNESS = "forge_rl.agents.verifiers_harness"  # verifiers' chat loop in the run's process, no `uv`
+
+
+@dataclass
+class VerifiersConfig:
+    """A verifiers environment trained through the endpoint (forge_rl/agents/verifiers_env.py, docs/agents.md)."""
+
+    # its taskset: an installed taskset id as verifiers takes it ("gsm8k", "owner/name@1.0"), a module exporting its
+    # vf.Taskset in __all__ ("my_pkg.my_taskset"), or "package.module:function" returning a built vf.Env. null: none
+    env: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)  # the taskset's config fields for the training rows
+    # the taskset's config fields for the held-out rows (e.g. {split: test}); null: task.held_out_fraction applies
+    held_out_args: dict[str, Any] | None = None
+    harness: str = IN_PROCESS_HARNESS  # the harness that plays each episode: a verifiers harness id or module
+    max_rows: int = 100_000  # rows read from a taskset at most (a generated taskset may be endless)
+
+    def __post_init__(self) -> None:
+        if self.env is not None and (not isinstance(self.env, str) or not self.env.strip()):
+            raise ValueError(f"agent.verifiers.env={self.env!r}: give a taskset id, a module, or 'package.module:fn'")
+        for key in ("args", "held_out_args"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, dict):
+                raise ValueError(f"agent.verifiers.{key}={value!r}: give a mapping of the taskset's config fields")
+        if self.max_rows < 1:
+            raise ValueError(f"agent.verifiers.max_rows must be >= 1, got {self.max_rows}")
 
 
 @dataclass
@@ -20,8 +46,18 @@ class AgentConfig:
     # their own tokens, or "refuse" the call (HTTP 400) and drop the group
     non_prefix: str = "split"
     tool_parser: str | None = "hermes"  # tool calls in the model's text -> OpenAI tool_calls (Qwen3); null: none
+    # a verifiers environment instead of agent.entry: its taskset's rows are the task, verifiers plays each episode
+    # against the episode's URL and its task's rewards are the episode's reward
+    verifiers: VerifiersConfig = field(default_factory=VerifiersConfig)
 
     def __post_init__(self) -> None:
+        if isinstance(self.verifiers, dict):
+            self.verifiers = VerifiersConfig(**self.verifiers)
+        if self.entry is not None and self.verifiers.env is not None:
+            raise ValueError(
+                f"agent.entry={self.entry!r} and agent.verifiers.env={self.verifiers.env!r}: a run trains one agent; "
+                "set one of them to null"
+            )
         if self.entry is not None and (not isinstance(self.entry, str) or ":" not in self.entry):
             raise ValueError(f"agent.entry={self.entry!r}: give 'package.module:function'")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port < 65536:
@@ -37,4 +73,9 @@ class AgentConfig:
 
     @property
     def enabled(self) -> bool:
-        return self.entry is not None
+        return self.entry is not None or self.verifiers.env is not None
+
+    @property
+    def name(self) -> str:
+        """What runs the episodes, for messages: the entry, or the verifiers environment."""
+        return self.entry if self.entry is not None else f"verifiers:{self.verifiers.env}"

@@ -17,12 +17,20 @@ import math
 import numbers
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 from forge_rl.errors import ConfigError
 
 EXTRA = "pip install 'forge_rl[agents]'"
 API_KEY = "forge-rl"  # the endpoint checks no key; the openai client wants one
 RETRIES = 2  # the openai client's own retries of a call that failed to connect (its default)
+
+
+class AgentReward(NamedTuple):
+    """A reward with its parts (e.g. a verifiers rubric's per-function scores), which the episode keeps."""
+
+    value: float
+    parts: dict[str, float]
 
 
 class EpisodeFailed(RuntimeError):
@@ -66,17 +74,18 @@ def load_entry(path: str, key: str = "agent.entry") -> Callable:
 class AgentEntry:
     """Runs the agent's function for one episode at a time: its client, its time limit, its result checked."""
 
-    def __init__(self, path: str, timeout_s: float, max_threads: int):
+    def __init__(self, path: str, timeout_s: float, max_threads: int, fn: Callable | None = None):
         require_openai()
-        self.path, self.fn, self.timeout_s = path, load_entry(path), timeout_s
-        self.is_async = inspect.iscoroutinefunction(self.fn)
+        self.path, self.fn, self.timeout_s = path, fn or load_entry(path), timeout_s
+        # a function, or an object whose __call__ is one (forge_rl/agents/verifiers_env.py's VerifiersEpisodes)
+        self.is_async = inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(type(self.fn).__call__)
         # a sync agent's thread; the default executor's few threads would make episodes wait for each other
         self.threads = None if self.is_async else ThreadPoolExecutor(max_threads, thread_name_prefix="agent")
         # every episode's client shares one connection pool: an HTTP client of its own would load the system's CA
         # certificates each time (most of an episode's cost in the run's process, though the endpoint is plain HTTP)
         self._http = None
 
-    async def run(self, example, base_url: str) -> float | None:
+    async def run(self, example, base_url: str) -> float | AgentReward | None:
         """The agent's reward for one episode (None: score its last reply), or EpisodeFailed."""
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -91,11 +100,14 @@ class AgentEntry:
             raise EpisodeFailed("agent_error", f"agent {self.path} raised {type(e).__name__}: {e}") from None
         if result is None:
             return None
+        parts = None
+        if isinstance(result, AgentReward):
+            result, parts = result
         if isinstance(result, bool) or not isinstance(result, numbers.Real) or not math.isfinite(float(result)):
             raise EpisodeFailed(
                 "agent_reward", f"agent {self.path} returned {result!r:.80}; return a finite number or None"
             )
-        return float(result)
+        return float(result) if parts is None else AgentReward(float(result), parts)
 
     def client(self, base_url: str):
         """An episode's client: openai.AsyncOpenAI for an async agent, openai.OpenAI for a sync one, on the shared
@@ -124,3 +136,5 @@ class AgentEntry:
             await (http.aclose() if self.is_async else asyncio.to_thread(http.close))
         if self.threads is not None:
             self.threads.shutdown(wait=False, cancel_futures=True)
+        if (close := getattr(self.fn, "close", None)) is not None:  # the function's own resources (verifiers')
+            await close()

@@ -119,6 +119,7 @@ class EpisodeRecord:
         self.final_text: str | None = None  # the latest call's first choice
         self.final_finish: str = "stop"
         self.failure: tuple[str, str] | None = None  # (reason, message): the first refusal or failure of a call
+        self.reward_parts: dict[str, float] | None = None  # the agent's reward's parts (a verifiers rubric's)
         self.closed = False
 
     def fail(self, reason: str, message: str) -> None:

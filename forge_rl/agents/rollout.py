@@ -21,7 +21,7 @@ episode fails the group's others are cancelled; nothing is left running.
 
 import asyncio
 
-from forge_rl.agents.entry import AgentEntry, EpisodeFailed
+from forge_rl.agents.entry import AgentEntry, AgentReward, EpisodeFailed
 from forge_rl.agents.episodes import EpisodeRecord, shared_prompt_len, trajectory_completion
 from forge_rl.agents.server import AgentServer
 from forge_rl.deps.monarch import SupervisionError
@@ -74,6 +74,8 @@ class AgentRunner:
                     f"agent {self.entry.path} made no call through its episode's client (base URL "
                     f"{self.server.base_url(record)}): nothing to train on",
                 )
+            if isinstance(reward, AgentReward):  # the parts stay with the episode's record
+                reward, record.reward_parts = reward
             return record, reward
 
     async def episodes(self, example, n: int, trained: bool) -> list[tuple[EpisodeRecord, float | None]]:
@@ -151,11 +153,13 @@ class AgentRunner:
             ("agent_splits", [float(r.splits) for r in records]),
         ):
             stats.parts.setdefault(name, []).extend(values)
+        for name in sorted({name for r in records for name in r.reward_parts or {}}):  # a rubric's functions
+            stats.parts.setdefault(name, []).extend(float((r.reward_parts or {}).get(name, 0.0)) for r in records)
         episodes = [
             Episode(
                 c,
                 reward=rewards[k],
-                rewards={"agent": rewards[k]},
+                rewards=records[k].reward_parts or {"agent": rewards[k]},
                 advantage=advantages[k],
                 metadata={"example": example.id, "episode": k, "calls": records[k].calls},
             )

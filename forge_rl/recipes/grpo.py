@@ -481,7 +481,7 @@ class GRPORun(RecipeRun):
             return f"solved within {self.cfg.env.max_turns} turns ({self.cfg.env.name})"
         if self.cfg.agent.enabled:
             scored_by = self.cfg.task.eval_reward or self.cfg.rewards[0].name
-            return f"solved by agent {self.cfg.agent.entry} (its reward > 0, or {scored_by})"
+            return f"solved by agent {self.cfg.agent.name} (its reward > 0, or {scored_by})"
         return self.cfg.task.eval_reward or self.cfg.rewards[0].name
 
 

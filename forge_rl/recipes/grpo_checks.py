@@ -10,6 +10,7 @@ from pathlib import Path
 from forge_rl.actors.generator_engine import route_engine_args
 from forge_rl.actors.reward import check_reward_columns, reward_model_errors
 from forge_rl.agents.entry import load_entry, require_openai
+from forge_rl.agents.verifiers_env import load_environment, verifiers_task
 from forge_rl.config import ConfigError
 from forge_rl.data.task import TaskRows, check_prompts_fit, first_prompts
 from forge_rl.deps.vllm import check_engine_args
@@ -87,6 +88,8 @@ def derive_settings(cfg: GRPOConfig) -> None:
         cfg.trainer.grpo.max_response_len = response_budget(cfg)  # Dr. GRPO's constant: the generation budget
     if cfg.env.name is not None:
         cfg.chat_template_kwargs = {**environment(cfg).template_kwargs, **cfg.chat_template_kwargs}
+    if cfg.agent.verifiers.env is not None:  # its taskset's rows, unless the config gives a task
+        cfg.task = verifiers_task(cfg.task, cfg.agent.verifiers)
 
 
 def environment(cfg: GRPOConfig) -> type:
@@ -120,10 +123,15 @@ def check_agent(cfg: GRPOConfig) -> None:
     if not cfg.agent.enabled:
         return
     require_openai()
-    load_entry(cfg.agent.entry)
+    if cfg.agent.entry is not None:
+        load_entry(cfg.agent.entry)
+    else:  # a verifiers environment: installed, found and loading, before any engine starts
+        load_environment(cfg.agent.verifiers)
     if cfg.env.name is not None:
+        key = "agent.entry" if cfg.agent.entry is not None else "agent.verifiers.env"
+        value = cfg.agent.entry if cfg.agent.entry is not None else cfg.agent.verifiers.env
         raise ConfigError(
-            f"agent.entry={cfg.agent.entry!r} and env.name={cfg.env.name!r}: a run trains one task, an agent or an "
+            f"{key}={value!r} and env.name={cfg.env.name!r}: a run trains one task, an agent or an "
             "environment; set one of them to null"
         )
     refused = {

@@ -16,7 +16,7 @@ from forge_rl.actors.replay_buffer import ReplayBuffer
 from forge_rl.actors.reward import RewardActor, judge_engine_args
 from forge_rl.actors.reward_model import RewardModel
 from forge_rl.actors.trainer import Trainer
-from forge_rl.agents.entry import AgentEntry
+from forge_rl.agents.factory import agent_entry
 from forge_rl.agents.rollout import AgentRunner
 from forge_rl.agents.server import AgentServer, EndpointSettings
 from forge_rl.launch.launcher import weight_server
@@ -155,10 +155,10 @@ async def start_agents(run) -> AgentRunner | None:
         chat_template_kwargs=dict(cfg.chat_template_kwargs),
     )
     server = AgentServer(run.tokenizer, run.generator, settings)
-    entry = AgentEntry(cfg.agent.entry, cfg.agent.episode_timeout_s, cfg.agent.max_concurrent_episodes)
+    entry = agent_entry(cfg.agent, cfg.model)
     await server.start()
     run.console.print(
-        f"agent {cfg.agent.entry}: OpenAI-compatible endpoint at {server.base_url()} (each episode's client: "
+        f"agent {cfg.agent.name}: OpenAI-compatible endpoint at {server.base_url()} (each episode's client: "
         f"http://127.0.0.1:{server.port}/episodes/<id>/v1)"
     )
     return AgentRunner(server, entry, cfg.agent.max_concurrent_episodes)

@@ -1,0 +1,15 @@
+"""The run's agent from its `agent` config: agent.entry's function, or a verifiers environment's episodes
+(forge_rl/agents/verifiers_env.py), each run by an AgentEntry (its client, its time limit, its result checked)."""
+
+from forge_rl.agents.config import AgentConfig
+from forge_rl.agents.entry import AgentEntry
+
+
+def agent_entry(agent: AgentConfig, model: str) -> AgentEntry:
+    """The AgentEntry of the run's agent; `model` is the name its episodes call the endpoint's model by."""
+    if agent.entry is not None:
+        return AgentEntry(agent.entry, agent.episode_timeout_s, agent.max_concurrent_episodes)
+    from forge_rl.agents.verifiers_env import VerifiersEpisodes, load_environment  # imports verifiers: seconds
+
+    episodes = VerifiersEpisodes(load_environment(agent.verifiers, fresh=True), model)
+    return AgentEntry(agent.name, agent.episode_timeout_s, agent.max_concurrent_episodes, fn=episodes)
