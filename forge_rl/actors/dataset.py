@@ -1,11 +1,14 @@
 """Dataset actor: hands out a task's prompts, rendered and checked against the engine's length limit, in a
-fixed order that a checkpoint's position restores."""
+fixed order that a checkpoint's position restores. Each example handed out carries its group's sampling seed, from
+the run's seed, the example's id and the count of examples handed out (`draws`, checkpointed with the position): the
+same run samples the same tokens, resumed or not."""
 
 import dataclasses
 
 from monarch.actor import endpoint
 
 from forge_rl.runtime import ForgeActor
+from forge_rl.data.seeds import request_seed
 from forge_rl.data.sources import DataError
 from forge_rl.data.task import TaskConfig, TaskExample, TaskRows, render
 
@@ -32,6 +35,7 @@ class PromptDataset(ForgeActor):
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.too_long = 0  # training prompts skipped
+        self.draws = 0  # training examples handed out: each one's sampling seed derives from its draw
         self.held_out_too_long = 0
 
     def _rendered(self, example: TaskExample) -> TaskExample | None:
@@ -47,7 +51,8 @@ class PromptDataset(ForgeActor):
         for _ in range(MAX_CONSECUTIVE_SKIPS):
             example = self._rendered(self.rows.next())
             if example is not None:
-                return example
+                self.draws += 1
+                return dataclasses.replace(example, seed=request_seed(self.seed, example.id, self.draws))
             self.too_long += 1
         raise DataError(
             f"{MAX_CONSECUTIVE_SKIPS} prompts in a row of {self.task.source!r} are longer than "
@@ -91,6 +96,7 @@ class PromptDataset(ForgeActor):
             "seed": self.seed,
             "source": self.task.source,
             "too_long": self.too_long,
+            "draws": self.draws,
         }
 
     @endpoint
@@ -104,3 +110,4 @@ class PromptDataset(ForgeActor):
             raise ValueError(f"dataset state is for seed {state['seed']}, this run uses seed {self.seed}")
         self.rows.seek(int(state["position"]))
         self.too_long = int(state.get("too_long", 0))
+        self.draws = int(state.get("draws", state["position"]))  # a checkpoint from before draws were counted

@@ -38,6 +38,7 @@ from forge_rl.actors.generator_engine import (
     route_engine_args,
     start_engine,
     start_recording_routes,
+    unchunked_prefill,
     watch_engine,
 )
 from forge_rl.actors.generator_outputs import Child, completion_of, completion_routes, filler_completion
@@ -135,7 +136,7 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         if self.record_routes:
             args.update(route_engine_args(cuda, self.engine_args, self.engine_args_key))
         if not cuda:
-            args = cpu_engine_env(args)
+            args = cpu_engine_env(unchunked_prefill(args, self.engine_args_key))
             # CPU MoE reloads and route recording (forge_rl/deps/vllm.py)
             args.setdefault("worker_extension_cls", WORKER_EXTENSION)
         self.reload_method = (

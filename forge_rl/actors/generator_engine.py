@@ -1,7 +1,7 @@
 """How a Generator's vLLM engine is configured, started and watched: the CPU defaults, the arguments Keep Routing and
-LoRA need, where the model runs on a CPU (in the EngineCore or a Worker), how the EngineCore process starts (fork on
-CPU, spawn on CUDA), vLLM's refusals of the engine arguments as one line naming the config key, Keep Routing's
-recorder started, and a dead engine ending its proc.
+LoRA need, seeded requests on a CPU (no chunked prefill), where the model runs on a CPU (in the EngineCore or a
+Worker), how the EngineCore process starts (fork on CPU, spawn on CUDA), vLLM's refusals of the engine arguments as
+one line naming the config key, Keep Routing's recorder started, and a dead engine ending its proc.
 """
 
 import asyncio
@@ -23,6 +23,9 @@ CPU_ENGINE_DEFAULTS: dict[str, Any] = dict(
 )
 # Behaviour logprobs after temperature scaling: the policy the trainer trains is softmax(logits / T).
 ENGINE_DEFAULTS: dict[str, Any] = dict(logprobs_mode="processed_logprobs", use_tqdm_on_load=False)
+
+# vLLM's own step token budget of an engine (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+DEFAULT_BATCHED_TOKENS = 2048
 
 # vLLM's accepted max_lora_rank values; an adapter of rank r needs the smallest one >= r.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -46,6 +49,24 @@ def route_engine_args(cuda: bool, engine_args: dict[str, Any], key: str) -> dict
             "experts of the positions a request computes, and a cached prefix is not computed; remove it"
         )
     return dict(enable_prefix_caching=False)
+
+
+def unchunked_prefill(args: dict[str, Any], key: str) -> dict[str, Any]:
+    """A CPU engine that takes seeded requests (a run's rollouts carry per-request seeds: forge_rl/data/seeds.py)
+    must not split a prompt over engine steps. vLLM 0.32 draws a token for a request whose prompt is
+    only partly computed, throws it away, and rewinds the request's random generator (`set_offset(offset - 4)`, a
+    CUDA Philox generator's API); a CPU generator has no offset, so the EngineCore dies ("CPU Generator does not
+    use offset") as soon as continuous batching splits a seeded prompt. Without chunked prefill a prompt is computed
+    whole in one step, so no draw is thrown away; the step's token budget is raised to max_model_len if below it
+    (vLLM refuses an unchunked engine whose budget is smaller). An explicit `enable_chunked_prefill: true` is
+    refused: every seeded request could end the engine."""
+    if args.get("enable_chunked_prefill"):
+        raise ConfigError(
+            f"{key}.enable_chunked_prefill=true on a CPU engine: vLLM 0.32 crashes on a seeded request whose prompt "
+            "is split over engine steps (a run's rollouts are seeded from its `seed`); remove it"
+        )
+    budget = max(args.get("max_num_batched_tokens") or DEFAULT_BATCHED_TOKENS, args.get("max_model_len") or 0)
+    return {**args, "enable_chunked_prefill": False, "max_num_batched_tokens": budget}
 
 
 def cpu_engine_env(args: dict[str, Any]) -> dict[str, Any]:

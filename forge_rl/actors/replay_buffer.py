@@ -141,12 +141,16 @@ class GroupStore:
         ]
 
     def _order(self, entries: list[_Entry]) -> list[_Entry]:
-        """ "oldest": the groups with the oldest tokens first, then in arrival order. A straggler (a long response
+        """ "oldest": the groups with the oldest tokens first, then by prompt id. A straggler (a long response
         started under an older version) that arrives after groups started later is trained first, before it is too
-        old; in arrival order it would wait behind them and could be dropped as stale."""
+        old; in arrival order it would wait behind them and could be dropped as stale. Within a version the order is
+        the prompt ids', not arrival's: concurrent rollouts finish in an order timing decides, and a seeded run must
+        collate the same batch in the same order (a sum in another order differs in its last bits). "random" draws
+        from that same order with the seeded rng."""
+        ordered = sorted(entries, key=lambda e: (e.oldest, e.group.prompt_id))  # stable: arrival among equal ids
         if self.cfg.order == "random":
-            return self.rng.sample(entries, len(entries))
-        return sorted(entries, key=lambda e: e.oldest)  # stable: arrival order within a version
+            return self.rng.sample(ordered, len(ordered))
+        return ordered
 
     def _retire(self, entries: list[_Entry]) -> None:
         gone = {id(e) for e in entries}

@@ -11,7 +11,7 @@ ORDERS = ("oldest", "random")
 @dataclass
 class ReplayBufferConfig:
     capacity: int = 64  # groups
-    order: str = "oldest"  # "oldest" (oldest tokens first, then arrival) | "random"
+    order: str = "oldest"  # "oldest" (oldest tokens first, then by prompt id) | "random"
     max_resample: int = 1  # times a group may be trained on
     min_fresh_groups: int = 1  # per batch, groups never trained on before (matters when max_resample > 1)
     drop_zero_advantage: bool = True  # groups whose advantages are all zero carry no signal

@@ -349,7 +349,8 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         return {
             "model": self._model_tensors(),
             "optim": get_optimizer_state_dict(self.model, self.optimizer),
-            "train": {"step": self.step, "scheduler": self.scheduler.state_dict()},
+            # the torch RNG: LoRA's dropout draws from it, so a resumed run drops what the uninterrupted one did
+            "train": {"step": self.step, "scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state()},
         }
 
     @endpoint
@@ -398,9 +399,13 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         if not (Path(path) / ".metadata").is_file():
             raise FileNotFoundError(f"{path}: not a DCP checkpoint (no .metadata)")
         state = self._state()
+        if "train.rng" not in dcp.FileSystemReader(path).read_metadata().state_dict_metadata:
+            del state["train"]["rng"]  # a checkpoint written before the RNG was saved
         dcp.load(state, checkpoint_id=path)  # into the parameters' own shards, in place
         set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
         self.scheduler.load_state_dict(state["train"]["scheduler"])
+        if "rng" in state["train"]:
+            torch.set_rng_state(state["train"]["rng"])
         self.step = int(state["train"]["step"])
         return self.step
 

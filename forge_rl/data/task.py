@@ -103,6 +103,9 @@ class TaskExample:
     columns: dict[str, Any]  # reward keyword arguments: `answer` and every column but the prompt
     where: str  # the file and line (or row) it came from
     text: str = ""  # the rendered prompt the generator is given (see `render`)
+    # the sampling seed of the group drawn from it (the dataset actor's, per draw: forge_rl/data/seeds.py);
+    # None: the engine samples unseeded
+    seed: int | None = None
 
 
 def to_example(row: dict, where: str, index: int, cfg: TaskConfig) -> TaskExample:

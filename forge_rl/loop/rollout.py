@@ -384,6 +384,7 @@ async def rollout_from_dataset(
     generate_args = {
         **(lengths.sampling(example.id) if lengths is not None else {}),
         **({"max_age": max_age} if max_age is not None else {}),
+        **({"seed": example.seed} if getattr(example, "seed", None) is not None else {}),  # the dataset's, per draw
     }
     try:
         group = await rollout_group(
