@@ -97,11 +97,14 @@ def batch_staleness(batches: list[TrainBatch], version: int) -> tuple[float, int
     return float(ages.float().mean()), int(ages.max())
 
 
-async def wait_for_batch(run: RunState, buffer, rollouts: list[asyncio.Task]) -> tuple[list[TrainBatch], float]:
+async def wait_for_batch(
+    run: RunState, buffer, rollouts: list[asyncio.Task], before: dict | None = None
+) -> tuple[list[TrainBatch], float]:
     """Sample a batch at the run's version, waiting while rollouts fill the buffer. Raises at once when a
-    rollout task died, and NoBatchError (saying why) after no_batch_timeout_s without a batch."""
+    rollout task died, and NoBatchError (saying why) after no_batch_timeout_s without a batch. `before`: the
+    buffer's stats as the wait starts, when the caller has them (one round trip fewer per step)."""
     start = time.perf_counter()
-    before = await buffer.stats.call_one()
+    before = before if before is not None else await buffer.stats.call_one()
     drops_before = dict(run.drops)
     # The buffer waits for the batch itself (each add wakes it); a call returns empty every SAMPLE_WAIT_S so
     # that failed rollouts, stale drops (which admission must hear of) and the timeout are noticed.

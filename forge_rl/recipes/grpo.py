@@ -90,6 +90,7 @@ class GRPORun(RecipeRun):
         self.engine_occupancy = 0.0  # mean sequences in a generator's batch over the run (finish() sets it)
         self._gen_at_start: dict = {}
         self._checkpointed: tuple[int, Path] | None = None  # (step, path) of the last checkpoint this run wrote
+        self._buffer_stats: dict | None = None  # ReplayBuffer.stats as the last step's line read them
 
     @property
     def step(self) -> int:
@@ -215,9 +216,10 @@ class GRPORun(RecipeRun):
             await self._start_rollouts()
         clock = StepClock(self.timeline, step=s.version + 1)
         step_start, tokens_before = time.perf_counter(), s.rollouts.generated_tokens
-        buffer_before = await self.buffer.stats.call_one()
+        # the buffer's stats as the last step's line read them (a round trip fewer; nothing is lost in between)
+        buffer_before = self._buffer_stats or await self.buffer.stats.call_one()
         # 1. collect: the rollout tasks generate, score and buffer groups; take a batch at the trainer's version
-        batches, sample_wait, staleness = await self._collect(clock)
+        batches, sample_wait, staleness = await self._collect(clock, buffer_before)
         if self.placement.colocated:  # the trainer's device
             with clock.part("swap"):
                 hold_s = await self.weights.step_aside()
@@ -245,7 +247,9 @@ class GRPORun(RecipeRun):
         took = dict(
             step_s=time.perf_counter() - step_start, generated_tokens=s.rollouts.generated_tokens - tokens_before
         )
-        line = await step_line(self, metrics, push, batches, buffer_before, staleness, sample_wait, **took)
+        line, self._buffer_stats = await step_line(
+            self, metrics, push, batches, buffer_before, staleness, sample_wait, **took
+        )
         line.update(clock.finish())  # the parts sum to step_time/wall; the controller's share is the remainder
         self.log.log(self.step, line)
         self.timeline.mark(f"step {self.step}")
@@ -284,12 +288,12 @@ class GRPORun(RecipeRun):
         s.version = version
         return {**metrics, **score_metrics, **beside}, push.get(0)
 
-    async def _collect(self, clock: StepClock) -> tuple[list, float, float]:
+    async def _collect(self, clock: StepClock, buffer_before: dict) -> tuple[list, float, float]:
         """A batch of groups at the trainer's version, how long it was waited for, and its mean staleness. The next
         batch is sampled at version + 1: admission then admits only what that batch can still use."""
         s = self.state
         with self.timeline.span("controller", "wait for a batch", step=s.version + 1), clock.waiting_for_samples():
-            batches, sample_wait = await wait_for_batch(s, self.buffer, self.rollouts.tasks)
+            batches, sample_wait = await wait_for_batch(s, self.buffer, self.rollouts.tasks, buffer_before)
         stored = s.admission.stored
         await s.admission.sampled((await self.buffer.stats.call_one())["groups"], s.version + 1, stored)
         staleness, oldest = batch_staleness(batches, s.version)

@@ -243,9 +243,10 @@ async def step_line(
     sample_wait: float,
     step_s: float,
     generated_tokens: int,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict]:
     """The metrics line of the step `run` just took: what the trainer and the publish returned, with the buffer's,
-    the dataset's and a generator's stats and the rewards scored meanwhile."""
+    the dataset's and a generator's stats and the rewards scored meanwhile; and the buffer's stats it read (the
+    next step's `buffer_before`)."""
     s = run.state
     buffer, data = await run.buffer.stats.call_one(), await run.dataset.stats.call_one()
     rewards, parts = s.rollouts.take_rewards()
@@ -271,7 +272,7 @@ async def step_line(
         )
     )
     line.update({k: v for k, v in metrics.items() if "/" in k})  # another stage's, named (PPO's critic/...)
-    return line
+    return line, buffer
 
 
 async def run_summary(run, wall: float, gen_busy_s: float) -> dict:
