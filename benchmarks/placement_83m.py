@@ -12,7 +12,8 @@ apps/grpo/main.py in this process, one after the other (per placement, sync then
 (training phase), the trainer's and the generator's idle fractions, the stale drops, each run against the best
 synchronous one, and where async's extra work goes: tokens generated per token trained (groups generated but
 never trained: stale, or still in flight or buffered at the end), tokens whose KV cache a weight swap threw
-away (recompute_kv), and the time the engine spent paused for swaps. Each run's timeline.png is in its output
+away (recompute_kv), and the time the engine spent paused for swaps; then where each run's step went on its
+critical path (step_time/<part>, mean over the steps after the first). Each run's timeline.png is in its output
 folder.
 
 The baseline is the synchronous loop as a user would run it best. Pinned one core per role (disaggregated)
@@ -32,6 +33,7 @@ from rich.table import Table
 
 from forge_rl.config import load_config
 from forge_rl.models.build_tiny import build
+from forge_rl.observability.metrics import read_jsonl
 from forge_rl.recipes.grpo import GRPOConfig, main
 
 SHAPE_83M = dict(
@@ -89,7 +91,8 @@ def cli() -> None:
             Console().rule(label)
             out = f"output_dir=outputs/bench/placement_83m/{label.replace(', ', '_').replace(' ', '_')}"
             cfg = load_config(GRPOConfig, "configs/grpo/tiny.yaml", common + extra + [out, "overwrite=true"])
-            results.append((label, asyncio.run(main(cfg))))
+            summary = asyncio.run(main(cfg))
+            results.append((label, dict(summary, breakdown=step_breakdown(Path(cfg.output_dir) / "metrics.jsonl"))))
     # the baseline: the faster of the two synchronous placements, as a user would set sync up
     base = max(s["steps_per_min"] for label, s in results if label.startswith("sync"))
     table = Table(title=f"GRPO on an 83M-parameter Qwen3 shape, {args.steps} steps, G=8 x 4 groups x 64 tokens")
@@ -123,6 +126,24 @@ def cli() -> None:
             f"{g['pause_s_total']:.1f} s",
         )
     Console(width=160).print(table)
+    Console(width=160).print(breakdown_table(results))
+
+
+def step_breakdown(metrics: Path) -> dict[str, float]:
+    """Mean seconds per step_time/<part> over the run's steps after the first (its warm-up)."""
+    rows = [r for r in read_jsonl(metrics) if "step_time/wall" in r]
+    rows = rows[1:] or rows
+    return {k.removeprefix("step_time/"): sum(r[k] for r in rows) / len(rows) for k in rows[0] if "step_time/" in k}
+
+
+def breakdown_table(results: list[tuple[str, dict]]) -> Table:
+    parts = list(results[0][1]["breakdown"])
+    table = Table(title="where a step went on its critical path, mean s over steps 2..N (step_time/<part>)")
+    for col in ("loop", *parts):
+        table.add_column(col, justify="right")
+    for label, s in results:
+        table.add_row(label, *(f"{s['breakdown'].get(p, 0.0):.2f}" for p in parts))
+    return table
 
 
 if __name__ == "__main__":
