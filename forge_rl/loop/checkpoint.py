@@ -17,12 +17,14 @@ The files are hashed by whoever wrote them (each trainer rank its own shards); w
 """
 
 import asyncio
+import errno
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import torch
 
+from forge_rl.errors import RunStopped, _wrapped
 from forge_rl.loop.rollout import Admission
 from forge_rl.loop.train_loop import RunState
 from forge_rl.runtime.manifest import commit, complete_checkpoints, intact, newest_intact, step_dirs, step_of
@@ -40,6 +42,7 @@ __all__ = [
 ]
 
 APP_STATE = "app_state.pt"
+DISK_REFUSALS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a checkpoint these stop ends the run in one line
 
 
 async def commit_checkpoint(
@@ -47,7 +50,9 @@ async def commit_checkpoint(
 ) -> Path:
     """`checkpoint_dir/step-N`, written whole or not at all: `write(tmp)` fills a temporary directory, the
     manifest of checksums goes in last, and a rename makes it complete. A failure midway (a full disk, a kill)
-    leaves every earlier checkpoint as it was. Then retention (`prune`) keeps the newest `keep_last` intact
+    leaves every earlier checkpoint as it was; a full disk or a read-only folder raises RunStopped, one line naming
+    where, the room a checkpoint needs (the larger of what was written and the last complete checkpoint) and the
+    checkpoint to continue from. Then retention (`prune`) keeps the newest `keep_last` intact
     checkpoints of run `run_id` (0: all)."""
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -57,12 +62,45 @@ async def commit_checkpoint(
     try:
         await write(partial)
         await _to_the_end(commit, partial, final, run_id, step)
-    except BaseException:
+    except BaseException as e:
+        written = _size(partial)
         shutil.rmtree(partial, ignore_errors=True)
+        if (full := disk_refused(e)) is not None:
+            raise RunStopped(no_room(full, final, written, checkpoint_dir, run_id)) from None
         raise
     if keep_last > 0:
         await _to_the_end(prune, checkpoint_dir, run_id, keep_last, final)
     return final
+
+
+def disk_refused(error: BaseException) -> OSError | None:
+    """The OSError of a full disk (ENOSPC, EDQUOT) or a read-only file system (EROFS) that `error` is or wraps (a
+    trainer rank's, inside Monarch's ActorError), or None."""
+    for e in _wrapped(error):
+        if isinstance(e, OSError) and e.errno in DISK_REFUSALS:
+            return e
+    return None
+
+
+def no_room(error: OSError, final: Path, written: int, checkpoint_dir: Path, run_id: str) -> str:
+    """One line: which checkpoint could not be written where, the room it needs next to the room there is, and the
+    checkpoint to resume from (the newest intact one of the run, untouched)."""
+    previous = complete_checkpoints(checkpoint_dir, run_id)
+    needed = max([written, *(_size(p) for p in previous[-1:])])  # the last complete one: what a checkpoint takes
+    where = error.filename or checkpoint_dir
+    if error.errno == errno.EROFS:
+        why = f"{where} is on a read-only file system"
+    else:
+        free = shutil.disk_usage(checkpoint_dir).free
+        need = f", a checkpoint needs about {needed / 2**20:.1f} MiB" if needed > free else ""
+        why = f"no space left at {where}: {free / 2**20:.1f} MiB free{need}"
+    resume = next((p for p in reversed(previous) if intact(p, read=False)), None)
+    then = f"continue from {resume} with resume=true" if resume else "no earlier checkpoint of this run exists"
+    return f"checkpoint {final.name} not written ({why}); make room in {checkpoint_dir}, then {then}"
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) if Path(path).is_dir() else 0
 
 
 def prune(checkpoint_dir: Path, run_id: str, keep_last: int, newest: Path) -> list[Path]:
