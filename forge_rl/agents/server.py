@@ -15,7 +15,9 @@ against the run's sampling (forge_rl/agents/requests.py). The request and respon
 the OpenAI API, and tool calls in a reply are parsed by the parser vLLM ships for Hermes-style calls (Qwen3's); the
 tokens come from the generator, never from vLLM's server. The root base URL (http://127.0.0.1:PORT/v1) serves the
 same model unrecorded and never trained on (a smoke test, a benchmark); a call to an episode that does not exist,
-or has ended, is refused (404).
+or has ended, is refused (404). A client that cannot take a URL per episode (one connection pool shared by many
+episodes, as verifiers' interception server keeps one per endpoint URL) calls the root URL and names its episode in
+the request's model instead: `<model>@episode/<id>` (`episode_model`).
 """
 
 import asyncio
@@ -33,6 +35,24 @@ from forge_rl.errors import ConfigError
 
 
 KEEP_ALIVE_S = 600
+EPISODE_IN_MODEL = "@episode/"  # model "tiny-warm@episode/t12": a root-URL call of episode t12
+
+
+def episode_model(base_url: str, model: str) -> tuple[str, str]:
+    """(the root URL, the model name naming the episode) for a client of the episode whose base URL is `base_url`
+    (http://127.0.0.1:PORT/episodes/<id>/v1) that calls the root URL."""
+    root, _, rest = str(base_url).partition("/episodes/")
+    episode_id = rest.split("/", 1)[0]
+    if not episode_id:
+        raise ValueError(f"{base_url!r} is not an episode's base URL (http://HOST:PORT/episodes/<id>/v1)")
+    return f"{root}/v1", f"{model}{EPISODE_IN_MODEL}{episode_id}"
+
+
+def episode_of_model(model) -> str | None:
+    """The episode a root-URL call's model names (`episode_model`), or None."""
+    if isinstance(model, str) and EPISODE_IN_MODEL in model:
+        return model.rsplit(EPISODE_IN_MODEL, 1)[1] or None
+    return None
 
 
 class UnknownEpisode(LookupError):
@@ -173,6 +193,8 @@ class AgentServer:
         async def answer(episode_id: str | None, request: Request, serve) -> JSONResponse:
             try:
                 body = await request.json()
+                if episode_id is None and isinstance(body, dict):  # a shared client names its episode in the model
+                    episode_id = episode_of_model(body.get("model"))
                 return JSONResponse((await serve(self._episode(episode_id), body)).model_dump(exclude_none=True))
             except UnknownEpisode as e:
                 return self._error(str(e), "NotFoundError", 404)

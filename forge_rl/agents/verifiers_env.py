@@ -114,6 +114,12 @@ def _built_environment(path: str, args: dict, key: str):
 
 
 def _line(e: BaseException) -> str:
+    """`e` in one line: a validation error's first field and what is wrong with it (pydantic's first line only
+    counts them), else the first line of its message."""
+    errors = getattr(e, "errors", None)
+    if callable(errors) and type(e).__name__ == "ValidationError" and (found := errors()):
+        where = ".".join(str(part) for part in found[0].get("loc", ()))
+        return f"{where}: {found[0].get('msg', '')}"[:300]
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
@@ -184,15 +190,17 @@ class VerifiersEpisodes:
     async def __call__(self, example, client) -> AgentReward:
         import verifiers.v1 as vf
 
+        from forge_rl.agents.server import episode_model  # the endpoint's modules: not for the start-up checks
+
         if self._serving is None:
             serving = self.env.serving()
             await serving.__aenter__()
             self._serving = serving
         task = self.task_type(self._task_data(example), self.env.taskset.config.task)
-        ctx = vf.ModelContext(
-            model=self.model,
-            client=vf.EvalClientConfig(base_url=str(client.base_url).rstrip("/"), api_key_var=API_KEY_VAR),
-        )
+        # one endpoint config for every episode, the episode named in the model: verifiers' interception server
+        # keeps a client (a connection pool) per distinct endpoint config, for as long as it serves
+        root, model = episode_model(str(client.base_url), self.model)
+        ctx = vf.ModelContext(model=model, client=vf.EvalClientConfig(base_url=root, api_key_var=API_KEY_VAR))
         episode = await self.env.run_episode(task, ctx)
         if not episode.ok:
             errors = [f"{e.type}: {e.message}" for e in episode.errors]

@@ -12,6 +12,7 @@ from functools import cache
 import pytest
 
 from forge_rl.agents.config import AgentConfig, VerifiersConfig
+from forge_rl.agents.server import episode_model, episode_of_model
 from forge_rl.agents.verifiers_env import TASK_COLUMN, load_environment, verifiers_task
 from forge_rl.config import ConfigError, load_config
 from forge_rl.data.task import TaskConfig
@@ -81,7 +82,7 @@ def test_the_environment_is_verifiers_own_with_its_reward_functions():
         (dict(env="no_such_taskset_anywhere"), ["agent.verifiers.env='no_such_taskset_anywhere'", "not found"]),
         (dict(env="examples.no_such_module"), ["agent.verifiers.env='examples.no_such_module'", "cannot import"]),
         (dict(env="examples.agents.retry_agent"), ["agent.verifiers.env='examples.agents.retry_agent'", "__all__"]),
-        (dict(args={"split": "validation"}), ["agent.verifiers.env", "agent.verifiers.args", "could not load"]),
+        (dict(args={"split": "validation"}), ["agent.verifiers.args", "could not load", "taskset.split"]),
         (dict(env=f"{__name__}:raises_on_build"), ["agent.verifiers.env", "raised RuntimeError", "not there"]),
         (dict(env=f"{__name__}:builds_no_env"), ["agent.verifiers.env", "returned a dict", "verifiers.v1 Env"]),
         (dict(harness="examples.no_harness"), ["agent.verifiers.harness='examples.no_harness'", "cannot import"]),
@@ -110,3 +111,13 @@ def test_a_bad_verifiers_value_is_refused_when_read(settings, names):
     with pytest.raises(ValueError) as e:
         AgentConfig(**settings)
     assert all(name in str(e.value) for name in names), str(e.value)
+
+
+def test_a_shared_client_names_its_episode_in_the_model():
+    """verifiers' interception server keeps one client per endpoint URL: episodes share the root URL and are named
+    in the model, which the endpoint routes by."""
+    root, model = episode_model("http://127.0.0.1:4321/episodes/t12/v1/", "tiny-warm")
+    assert (root, model) == ("http://127.0.0.1:4321/v1", "tiny-warm@episode/t12")
+    assert episode_of_model(model) == "t12" and episode_of_model("tiny-warm") is None
+    with pytest.raises(ValueError):
+        episode_model("http://127.0.0.1:4321/v1", "tiny-warm")
