@@ -127,23 +127,33 @@ def task_rows(env, max_rows: int) -> list[dict]:
     """Each task of the env's taskset as a row: its id, the prompt messages verifiers sends first, its answer
     (where its data has one), and its whole task data (TASK_COLUMN)."""
     rows = []
-    for task in env.taskset.take(max_rows) if not env.taskset.bounded else env.taskset:
-        if len(rows) >= max_rows:
-            break
-        data = task.data
-        messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
-        if isinstance(data.prompt, str):
-            messages.append({"role": "user", "content": data.prompt})
-        else:
-            messages += [m.model_dump(mode="json", exclude_none=True) for m in data.prompt or []]
-        row = {"id": str(data.id if data.id is not None else data.idx), "prompt": messages}
-        if getattr(data, "answer", None) is not None:
-            row["answer"] = str(data.answer)
-        row[TASK_COLUMN] = data.model_dump(mode="json", exclude_none=True)
-        rows.append(row)
+    try:
+        for task in env.taskset.take(max_rows) if not env.taskset.bounded else env.taskset:
+            if len(rows) >= max_rows:
+                break
+            rows.append(_row(task.data))
+    except Exception as e:  # the taskset's own load(): a missing file, a bad row
+        raise ConfigError(
+            f"{KEY}={env.taskset.config.id!r}: its taskset raised {type(e).__name__} while its tasks were read: "
+            f"{_line(e)}"
+        ) from None
     if not rows:
         raise ConfigError(f"{KEY}={env.taskset.config.id!r}: its taskset yields no task; check agent.verifiers.args")
     return rows
+
+
+def _row(data) -> dict:
+    """One task's row (task_rows)."""
+    messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+    if isinstance(data.prompt, str):
+        messages.append({"role": "user", "content": data.prompt})
+    else:
+        messages += [m.model_dump(mode="json", exclude_none=True) for m in data.prompt or []]
+    row = {"id": str(data.id if data.id is not None else data.idx), "prompt": messages}
+    if getattr(data, "answer", None) is not None:
+        row["answer"] = str(data.answer)
+    row[TASK_COLUMN] = data.model_dump(mode="json", exclude_none=True)
+    return row
 
 
 def verifiers_task(task: TaskConfig, spec: VerifiersConfig) -> TaskConfig:

@@ -121,3 +121,10 @@ def test_a_shared_client_names_its_episode_in_the_model():
     assert episode_of_model(model) == "t12" and episode_of_model("tiny-warm") is None
     with pytest.raises(ValueError):
         episode_model("http://127.0.0.1:4321/v1", "tiny-warm")
+
+
+@pytest.mark.parametrize("args, says", [({"max_operand": -1}, "raised ValueError"), ({"size": 0}, "yields no task")])
+def test_a_taskset_that_raises_or_yields_nothing_is_one_line(args, says):
+    with pytest.raises(ConfigError) as e:
+        verifiers_task(TaskConfig(), VerifiersConfig(env=EXAMPLE, args=args))
+    assert "agent.verifiers.env" in str(e.value) and says in str(e.value) and "\n" not in str(e.value)
