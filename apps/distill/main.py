@@ -7,11 +7,13 @@ The run is GRPO's with the teacher as its reference stage (forge_rl/recipes/dist
 """
 
 from forge_rl.recipes.command_line import run_from_command_line
-from forge_rl.recipes.distill import DistillConfig, DistillRun
-from forge_rl.recipes.grpo import train
+from forge_rl.recipes.distill_config import DistillConfig
 
 
 async def main(cfg: DistillConfig) -> dict:
+    from forge_rl.recipes.distill import DistillRun  # here: a config error is found before torch is imported
+    from forge_rl.recipes.grpo import train
+
     return await train(DistillRun(cfg))
 
 

@@ -8,10 +8,12 @@ time, and `train`, the loop over them); this file only reads the command line. `
 """
 
 from forge_rl.recipes.command_line import run_from_command_line
-from forge_rl.recipes.grpo import GRPOConfig, GRPORun, train
+from forge_rl.recipes.grpo_config import GRPOConfig
 
 
 async def main(cfg: GRPOConfig) -> dict:
+    from forge_rl.recipes.grpo import GRPORun, train  # here: a config error is found before torch is imported
+
     return await train(GRPORun(cfg))
 
 

@@ -6,11 +6,13 @@ The run is GRPO's with a critic stage (forge_rl/recipes/ppo.py, docs/algorithms.
 """
 
 from forge_rl.recipes.command_line import run_from_command_line
-from forge_rl.recipes.grpo import train
-from forge_rl.recipes.ppo import PPOConfig, PPORun
+from forge_rl.recipes.ppo_config import PPOConfig
 
 
 async def main(cfg: PPOConfig) -> dict:
+    from forge_rl.recipes.grpo import train  # here: a config error is found before torch is imported
+    from forge_rl.recipes.ppo import PPORun
+
     return await train(PPORun(cfg))
 
 

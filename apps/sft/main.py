@@ -7,10 +7,12 @@ command line. Ctrl-C saves a checkpoint of the current step and exits with code 
 """
 
 from forge_rl.recipes.command_line import run_from_command_line
-from forge_rl.recipes.sft import SFTConfig, SFTRun, train
+from forge_rl.recipes.sft_config import SFTConfig
 
 
 async def main(cfg: SFTConfig) -> dict:
+    from forge_rl.recipes.sft import SFTRun, train  # here: a config error is found before torch is imported
+
     return await train(SFTRun(cfg))
 
 
