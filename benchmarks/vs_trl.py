@@ -7,9 +7,10 @@ Both sides train the same HF model directory (built here: benchmarks/placement_8
 tiny model's character tokenizer) on the same prompts (the arithmetic task's training stream from seed 0, as a
 chat turn), G=8 samples per prompt, 4 prompts per step, exactly 64 new tokens per sample (forge_rl: ignore_eos;
 TRL: min_new_tokens=64 with max_completion_length=64), temperature 1.0, AdamW lr 1e-4 (betas 0.9/0.999, eps 1e-8,
-no weight decay, constant rate, no warm-up), grad clip 1.0, no activation checkpointing, clipped loss 0.2/0.28 averaged per sequence then over
-the batch (forge_rl normalize=sequence_mean; TRL loss_type="grpo"), advantages scaled by the group's std, no KL
-term, one optimizer step per batch, float32, rewards exact_match (1.0) + format (0.1), zero-advantage groups kept.
+no weight decay, constant rate, no warm-up), grad clip 1.0, no activation checkpointing, clipped loss 0.2/0.28
+averaged per sequence then over the batch (forge_rl normalize=sequence_mean; TRL loss_type="grpo"), advantages
+scaled by the group's std, no KL term, one optimizer step per batch, float32, rewards exact_match (1.0) + format
+(0.1), zero-advantage groups kept.
 
 What differs: TRL generates with transformers' `generate` in its training process and trains there (one process,
 both cores); forge_rl generates with vLLM in a generator actor and trains with TorchTitan in a trainer actor
@@ -167,7 +168,8 @@ def run_forge(model: Path, steps: int, mode: str, placement: str, overrides: lis
     cfg = load_config(GRPOConfig, str(REPO / "configs/grpo/tiny.yaml"), args)
     asyncio.run(main(cfg))
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "step_time/wall" in r]
-    parts = {k: [r[k] for r in rows[1:]] for k in rows[0] if k.startswith("step_time/")}
+    after_first = rows[1:] or rows  # the first step warms up (compilation, allocator)
+    parts = {k: [r[k] for r in after_first] for k in rows[0] if k.startswith("step_time/")}
     return dict(step_s=[r["step_time/wall"] for r in rows], parts={k: statistics.mean(v) for k, v in parts.items()})
 
 
