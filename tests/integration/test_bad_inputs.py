@@ -309,3 +309,18 @@ def test_debug_shows_the_traceback_before_the_same_line(table, tmp_path):
     assert loud.status == quiet.status == 2
     assert "Traceback (most recent call last)" in loud.stderr and "ConfigError" in loud.stderr
     assert loud.error == quiet.error
+
+
+@pytest.mark.parametrize("app", ["grpo", "ppo", "distill", "sft"])
+def test_a_config_the_schema_refuses_ends_before_torch_is_imported(app):
+    """The apps import their recipe (torch, TorchTitan: seconds of CPU) only once the config is read: a typo in
+    a key or a malformed override costs a user well under a second."""
+    probe = (
+        "import runpy, sys\n"
+        f"sys.argv = ['main', '--config', 'configs/{app}/tiny.yaml', 'no_such_key=1']\n"
+        f"try: runpy.run_module('apps.{app}.main', run_name='__main__')\n"
+        "except SystemExit as e: print('exit', e.code, 'torch imported:', 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "exit 2 torch imported: False", out.stdout + out.stderr
+    assert out.stderr.startswith("forge_rl: ") and "no_such_key" in out.stderr, out.stderr
