@@ -4,8 +4,8 @@ fixed pool of questions that the `train` split never asks. forge_rl trains on it
 
     python -m apps.grpo.main --config configs/grpo/tiny_verifiers.yaml
 
-and verifiers' own CLI could evaluate it the same way (`vf-eval examples.verifiers_addition`): the taskset id is this
-package's import path (docs/agents.md, "verifiers environments").
+which names it by its import path (agent.verifiers.env: examples.verifiers_addition; docs/agents.md, "verifiers
+environments"). Installed as a package of its own, verifiers' tools would name it by that package's name.
 """
 
 from examples.verifiers_addition.taskset import AdditionData, AdditionTask, AdditionTaskset, AdditionTasksetConfig
