@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 EXTRAS_STAMP := $(VENV)/.forge_rl-extras-done
 
-.PHONY: setup setup-extras setup-slurm demo demo-ppo demo-rm demo-multiturn demo-reasoning-gym demo-openenv demo-agent demo-distill demo-lora demo-moe test test-fast lint format gpu-check wheelhouse clean
+.PHONY: setup setup-extras setup-slurm demo demo-ppo demo-rm demo-multiturn demo-reasoning-gym demo-openenv demo-agent demo-verifiers demo-distill demo-lora demo-moe test test-fast lint format gpu-check wheelhouse clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -43,6 +43,9 @@ demo-openenv: setup-extras  # an OpenEnv environment (examples/openenv_addition:
 
 demo-agent: setup-extras  # an agent written only against the openai client (examples/agents/retry_agent.py) trained through the run's OpenAI-compatible endpoint (configs/grpo/tiny_agent.yaml)
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny_agent.yaml $(DEMO) $(ARGS)
+
+demo-verifiers: setup-extras  # a verifiers environment (examples/verifiers_addition) trained through the run's OpenAI-compatible endpoint (configs/grpo/tiny_verifiers.yaml)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny_verifiers.yaml $(DEMO) $(ARGS)
 
 demo-distill: setup  # on-policy distillation of tiny-warm from tiny-teacher (configs/distill/tiny.yaml)
 	$(PY) -m apps.distill.main --config configs/distill/tiny.yaml $(DEMO) $(ARGS)
