@@ -18,6 +18,7 @@ The files are hashed by whoever wrote them (each trainer rank its own shards); w
 
 import asyncio
 import errno
+import os
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -65,7 +66,15 @@ async def commit_checkpoint(
     except BaseException as e:
         written = _size(partial)
         shutil.rmtree(partial, ignore_errors=True)
-        if (full := disk_refused(e)) is not None:
+        full = disk_refused(e)
+        if (
+            full is None
+            and isinstance(e, Exception)
+            and _room(checkpoint_dir) < _needed(checkpoint_dir, run_id, written)
+        ):
+            # a writer that hides the OSError (torch.save's zip writer: "unexpected pos") on a disk too full
+            full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(checkpoint_dir))
+        if full is not None:
             raise RunStopped(no_room(full, final, written, checkpoint_dir, run_id)) from None
         raise
     if keep_last > 0:
@@ -86,17 +95,29 @@ def no_room(error: OSError, final: Path, written: int, checkpoint_dir: Path, run
     """One line: which checkpoint could not be written where, the room it needs next to the room there is, and the
     checkpoint to resume from (the newest intact one of the run, untouched)."""
     previous = complete_checkpoints(checkpoint_dir, run_id)
-    needed = max([written, *(_size(p) for p in previous[-1:])])  # the last complete one: what a checkpoint takes
+    needed = _needed(checkpoint_dir, run_id, written)
     where = error.filename or checkpoint_dir
     if error.errno == errno.EROFS:
         why = f"{where} is on a read-only file system"
     else:
-        free = shutil.disk_usage(checkpoint_dir).free
+        free = _room(checkpoint_dir)
         need = f", a checkpoint needs about {needed / 2**20:.1f} MiB" if needed > free else ""
         why = f"no space left at {where}: {free / 2**20:.1f} MiB free{need}"
     resume = next((p for p in reversed(previous) if intact(p, read=False)), None)
     then = f"continue from {resume} with resume=true" if resume else "no earlier checkpoint of this run exists"
     return f"checkpoint {final.name} not written ({why}); make room in {checkpoint_dir}, then {then}"
+
+
+def _needed(checkpoint_dir: Path, run_id: str, written: int) -> int:
+    """The room a checkpoint takes: the larger of what this one wrote and the run's last complete one."""
+    return max([written, *(_size(p) for p in complete_checkpoints(checkpoint_dir, run_id)[-1:])])
+
+
+def _room(checkpoint_dir: Path) -> int:
+    try:
+        return shutil.disk_usage(checkpoint_dir).free
+    except OSError:
+        return 0
 
 
 def _size(path: Path) -> int:
