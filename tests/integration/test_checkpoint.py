@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from forge_rl.errors import RunStopped
 from forge_rl.recipes.grpo import GRPORun
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.grpo_report import run_summary, summary_block
@@ -65,9 +66,11 @@ def test_a_failed_save_leaves_earlier_checkpoints_and_keep_last_prunes(tmp_path)
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-2", "step-3"]
     before = (tmp_path / "step-3" / ".metadata").read_bytes()
 
-    with pytest.raises(OSError, match="No space left"):  # the disk fills while step 4 is written
+    # the disk fills while step 4 is written, and while step 3 is written again: each ends the run in one line
+    # naming the checkpoint to continue from
+    with pytest.raises(RunStopped, match=r"checkpoint step-4 not written \(no space left at .*continue from .*step-3"):
         asyncio.run(save(4, trainer_that(fail=True), keep_last=2))
-    with pytest.raises(OSError, match="No space left"):  # and while step 3 is written again
+    with pytest.raises(RunStopped, match=r"checkpoint step-3 not written \(no space left at .*continue from .*step-3"):
         asyncio.run(save(3, trainer_that(fail=True), keep_last=2))
     assert complete_checkpoints(tmp_path, "run-a")[-1].name == "step-3"
     assert (tmp_path / "step-3" / ".metadata").read_bytes() == before
