@@ -11,6 +11,7 @@
 import contextlib
 import io
 import math
+import pickle
 from pathlib import Path
 
 import torch
@@ -159,9 +160,9 @@ class RecordingStorage(StorageWriter, StorageReader):
 
     def finish(self, metadata, results) -> None:
         self.metadata = metadata
-        if self.checkpoint_id is not None:  # what a loader looks for before it reads (no tensor in it here)
+        if self.checkpoint_id is not None:  # what a loader reads before the tensors (their names and shapes only)
             Path(self.checkpoint_id).mkdir(parents=True, exist_ok=True)
-            (Path(self.checkpoint_id) / ".metadata").touch()
+            (Path(self.checkpoint_id) / ".metadata").write_bytes(pickle.dumps(metadata))
 
     def storage_meta(self):
         return None
