@@ -102,8 +102,9 @@ def test_squeue_is_read_per_job_whatever_else_is_queued(cluster):
 
 def test_grpo_interactive_on_three_nodes_stops_before_the_time_limit_then_reattaches(cluster, tmp_path):
     """Controller on the login host; two trainer ranks on two nodes (FSDP across hosts), the generator on the
-    third. The first run, in a 3-minute allocation with stop_before_end_s=120, stops by itself 60 s into the job
-    with a final checkpoint and keeps the allocation; a second run with the same settings reattaches to it (no
+    third. The first run, in a 4-minute allocation with stop_before_end_s=150, stops by itself 90 s into the job
+    (time for the actors to start and train a step or more on a loaded 2-core machine) with a final checkpoint and
+    keeps the allocation; a second run with the same settings reattaches to it (no
     new job), resumes from that checkpoint, finishes, and cancels the job at exit."""
     out = tmp_path / "run"
     argv = [
@@ -116,18 +117,20 @@ def test_grpo_interactive_on_three_nodes_stops_before_the_time_limit_then_reatta
         f"output_dir={out}",
         "launcher.slurm.trainer_nodes=2",
         "trainer_procs=2",
-        "launcher.slurm.time=00:03:00",
+        "launcher.slurm.time=00:04:00",
         *QUICK,
     ]
     first = _on_login(
         cluster,
-        [*argv, "steps=100000", "launcher.slurm.keep_job=true", "launcher.slurm.stop_before_end_s=120"],
+        [*argv, "steps=100000", "launcher.slurm.keep_job=true", "launcher.slurm.stop_before_end_s=150"],
         tmp_path,
         300,
     )
     assert first.returncode == 130, first.stdout[-3000:] + first.stderr[-3000:]  # interrupted, by design
     assert "(its time limit): stopping with a final checkpoint" in first.stdout
-    stopped_at = int(complete_checkpoints(out / "checkpoints")[-1].name.split("-")[1])
+    saved = complete_checkpoints(out / "checkpoints")
+    assert saved, "stopped before its first step: " + first.stdout[-3000:]
+    stopped_at = int(saved[-1].name.split("-")[1])
     assert stopped_at >= 1
     jobs = _squeue(cluster)
     assert len(jobs) == 1 and jobs[0].endswith("RUNNING"), jobs  # kept
