@@ -6,7 +6,7 @@ the teacher's distribution on its own samples.
 The run is GRPO's with the teacher as its reference stage (forge_rl/recipes/distill.py, docs/algorithms.md).
 """
 
-from forge_rl.recipes.command_line import run_from_command_line
+from forge_rl.recipes.command_line import main_process
 from forge_rl.recipes.distill_config import DistillConfig
 
 
@@ -18,4 +18,4 @@ async def main(cfg: DistillConfig) -> dict:
 
 
 if __name__ == "__main__":
-    run_from_command_line(DistillConfig, main, __doc__.splitlines()[0])
+    main_process(DistillConfig, main, __doc__.splitlines()[0])

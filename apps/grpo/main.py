@@ -7,7 +7,7 @@ time, and `train`, the loop over them); this file only reads the command line. `
 `max_policy_age: 0` is the strictly synchronous baseline.
 """
 
-from forge_rl.recipes.command_line import run_from_command_line
+from forge_rl.recipes.command_line import main_process
 from forge_rl.recipes.grpo_config import GRPOConfig
 
 
@@ -18,4 +18,4 @@ async def main(cfg: GRPOConfig) -> dict:
 
 
 if __name__ == "__main__":
-    run_from_command_line(GRPOConfig, main, __doc__.splitlines()[0])
+    main_process(GRPOConfig, main, __doc__.splitlines()[0])

@@ -5,7 +5,7 @@
 The run is GRPO's with a critic stage (forge_rl/recipes/ppo.py, docs/algorithms.md).
 """
 
-from forge_rl.recipes.command_line import run_from_command_line
+from forge_rl.recipes.command_line import main_process
 from forge_rl.recipes.ppo_config import PPOConfig
 
 
@@ -17,4 +17,4 @@ async def main(cfg: PPOConfig) -> dict:
 
 
 if __name__ == "__main__":
-    run_from_command_line(PPOConfig, main, __doc__.splitlines()[0])
+    main_process(PPOConfig, main, __doc__.splitlines()[0])

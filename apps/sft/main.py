@@ -6,7 +6,7 @@ The run lives in the library (forge_rl/recipes/sft.py: `SFTRun` and `train`); th
 command line. Ctrl-C saves a checkpoint of the current step and exits with code 130.
 """
 
-from forge_rl.recipes.command_line import run_from_command_line
+from forge_rl.recipes.command_line import main_process
 from forge_rl.recipes.sft_config import SFTConfig
 
 
@@ -17,4 +17,4 @@ async def main(cfg: SFTConfig) -> dict:
 
 
 if __name__ == "__main__":
-    run_from_command_line(SFTConfig, main, __doc__.splitlines()[0])
+    main_process(SFTConfig, main, __doc__.splitlines()[0])

@@ -8,6 +8,7 @@ Signal handling is installed explicitly, so a run started in the background (noh
 stops as one in a terminal does."""
 
 import asyncio
+import logging
 import os
 import re
 import sys
@@ -49,6 +50,29 @@ def run_from_command_line(
         end_on(e, debug, output_dir=getattr(config, "output_dir", None))
     if isinstance(summary, dict) and summary.get("interrupted"):  # a run that saved and stopped on a signal
         raise SystemExit(130)
+
+
+def main_process(
+    schema: type, main: Callable[[object], Awaitable[dict]], description: str, argv: list[str] | None = None
+) -> NoReturn:
+    """`run_from_command_line` as the whole life of an app's process (`python -m apps.<algorithm>.main`), which
+    then ends at once with the run's exit status. The interpreter's teardown is skipped: its last garbage
+    collection walks every object torch, vLLM and Monarch made (seconds on a small CPU) and Triton's bindings then
+    print pages of "leaked" warnings, while the run has closed its files and stopped its processes already."""
+    try:
+        run_from_command_line(schema, main, description, argv)
+        status = 0
+    except SystemExit as e:
+        status = e.code
+    if status is None:
+        status = 0
+    elif not isinstance(status, int):  # SystemExit("message"), as the interpreter prints it
+        print(status, file=sys.stderr)
+        status = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def end_on(error: Exception, debug: bool, output_dir: str | None = None) -> NoReturn:
