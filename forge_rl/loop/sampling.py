@@ -22,6 +22,7 @@ an episode the trainer could not reproduce (`untrainable`), whoever called the g
 (greedy) may use any sampling: they are never trained on.
 """
 
+import math
 from typing import Any
 
 from forge_rl.errors import ConfigError, did_you_mean
@@ -51,6 +52,7 @@ REPRODUCED = frozenset(
     }
 )
 SET_BY_GENERATOR = frozenset({"n", "logprobs", "output_kind", "flat_logprobs"})
+SELF_CHECKED = frozenset({"temperature", "max_tokens"})  # whose every value vLLM refuses, forge_rl refuses first
 # truncation, reproduced over the recorded kept set: option -> the values that truncate nothing
 KEPT_SET: dict[str, tuple] = {"top_p": (1.0,), "top_k": (0, -1, None), "min_p": (0.0,)}
 # option -> the values that leave softmax(logits / T) unchanged (vLLM SamplingParams names)
@@ -168,8 +170,14 @@ def check_sampling_values(sampling: dict[str, Any], key: str = "generator.sampli
     """vLLM's own validation of `sampling` (its SamplingParams), in the controller before any engine starts, its
     refusal re-worded to name the config key: `generator.sampling.top_p=1.5: top_p must be in (0, 1]`. Each option
     is tried alone first, so the one vLLM refuses is named; then together (options that only conflict as a set).
-    Without vLLM in this process (a controller on a host that runs no engine) the generator checks them at start."""
+    Without vLLM in this process (a controller on a host that runs no engine) the generator checks them at start.
+    Options forge_rl checks in full itself (`behaviour_temperature`, `check_sampling`: a finite temperature > 0,
+    max_tokens >= 1) need no vLLM, whose import takes seconds of the run's start."""
     import logging
+
+    temperature = sampling.get("temperature", 1.0)
+    if set(sampling) <= SELF_CHECKED and isinstance(temperature, (int, float)) and math.isfinite(temperature):
+        return
 
     logging.disable(logging.WARNING)  # vLLM's import-time warnings would add lines to a one-line error
     try:
