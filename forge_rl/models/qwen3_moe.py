@@ -10,7 +10,7 @@ changes so that the trainer computes what the checkpoint and vLLM compute:
   bfloat16 for `torch._grouped_mm`, so an fp32 trainer would not match an fp32 engine; the grouped GEMM is kept
   for bfloat16 on CUDA, a loop over the local experts otherwise;
 - every layer is sparse (`decoder_sparse_step=1`, no `mlp_only_layers`), no shared experts: Qwen3-MoE's layout;
-- the router can replay the engine's experts (`ReplayRouter`, forge_rl/models/route_replay.py: Keep Routing); it
+- the router can replay the engine's experts (`ReplayRouter`, forge_rl/models/replay_router.py: Keep Routing); it
   routes as TorchTitan's does until given routes.
 
 The experts of one layer are one parameter each (w1/w3 [E, F, D], w2 [E, D, F]); the checkpoint has one tensor
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from forge_rl.deps.torchtitan import build_qwen3_moe_layers
 from forge_rl.models.qwen3_config import attention_shape, model_config, read_hf_config
-from forge_rl.models.route_replay import ReplayRouter
+from forge_rl.models.replay_router import ReplayRouter
 
 from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
 

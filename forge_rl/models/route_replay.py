@@ -6,10 +6,8 @@ version behind) the top-k may differ: the token's logprob is then computed throu
 sampled it, and the importance ratio measures the routing change, not the policy's. Replaying the engine's choice
 (DeepSeek-V3.2's Keep Routing; Rollout Routing Replay) removes that part of the train/inference mismatch.
 
-`ReplayRouter` is TorchTitan's router computing its scores as before; where a token has recorded experts, those are
-its top-k, weighted by the current router's scores over them (renormalised as the model's route_norm says), so the
-router's gradient and the load-balancing loss stay defined. Tokens without a record (padding, each row's last
-token) route as usual.
+The model's routers are `ReplayRouter`s (forge_rl/models/replay_router.py); this file sets their routes and reads
+their counts without importing TorchTitan, so a process that only spawns the trainer (the controller) does not.
 
     replay = RouteReplay(model)         # the routers of model.layers[i].moe, in layer order
     replay.set(routes_BTLK)             # before a forward: int16 [B, T, layers, top-k], -1 = no record; None = off
@@ -22,53 +20,9 @@ The routes stay set until the next `set`, so activation checkpointing's recomput
 too. Under expert parallelism each rank's router sees its own batch, as here.
 """
 
-from dataclasses import dataclass
-
 import torch
 
-import forge_rl.deps.torchtitan  # noqa: F401  (TorchTitan's device choice fixed before its modules import)
 from forge_rl.deps.pytorch import in_backward
-from torchtitan.models.common.moe import TokenChoiceTopKRouter  # noqa: E402
-
-
-class ReplayRouter(TokenChoiceTopKRouter):
-    """TorchTitan's token-choice router; `replay_BLK` (int64 [B, L, K], -1 = none), when set, overrides the top-k."""
-
-    @dataclass(kw_only=True, slots=True)
-    class Config(TokenChoiceTopKRouter.Config):
-        pass
-
-    def __init__(self, config: Config):
-        super().__init__(config)
-        self.replay_BLK: torch.Tensor | None = None
-        # counts on the device (no host sync per forward), since RouteReplay.stats: (position, layer) pairs replayed,
-        # and of those, where the router's own top-k set differed. Plain attributes: the model is built on "meta"
-        self.replayed = self.differed = 0
-
-    def forward(self, x_BLD: torch.Tensor, expert_bias_E: torch.Tensor | None = None):
-        top_scores_BLK, own_ids_BLK, scores_BLE = super().forward(x_BLD, expert_bias_E)
-        replay = self.replay_BLK
-        if replay is None:
-            return top_scores_BLK, own_ids_BLK, scores_BLE
-        if replay.shape != own_ids_BLK.shape:
-            raise ValueError(
-                f"Keep Routing: routes of shape {list(replay.shape)} for a router that chose "
-                f"{list(own_ids_BLK.shape)} (batch, tokens, top-k)"
-            )
-        replay = replay.to(own_ids_BLK.device)
-        recorded = replay[..., 0] >= 0
-        ids_BLK = torch.where(recorded[..., None], replay, own_ids_BLK)
-        # counted in training forwards (a step's), once: activation checkpointing's recomputation is not another
-        if self.training and not in_backward():
-            with torch.no_grad():
-                own = torch.zeros_like(scores_BLE, dtype=torch.bool).scatter_(-1, own_ids_BLK, True)
-                used = torch.zeros_like(scores_BLE, dtype=torch.bool).scatter_(-1, ids_BLK, True)
-                self.replayed = self.replayed + recorded.sum()
-                self.differed = self.differed + ((own != used).any(-1) & recorded).sum()
-        top_scores_BLK = scores_BLE.gather(-1, ids_BLK)
-        if self.route_norm:
-            top_scores_BLK = top_scores_BLK / (top_scores_BLK.sum(dim=-1, keepdim=True) + 1e-20)
-        return top_scores_BLK * self.route_scale, ids_BLK, scores_BLE
 
 
 class RouteReplay:
@@ -122,14 +76,14 @@ class RouteReplay:
         return out
 
 
-def moe_routers(model: torch.nn.Module) -> list[ReplayRouter]:
-    """The ReplayRouters of `model`'s decoder layers, in layer order."""
+def moe_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The ReplayRouters of `model`'s decoder layers (routers that take routes: `replay_BLK`), in layer order."""
     layers = getattr(model, "layers", {})
     routers = [
         getattr(getattr(layer, "moe", None), "router", None)
         for _, layer in sorted(layers.items(), key=lambda item: int(item[0]))
     ]
-    return [r for r in routers if isinstance(r, ReplayRouter)]
+    return [r for r in routers if hasattr(r, "replay_BLK")]
 
 
 def packed_routes(routes_BTLK: torch.Tensor, source_NL: torch.Tensor) -> torch.Tensor:

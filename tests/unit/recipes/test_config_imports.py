@@ -42,3 +42,12 @@ def test_every_recipe_config_loads_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_recipes_spawn_the_roles_without_importing_what_the_roles_run():
+    """The controller imports a recipe to spawn its roles, which import TorchTitan, vLLM and transformers in their
+    own processes; each of those in the controller would add seconds to every run's start."""
+    recipes = "forge_rl.recipes.grpo, forge_rl.recipes.ppo, forge_rl.recipes.distill, forge_rl.recipes.sft"
+    code = f"import sys, {recipes}\nprint([m for m in ('torchtitan', 'vllm', 'transformers') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"importing the recipes imported {out.stdout.strip()}"
