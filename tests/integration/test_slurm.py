@@ -102,9 +102,9 @@ def test_squeue_is_read_per_job_whatever_else_is_queued(cluster):
 
 def test_grpo_interactive_on_three_nodes_stops_before_the_time_limit_then_reattaches(cluster, tmp_path):
     """Controller on the login host; two trainer ranks on two nodes (FSDP across hosts), the generator on the
-    third. The first run, in a 4-minute allocation with stop_before_end_s=150, stops by itself 90 s into the job
-    (time for the actors to start and train a step or more on a loaded 2-core machine) with a final checkpoint and
-    keeps the allocation; a second run with the same settings reattaches to it (no
+    third. The first run, in a 5-minute allocation with stop_before_end_s=180, stops by itself 120 s into the job
+    (time for the actors to start on the three nodes and train a step or more on a loaded 2-core machine) with a
+    final checkpoint and keeps the allocation; a second run with the same settings reattaches to it (no
     new job), resumes from that checkpoint, finishes, and cancels the job at exit."""
     out = tmp_path / "run"
     argv = [
@@ -117,12 +117,12 @@ def test_grpo_interactive_on_three_nodes_stops_before_the_time_limit_then_reatta
         f"output_dir={out}",
         "launcher.slurm.trainer_nodes=2",
         "trainer_procs=2",
-        "launcher.slurm.time=00:04:00",
+        "launcher.slurm.time=00:05:00",
         *QUICK,
     ]
     first = _on_login(
         cluster,
-        [*argv, "steps=100000", "launcher.slurm.keep_job=true", "launcher.slurm.stop_before_end_s=150"],
+        [*argv, "steps=100000", "launcher.slurm.keep_job=true", "launcher.slurm.stop_before_end_s=180"],
         tmp_path,
         300,
     )
