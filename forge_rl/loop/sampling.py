@@ -52,7 +52,6 @@ REPRODUCED = frozenset(
     }
 )
 SET_BY_GENERATOR = frozenset({"n", "logprobs", "output_kind", "flat_logprobs"})
-SELF_CHECKED = frozenset({"temperature", "max_tokens"})  # whose every value vLLM refuses, forge_rl refuses first
 # truncation, reproduced over the recorded kept set: option -> the values that truncate nothing
 KEPT_SET: dict[str, tuple] = {"top_p": (1.0,), "top_k": (0, -1, None), "min_p": (0.0,)}
 # option -> the values that leave softmax(logits / T) unchanged (vLLM SamplingParams names)
@@ -171,14 +170,11 @@ def check_sampling_values(sampling: dict[str, Any], key: str = "generator.sampli
     refusal re-worded to name the config key: `generator.sampling.top_p=1.5: top_p must be in (0, 1]`. Each option
     is tried alone first, so the one vLLM refuses is named; then together (options that only conflict as a set).
     Without vLLM in this process (a controller on a host that runs no engine) the generator checks them at start.
-    Options forge_rl checks in full itself (`behaviour_temperature`, `check_sampling`: a finite temperature > 0,
-    max_tokens >= 1) need no vLLM, whose import takes seconds of the run's start."""
+    Plainly valid options (`plainly_valid`) are not given to vLLM."""
     import logging
 
-    temperature = sampling.get("temperature", 1.0)
-    if set(sampling) <= SELF_CHECKED and isinstance(temperature, (int, float)) and math.isfinite(temperature):
+    if plainly_valid(sampling):
         return
-
     logging.disable(logging.WARNING)  # vLLM's import-time warnings would add lines to a one-line error
     try:
         from vllm.sampling_params import SamplingParams
@@ -191,6 +187,22 @@ def check_sampling_values(sampling: dict[str, Any], key: str = "generator.sampli
             raise ConfigError(f"{key}.{option}={value!r}: {why}")
     if why := _refused_by_vllm(SamplingParams, sampling):
         raise ConfigError(f"{key} {dict(sampling)}: {why}")
+
+
+def plainly_valid(sampling: dict[str, Any]) -> bool:
+    """Whether `sampling` sets at most a finite temperature > 0 and an integer max_tokens >= 1: values vLLM takes,
+    so checking them needs no vLLM (whose import takes seconds of a run's start)."""
+    temperature, max_tokens = sampling.get("temperature", 1.0), sampling.get("max_tokens", 16)
+    return (
+        set(sampling) <= {"temperature", "max_tokens"}
+        and isinstance(temperature, (int, float))
+        and not isinstance(temperature, bool)
+        and math.isfinite(temperature)
+        and temperature > 0
+        and isinstance(max_tokens, int)
+        and not isinstance(max_tokens, bool)
+        and max_tokens >= 1
+    )
 
 
 def _refused_by_vllm(params: type, options: dict[str, Any]) -> str | None:

@@ -315,12 +315,16 @@ def test_debug_shows_the_traceback_before_the_same_line(table, tmp_path):
 def test_a_config_the_schema_refuses_ends_before_torch_is_imported(app):
     """The apps import their recipe (torch, TorchTitan: seconds of CPU) only once the config is read: a typo in
     a key or a malformed override costs a user well under a second."""
-    probe = (
-        "import runpy, sys\n"
-        f"sys.argv = ['main', '--config', 'configs/{app}/tiny.yaml', 'no_such_key=1']\n"
-        f"try: runpy.run_module('apps.{app}.main', run_name='__main__')\n"
-        "except SystemExit as e: print('exit', e.code, 'torch imported:', 'torch' in sys.modules)\n"
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", f"apps.{app}.main", "--config", f"configs/{app}/tiny.yaml"]
+        + ["no_such_key=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "exit 2 torch imported: False", out.stdout + out.stderr
-    assert out.stderr.startswith("forge_rl: ") and "no_such_key" in out.stderr, out.stderr
+    lines = out.stderr.splitlines()
+    imported = {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+    assert out.returncode == 2 and "torch" not in imported and "forge_rl.config" in imported, out.stderr[-2000:]
+    errors = [line for line in lines if not line.startswith("import time:")]
+    assert len(errors) == 1 and errors[0].startswith("forge_rl: ") and "no_such_key" in errors[0], errors

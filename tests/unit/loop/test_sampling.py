@@ -17,6 +17,7 @@ from forge_rl.loop.sampling import (
     check_sampling_values,
     truncation,
     untrainable,
+    plainly_valid,
 )
 from forge_rl.recipes.grpo_checks import check_config, derive_settings
 from forge_rl.recipes.grpo_config import GRPOConfig
@@ -191,3 +192,21 @@ def test_vllm_refuses_a_sampling_value_naming_the_config_key_on_one_line(samplin
 
 def test_sampling_vllm_takes_passes():
     check_sampling_values({"temperature": 0.7, "top_p": 0.95, "top_k": 20, "max_tokens": 8, "stop": ["\n"]})
+
+
+@pytest.mark.parametrize(
+    "sampling, valid",
+    [
+        ({"temperature": 1.0, "max_tokens": 8}, True),
+        ({}, True),
+        ({"temperature": 0.7}, True),
+        ({"max_tokens": 0}, False),
+        ({"max_tokens": True}, False),
+        ({"temperature": float("inf")}, False),
+        ({"temperature": 0}, False),
+        ({"temperature": 1.0, "top_p": 0.9}, False),
+    ],
+)
+def test_only_plainly_valid_sampling_skips_vllm(sampling, valid):
+    """The usual config (a temperature and max_tokens) is checked without importing vLLM; anything else goes to it."""
+    assert plainly_valid(sampling) is valid
