@@ -12,9 +12,11 @@ that run's files first: its outputs, and the checkpoints whose manifest names it
 the same trainer.checkpoint_dir are never removed: a fresh run there is refused (its step-N would collide).
 `resume` continues the folder's own run (the id in run.json) from its newest intact checkpoint, passing over
 damaged ones and saying which and why, and first finishes a save that a crash stopped between its manifest and
-its rename; a run already at `steps` has nothing to do (RunFinished), and a `steps` below its checkpoint is
-refused. `resume=auto` with nothing to resume replaces the folder's run only when it provably saved no
-checkpoint: its run.json names this trainer.checkpoint_dir and nothing there is its; otherwise it refuses.
+its rename; a run already at `steps` has nothing to do (RunFinished) once its summary.json says it finished (one
+stopped between its last checkpoint and its summary is finished: evaluation, export, summary), and a `steps`
+below its checkpoint is refused. `resume=auto` with nothing to resume replaces the folder's run only when it
+provably saved no checkpoint: its run.json names this trainer.checkpoint_dir and nothing there is its; otherwise
+it refuses.
 """
 
 import json
@@ -159,13 +161,26 @@ def resume_claim(
             f"steps={steps} is below run {run_id}'s checkpoint {path} (step {step}): set steps "
             f"above {step} to train on, or start a new run with overwrite=true or another output_dir"
         )
-    if step == steps:
-        raise RunFinished(
-            f"run {run_id} in {out} is complete: its checkpoint {path} is at steps={steps}, so there "
-            "is nothing to train (raise steps to train further)"
-        )
     notes = [f"resume: passed over {'; '.join(skipped)}; resuming from {path.name}"] if skipped else []
+    if step == steps:
+        if finished(out, steps):
+            raise RunFinished(
+                f"run {run_id} in {out} is complete: its checkpoint {path} is at steps={steps}, so there "
+                "is nothing to train (raise steps to train further)"
+            )
+        # stopped (killed, out of time) after its last checkpoint and before its summary: what finish() does after
+        # the checkpoint (the last evaluation, the export, summary.json) is still to do, and the resumed run does it
+        notes.append(f"resume: run {run_id} stopped after its last step ({path.name}) before it finished: finishing it")
     return RunClaim(run_id, path, notes)
+
+
+def finished(out: Path, steps: int) -> bool:
+    """Whether the folder's run finished at `steps`: its summary.json, written last, says so."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("steps") == steps and not summary.get("interrupted")
 
 
 def held_by_another_run(out: Path, checkpoint_dir: Path, record: dict) -> str:

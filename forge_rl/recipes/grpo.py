@@ -89,7 +89,7 @@ class GRPORun(RecipeRun):
         self._gen_busy_start = self._eval_busy_s = 0.0
         self.engine_occupancy = 0.0  # mean sequences in a generator's batch over the run (finish() sets it)
         self._gen_at_start: dict = {}
-        self._checkpointed: tuple[int, Path] | None = None  # (step, path) of the last checkpoint this run wrote
+        self._checkpointed: tuple[int, Path] | None = None  # (step, path): the last checkpoint written or resumed from
         self._buffer_stats: dict | None = None  # ReplayBuffer.stats as the last step's line read them
 
     @property

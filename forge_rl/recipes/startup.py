@@ -254,6 +254,7 @@ async def resume(run) -> None:
             run.state, run.trainer, run.generator, run.buffer, run.dataset, path, run.other_trained()
         )
         run.saved_step = run.start_step
+        run._checkpointed = (run.start_step, path)  # finish() right away (resumed at `steps`) writes it no second time
         run.console.print(
             f"resumed from {path} at step {run.start_step} (policy version {run.state.version}, run {run.claim.run_id})"
         )

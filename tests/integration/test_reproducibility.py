@@ -1,10 +1,13 @@
 """A seeded synchronous GRPO run is reproducible: the same config gives bitwise-equal losses and grad norms (fp32 on
 CPU), and a run stopped at step k and resumed from its checkpoint goes on exactly as the uninterrupted run did.
 
-Three launches of the app, shared by the tests: the uninterrupted run (STEPS steps), and a second run stopped at
-step K then resumed to STEPS. Its first K steps are the second seeded run; its later ones the resumed run."""
+Four launches of the app, shared by the tests: the uninterrupted run (STEPS steps), and a second run stopped at
+step K then resumed to STEPS. Its first K steps are the second seeded run; its later ones the resumed run. Then
+that run as a kill during its finish would leave it (its last checkpoint written, no export or summary.json yet),
+resumed once more: it finishes."""
 
 import asyncio
+import shutil
 
 import pytest
 from safetensors.torch import load_file
@@ -49,17 +52,22 @@ def runs(tmp_path_factory):
     launch(stopped, K, "export_dir=null")
     before_resume = trained(stopped)
     resumed = launch(stopped, STEPS, "resume=true")
-    return whole, stopped, before_resume, resumed
+    exported = load_file(next((stopped / "hf").glob("*.safetensors")))
+    # then as if killed during its finish, after its last checkpoint: no summary.json, no export yet
+    (stopped / "summary.json").unlink()
+    shutil.rmtree(stopped / "hf")
+    finished = launch(stopped, STEPS, "resume=auto")
+    return whole, stopped, before_resume, resumed, exported, finished
 
 
 def test_two_seeded_runs_train_the_same_steps(runs):
-    whole, _, before_resume, _ = runs
+    whole, _, before_resume, *_ = runs
     assert sorted(before_resume) == list(range(1, K + 1))
     assert {s: trained(whole)[s] for s in before_resume} == before_resume  # bitwise: floats compared with ==
 
 
 def test_a_resumed_run_goes_on_as_the_uninterrupted_one(runs):
-    whole, stopped, _, resumed = runs
+    whole, stopped, _, resumed, *_ = runs
     assert resumed["start_step"] == K
     after = {s: v for s, v in trained(stopped).items() if s > K}
     assert sorted(after) == list(range(K + 1, STEPS + 1))
@@ -67,3 +75,11 @@ def test_a_resumed_run_goes_on_as_the_uninterrupted_one(runs):
     # and ends with the same weights, bit for bit
     final, other = (load_file(next((out / "hf").glob("*.safetensors"))) for out in (whole, stopped))
     assert final.keys() == other.keys() and all(final[k].equal(other[k]) for k in final)
+
+
+def test_a_run_killed_after_its_last_checkpoint_is_finished_by_its_resume(runs):
+    _, stopped, _, _, exported, finished = runs
+    assert finished["start_step"] == STEPS and finished["steps"] == STEPS  # trained nothing more
+    assert (stopped / "summary.json").exists() and finished["evals"]  # the last evaluation ran
+    again = load_file(next((stopped / "hf").glob("*.safetensors")))
+    assert again.keys() == exported.keys() and all(again[k].equal(exported[k]) for k in again)

@@ -122,6 +122,24 @@ def test_resume_takes_the_newest_intact_checkpoint_of_the_run_and_names_what_it_
     assert json.loads((tmp_path / RUN_FILE).read_text())["resumes"][0]["step"] == 5
 
 
+def test_a_run_stopped_between_its_last_checkpoint_and_its_summary_is_finished_by_the_resume(tmp_path):
+    """Killed during finish(), after the checkpoint at `steps` and before summary.json (the last thing it writes):
+    the resume continues from that checkpoint to do the rest (evaluation, export, summary), not RunFinished."""
+    run_id = finished_run(tmp_path)
+    (tmp_path / "summary.json").unlink()
+    resumed = claim(tmp_path, resume="auto", steps=10)
+    assert resumed.run_id == run_id and resumed.resume_from.name == "step-10" and resumed.resume_step == 10
+    assert resumed.notes == [
+        f"resume: run {run_id} stopped after its last step (step-10) before it finished: finishing it"
+    ]
+    for unfinished in ('{"steps": 10, "interrupted": true}', '{"steps": 5}', "{not json"):  # stopped, or an older end
+        (tmp_path / "summary.json").write_text(unfinished)
+        assert claim(tmp_path, resume=True, steps=10).resume_from.name == "step-10", unfinished
+    (tmp_path / "summary.json").write_text('{"steps": 10}')
+    with pytest.raises(RunFinished):
+        claim(tmp_path, resume="auto", steps=10)
+
+
 def test_resume_mistakes_are_found_before_anything_starts(tmp_path):
     with pytest.raises(RunFolderError, match="resume=true: no intact checkpoint of a run .* resume=false"):
         claim(tmp_path, resume=True)
