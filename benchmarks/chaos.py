@@ -7,7 +7,8 @@ what every trial must end with. Then each trial runs `python -m apps.grpo.main` 
 and SIGKILLs one process of the run chosen at random (the controller, the trainer, the generator or its vLLM
 engine, the replay buffer, the reward actor, the dataset) at a moment chosen at random: any time in the run, during
 start-up (before the first step), while a checkpoint is being written (its `.partial` folder exists), during an
-evaluation, or after the run said `done` (its finish). Then it reruns the same command with `resume=auto` until the
+evaluation, during its finish (the last checkpoint written, the last evaluation, export and summary.json to come),
+or after the run said `done` (its exit). Then it reruns the same command with `resume=auto` until the
 run completes (at most --max-resumes times), and checks, per trial:
 
 - completed: a run reached `steps`;
@@ -62,7 +63,7 @@ ROLES = {
     "forge:PromptDat": "dataset",
 }
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the run's lines reach its log as it prints them: moments are read there
-MOMENTS = ("any time", "start-up", "checkpoint write", "evaluation", "finish")
+MOMENTS = ("any time", "start-up", "checkpoint write", "evaluation", "finish", "exit")
 
 
 def command(out: Path, steps: int, overrides: list[str]) -> list[str]:
@@ -97,7 +98,7 @@ def processes(app: psutil.Process) -> dict[str, list[psutil.Process]]:
     return found
 
 
-def moment_reached(moment: str, log: Path, out: Path, deadline: float, started: float) -> bool:
+def moment_reached(moment: str, log: Path, out: Path, steps: int, deadline: float, started: float) -> bool:
     """Whether the run is at `moment` now (`deadline`: the random time for "any time" and "start-up")."""
     text = log.read_text(errors="replace") if log.exists() else ""
     now = time.monotonic() - started
@@ -109,10 +110,12 @@ def moment_reached(moment: str, log: Path, out: Path, deadline: float, started: 
         return any((out / "checkpoints").glob(".step-*.partial"))
     if moment == "evaluation":  # the line the run prints as an evaluation starts, not yet followed by its result
         return text.rstrip().splitlines()[-1:] != [] and text.rstrip().splitlines()[-1].startswith("evaluating step")
-    return "\ndone\n" in text
+    if moment == "finish":  # the last checkpoint written, the last evaluation, export and summary.json not yet
+        return (out / "checkpoints" / f"step-{steps}").is_dir() and "\ndone\n" not in text
+    return "\ndone\n" in text  # exit: the summary printed, the run stopping its processes
 
 
-def run_until_killed(cmd, out: Path, log: Path, role: str, moment: str, deadline: float, shm: RunShm, seen: set):
+def run_until_killed(cmd, out, log, steps, role, moment, deadline, shm: RunShm, seen: set):
     """Start the run; SIGKILL one `role` process at `moment`. Returns (what was killed, when, newest checkpoint then)
     or None when the run ended before the moment came."""
     started = time.monotonic()
@@ -125,7 +128,7 @@ def run_until_killed(cmd, out: Path, log: Path, role: str, moment: str, deadline
             shm.see(root)
             seen.update(_ids(root))
             looked = time.monotonic()
-        if killed is None and moment_reached(moment, log, out, deadline, started):
+        if killed is None and moment_reached(moment, log, out, steps, deadline, started):
             candidates = processes(root).get(role, [])
             if candidates or moment != "checkpoint write":  # the role's process gone (start-up, finish): the app
                 victim = candidates[0] if candidates else root
@@ -166,6 +169,21 @@ def _ids(root: psutil.Process) -> set[tuple[int, float]]:
     return ids
 
 
+def _left(seen: set[tuple[int, float]], grace_s: float = 10.0) -> list[str]:
+    """The run's processes still alive `grace_s` after its last controller exited (the watcher's sweep and a
+    proc's own exit take a few seconds), as 'pid name'."""
+    deadline = time.monotonic() + grace_s
+    while (alive := [pid for pid, created in seen if _alive(pid, created)]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    names = []
+    for pid in alive:
+        try:
+            names.append(f"{pid} {psutil.Process(pid).name()}")
+        except psutil.Error:
+            continue
+    return names
+
+
 def _alive(pid: int, created: float) -> bool:
     try:
         proc = psutil.Process(pid)
@@ -193,7 +211,9 @@ def trial(n: int, rng: random.Random, args, reference: dict, ref_wall: float) ->
     moment = rng.choice(MOMENTS)
     deadline = rng.uniform(0, ref_wall if moment == "any time" else ref_wall * 0.6)
     cmd = command(out, args.steps, ["overwrite=true", *args.overrides])
-    killed, code = run_until_killed(cmd, out, out.parent / f"trial-{n:03d}.log", role, moment, deadline, shm, seen)
+    killed, code = run_until_killed(
+        cmd, out, out.parent / f"trial-{n:03d}.log", args.steps, role, moment, deadline, shm, seen
+    )
     if not out.exists():
         out.mkdir(parents=True)
     resumes, passed_over, started_from, codes = 0, [], None, [code]
@@ -225,8 +245,7 @@ def trial(n: int, rng: random.Random, args, reference: dict, ref_wall: float) ->
                 if (out / "summary.json").exists()
                 else None
             )
-    time.sleep(1.0)  # the watcher's last sweep after the controller exits
-    left = [pid for pid, created in seen if _alive(pid, created)]
+    left = _left(seen)
     done = (out / "summary.json").exists() and last_step(out) >= args.steps
     same = done and (out / "hf").exists() and _equal(final_weights(out), reference)
     redone = lost = None
