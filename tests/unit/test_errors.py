@@ -2,6 +2,8 @@
 or inside an actor (Monarch's ActorError carries it back), chained or in a group; a stated stop in one line and
 status 1; anything else keeps its traceback. The apps themselves: tests/integration/test_bad_inputs.py."""
 
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from pathlib import Path
@@ -113,3 +115,26 @@ def test_a_bug_is_one_line_naming_it_and_the_file_its_traceback_went_to(capsys, 
     assert "a bug in forge_rl" in err and "report it" in err
     log = Path(err.split("its traceback is in ")[1].split(";")[0])
     assert log.parent == tmp_path and "Traceback" in log.read_text() and "arithmetic.py" in log.read_text()
+
+
+@pytest.mark.parametrize(
+    "body, status, stdout, stderr",
+    [
+        ("print('ran', flush=False)", 0, "ran\n", ""),  # printed output is flushed before the process ends
+        ("raise ConfigError('steps must be >= 1, got 0')", 2, "", "forge_rl: steps must be >= 1, got 0\n"),
+        ("return {'interrupted': True}", 130, "", ""),
+    ],
+)
+def test_an_apps_process_ends_with_the_runs_status_and_its_output_flushed(body, status, stdout, stderr):
+    """`main_process` ends the app's process at once (os._exit, no interpreter teardown): with the status and the
+    output `run_from_command_line` gives."""
+    script = (
+        "from dataclasses import dataclass\n"
+        "from forge_rl.errors import ConfigError\n"
+        "from forge_rl.recipes.command_line import main_process\n"
+        "@dataclass\nclass Tiny:\n    steps: int = 1\n"
+        f"async def main(cfg):\n    {body}\n"
+        "main_process(Tiny, main, 'tiny', [])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout, out.stderr) == (status, stdout, stderr)
