@@ -37,22 +37,12 @@ from safetensors.torch import load_file
 
 from forge_rl.loop.checkpoint import complete_checkpoints
 from tests.support.run_shm import RunShm
+from tests.support.seeded_sync import SEEDED_SYNC
 
 REPO = Path(__file__).resolve().parents[1]
-# synchronous and seeded: the resumed run must end with the uninterrupted run's weights (tests/integration/
-# test_reproducibility.py); a checkpoint every 2 steps, an evaluation in the middle, so each moment exists
-SEEDED_SYNC = [
-    "seed=7",
-    "async_mode=false",
-    "max_policy_age=0",
-    "batch_groups=4",
-    "group_size=4",
-    "rollout_tasks=4",
-    "buffer.capacity=8",
-    "generator.sampling.max_tokens=6",
-    "checkpoint_every=2",
-    "eval_size=20",
-]
+# synchronous and seeded: the resumed run must end with the uninterrupted run's weights; a checkpoint every 2 steps
+# and an evaluation in the middle, so that each moment exists
+CAMPAIGN = [*SEEDED_SYNC, "checkpoint_every=2", "eval_size=20"]
 # the role each process plays, by the name the provisioner (forge:<Role>) or vLLM gives it
 ROLES = {
     "forge:Trainer": "trainer",
@@ -76,7 +66,7 @@ def command(out: Path, steps: int, overrides: list[str]) -> list[str]:
         f"output_dir={out}",
         f"steps={steps}",
         f"eval_every={max(1, steps // 2)}",
-        *SEEDED_SYNC,
+        *CAMPAIGN,
         *overrides,
     ]
 

@@ -16,25 +16,17 @@ from forge_rl.config import load_config
 from forge_rl.observability.metrics import read_jsonl
 from forge_rl.recipes.grpo import GRPOConfig, main
 from tests.conftest import REPO
+from tests.support.seeded_sync import SEEDED_SYNC
 
 STEPS, K = 4, 2
-SEEDED_SYNC = [
-    "seed=7",
-    "async_mode=false",
-    "max_policy_age=0",
-    "batch_groups=4",
-    "group_size=4",
-    "rollout_tasks=4",
-    "eval_size=0",
-    "eval_every=0",
-    "buffer.capacity=8",
-    "generator.sampling.max_tokens=6",
-]
+SEEDED_SYNC_NO_EVAL = [*SEEDED_SYNC, "eval_size=0", "eval_every=0"]
 
 
 def launch(out, steps: int, *extra: str) -> dict:
     cfg = load_config(
-        GRPOConfig, REPO / "configs/grpo/tiny.yaml", SEEDED_SYNC + [f"steps={steps}", f"output_dir={out}", *extra]
+        GRPOConfig,
+        REPO / "configs/grpo/tiny.yaml",
+        SEEDED_SYNC_NO_EVAL + [f"steps={steps}", f"output_dir={out}", *extra],
     )
     return asyncio.run(main(cfg))
 
