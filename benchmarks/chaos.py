@@ -36,6 +36,7 @@ import psutil
 from safetensors.torch import load_file
 
 from forge_rl.loop.checkpoint import complete_checkpoints
+from tests.support.run_processes import left_alive, process_ids
 from tests.support.run_shm import RunShm
 from tests.support.seeded_sync import SEEDED_SYNC
 
@@ -116,7 +117,7 @@ def run_until_killed(cmd, out, log, steps, role, moment, deadline, shm: RunShm, 
     while app.poll() is None:
         if time.monotonic() - looked > 0.5:  # reading every process's maps takes a while: not at every poll
             shm.see(root)
-            seen.update(_ids(root))
+            seen.update(process_ids(root))
             looked = time.monotonic()
         if killed is None and moment_reached(moment, log, out, steps, deadline, started):
             candidates = processes(root).get(role, [])
@@ -141,45 +142,6 @@ def run_until_killed(cmd, out, log, steps, role, moment, deadline, shm: RunShm, 
     except subprocess.TimeoutExpired:
         app.kill()
     return killed, app.returncode
-
-
-def _ids(root: psutil.Process) -> set[tuple[int, float]]:
-    """(pid, start time) of the run's processes, all of them: a pid alone may be another process's by the time it is
-    checked."""
-    try:
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return set()
-    ids = set()
-    for proc in procs:
-        try:
-            ids.add((proc.pid, proc.create_time()))
-        except psutil.Error:
-            continue
-    return ids
-
-
-def _left(seen: set[tuple[int, float]], grace_s: float = 10.0) -> list[str]:
-    """The run's processes still alive `grace_s` after its last controller exited (the watcher's sweep and a
-    proc's own exit take a few seconds), as 'pid name'."""
-    deadline = time.monotonic() + grace_s
-    while (alive := [pid for pid, created in seen if _alive(pid, created)]) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    names = []
-    for pid in alive:
-        try:
-            names.append(f"{pid} {psutil.Process(pid).name()}")
-        except psutil.Error:
-            continue
-    return names
-
-
-def _alive(pid: int, created: float) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def last_step(out: Path) -> int:
@@ -224,7 +186,7 @@ def trial(n: int, rng: random.Random, args, reference: dict, ref_wall: float) ->
             root = psutil.Process(app.pid)
             while app.poll() is None:
                 shm.see(root)
-                seen.update(_ids(root))
+                seen.update(process_ids(root))
                 time.sleep(0.2)
             codes.append(app.returncode)
         text = log.read_text(errors="replace")
@@ -235,7 +197,7 @@ def trial(n: int, rng: random.Random, args, reference: dict, ref_wall: float) ->
                 if (out / "summary.json").exists()
                 else None
             )
-    left = _left(seen)
+    left = left_alive(seen)
     done = (out / "summary.json").exists() and last_step(out) >= args.steps
     same = done and (out / "hf").exists() and _equal(final_weights(out), reference)
     redone = lost = None

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psutil
 
+from tests.support.run_processes import left_alive, process_ids
 from tests.support.run_shm import RunShm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,7 +126,7 @@ def soak(
                 app.wait(timeout=300)
                 break
             step = _last_step(out / "metrics.jsonl")
-            seen.update(p.pid for p in _tree(root))
+            seen.update(process_ids(root))
             shm.see(root)
             if rss_warm is None and step >= warm_step:
                 rss_warm = _rss_by_role(root)
@@ -140,12 +141,7 @@ def soak(
                 next_kill += kill_every
             time.sleep(sample_s)
     wall = time.monotonic() - start
-    time.sleep(1.0)  # the watcher's last sweep after the controller exits
-    alive = [
-        pid
-        for pid in seen
-        if pid != app.pid and psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    ]
+    alive = left_alive(seen)  # after the watchers' sweep
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     buf = summary.get("buffer", {})
