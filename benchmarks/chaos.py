@@ -8,8 +8,10 @@ and SIGKILLs one process of the run chosen at random (the controller, the traine
 engine, the replay buffer, the reward actor, the dataset) at a moment chosen at random: any time in the run, during
 start-up (before the first step), while a checkpoint is being written (its `.partial` folder exists), during an
 evaluation, during its finish (the last checkpoint written, the last evaluation, export and summary.json to come),
-or after the run said `done` (its exit). Then it reruns the same command with `resume=auto` until the
-run completes (at most --max-resumes times), and checks, per trial:
+or after the run said `done` (its exit). A role whose process does not exist yet at the moment is waited for
+(the trial kills nothing if the run ends first); at the exit, a role already gone is replaced by the controller.
+Then it reruns the same command with `resume=auto` until the run completes (at most --max-resumes times), and
+checks, per trial:
 
 - completed: a run reached `steps`;
 - steps re-done: steps trained before the kill and trained again after it (those past the last checkpoint);
@@ -121,7 +123,9 @@ def run_until_killed(cmd, out, log, steps, role, moment, deadline, shm: RunShm, 
             looked = time.monotonic()
         if killed is None and moment_reached(moment, log, out, steps, deadline, started):
             candidates = processes(root).get(role, [])
-            if candidates or moment != "checkpoint write":  # the role's process gone (start-up, finish): the app
+            # a role whose process does not exist yet (an engine early in start-up) is waited for; only at the exit,
+            # where the roles' processes are going away, is the app killed in its place
+            if candidates or moment == "exit":
                 victim = candidates[0] if candidates else root
                 saved = complete_checkpoints(out / "checkpoints")
                 try:
