@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from forge_rl.errors import RunStopped, _wrapped
+from forge_rl.errors import RunStopped, disk_refused, free_bytes
 from forge_rl.loop.rollout import Admission
 from forge_rl.loop.train_loop import RunState
 from forge_rl.runtime.manifest import commit, complete_checkpoints, intact, newest_intact, step_dirs, step_of
@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 APP_STATE = "app_state.pt"
-DISK_REFUSALS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a checkpoint these stop ends the run in one line
 
 
 async def commit_checkpoint(
@@ -70,7 +69,7 @@ async def commit_checkpoint(
         if (
             full is None
             and isinstance(e, Exception)
-            and _room(checkpoint_dir) < _needed(checkpoint_dir, run_id, written)
+            and free_bytes(checkpoint_dir) < _needed(checkpoint_dir, run_id, written)
         ):
             # a writer that hides the OSError (torch.save's zip writer: "unexpected pos") on a disk too full
             full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(checkpoint_dir))
@@ -82,15 +81,6 @@ async def commit_checkpoint(
     return final
 
 
-def disk_refused(error: BaseException) -> OSError | None:
-    """The OSError of a full disk (ENOSPC, EDQUOT) or a read-only file system (EROFS) that `error` is or wraps (a
-    trainer rank's, inside Monarch's ActorError), or None."""
-    for e in _wrapped(error):
-        if isinstance(e, OSError) and e.errno in DISK_REFUSALS:
-            return e
-    return None
-
-
 def no_room(error: OSError, final: Path, written: int, checkpoint_dir: Path, run_id: str) -> str:
     """One line: which checkpoint could not be written where, the room it needs next to the room there is, and the
     checkpoint to resume from (the newest intact one of the run, untouched)."""
@@ -100,7 +90,7 @@ def no_room(error: OSError, final: Path, written: int, checkpoint_dir: Path, run
     if error.errno == errno.EROFS:
         why = f"{where} is on a read-only file system"
     else:
-        free = _room(checkpoint_dir)
+        free = free_bytes(checkpoint_dir)
         need = f", a checkpoint needs about {needed / 2**20:.1f} MiB" if needed > free else ""
         why = f"no space left at {where}: {free / 2**20:.1f} MiB free{need}"
     resume = next((p for p in reversed(previous) if intact(p, read=False)), None)
@@ -111,13 +101,6 @@ def no_room(error: OSError, final: Path, written: int, checkpoint_dir: Path, run
 def _needed(checkpoint_dir: Path, run_id: str, written: int) -> int:
     """The room a checkpoint takes: the larger of what this one wrote and the run's last complete one."""
     return max([written, *(_size(p) for p in complete_checkpoints(checkpoint_dir, run_id)[-1:])])
-
-
-def _room(checkpoint_dir: Path) -> int:
-    try:
-        return shutil.disk_usage(checkpoint_dir).free
-    except OSError:
-        return 0
 
 
 def _size(path: Path) -> int:

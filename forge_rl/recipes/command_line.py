@@ -1,8 +1,8 @@
 """`python -m apps.<algorithm>.main --config FILE key=value ... [--debug]`: parse, run, and end every mistake a user
 can fix with one line, `forge_rl: <what is wrong and what to do>`, on stderr and exit status 2 (config and data
-errors: forge_rl/errors.py); a run that stopped for a stated reason (a dead role, a timeout) with its one line and
-status 1; an interrupt with status 130. `--debug` (or FORGE_RL_DEBUG=1) shows the traceback before the line.
-Anything else is a bug in forge_rl: one line says so, names the exception and the forge_rl frame it came from,
+errors: forge_rl/errors.py); a run that stopped for a stated reason (a dead role, a timeout, a full disk) with its
+one line and status 1; an interrupt with status 130. `--debug` (or FORGE_RL_DEBUG=1) shows the traceback before
+the line. Anything else is a bug in forge_rl: one line says so, names the exception and the forge_rl frame it came from,
 and where its traceback was written (the run's output_dir, else the temporary directory) to report it.
 Signal handling is installed explicitly, so a run started in the background (nohup, CI, a Slurm batch step)
 stops as one in a terminal does."""
@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
 from forge_rl.config import command_line, load_config, overrides
-from forge_rl.errors import UserError, one_line, stated_error
+from forge_rl.errors import UserError, disk_refused, no_room_line, one_line, stated_error
 from forge_rl.launch.signals import handle_stop_signals
 from forge_rl.loop.run_folder import RunFinished
 
@@ -81,6 +81,10 @@ def end_on(error: Exception, debug: bool, output_dir: str | None = None) -> NoRe
     stated = stated_error(error)
     if debug:
         traceback.print_exception(error)
+    refused = disk_refused(error) if stated is None else None
+    if refused is not None:  # a full disk or a read-only folder under the run's output: not a bug
+        print(f"forge_rl: {no_room_line(refused, output_dir)}", file=sys.stderr, flush=True)
+        raise SystemExit(STOPPED_STATUS)
     if stated is None:
         print(f"forge_rl: {bug_line(error, output_dir)}", file=sys.stderr, flush=True)
         raise SystemExit(STOPPED_STATUS)

@@ -449,14 +449,15 @@ class GRPORun(RecipeRun):
         if self.agents is not None:  # after the rollouts: no agent is left calling it
             agents, self.agents = self.agents, None
             await agents.close()
-        if self.timeline.spans and self.out.is_dir():  # an interrupted run's too
-            self.timeline.write(self.out)
         if self.weights is not None:
             await self.weights.close()
-        if self.log is not None:
-            self.log.close()
-            self.log = None
         await super().stop()
+        # the run's files last: a full disk refusing them stops nothing above
+        if self.log is not None:
+            log, self.log = self.log, None
+            log.close()
+        if self.timeline.spans and self.out.is_dir():  # an interrupted run's too
+            self.timeline.write(self.out)
 
     def _where(self) -> str:
         """For a timeout's message: where the roles run, their logs, and where to resume."""

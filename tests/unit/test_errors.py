@@ -2,6 +2,8 @@
 or inside an actor (Monarch's ActorError carries it back), chained or in a group; a stated stop in one line and
 status 1; anything else keeps its traceback. The apps themselves: tests/integration/test_bad_inputs.py."""
 
+import errno
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -74,6 +76,26 @@ def test_the_app_ends_on_one_line_and_its_status(error, status, capsys, monkeypa
     assert end.value.code == status
     err = capsys.readouterr().err
     assert err == f"forge_rl: {stated_error(error)}\n"
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_a_write_a_full_or_read_only_disk_refused_is_one_line_naming_the_path(code, capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("FORGE_RL_DEBUG", raising=False)
+    monkeypatch.setattr("forge_rl.recipes.command_line.handle_stop_signals", lambda: None)
+    refused = OSError(code, os.strerror(code), str(tmp_path / "metrics.jsonl"))
+    try:  # as a role's write reaches the controller: wrapped and chained
+        raise ActorError(refused)
+    except ActorError as e:
+        wrapped = RuntimeError("the step failed")
+        wrapped.__cause__ = e
+    with pytest.raises(SystemExit) as end:
+        run_from_command_line(Tiny, _app(wrapped), "tiny", [])
+    assert end.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "bug" not in err, err
+    assert err.startswith("forge_rl: the run stopped: its output could not be written (") and "resume=true" in err
+    assert f"{tmp_path}/metrics.jsonl" in err
+    assert ("read-only file system" if code == errno.EROFS else " MiB free (No space left on device)") in err
 
 
 def test_debug_adds_the_traceback_and_a_bug_keeps_it(capsys, monkeypatch):
