@@ -19,6 +19,7 @@ checks, per trial:
 - checkpoints passed over: those the resume found damaged and skipped (each one named by the run);
 - processes left and /dev/shm entries left after the trial's last run exits (must be 0);
 - half-written checkpoint folders left (`.partial`, must be 0 once the run has saved that step again);
+- bug lines: the killed run said "a bug in forge_rl" where it should name the role that died (must be 0);
 - same weights: the final model equals the uninterrupted run's, bit for bit (seeded, synchronous, fp32 on CPU).
 
 Prints a line per trial and the table at the end; writes chaos.json and chaos.md in --out.
@@ -56,6 +57,7 @@ ROLES = {
     "forge:PromptDat": "dataset",
 }
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the run's lines reach its log as it prints them: moments are read there
+BUG = "This is a bug in forge_rl"  # how the apps' line for an unforeseen error reads (forge_rl/recipes/command_line.py)
 MOMENTS = ("any time", "start-up", "checkpoint write", "evaluation", "finish", "exit")
 
 
@@ -167,9 +169,8 @@ def trial(n: int, rng: random.Random, args, reference: dict, ref_wall: float) ->
     moment = rng.choice(MOMENTS)
     deadline = rng.uniform(0, ref_wall if moment == "any time" else ref_wall * 0.6)
     cmd = command(out, args.steps, ["overwrite=true", *args.overrides])
-    killed, code = run_until_killed(
-        cmd, out, out.parent / f"trial-{n:03d}.log", args.steps, role, moment, deadline, shm, seen
-    )
+    killed_log = out.parent / f"trial-{n:03d}.log"
+    killed, code = run_until_killed(cmd, out, killed_log, args.steps, role, moment, deadline, shm, seen)
     if not out.exists():
         out.mkdir(parents=True)
     resumes, passed_over, started_from, codes = 0, [], None, [code]
@@ -223,6 +224,8 @@ def trial(n: int, rng: random.Random, args, reference: dict, ref_wall: float) ->
         processes_left=left,
         shm_left=shm.left(),
         partial_left=[p.name for p in (out / "checkpoints").glob(".step-*.partial")],
+        # a killed role is named in the run's one line, never reported as a bug in forge_rl
+        bug_lines=[line for line in killed_log.read_text(errors="replace").splitlines() if BUG in line],
         same_weights=same,
     )
 
@@ -247,6 +250,10 @@ def table(trials: list[dict]) -> str:
         ("processes left after a trial", sum(len(t["processes_left"]) for t in trials)),
         ("shared-memory entries left after a trial", sum(len(t["shm_left"]) for t in trials)),
         ("half-written checkpoint folders left", sum(len(t["partial_left"]) for t in trials)),
+        (
+            "killed runs that said 'a bug in forge_rl' instead of naming the role",
+            sum(bool(t["bug_lines"]) for t in trials),
+        ),
         (
             "final weights equal to the uninterrupted run's",
             f"{sum(t['same_weights'] for t in trials)} of {len(trials)}",

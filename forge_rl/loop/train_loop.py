@@ -21,6 +21,7 @@ from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.deps.monarch import EndpointProperty, SupervisionError, endpoint_name
 from forge_rl.errors import RunStopped
 from forge_rl.loop.rollout import Admission, RewardFailing, RolloutStats
+from forge_rl.runtime.faults import RoleStartFailed
 from forge_rl.runtime.manifest import complete_checkpoints, intact
 from forge_rl.runtime.timeouts import within
 from forge_rl.types import BatchShape, TrainBatch
@@ -43,14 +44,16 @@ def role_died(
 ) -> RoleDied:
     """A RoleDied for Monarch's SupervisionError `error`: which actor died, where its last words are (the
     procs' logs under `log_dir`, when the run keeps them) and where to resume (run `run_id`'s checkpoints)."""
+    logs = f"; its output is in {log_dir}/" if log_dir else ""
+    if isinstance(error, RoleStartFailed):  # lost while it started: the error names it
+        return RoleDied(f"{error}{logs}; {resume_hint(checkpoint_dir, run_id)}")
     message = str(error)
     # Monarch names the failed actor as "<root>.<package.module.Class Class{...}>"
     actor = re.search(r"<[\w.]*?\.(\w+) \1\{", message)
-    role = actor.group(1) if actor else "an actor"
+    role = f"the {actor.group(1)} process" if actor else "a role's process"
     # ... and ends with why its process failed: "...running on failed: Killed(sig=9)"
     reason = message.strip().splitlines()[-1].rsplit("failed:", 1)[-1].strip() if message.strip() else "no reason"
-    logs = f"; its output is in {log_dir}/" if log_dir else ""
-    return RoleDied(f"the {role} process died ({reason}){logs}; {resume_hint(checkpoint_dir, run_id)}")
+    return RoleDied(f"{role} died ({reason}){logs}; {resume_hint(checkpoint_dir, run_id)}")
 
 
 def resume_hint(checkpoint_dir: str | Path, run_id: str | None) -> str:

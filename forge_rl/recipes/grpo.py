@@ -65,6 +65,7 @@ from forge_rl.recipes.grpo_checks import (
 )
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.grpo_report import console_line, occupancy, run_summary, shown_reward, step_line, summary_block
+from forge_rl.runtime.faults import RoleStartFailed
 from forge_rl.runtime.timeouts import within
 
 
@@ -523,7 +524,7 @@ async def train(run: GRPORun) -> dict:
                 await run.save_on_interrupt()
                 raise
             return await run.finish()
-    except SupervisionError as e:  # a role's process died: name it and the checkpoint to resume from
+    except (SupervisionError, RoleStartFailed) as e:  # a role's process died: name it and the checkpoint to resume from
         raise run.role_died(e) from e
     except RewardRoleDied as e:  # a reward model's or judge's process died (the reward actor names it)
         raise RoleDied(f"{e}; {resume_hint(run.checkpoint_dir, run.claim.run_id if run.claim else None)}") from e

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from monarch.actor import Actor, concurrent_endpoint, endpoint
 
 from forge_rl.deps.monarch import ActorMesh
+from forge_rl.runtime.faults import RoleStartFailed, process_lost
 from forge_rl.runtime.options import ActorOptions
 from forge_rl.runtime.provisioner import get_provisioner
 from forge_rl.runtime.replies import run_and_reply
@@ -84,8 +85,11 @@ class _Launcher:
         try:
             actor = mesh.spawn(name, self.cls, *args, **kwargs)
             await actor.setup.call()
-        except BaseException:
+        except BaseException as e:
             await get_provisioner().stop_proc_mesh(mesh)  # a failed setup must not leave its procs running
+            lost = process_lost(e)
+            if lost is not None:
+                raise RoleStartFailed(name, lost) from e
             raise
         actor._forge_proc_mesh = mesh  # so callers can stop it: await stop_actor(actor)
         return actor

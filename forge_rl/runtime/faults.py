@@ -4,13 +4,16 @@ Monarch's default for an unhandled failure exits the controller. `install_fault_
 installs it when made, a service when it starts) replaces it: a failure of a service's replica is handed to
 that service, which respawns it; any other failure is logged, and the failed actor's owner sees a
 SupervisionError on its next call. A service names its replicas in `replica_owners` while they run
-(forge_rl/runtime/service.py).
+(forge_rl/runtime/service.py). A process lost while its actor starts is a `RoleStartFailed` naming the role.
 """
 
 import logging
+import re
 from typing import Any
 
 import monarch.actor
+
+from forge_rl.deps.monarch import SupervisionError
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +35,30 @@ def _forge_fault_hook(failure) -> None:
     if service is not None and service._loop is not None:
         service._loop.call_soon_threadsafe(service._on_mesh_failure, actor_name)
     elif not mesh_name.startswith("logger-"):  # Monarch's per-proc log forwarder dies with its proc
-        logger.error("unhandled Monarch failure: %s", failure)
+        # not printed: the owner's next call fails, and the run ends in one line naming the role
+        logger.info("unhandled Monarch failure: %s", failure)
 
 
 def install_fault_hook() -> None:
     monarch.actor.unhandled_fault_hook = _forge_fault_hook
+
+
+class RoleStartFailed(RuntimeError):
+    """A role's process died, or stopped answering, while its actor was spawned or set up. Monarch's own error
+    names only its internal setup actor, or a timeout; this one names the role (`role`) and why (`reason`)."""
+
+    def __init__(self, role: str, reason: str):
+        super().__init__(f"the {role} process died while it started ({reason})")
+        self.role, self.reason = role, reason
+
+
+def process_lost(error: BaseException) -> str | None:
+    """Why a spawn or setup failed, when it failed because its process was lost rather than by an error raised in
+    the actor's code (which Monarch carries in an ActorError, and stays the error it is)."""
+    message = str(error).strip()
+    if isinstance(error, SupervisionError):  # "... the process this actor was running on failed: Killed(sig=9)"
+        return message.splitlines()[-1].rsplit("failed:", 1)[-1].strip() if message else "no reason given"
+    if isinstance(error, RuntimeError) and message.startswith("error spawning actor mesh"):
+        timeout = re.search(r"Timeout\(([\d.]+)s\)", message)
+        return f"no answer to its spawn in {float(timeout.group(1)):.0f} s" if timeout else "its spawn failed"
+    return None

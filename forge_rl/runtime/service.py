@@ -27,7 +27,7 @@ from typing import Any
 from monarch.actor import ProcMesh
 
 from forge_rl.deps.monarch import ActorMesh, EndpointProperty, SupervisionError
-from forge_rl.runtime.faults import install_fault_hook, replica_owners
+from forge_rl.runtime.faults import RoleStartFailed, install_fault_hook, process_lost, replica_owners
 from forge_rl.runtime.options import ActorOptions
 from forge_rl.runtime.provisioner import get_provisioner
 from forge_rl.runtime.replies import replies
@@ -91,7 +91,13 @@ class Service:
         install_fault_hook()
         get_provisioner().register_service(self)
         self._replicas = [Replica(i) for i in range(self.opts.replicas)]
-        await asyncio.gather(*(self._spawn(r) for r in self._replicas))
+        try:
+            await asyncio.gather(*(self._spawn(r) for r in self._replicas))
+        except Exception as e:
+            lost = process_lost(e)
+            if lost is not None:
+                raise RoleStartFailed(f"{self.name} replica's", lost) from e
+            raise
         self._health_task = asyncio.create_task(self._health_loop(), name=f"{self.name}-health")
         return self
 
