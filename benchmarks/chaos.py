@@ -1,15 +1,17 @@
 """Chaos: a short seeded synchronous GRPO run, SIGKILLed at a moment nobody chose, then resumed until it completes.
 
-    .venv/bin/python -m benchmarks.chaos --trials 50 [--steps 6] [--seed 0] [--out outputs/chaos] [-- key=value ...]
+    .venv/bin/python -m benchmarks.chaos --trials 50 [--steps 6] [--seed 0] [--out outputs/chaos]
+        [--roles engine reward ...] [--moments start-up ...] [-- key=value ...]
 
 First one uninterrupted run of the same command: its wall time bounds the random moments, and its final weights are
 what every trial must end with. Then each trial runs `python -m apps.grpo.main` as a user would, in its own process,
 and SIGKILLs one process of the run chosen at random (the controller, the trainer, the generator or its vLLM
 engine, the replay buffer, the reward actor, the dataset) at a moment chosen at random: any time in the run, during
-start-up (before the first step), while a checkpoint is being written (its `.partial` folder exists), during an
-evaluation, during its finish (the last checkpoint written, the last evaluation, export and summary.json to come),
-or after the run said `done` (its exit). A role whose process does not exist yet at the moment is waited for
-(the trial kills nothing if the run ends first); at the exit, a role already gone is replaced by the controller.
+start-up (before the first step), while a checkpoint is being written (its `.partial` folder exists), during the
+first evaluation (the one that prints a line as it starts), during its finish (the last checkpoint written, the
+last evaluation, export and summary.json to come), or after the run said `done` (its exit). A role whose
+process does not exist yet at the moment is waited for (the trial kills nothing if the run ends first); at the
+exit, a role already gone is replaced by the controller.
 Then it reruns the same command with `resume=auto` until the run completes (at most --max-resumes times), and
 checks, per trial:
 
@@ -165,8 +167,8 @@ def final_weights(out: Path) -> dict:
 def trial(n: int, rng: random.Random, args, reference: dict, ref_wall: float) -> dict:
     out = Path(args.out) / f"trial-{n:03d}"
     shm, seen = RunShm(), set()
-    role = rng.choice(["controller", *ROLES.values()])
-    moment = rng.choice(MOMENTS)
+    role = rng.choice(args.roles)
+    moment = rng.choice(args.moments)
     deadline = rng.uniform(0, ref_wall if moment == "any time" else ref_wall * 0.6)
     cmd = command(out, args.steps, ["overwrite=true", *args.overrides])
     killed_log = out.parent / f"trial-{n:03d}.log"
@@ -267,6 +269,9 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0, help="the campaign's choices of role and moment")
+    roles = ["controller", *ROLES.values()]
+    ap.add_argument("--roles", nargs="+", choices=roles, default=roles, help="draw the victim among these only")
+    ap.add_argument("--moments", nargs="+", choices=MOMENTS, default=list(MOMENTS), help="and the moment so")
     ap.add_argument("--max-resumes", type=int, default=3)
     ap.add_argument("--out", default="outputs/chaos")
     ap.add_argument("overrides", nargs="*", help="apps.grpo.main overrides")
