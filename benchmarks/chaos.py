@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 # synchronous and seeded: the resumed run must end with the uninterrupted run's weights; a checkpoint every 2 steps
 # and an evaluation in the middle, so that each moment exists
 CAMPAIGN = [*SEEDED_SYNC, "checkpoint_every=2", "eval_size=20"]
-# the role each process plays, by the name the provisioner (forge:<Role>) or vLLM gives it
+# the role each process plays, by the start of the name the provisioner (forge:<Role>) or vLLM gives it
 ROLES = {
     "forge:Trainer": "trainer",
     "forge:Generator": "generator",
@@ -87,7 +87,8 @@ def processes(app: psutil.Process) -> dict[str, list[psutil.Process]]:
         return found
     for proc in children:
         try:
-            role = ROLES.get(proc.name())
+            name = proc.name()  # psutil completes a 15-character name from the command line: VLLM::EngineCore
+            role = next((r for prefix, r in ROLES.items() if name.startswith(prefix)), None)
         except psutil.Error:
             continue
         if role:
