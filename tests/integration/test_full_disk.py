@@ -37,20 +37,9 @@ def small_disk(tmp_path):
 
 
 def run(tmp_path: Path, disk: Path, *extra: str) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "apps.grpo.main",
-        "--config",
-        "configs/grpo/tiny.yaml",
-        "steps=3",
-        "checkpoint_every=1",
-        "eval_every=0",
-        "eval_size=0",
-        f"output_dir={disk / 'run'}",
-        f"trainer.checkpoint_dir={tmp_path / 'checkpoints'}",
-        *extra,
-    ]
+    app = [sys.executable, "-m", "apps.grpo.main", "--config", "configs/grpo/tiny.yaml"]
+    short = ["steps=3", "checkpoint_every=1", "eval_every=0", "eval_size=0"]
+    cmd = [*app, *short, f"output_dir={disk / 'run'}", f"trainer.checkpoint_dir={tmp_path / 'checkpoints'}", *extra]
     return subprocess.Popen(
         cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
