@@ -88,13 +88,14 @@ class MetricsLogger:
 
 
 _WRITER_THREADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
-_WRITER_THREADS_HOOKED: list = []  # the hook, once installed
+_hooked = False  # threading.excepthook wrapped, once per process
 
 
 def _quiet_writer_threads(threads: set[threading.Thread]) -> None:
     """TensorBoard writes from threads of its own: a full disk there is raised again by the next log() or close(),
     which ends the run in one line, so the thread's own traceback print above that line is left out."""
-    if not _WRITER_THREADS_HOOKED:  # the hook once per process, for the threads of every logger in it
+    global _hooked
+    if not _hooked:  # once per process, for the threads of every logger in it
         default = threading.excepthook
 
         def hook(args) -> None:
@@ -102,7 +103,7 @@ def _quiet_writer_threads(threads: set[threading.Thread]) -> None:
                 default(args)
 
         threading.excepthook = hook
-        _WRITER_THREADS_HOOKED.append(hook)
+        _hooked = True
     _WRITER_THREADS.update(threads)
 
 

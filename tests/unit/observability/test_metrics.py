@@ -45,3 +45,28 @@ def test_a_last_row_cut_short_is_left_out_and_a_resume_continues_from_whole_rows
     path.write_text('{"step": 1\n' + json.dumps({"step": 2}) + "\n")  # cut short in the middle: not a crash's
     with pytest.raises(json.JSONDecodeError):
         read_jsonl(path)
+
+
+def test_a_writer_threads_full_disk_is_left_to_the_next_log_and_other_thread_errors_still_print(tmp_path, capsys):
+    import threading
+
+    from forge_rl.observability import metrics
+
+    log = MetricsLogger(tmp_path)  # installs the hook; TensorBoard's threads are registered as its writers
+
+    def raises(error):
+        def run():
+            raise error
+
+        return run
+
+    writer = threading.Thread(target=raises(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+    metrics._WRITER_THREADS.add(writer)  # stands in for TensorBoard's writer thread meeting a full disk
+    writer.start()
+    writer.join()
+    other = threading.Thread(target=raises(ValueError("a bug in a thread")))
+    other.start()
+    other.join()
+    err = capsys.readouterr().err
+    assert "No space left" not in err and "ValueError: a bug in a thread" in err
+    log.close()
