@@ -28,11 +28,11 @@ class PromptDataset(ForgeActor):
         max_prompt_tokens: int | None = None,
         chat_template_kwargs: dict | None = None,
     ):
-        from transformers import AutoTokenizer
+        from forge_rl.deps.transformers import auto_tokenizer
 
         self.task, self.seed, self.max_prompt_tokens = task, seed, max_prompt_tokens
         self.rows = TaskRows(task, seed)  # reads and checks the whole source: a bad file fails at spawn
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer = auto_tokenizer(model_dir)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.too_long = 0  # training prompts skipped
         self.draws = 0  # training examples handed out: each one's sampling seed derives from its draw

@@ -112,8 +112,9 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         from forge_rl.observability.vllm_logs import quiet_vllm
 
         quiet_vllm(self.log_level)  # before vLLM is imported here; its engine processes inherit it
-        from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs, SamplingParams
+
+        from forge_rl.deps.transformers import auto_tokenizer
 
         try:  # a misspelt sampling option fails here, at start-up, not on the first request
             SamplingParams(**self.sampling)
@@ -154,7 +155,7 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         self.max_model_len = self.engine.vllm_config.model_config.max_model_len
         # logprobs to ask for under truncation: cap + 1, or the whole vocabulary when it is smaller
         self._kept_logprobs = min(self.max_kept_tokens + 1, self.engine.vllm_config.model_config.get_vocab_size())
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self.tokenizer = auto_tokenizer(self.model)
         self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source) if self.policy_weights else None
         # A replica (re)started mid-run must not serve the base weights: it takes the newest version the
         # trainer has published before it takes any call.

@@ -114,11 +114,10 @@ def _import_reward(name: str) -> Callable:
 
 
 def _tokenizer(model: str):
-    from transformers import AutoTokenizer
-
+    from forge_rl.deps.transformers import auto_tokenizer
     from forge_rl.models import resolve_model_path
 
-    return AutoTokenizer.from_pretrained(resolve_model_path(model))
+    return auto_tokenizer(resolve_model_path(model))
 
 
 def judge_context(spec: RewardConfig) -> int:

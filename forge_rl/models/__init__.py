@@ -96,10 +96,10 @@ def check_role(config: dict, where: str, role: str) -> None:
 
 def load_tokenizer(model_dir: str, key: str = "model"):
     """The model's tokenizer (transformers), or a ConfigError naming `key` when the directory has none."""
-    from transformers import AutoTokenizer
+    from forge_rl.deps.transformers import auto_tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(model_dir)
+        return auto_tokenizer(model_dir)
     except (OSError, ValueError, KeyError, TypeError) as e:
         why = " ".join(str(e).split())[:200]
         raise ConfigError(

@@ -164,3 +164,70 @@ def test_pytorch_names_of_the_rehearsal():
     wrapped = torch.nn.Sequential(checkpoint_wrapper(torch.nn.Linear(2, 2)))
     names = [pytorch.state_dict_name(n) for n, _ in wrapped.named_parameters()]
     assert names == list(wrapped.state_dict()) == ["0.weight", "0.bias"]
+
+
+def qwen3_folders(tmp_path) -> list:
+    """Every shipped model, a Qwen3 folder naming each tokenizer class the direct path takes, and one naming another
+    class, which it leaves to AutoTokenizer."""
+    import json
+    import shutil
+
+    from tests.conftest import REPO
+
+    shipped = sorted(p.parent for p in (REPO / "forge_rl/models").glob("*/tokenizer_config.json"))
+    made = []
+    for named, extra in [("Qwen2Tokenizer", {}), ("Qwen2TokenizerFast", {}), ("TokenizersBackend", {}),
+                         ("GPT2Tokenizer", {})]:  # fmt: skip
+        folder = tmp_path / named
+        shutil.copytree(shipped[0], folder, ignore=shutil.ignore_patterns("*.safetensors"))
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps({**tokenizer_config, "tokenizer_class": named, **extra})
+        )
+        made.append(folder)
+    return shipped + made
+
+
+def test_the_direct_tokenizer_is_the_one_auto_tokenizer_loads(tmp_path):
+    """forge_rl/deps/transformers.py picks AutoTokenizer's class itself for Qwen3 folders: the same class, tokens,
+    special tokens and chat template as AutoTokenizer, or AutoTokenizer's own answer where it does not pick."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from forge_rl.deps.transformers import auto_tokenizer, direct_tokenizer_class
+
+    chat = [{"role": "user", "content": "What is 12 + 30?"}]
+    picked = []
+    for folder in qwen3_folders(tmp_path):
+        ours, theirs = auto_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
+        picked.append(direct_tokenizer_class(folder))
+        assert type(ours) is type(theirs), (folder.name, type(ours), type(theirs))
+        assert ours.get_vocab() == theirs.get_vocab() and ours.all_special_tokens == theirs.all_special_tokens
+        assert (ours.pad_token_id, ours.eos_token_id, ours.bos_token_id) == (
+            theirs.pad_token_id,
+            theirs.eos_token_id,
+            theirs.bos_token_id,
+        )
+        text = ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert text == theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert ours(text)["input_ids"] == theirs(text)["input_ids"] and ours.decode([5, 6, 7]) == theirs.decode(
+            [5, 6, 7]
+        )
+    assert picked[-4:] == ["Qwen2Tokenizer", "Qwen2Tokenizer", "TokenizersBackend", None]
+    assert all(picked[:-4])  # every shipped model takes the direct path
+    remote = tmp_path / "Qwen2Tokenizer"  # naming its own code: AutoTokenizer's (it asks for trust_remote_code)
+    config = json.loads((remote / "tokenizer_config.json").read_text())
+    (remote / "tokenizer_config.json").write_text(json.dumps({**config, "auto_map": {"AutoTokenizer": ["t.T", None]}}))
+    assert direct_tokenizer_class(remote) is None
+
+
+def test_a_qwen3_tokenizer_loads_without_importing_the_auto_classes():
+    from tests.conftest import TINY_MODEL
+
+    code = (
+        "import sys; from forge_rl.deps.transformers import auto_tokenizer; auto_tokenizer(sys.argv[1]); "
+        "print(sorted(m for m in sys.modules if m in ('torch', 'transformers.models.auto.tokenization_auto')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(TINY_MODEL)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
