@@ -118,3 +118,10 @@ def test_a_torch_without_torchtitans_2_12_name_gets_a_placeholder_that_refuses_t
     assert (stand_in | None) == (stand_in | None)  # TorchTitan's annotations: `DataParallelMeshDims | None = None`
     with pytest.raises(NotImplementedError, match=r"placeholder forge_rl gave TorchTitan: torch .* \(torch 2.12 or"):
         stand_in(shard=("dp_shard",))
+
+
+def test_pytests_closing_line_loses_its_rule():
+    """`make gpu-check`'s verdict quotes pytest's closing line without its rule of '='."""
+    from gpu_check.pytest_report import summary_of
+
+    assert summary_of("....\n==== 2 failed, 2 passed in 45.10s ====\n") == "2 failed, 2 passed in 45.10s"

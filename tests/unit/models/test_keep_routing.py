@@ -1,10 +1,9 @@
 """Keep Routing on the embedded tiny-moe (Qwen3-MoE, 4 MoE layers, 4 experts, top 2): the generator records the
 experts vLLM's engine routed every position to (the same as transformers' routers on the same sequence, fp32); the
 trainer's routers replay them, so the expert layers receive the engine's experts while the router still learns;
-routes travel through completions, batches, prompt packing and multi-turn trajectories. The GRPO run that trains
-with them (sync, fp32, expert parallel, with a reference) is tests/integration/test_moe_grpo.py's."""
-
-import asyncio
+routes travel through completions, batches, prompt packing and multi-turn trajectories. The engine's record against
+transformers' routers is tests/integration/test_keep_routing_engine.py's; the GRPO run that trains with them (sync,
+fp32, expert parallel, with a reference) is tests/integration/test_moe_grpo.py's."""
 
 import numpy as np
 import pytest
@@ -15,47 +14,6 @@ from forge_rl.types import Completion, Episode, TrainBatch
 
 TINY_MOE = resolve_model_path("tiny-moe")
 LAYERS, TOP_K = 4, 2
-
-
-def hf_routes(model, ids: list[int]) -> torch.Tensor:
-    """transformers' top-k experts of every position of `ids`: int64 [positions, layers, top-k], sorted."""
-    with torch.no_grad():
-        out = model(torch.tensor([ids]), output_router_logits=True)
-    return torch.stack([logits.topk(TOP_K, -1).indices for logits in out.router_logits], 1).sort(-1).values
-
-
-@pytest.fixture(scope="module")
-def generator():
-    from forge_rl.actors.generator import Generator
-    from forge_rl.runtime import provisioned
-
-    loop = asyncio.new_event_loop()
-    ctx = provisioned()
-    loop.run_until_complete(ctx.__aenter__())
-    actor = loop.run_until_complete(
-        Generator.as_actor(str(TINY_MOE), engine_args=dict(max_model_len=128), record_routes=True)
-    )
-    yield loop, actor
-    loop.run_until_complete(ctx.__aexit__(None, None, None))
-    loop.close()
-
-
-@pytest.mark.integration  # a vLLM engine in a Monarch proc
-def test_the_generator_records_every_positions_experts_as_transformers_routes_them(generator):
-    from transformers import AutoModelForCausalLM
-
-    loop, actor = generator
-    hf = AutoModelForCausalLM.from_pretrained(TINY_MOE, dtype=torch.float32).eval()
-    completions = loop.run_until_complete(
-        actor.generate.call_one([5, 17, 33, 40, 41, 9, 3, 12], n=4, temperature=1.0, max_tokens=10)
-    )
-    completions += loop.run_until_complete(actor.generate.call_one([7, 8, 9], n=1, temperature=1.0, max_tokens=5))
-    for c in completions:
-        ids = torch.cat([c.prompt_ids, c.response_ids]).tolist()
-        assert c.routes.dtype == torch.uint8 and tuple(c.routes.shape) == (len(ids) - 1, LAYERS, TOP_K)
-        assert torch.equal(c.routes.long().sort(-1).values, hf_routes(hf, ids)[: len(ids) - 1])
-    stats = loop.run_until_complete(actor.stats.call_one())
-    assert stats["routes_bytes_per_token"] == LAYERS * TOP_K  # one byte an id: 4 experts
 
 
 def test_replayed_routes_are_the_experts_the_expert_layers_receive_and_the_router_still_learns():

@@ -1,10 +1,9 @@
 """`make gpu-check` names what failed (gpu_check/pytest_report.py): a real pytest run of a small test file whose
 tests fail as the GPU tier's did (an assertion on a memory bound, an error in a fixture) becomes one row per
-failure with the test's name, the line that failed and what it said, and pytest's whole output is kept."""
+failure with the test's name, the line that failed and what it said, and pytest's whole output is kept (a pytest
+of its own in a subprocess: an integration test)."""
 
-import pytest
-
-from gpu_check.pytest_report import pytest_rows, summary_of
+from gpu_check.pytest_report import pytest_rows
 
 TESTS = """
 import pytest
@@ -25,7 +24,6 @@ def test_needs_a_fixture(broken):
 """
 
 
-@pytest.mark.integration  # a pytest of its own in a subprocess: 6-13 s on the 2-core machine, kept out of test-fast
 def test_each_failed_test_is_a_row_with_its_failing_line_and_the_whole_output_is_kept(tmp_path):
     (tmp_path / "test_tier.py").write_text(TESTS)
     rows = pytest_rows("a tier", [str(tmp_path / "test_tier.py")], tmp_path, "tier")
@@ -44,7 +42,3 @@ def test_each_failed_test_is_a_row_with_its_failing_line_and_the_whole_output_is
     assert len(failed) == 2
     log = (tmp_path / "tier.log").read_text()
     assert "def test_cached_memory_given_back" in log and "RuntimeError" in log  # the tracebacks, whole
-
-
-def test_pytests_closing_line_loses_its_rule():
-    assert summary_of("....\n==== 2 failed, 2 passed in 45.10s ====\n") == "2 failed, 2 passed in 45.10s"
