@@ -227,3 +227,14 @@ def test_no_function_is_longer_than_a_reader_can_hold():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == [], f"function bodies over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_the_folder_says_what_a_test_is():
+    """tests/conftest.py marks everything under tests/integration/ `integration`; a test under tests/unit/ that
+    marks itself so (it starts a process) belongs in tests/integration/, where `make test-fast` leaves it out."""
+    marked = [
+        str(p.relative_to(REPO))
+        for p in (REPO / "tests/unit").rglob("*.py")
+        if "@pytest.mark.integration" in p.read_text().replace('"@pytest.mark.integration"', "")
+    ]
+    assert marked == [], f"move these to tests/integration/: {marked}"
