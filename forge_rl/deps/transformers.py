@@ -5,12 +5,13 @@ CPU on a small machine; the tokenizer class alone about 3 s, without torch). The
 role and its reward role each load the policy's tokenizer at start-up, so `auto_tokenizer` picks the class
 AutoTokenizer would pick for the model types forge_rl trains, and calls AutoTokenizer itself for anything else.
 
-The choice mirrors `AutoTokenizer.from_pretrained` of transformers 5.16-5.19 (pyproject.toml's range) for a local
-directory: a qwen3 or qwen3_moe config, no remote code (`auto_map`), and a `tokenizer_class` of
+The choice mirrors `AutoTokenizer.from_pretrained` of transformers 5.19 (read from its source; pyproject.toml allows
+5.16-5.19, and the test below compares the two on whichever release is installed) for a local directory: a qwen3 or
+qwen3_moe config, no remote code (`auto_map` in tokenizer_config.json), and a `tokenizer_class` of
 - Qwen2Tokenizer(Fast): that class (the one the model type registers);
 - PreTrainedTokenizerFast or TokenizersBackend: TokenizersBackend (the generic class the hub names is trusted for
   these model types, and resolves to the tokenizers backend).
-tests/unit/deps/test_deps.py loads every shipped model and both cases both ways and compares the results.
+tests/unit/deps/test_deps.py loads every shipped model and a folder naming each class both ways and compares them.
 """
 
 import json
