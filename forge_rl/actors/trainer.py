@@ -94,6 +94,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
 
         from forge_rl.models import resolve_model_path
         from forge_rl.models import qwen3
+        from forge_rl.models.qwen3_config import attention_pair_cost
 
         self.model_dir = Path(resolve_model_path(self.cfg.model))
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -111,6 +112,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         self.tied = bool(hf_config.get("tie_word_embeddings", False))
         self.head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
         self.heads_per_kv = hf_config["num_attention_heads"] // hf_config["num_key_value_heads"]
+        self.attention_pair_cost = attention_pair_cost(hf_config)  # weighs shared-prompt packing
         batch_mesh = self.parallel_dims.get_optional_mesh("batch")
         self.dp_size = batch_mesh.size() if batch_mesh is not None else 1
         self.dp_rank = batch_mesh.get_local_rank() if batch_mesh is not None else 0

@@ -59,10 +59,11 @@ class TrainerConfig:
     temperature: float | None = None
     micro_batch_size: int = 0  # sequences per forward/backward on a rank; 0 = the rank's whole batch
     # Pack the responses of one group with a single copy of their shared prompt (same logprobs and
-    # gradients, fewer tokens; forge_rl.data.prompt_packing), when that leaves at most
-    # pack_max_fraction of the tokens in rows of at most pack_max_len.
+    # gradients, fewer tokens; forge_rl.data.prompt_packing), when that costs at most pack_max_fraction of
+    # the unpacked forward (tokens through the linear layers, plus attention's pairs) in rows of at most
+    # pack_max_len.
     share_prompts: bool = True
-    pack_max_fraction: float = 0.75
+    pack_max_fraction: float = 0.9
     pack_max_len: int = 1024
     # Compute logprobs straight from the final hidden states and the lm_head weight, a block of positions
     # at a time, so the logits and their gradient need not exist whole (forge_rl.losses.fused_head). Applies

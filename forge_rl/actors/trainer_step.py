@@ -59,7 +59,9 @@ class TrainerStep:
         trainer.keep_routing."""
         packed = None
         if response_mask is not None and self.cfg.share_prompts:
-            packed = plan_packing(tokens, response_mask, self.cfg.pack_max_fraction, self.cfg.pack_max_len)
+            packed = plan_packing(
+                tokens, response_mask, self.cfg.pack_max_fraction, self.cfg.pack_max_len, self.attention_pair_cost
+            )
         self.last_forward_tokens = tokens.numel() if packed is None else packed.num_tokens
         self.last_forward_unpadded = (
             None

@@ -8,9 +8,12 @@ unpacked, so logprobs, loss and gradients are the same function of the weights (
 a fraction of the tokens: with the demo's 25-token prompts and answers of up to 8 tokens, at most 89
 tokens per group instead of 8 x 33 = 264.
 
-Attention in a packed row costs O(L^2) for L = P + G x R tokens, against G x (P + R)^2 unpacked, so
-packing pays when prompts are long relative to responses; `plan_packing` packs only when the packed
-rows hold at most `max_fraction` of the tokens and stay within `max_len`.
+Attention in a packed row costs O(L^2) for L = P + G x R tokens, against G x (P + R)^2 unpacked (causal:
+half of it), so the tokens saved are not the whole story when rows grow long. `plan_packing` weighs both: a row
+of length L costs L x (1 + a x L), `a` being attention's cost per (query, key) pair in units of one token's
+cost through the linear layers (forge_rl.models.qwen3_config.attention_pair_cost), and it packs only when the
+packed rows cost at most `max_fraction` of the unpacked batch and stay within `max_len`. The unpacked batch's
+rows are counted at its full width (right padding is computed too) and at half their pairs (causal).
 
 The logits at packed position j predict the token at j + 1 only inside one segment; the first token of
 every response is predicted by the prompt's last position. `pred_index` says, for each response token
@@ -68,14 +71,22 @@ def _groups(tokens: torch.Tensor, spans: list[tuple[int, int]]) -> list[list[int
 
 
 def plan_packing(
-    tokens: torch.Tensor, response_mask: torch.Tensor, max_fraction: float = 0.75, max_len: int = 1024
+    tokens: torch.Tensor,
+    response_mask: torch.Tensor,
+    max_fraction: float = 0.9,
+    max_len: int = 1024,
+    pair_cost: float = 0.0,
 ) -> PromptPacked | None:
-    """The packed form of these rows, or None when packing would not save enough (see the module doc)."""
+    """The packed form of these rows, or None when packing would not save enough (see the module doc).
+    `pair_cost` = 0 weighs tokens only."""
     spans = _spans(response_mask)
     groups = _groups(tokens, spans)
     lengths = [spans[g[0]][0] + sum(spans[b][1] for b in g) for g in groups]
     L = max(lengths)
-    if L > max_len or len(groups) * L > max_fraction * tokens.numel():
+    B, T = tokens.shape
+    packed_cost = len(groups) * L * (1 + pair_cost * L)
+    unpacked_cost = B * T * (1 + pair_cost * T / 2)
+    if L > max_len or packed_cost > max_fraction * unpacked_cost:
         return None
     return pack(tokens, spans, groups, L)
 

@@ -50,6 +50,22 @@ def read_hf_config(model_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
+def attention_pair_cost(hf: dict) -> float:
+    """What attention costs a forward per (query, key) pair, in units of what one token costs through the layers'
+    linear maps (q/k/v/o and the MLP; a mixture of experts': its routed experts'). The two grow apart with the
+    row's length L: a row costs L x (1 + L x this), which is what shared-prompt packing weighs
+    (forge_rl.data.prompt_packing)."""
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    hidden, q_width = hf["hidden_size"], hf["num_attention_heads"] * head_dim
+    kv_width = hf["num_key_value_heads"] * head_dim
+    if hf.get("num_experts"):
+        mlp = hf["num_experts_per_tok"] * 3 * hidden * hf["moe_intermediate_size"]
+    else:
+        mlp = 3 * hidden * hf["intermediate_size"]
+    linear = hidden * (2 * q_width + 2 * kv_width) + mlp  # multiply-adds per token per layer
+    return 2 * q_width / linear  # q.k and the weighted sum of v: per pair, per layer
+
+
 def attention_shape(hf: dict) -> tuple[int, CosSinRoPE.Config]:
     """(head_dim, RoPE config) of an HF Qwen3 config."""
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
