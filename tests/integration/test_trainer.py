@@ -355,40 +355,45 @@ def test_save_kill_load_continues_identically(loop, tmp_path):
 def test_push_weights_from_one_and_from_sharded_ranks(loop, tmp_path):
     """1 proc, FSDP2 and TP on 2 procs publish the same weights, each rank writing its shards or (as ranks on
     several hosts do) rank 0 writing what every rank sends it, a block of rows at a time; readers get full HF
-    tensors, bit-exact. Sending, no rank holds more than its shard of one tensor, or one block."""
+    tensors, bit-exact. Sending, no rank holds more than its shard of one tensor, or one block. One trainer per
+    layout publishes every way out of it, one version each."""
     from safetensors.torch import load_file
 
     from forge_rl.runtime import stop_actor
     from forge_rl.weights import ShmWeightStore
+    from tests.support.publish_trainer import PublishSettingTrainer
 
     shipped = load_file(TINY_MODEL / "model.safetensors")
     store = ShmWeightStore()
     block_mb = 0.01  # 10 KiB: 20 rows of the 128-wide tensors, so shards and fused q/k/v go in several blocks
     try:
-        cases = [
-            (1, {}, "auto", 64),
-            (2, dict(dp_shard=2), "auto", 64),
-            (2, dict(dp_shard=1, tp=2), "auto", 64),
-            (2, dict(dp_shard=2), "rank0", 64),
-            (2, dict(dp_shard=1, tp=2), "rank0", 64),
-            (2, dict(dp_shard=2), "rank0", block_mb),
+        layouts = [  # (procs, parallel layout, [(publish_from, block MiB), ...])
+            (1, {}, [("auto", 64)]),
+            (2, dict(dp_shard=2), [("auto", 64), ("rank0", 64), ("rank0", block_mb)]),
+            (2, dict(dp_shard=1, tp=2), [("auto", 64), ("rank0", 64)]),
         ]
         largest = max(t.nbytes for t in shipped.values())
-        for version, (procs, parallel, publish_from, block) in enumerate(cases, 1):
-            cfg = config(tmp_path / str(version), **parallel)
-            cfg.publish_from, cfg.publish_block_mb = publish_from, block
-            trainer = spawn(loop, cfg, procs=procs)
-            records = loop.run_until_complete(trainer.push_weights.call(version))
+        version = 0
+        for index, (procs, parallel, ways) in enumerate(layouts):
+            cfg = config(tmp_path / str(index), **parallel)
+            trainer = loop.run_until_complete(PublishSettingTrainer.options(procs=procs, spmd=True).as_actor(cfg))
+            for publish_from, block in ways:
+                version += 1
+                loop.run_until_complete(trainer.set_publishing.call(publish_from, block))
+                records = loop.run_until_complete(trainer.push_weights.call(version))
+                record = records.item(procs=0)
+                got = store.load(version)
+                assert set(got) == set(shipped) and record["bytes"] == sum(t.nbytes for t in shipped.values())
+                bound = block * 2**20 if block < 1 else largest / 2  # a block, or half the largest tensor
+                for rank in range(procs):  # from rank 0: the blocks sent; each rank writing its own: none
+                    held = records.item(procs=rank)["largest_held_bytes"]
+                    assert (publish_from == "auto") <= (held <= bound), (version, rank)
+                    assert (publish_from == "rank0") <= (0 < held), (version, rank)
+                for name, tensor in shipped.items():
+                    assert torch.equal(got[name], tensor), (version, name)
+                del got
             loop.run_until_complete(stop_actor(trainer))
-            record = records.item(procs=0)
-            got = store.load(version)
-            assert set(got) == set(shipped) and record["bytes"] == sum(t.nbytes for t in shipped.values())
-            bound = block * 2**20 if block < 1 else largest / 2  # a block, or half the largest tensor
-            for rank in range(procs):  # from rank 0: the blocks sent; each rank writing its own: none (no conversion)
-                assert (publish_from == "auto") <= (records.item(procs=rank)["largest_held_bytes"] <= bound), rank
-                assert (publish_from == "rank0") <= (0 < records.item(procs=rank)["largest_held_bytes"]), rank
-            for name, tensor in shipped.items():
-                assert torch.equal(got[name], tensor), (version, name)
+        assert version == 6
     finally:
         store.close()
 
