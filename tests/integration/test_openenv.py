@@ -127,7 +127,8 @@ def test_a_run_trains_through_its_server_and_leaves_nothing_when_it_ends_or_is_i
     server; after the run, or a SIGINT once it trains, no server process and no port are left."""
     app = subprocess.Popen(
         [sys.executable, "-m", "apps.grpo.main", "--config", "configs/grpo/tiny_openenv.yaml"]
-        + [f"output_dir={tmp_path}", f"steps={2 if how == 'ends' else 50}", "eval_every=0", "rollout_tasks=4"],
+        + [f"output_dir={tmp_path}", f"steps={2 if how == 'ends' else 50}", "rollout_tasks=4"]
+        + ["eval_every=0", "eval_size=8"],  # the config's 500 held-out episodes, twice, would be most of the run
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
