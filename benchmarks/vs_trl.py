@@ -21,13 +21,14 @@ work, they learn nothing.
 
 TRL runs in its own environment (its pins differ from this project's), given by `--trl-python`. Made with:
     python3 -m venv /work/trl-venv && /work/trl-venv/bin/pip install trl
-Measured with trl 1.16.0, transformers 5.24.0, accelerate 1.15.0, datasets 5.2.0, torch 2.14.1 (its CUDA build, run on
-the CPU) there; forge_rl with this project's .venv (torch 2.13.0+cpu, vLLM's CPU build).
+Installing this project's CPU build of torch there first (`pip install` its wheel, then trl) gives both sides the same
+torch; docs/benchmarks.md names the versions each figure was measured with.
 
 Each round runs forge_rl then TRL (sides alternate, as the machine may be shared); s/step is the mean over the steps
 after the first (warm-up: compilation, allocator), tokens/s = 4 x 8 x 64 generated tokens per step / s/step, the
 ratio = TRL's s/step / forge_rl's (above 1: forge_rl is faster). forge_rl's step breakdown (step_time/<part>) is
-printed beside it.
+printed beside it. What the same batch costs with no framework around it (each side's engine, a plain training step,
+the machine's matmul rate): benchmarks/batch_floors.py.
 """
 
 import argparse
