@@ -16,7 +16,9 @@ What differs: TRL generates with transformers' `generate` in its training proces
 both cores); forge_rl generates with vLLM in a generator actor and trains with TorchTitan in a trainer actor
 (`--placement`, `--mode`: the asynchronous loop may train a batch one version old, the synchronous never). TRL
 takes the prompts in order too (shuffle_dataset=False). TRL recomputes the old policy's logprobs only when it reuses a
-batch (here never), forge_rl's trainer takes the engine's. Random weights earn almost no reward: the runs do all the
+batch (here never), forge_rl's trainer takes the engine's. forge_rl's trainer runs each group's shared prompt
+once (shared-prompt packing, forge_rl/data/prompt_packing.py: the same logprobs and gradients for fewer FLOPs);
+TRL runs every row whole. Random weights earn almost no reward: the runs do all the
 work, they learn nothing.
 
 TRL runs in its own environment (its pins differ from this project's), given by `--trl-python`. Made with:
