@@ -169,7 +169,7 @@ class OpenEnvTrajectory(Environment):
         except (InvalidAction, EnvFailure):
             raise
         except Exception as e:
-            down = self.factory.server_down()
+            down = await self.factory.server_down(e)
             raise EnvFailure(down or f"{what} raised {type(e).__name__}: {e}") from e
 
     async def close(self) -> None:

@@ -8,6 +8,7 @@ later ones, forge_rl/envs/openenv_server.py).
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 from openenv.core import GenericEnvClient
@@ -18,9 +19,16 @@ from forge_rl.envs.openenv import OpenEnvTrajectory, Reading
 from forge_rl.envs.openenv_app import action_class, environment_class, observation_class
 from forge_rl.envs.openenv_config import OpenEnvConfig
 from forge_rl.envs.openenv_server import server_for
-from forge_rl.envs.openenv_session import CONNECT_TIMEOUT_S, InProcessSession, RemoteSession, accepted_keywords
+from forge_rl.envs.openenv_session import (
+    CONNECT_TIMEOUT_S,
+    InProcessSession,
+    RemoteSession,
+    accepted_keywords,
+    connection_lost,
+)
 from forge_rl.errors import ConfigError
 
+SERVER_EXIT_GRACE_S = 2.0  # how long a lost connection waits to see whether the server's process exited
 CLIENT_SLACK_S = 5.0  # the WebSocket client's own timeout, past the step's limit (which comes first)
 
 
@@ -186,9 +194,16 @@ class OpenEnvFactory:
                 )
         return kwargs
 
-    def server_down(self) -> str | None:
-        """Why the run's server is gone, or None (running, or not served by the run)."""
-        return self.server.down() if self.server is not None else None
+    async def server_down(self, error: Exception) -> str | None:
+        """Why the run's server is gone, or None (running, or not served by the run). After a lost connection
+        (`error`) its process gets a moment to be seen gone: a killed server's socket closes a little before
+        its exit status is there to read."""
+        if self.server is None:
+            return None
+        deadline = time.monotonic() + (SERVER_EXIT_GRACE_S if connection_lost(error) else 0.0)
+        while (down := self.server.down()) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return down
 
     def refused_action(self, error: Exception) -> None:
         self.refused += 1

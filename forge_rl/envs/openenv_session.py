@@ -20,9 +20,16 @@ from openenv.core import GenericEnvClient
 from openenv.core.env_server import Environment as OpenEnvEnvironment
 from openenv.core.env_server import CallToolAction, ListToolsAction
 from pydantic import ValidationError
+from websockets.exceptions import ConnectionClosed
 
 MCP_ACTIONS = {"list_tools": ListToolsAction, "call_tool": CallToolAction}
 CONNECT_TIMEOUT_S = 10.0
+
+
+def connection_lost(error: BaseException) -> bool:
+    """Whether `error` says the connection to an OpenEnv server broke (the server may have died), rather than
+    that one of its calls failed."""
+    return isinstance(error, (OSError, ConnectionClosed))
 
 
 @dataclass

@@ -12,6 +12,7 @@
 import asyncio
 import re
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,19 +41,31 @@ class RoleDied(RunStopped):
 
 
 def role_died(
-    error: BaseException, checkpoint_dir: str | Path, log_dir: str | Path | None = None, run_id: str | None = None
+    error: BaseException,
+    checkpoint_dir: str | Path,
+    log_dir: str | Path | None = None,
+    run_id: str | None = None,
+    roles: Iterable[str] = (),
 ) -> RoleDied:
     """A RoleDied for Monarch's SupervisionError `error`: which actor died, where its last words are (the
-    procs' logs under `log_dir`, when the run keeps them) and where to resume (run `run_id`'s checkpoints)."""
+    procs' logs under `log_dir`, when the run keeps them) and where to resume (run `run_id`'s checkpoints).
+    `roles`: the run's role names, to name one that Monarch gives only in lower case."""
     logs = f"; its output is in {log_dir}/" if log_dir else ""
     if isinstance(error, RoleStartFailed):  # lost while it started: the error names it
         return RoleDied(f"{error}{logs}; {resume_hint(checkpoint_dir, run_id)}")
     message = str(error)
-    # Monarch names the failed actor as "<root>.<package.module.Class Class{...}>"
+    # Monarch names the failed actor as "<root>.<package.module.Class Class{...}>" ...
     actor = re.search(r"<[\w.]*?\.(\w+) \1\{", message)
-    role = f"the {actor.group(1)} process" if actor else "a role's process"
-    # ... and ends with why its process failed: "...running on failed: Killed(sig=9)"
-    reason = message.strip().splitlines()[-1].rsplit("failed:", 1)[-1].strip() if message.strip() else "no reason"
+    # ... or, when the proc's agent stopped answering before the death was seen, as its mesh's lower-cased name
+    # and a suffix: 'while querying for "trainer-tnyrC3vdtwQ". The process likely crashed'
+    queried = re.search(r'querying for "([\w-]+)-\w+"', message)
+    name = actor.group(1) if actor else queried.group(1) if queried else None
+    name = next((r for r in roles if name and r.lower() == name.lower()), name)
+    role = f"the {name} process" if name else "a role's process"
+    if queried:
+        reason = "its process stopped answering; it likely crashed"
+    else:  # Monarch ends with why its process failed: "...running on failed: Killed(sig=9)"
+        reason = message.strip().splitlines()[-1].rsplit("failed:", 1)[-1].strip() if message.strip() else "no reason"
     return RoleDied(f"{role} died ({reason}){logs}; {resume_hint(checkpoint_dir, run_id)}")
 
 

@@ -474,7 +474,8 @@ class GRPORun(RecipeRun):
 
     def role_died(self, error: BaseException):
         """The error a dead role's SupervisionError becomes: the role, its logs and the checkpoint to resume from."""
-        return role_died(error, self.checkpoint_dir, self.log_dir, self.claim.run_id if self.claim else None)
+        roles = self.provisioner.mesh_names if self.provisioner else ()
+        return role_died(error, self.checkpoint_dir, self.log_dir, self.claim.run_id if self.claim else None, roles)
 
     def training_s(self) -> float:
         """Seconds of training so far: from the first step on, start-up and evaluations excluded."""

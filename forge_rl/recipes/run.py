@@ -35,6 +35,7 @@ class RecipeRun(abc.ABC):
         self.claim: RunClaim | None = None  # this run's id and the checkpoint it resumes from (run_folder.py)
         self.timeline = Timeline()  # each role's busy spans: output_dir/timeline.{json,png}
         self._stack: contextlib.AsyncExitStack | None = None
+        self.provisioner = None  # the run's procs, once its hosts are up
 
     @abc.abstractmethod
     def prepare(self) -> None:

@@ -127,6 +127,7 @@ class Provisioner:
         # run started (procs, vLLM engine cores) and removes the run's shared memory.
         self._reaper = reap_descendants_on_exit(run_id=self.run_id)
         self._meshes: list[ProcMesh] = []
+        self.mesh_names: set[str] = set()  # every mesh's name as given (Monarch's errors may lower-case it)
         self._services: list = []
         self._visible_gpus = visible_gpus()
         self._free_gpus = list(self._visible_gpus)
@@ -187,6 +188,7 @@ class Provisioner:
             raise
         self._gpus_of[id(mesh)] = reserved
         self._meshes.append(mesh)
+        self.mesh_names.add(mesh_name)
         if spmd:
             from monarch.spmd import setup_torch_elastic_env_async
 
@@ -249,6 +251,7 @@ class Provisioner:
         mesh = hosts.spawn_procs(per_host={"procs": per_host}, bootstrap=bootstrap, name=mesh_name)
         await mesh.initialized
         self._meshes.append(mesh)
+        self.mesh_names.add(mesh_name)
         if spmd:
             from monarch.spmd import setup_torch_elastic_env_async
 

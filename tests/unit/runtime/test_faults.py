@@ -37,3 +37,15 @@ def test_the_run_names_the_role_lost_while_starting_and_where_to_resume(tmp_path
         "  the process this actor was running on failed: Killed(sig=9)"
     )
     assert str(role_died(trainer, tmp_path)).startswith("the Trainer process died (Killed(sig=9)); ")
+
+
+def test_a_role_whose_process_stopped_answering_is_named_as_the_run_named_it(tmp_path):
+    """When the proc's agent stops answering before its death is seen, Monarch names only the actor mesh, lower-cased
+    and suffixed: the run's own role names give it back its name."""
+    silent = SupervisionError(
+        'timeout waiting for message from proc mesh agent while querying for "trainer-tnyrC3vdtwQ". '
+        "The process likely crashed"
+    )
+    died = str(role_died(silent, tmp_path, roles={"Generator-r0g0", "Trainer", "ReplayBuffer"}))
+    assert died.startswith("the Trainer process died (its process stopped answering; it likely crashed); ")
+    assert str(role_died(silent, tmp_path)).startswith("the trainer process died (")  # no names given: Monarch's
