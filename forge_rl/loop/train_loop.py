@@ -22,7 +22,7 @@ from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.deps.monarch import EndpointProperty, SupervisionError, endpoint_name
 from forge_rl.errors import RunStopped
 from forge_rl.loop.rollout import Admission, RewardFailing, RolloutStats
-from forge_rl.runtime.faults import RoleStartFailed
+from forge_rl.runtime.faults import RoleStartFailed, why_lost
 from forge_rl.runtime.manifest import complete_checkpoints, intact
 from forge_rl.runtime.timeouts import within
 from forge_rl.types import BatchShape, TrainBatch
@@ -62,11 +62,7 @@ def role_died(
     name = actor.group(1) if actor else queried.group(1) if queried else None
     name = next((r for r in roles if name and r.lower() == name.lower()), name)
     role = f"the {name} process" if name else "a role's process"
-    if queried:
-        reason = "its process stopped answering; it likely crashed"
-    else:  # Monarch ends with why its process failed: "...running on failed: Killed(sig=9)"
-        reason = message.strip().splitlines()[-1].rsplit("failed:", 1)[-1].strip() if message.strip() else "no reason"
-    return RoleDied(f"{role} died ({reason}){logs}; {resume_hint(checkpoint_dir, run_id)}")
+    return RoleDied(f"{role} died ({why_lost(error)}){logs}; {resume_hint(checkpoint_dir, run_id)}")
 
 
 def resume_hint(checkpoint_dir: str | Path, run_id: str | None) -> str:

@@ -56,9 +56,21 @@ def process_lost(error: BaseException) -> str | None:
     """Why a spawn or setup failed, when it failed because its process was lost rather than by an error raised in
     the actor's code (which Monarch carries in an ActorError, and stays the error it is)."""
     message = str(error).strip()
-    if isinstance(error, SupervisionError):  # "... the process this actor was running on failed: Killed(sig=9)"
-        return message.splitlines()[-1].rsplit("failed:", 1)[-1].strip() if message else "no reason given"
+    if isinstance(error, SupervisionError):
+        return why_lost(error)
     if isinstance(error, RuntimeError) and message.startswith("error spawning actor mesh"):
         timeout = re.search(r"Timeout\(([\d.]+)s\)", message)
         return f"no answer to its spawn in {float(timeout.group(1)):.0f} s" if timeout else "its spawn failed"
     return None
+
+
+def why_lost(error: BaseException) -> str:
+    """Why a role's process was lost, from the end of Monarch's message: "... the process this actor was running on
+    failed: Killed(sig=9)", or its agent stopped answering before the death was seen ('timeout waiting for message
+    from proc mesh agent while querying for "trainer-tnyrC3vdtwQ". The process likely crashed')."""
+    message = str(error).strip()
+    if not message:
+        return "no reason given"
+    if "querying for" in message:
+        return "its process stopped answering; it likely crashed"
+    return message.splitlines()[-1].rsplit("failed:", 1)[-1].strip()

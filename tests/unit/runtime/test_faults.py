@@ -46,6 +46,7 @@ def test_a_role_whose_process_stopped_answering_is_named_as_the_run_named_it(tmp
         'timeout waiting for message from proc mesh agent while querying for "trainer-tnyrC3vdtwQ". '
         "The process likely crashed"
     )
+    assert process_lost(silent) == "its process stopped answering; it likely crashed"  # while it started
     died = str(role_died(silent, tmp_path, roles={"Generator-r0g0", "Trainer", "ReplayBuffer"}))
     assert died.startswith("the Trainer process died (its process stopped answering; it likely crashed); ")
     assert str(role_died(silent, tmp_path)).startswith("the trainer process died (")  # no names given: Monarch's
