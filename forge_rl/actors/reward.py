@@ -49,6 +49,7 @@ from forge_rl.rewards.workers import (
     default_reward_workers,
 )
 from forge_rl.runtime import ForgeActor
+from forge_rl.runtime.faults import why_lost
 
 REWARDS = {
     "exact_match": "forge_rl.rewards.exact_match:exact_match",
@@ -239,7 +240,7 @@ class RewardActor(ForgeActor):
         except RewardError:
             raise
         except SupervisionError as e:  # its actor's proc died: no later group can be scored by it either
-            why = str(e).strip().splitlines()[-1][:200] if str(e).strip() else "no reason given"
+            why = why_lost(e)[:200]
             raise RewardRoleDied(f"the {spec.kind} reward model {spec.name!r} ({spec.model}) died: {why}") from None
         except Exception as e:  # the model's actor raised (a bad input, out of memory, its deadline)
             failure = getattr(e, "exception", e)
