@@ -10,7 +10,6 @@
 """
 
 import asyncio
-import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,7 +21,7 @@ from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.deps.monarch import EndpointProperty, SupervisionError, endpoint_name
 from forge_rl.errors import RunStopped
 from forge_rl.loop.rollout import Admission, RewardFailing, RolloutStats
-from forge_rl.runtime.faults import RoleStartFailed, why_lost
+from forge_rl.runtime.faults import RoleStartFailed, lost_role, why_lost
 from forge_rl.runtime.manifest import complete_checkpoints, intact
 from forge_rl.runtime.timeouts import within
 from forge_rl.types import BatchShape, TrainBatch
@@ -53,14 +52,7 @@ def role_died(
     logs = f"; its output is in {log_dir}/" if log_dir else ""
     if isinstance(error, RoleStartFailed):  # lost while it started: the error names it
         return RoleDied(f"{error}{logs}; {resume_hint(checkpoint_dir, run_id)}")
-    message = str(error)
-    # Monarch names the failed actor as "<root>.<package.module.Class Class{...}>" ...
-    actor = re.search(r"<[\w.]*?\.(\w+) \1\{", message)
-    # ... or, when the proc's agent stopped answering before the death was seen, as its mesh's lower-cased name
-    # and a suffix: 'while querying for "trainer-tnyrC3vdtwQ". The process likely crashed'
-    queried = re.search(r'querying for "([\w-]+)-\w+"', message)
-    name = actor.group(1) if actor else queried.group(1) if queried else None
-    name = next((r for r in roles if name and r.lower() == name.lower()), name)
+    name = lost_role(error, roles)
     role = f"the {name} process" if name else "a role's process"
     return RoleDied(f"{role} died ({why_lost(error)}){logs}; {resume_hint(checkpoint_dir, run_id)}")
 

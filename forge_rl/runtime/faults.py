@@ -9,6 +9,7 @@ SupervisionError on its next call. A service names its replicas in `replica_owne
 
 import logging
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import monarch.actor
@@ -74,3 +75,15 @@ def why_lost(error: BaseException) -> str:
     if "querying for" in message:
         return "its process stopped answering; it likely crashed"
     return message.splitlines()[-1].rsplit("failed:", 1)[-1].strip()
+
+
+def lost_role(error: BaseException, roles: Iterable[str] = ()) -> str | None:
+    """Which role's process was lost, as Monarch's message names it: "<root>.<package.module.Class Class{...}>"
+    failed, or (its agent stopped answering first) the actor mesh's lower-cased name and a suffix,
+    'querying for "trainer-tnyrC3vdtwQ"'. `roles`, the run's role names, give a lower-cased one back its case.
+    None when the message names no actor of the run's (Monarch's own setup actor)."""
+    message = str(error)
+    actor = re.search(r"<[\w.]*?\.(\w+) \1\{", message)
+    queried = re.search(r'querying for "([\w-]+)-\w+"', message)
+    name = actor.group(1) if actor else queried.group(1) if queried else None
+    return next((r for r in roles if name and r.lower() == name.lower()), name)
