@@ -21,6 +21,7 @@ from forge_rl.loop.rollout import FAIL_FAST_GROUPS, RolloutStats
 from forge_rl.models import TINY_MODEL_DIR
 from forge_rl.types import Completion
 from tests.support.openenv_envs import RecordedAddition
+from tests.support.shipped_configs import SHIPPED, check_shipped_config, needs
 
 ENVS = "tests.support.openenv_envs"
 
@@ -71,6 +72,11 @@ def play(
         )
     )
     return group, stats, generator
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if needs("openenv", p)], ids=lambda p: p.name)
+def test_the_shipped_openenv_configs_load_and_validate(path):
+    check_shipped_config(path)
 
 
 def test_a_groups_trajectories_start_on_one_task_posed_by_the_first_observation(tokenizer):

@@ -1,8 +1,11 @@
 """What README.md and docs/ name exists: every `package.module:function`, every forge_rl module path and file,
 and every dotted config key of a run's config. A rename that leaves a doc behind fails here."""
 
+import ast
 import dataclasses
 import importlib
+import importlib.machinery
+import importlib.util
 import re
 import typing
 from pathlib import Path
@@ -37,18 +40,47 @@ def _named(pattern: str) -> list[tuple[str, str]]:
     return sorted(found)
 
 
-def _resolve(dotted: str):
-    """A module, or an attribute of one (forge_rl.recipes.grpo.GRPORun.train_step)."""
+def _defined_in(tree: ast.AST, name: str) -> ast.AST | None:
+    """The statement of `tree`'s body that binds `name` (a def, a class, an assignment, an import), or None."""
+    for node in getattr(tree, "body", []):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return node
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return node
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return node
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
+                return node
+    return None
+
+
+def _resolve(dotted: str) -> None:
+    """A module, or an attribute of one (forge_rl.recipes.grpo.GRPORun.train_step), found in the module's source
+    without importing it: importing would cost the test an optional integration's import (OpenEnv pulls in gradio,
+    seconds). A name the source binds in a way the syntax tree does not show is looked up by importing."""
     parts = dotted.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[i:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ModuleNotFoundError(dotted)
+    spec = importlib.import_module(parts[0]).__spec__  # the top package itself is light; its submodules may not be
+    found = 1  # how many of parts name modules: submodules are found on their package's path, importing nothing
+    while found < len(parts) and spec.submodule_search_locations:
+        child = importlib.machinery.PathFinder.find_spec(".".join(parts[: found + 1]), spec.submodule_search_locations)
+        if child is None:
+            break
+        spec, found = child, found + 1
+    if spec.origin is None:  # a namespace package: no source of its own to look in
+        return _import_and_get(parts, found)
+    node = ast.parse(Path(spec.origin).read_text())
+    for attr in parts[found:]:
+        node = _defined_in(node, attr)
+        if node is None or (not isinstance(node, ast.ClassDef) and attr != parts[-1]):
+            return _import_and_get(parts, found)  # bound dynamically, absent, or an attribute of an imported object
+    return None
+
+
+def _import_and_get(parts: list[str], module_parts: int) -> None:
+    obj = importlib.import_module(".".join(parts[:module_parts]))
+    for attr in parts[module_parts:]:
+        obj = getattr(obj, attr)
 
 
 @pytest.mark.parametrize("doc,name", _named(r"(?<![\w/])forge_rl(?:\.[A-Za-z_]\w*)+(?::\w+)?(?![\w/])"))

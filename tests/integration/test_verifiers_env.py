@@ -1,8 +1,10 @@
-"""agent.verifiers (forge_rl/agents/verifiers_env.py) against the real verifiers package, starting no process: the
+"""agent.verifiers (forge_rl/agents/verifiers_env.py) against the real verifiers package: the
 example taskset (examples/verifiers_addition) becomes the task's rows and held-out rows, a config's own task is
 kept, and each mistake (an unknown taskset, a module with no taskset, a taskset whose loading raises, a builder
 function that raises or returns something else, no verifiers installed, entry and verifiers both set) is one line
-naming the key and what to do, before any engine starts."""
+naming the key and what to do, before any engine starts. It starts no process, but it is not a unit test: importing
+verifiers' environments (and the anthropic and openai clients they import) alone takes seconds, so it runs with the
+integration tests, beside the shipped verifiers configs' start-up check (tests/support/shipped_configs.py)."""
 
 import copy
 import json
@@ -19,6 +21,7 @@ from forge_rl.data.task import TaskConfig
 from forge_rl.recipes.grpo_checks import check_agent
 from forge_rl.recipes.grpo_config import GRPOConfig
 from tests.conftest import REPO
+from tests.support.shipped_configs import SHIPPED, check_shipped_config, needs
 
 EXAMPLE = "examples.verifiers_addition"
 
@@ -48,6 +51,11 @@ def _refused(**verifiers) -> str:
 
 def _rows(path: str) -> list[dict]:
     return [json.loads(line) for line in open(path)]
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if needs("verifiers", p)], ids=lambda p: p.name)
+def test_the_shipped_verifiers_configs_load_and_validate(path):
+    check_shipped_config(path)
 
 
 def test_the_tasksets_rows_become_the_task_and_its_test_split_the_held_out_set():
