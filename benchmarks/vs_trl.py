@@ -35,6 +35,7 @@ the machine's matmul rate): benchmarks/batch_floors.py.
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -52,7 +53,6 @@ REPO = Path(__file__).resolve().parent.parent
 
 def trl_side(model: str, prompts_file: str, steps: int, out: str, seed: int) -> None:
     """TRL's GRPOTrainer on the model and prompts; writes each step's end time (perf_counter) and versions to `out`."""
-    sys.path.insert(0, str(REPO))
     import torch
     import transformers
     import trl
@@ -128,9 +128,10 @@ def trl_side(model: str, prompts_file: str, steps: int, out: str, seed: int) -> 
 
 def run_trl(trl_python: str, model: Path, prompts_file: Path, steps: int, seed: int, tmp: Path) -> dict:
     out = tmp / f"trl_{time.time_ns()}.json"
-    cmd = [trl_python, str(Path(__file__).resolve()), "--side", "trl", "--model", str(model)]
+    cmd = [trl_python, "-m", "benchmarks.vs_trl", "--side", "trl", "--model", str(model)]
     cmd += ["--prompts", str(prompts_file), "--steps", str(steps), "--out", str(out), "--seed", str(seed)]
-    subprocess.run(cmd, check=True, cwd=tmp)
+    # TRL's environment has no forge_rl installed: the repository on its path gives it the reward functions
+    subprocess.run(cmd, check=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(REPO)})
     result = json.loads(out.read_text())
     times = [b - a for a, b in zip([result["start"], *result["ends"]], result["ends"])]
     return dict(step_s=times, versions=result["versions"], threads=result["threads"])

@@ -204,6 +204,22 @@ def test_nothing_imports_apps():
     assert offenders + notebooks == []
 
 
+def test_benchmarks_and_apps_leave_the_import_path_alone():
+    """Benchmarks, the GPU check and the apps are packages run with `python -m` from the repository: none edits
+    sys.path to find forge_rl (a child process in another environment gets PYTHONPATH instead)."""
+
+    def edits_path(node: ast.AST) -> bool:
+        target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+        return isinstance(target, ast.Attribute) and target.attr == "path" and ast.unparse(target) == "sys.path"
+
+    offenders = [
+        str(p.relative_to(REPO))
+        for p in _python_files("benchmarks", "gpu_check", "apps")
+        if any(edits_path(node) for node in ast.walk(ast.parse(p.read_text())))
+    ]
+    assert offenders == []
+
+
 def test_apps_are_thin():
     sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in _python_files("apps")}
     assert {p: n for p, n in sizes.items() if n > MAX_APP_LINES} == {}
