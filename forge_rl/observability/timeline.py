@@ -43,6 +43,7 @@ class Timeline:
         self.spans: list[Span] = []
         self.marks: list[tuple[float, str]] = []
         self.open: dict[int, Span] = {}  # spans whose block is still running, by id (see spans_during)
+        self._written: tuple | None = None  # (folder, spans, marks) at the last write: see write
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -127,10 +128,17 @@ class Timeline:
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def write(self, out_dir: str | Path) -> tuple[Path, Path]:
+        """The trace and its plot in `out_dir`. A run writes them when it finishes and again when it stops (so an
+        interrupted run has them too): drawing is a second of CPU, so files that already show every span are kept."""
         out = Path(out_dir)
-        trace = out / TRACE
+        trace, png = out / TRACE, out / PNG
+        state = (out.resolve(), len(self.spans), len(self.marks))
+        if state == self._written and trace.is_file() and png.is_file():
+            return trace, png
         trace.write_text(json.dumps(self.chrome_trace()))
-        return trace, plot_timeline(self, out / PNG)
+        plot_timeline(self, png)
+        self._written = state
+        return trace, png
 
 
 @contextlib.contextmanager

@@ -39,3 +39,30 @@ def test_spans_make_lanes_busy_fractions_and_a_chrome_trace(tmp_path):
     assert len(spans) == 6 and all(e["dur"] >= 0 for e in spans)
     assert [e["args"] for e in spans if e["name"] == "train + publish"] == [{"step": 1}]
     assert png.stat().st_size > 5_000
+
+
+def test_writing_again_redraws_only_what_changed(tmp_path):
+    """A run writes its timeline when it finishes and again when it stops: the second write keeps files that
+    already show every span, and redraws once a span, a mark or the folder is new."""
+    timeline = Timeline()
+    with timeline.span("trainer", "train + publish"):
+        pass
+    trace, png = timeline.write(tmp_path)
+    drawn = (trace.stat().st_mtime_ns, png.stat().st_mtime_ns)
+    time.sleep(0.01)
+    assert timeline.write(tmp_path) == (trace, png)
+    assert (trace.stat().st_mtime_ns, png.stat().st_mtime_ns) == drawn
+    with timeline.span("generators", "weight swap"):
+        pass
+    timeline.write(tmp_path)
+    assert png.stat().st_mtime_ns > drawn[1]
+    assert {e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"} == {
+        "train + publish",
+        "weight swap",
+    }
+    png.unlink()  # a file gone is written again
+    timeline.write(tmp_path)
+    assert png.is_file()
+    (tmp_path / "other").mkdir()
+    other, _ = timeline.write(tmp_path / "other")  # another folder is written to
+    assert other.is_file()
