@@ -131,7 +131,8 @@ def run_trl(trl_python: str, model: Path, prompts_file: Path, steps: int, seed: 
     cmd = [trl_python, "-m", "benchmarks.vs_trl", "--side", "trl", "--model", str(model)]
     cmd += ["--prompts", str(prompts_file), "--steps", str(steps), "--out", str(out), "--seed", str(seed)]
     # TRL's environment has no forge_rl installed: the repository on its path gives it the reward functions
-    subprocess.run(cmd, check=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(REPO)})
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    subprocess.run(cmd, check=True, cwd=tmp, env={**os.environ, "PYTHONPATH": path})
     result = json.loads(out.read_text())
     times = [b - a for a, b in zip([result["start"], *result["ends"]], result["ends"])]
     return dict(step_s=times, versions=result["versions"], threads=result["threads"])
