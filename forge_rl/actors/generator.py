@@ -31,6 +31,7 @@ from forge_rl.actors.generator_engine import (
     ENGINE_DEFAULTS,
     cpu_engine_env,
     cuda_visible,
+    eager_helpers,
     engine_args_refused,
     engine_died,
     engine_start_method,
@@ -138,6 +139,7 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
             args.update(route_engine_args(cuda, self.engine_args, self.engine_args_key))
         if not cuda:
             args = cpu_engine_env(unchunked_prefill(args, self.engine_args_key))
+            eager_helpers(args)
             # CPU MoE reloads and route recording (forge_rl/deps/vllm.py)
             args.setdefault("worker_extension_cls", WORKER_EXTENSION)
         self.reload_method = (

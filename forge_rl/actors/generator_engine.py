@@ -1,7 +1,8 @@
 """How a Generator's vLLM engine is configured, started and watched: the CPU defaults, the arguments Keep Routing and
 LoRA need, seeded requests on a CPU (no chunked prefill), where the model runs on a CPU (in the EngineCore or a
-Worker), how the EngineCore process starts (fork on CPU, spawn on CUDA), vLLM's refusals of the engine arguments as
-one line naming the config key, Keep Routing's recorder started, and a dead engine ending its proc.
+Worker), vLLM's compiled helpers run eagerly on an eager CPU engine, how the EngineCore process starts (fork on CPU,
+spawn on CUDA), vLLM's refusals of the engine arguments as one line naming the config key, Keep Routing's recorder
+started, and a dead engine ending its proc.
 """
 
 import asyncio
@@ -86,6 +87,17 @@ def cpu_engine_env(args: dict[str, Any]) -> dict[str, Any]:
         return args
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read by vLLM's CPU platform when the engine is made
     return {**args, "distributed_executor_backend": "uni"}
+
+
+def eager_helpers(args: dict[str, Any]) -> None:
+    """An eager CPU engine (enforce_eager, the CPU default) runs vLLM's torch.compile'd helpers eagerly as well.
+    vLLM compiles a few sampler helpers whatever enforce_eager says (the sampled token's rank among the logprobs,
+    top-k/top-p masks); on a CPU that is Inductor generating and building C++ during the engine's first step, for
+    ops that are a comparison and a sum. The stance is set in this proc, and the EngineCore forked from it
+    (engine_start_method) inherits it; an engine started by spawn compiles as before. An engine asked to compile
+    (enforce_eager=false) keeps torch.compile."""
+    if args.get("enforce_eager"):
+        torch.compiler.set_stance("force_eager")
 
 
 def cuda_visible() -> bool:
