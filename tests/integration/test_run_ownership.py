@@ -11,12 +11,14 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from forge_rl.config import load_config
 from forge_rl.loop.run_folder import RUN_FILE, RunFolderError
 from forge_rl.observability.metrics import read_jsonl
 from forge_rl.recipes.grpo import GRPOConfig, main
+from forge_rl.weights.runs import RUN_ID_ENV
 from tests.conftest import REPO
 from tests.unit.loop.test_run_folder import finished_run, garble, snapshot
 
@@ -30,6 +32,25 @@ SMALL = [
     "buffer.capacity=8",
     "generator.sampling.max_tokens=6",
 ]
+
+
+def wait_until_the_runs_processes_are_gone(within_s: float = 60.0) -> None:
+    """Wait for the processes of the run this process last started to end. A proc's reaper outlives the run by a
+    poll or two, and notes in that proc's log what it ended, so the run's folder settles only then. The watcher of
+    this process (the controller's reaper) lives as long as it does and is not waited for."""
+    run_id, me, deadline = os.environ[RUN_ID_ENV], os.getpid(), time.time() + within_s
+    while True:
+        left = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if p.pid != me and str(me) not in (p.info["cmdline"] or []) and p.environ().get(RUN_ID_ENV) == run_id:
+                    left.append(p.info["cmdline"])
+            except psutil.Error:
+                pass
+        if not left:
+            return
+        assert time.time() < deadline, f"run {run_id}'s processes outlived it by {within_s:.0f} s: {left}"
+        time.sleep(0.5)
 
 
 def test_a_damaged_tensor_is_caught_and_resume_falls_back_to_the_checkpoint_before(tmp_path, capsys):
@@ -47,6 +68,7 @@ def test_a_damaged_tensor_is_caught_and_resume_falls_back_to_the_checkpoint_befo
     assert first["run_id"] == run_id and first["checkpoint"] == str(run_dir / "checkpoints/step-2")
 
     # a second run in the same folder: refused before anything starts, the first run's files untouched
+    wait_until_the_runs_processes_are_gone()
     before = snapshot(run_dir)
     with pytest.raises(RunFolderError, match=f"already holds run {run_id}'s checkpoints"):
         asyncio.run(main(load_config(GRPOConfig, TINY, SMALL + ["steps=2", f"output_dir={run_dir}"])))
