@@ -36,15 +36,19 @@ SMALL = [
 
 def wait_until_the_runs_processes_are_gone(within_s: float = 60.0) -> None:
     """Wait for the processes of the run this process last started to end. A proc's reaper outlives the run by a
-    poll or two, and notes in that proc's log what it ended, so the run's folder settles only then. The watcher of
-    this process (the controller's reaper) lives as long as it does and is not waited for."""
+    poll or two, and notes in that proc's log what it ended, so the run's folder settles only then. This process's own
+    helpers live as long as it does and are not waited for: the controller's reaper (its command line names this
+    process) and Python's multiprocessing helpers (the resource tracker), which carry the run id from its environment
+    but write nothing to the run's folder."""
     run_id, me, deadline = os.environ[RUN_ID_ENV], os.getpid(), time.time() + within_s
     while True:
         left = []
         for p in psutil.process_iter(["pid", "cmdline"]):
             try:
-                if p.pid != me and str(me) not in (p.info["cmdline"] or []) and p.environ().get(RUN_ID_ENV) == run_id:
-                    left.append(p.info["cmdline"])
+                cmdline = p.info["cmdline"] or []
+                mine = str(me) in cmdline or (p.ppid() == me and "multiprocessing" in " ".join(cmdline))
+                if p.pid != me and not mine and p.environ().get(RUN_ID_ENV) == run_id:
+                    left.append(cmdline)
             except psutil.Error:
                 pass
         if not left:

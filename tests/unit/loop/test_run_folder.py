@@ -7,6 +7,7 @@ run the same code in tests/integration/test_run_ownership.py."""
 import asyncio
 import contextlib
 import json
+import hashlib
 import os
 import re
 import signal
@@ -53,8 +54,14 @@ def finished_run(out: Path, steps=(5, 10)) -> str:
     return run_id
 
 
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under root by its content's hash: two snapshots compare exactly, and a failed comparison names the
+    files that differ instead of printing their bytes."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def garble(path: Path, offset: int = 4096, size: int = 4096) -> None:
