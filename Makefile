@@ -58,11 +58,12 @@ demo-moe: setup  # GRPO on a mixture-of-experts model, tiny-moe (Qwen3-MoE in To
 
 # make test runs two test modules at a time (pytest-xdist), each module whole on one worker (--dist loadfile) so that
 # the actors a module shares start once. One launch of a run leaves part of a 2-core machine idle while its procs
-# start and wait; two keep it busy (peak memory of the suite: about 8 GB). TEST_WORKERS=0 runs in this process
-# (what --pdb needs).
+# start and wait; two keep it busy (peak memory of the suite: about 8 GB). The modules start longest first, in the
+# order tests/conftest.py gives them (xdist's own reorder, by number of tests, would leave the long single-test
+# modules for last). TEST_WORKERS=0 runs in this process (what --pdb needs).
 TEST_WORKERS ?= 2
 test: setup-extras lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 test-fast: setup-extras lint  # unit tests only (no procs, engines or ranks): what to run while developing (CONTRIBUTING.md)
 	$(PY) -m pytest tests/unit $(ARGS)  # the folder, not the marker: integration modules are not even imported
