@@ -13,7 +13,8 @@
 On CPU each proc is pinned (sched_setaffinity) to its cores with as many torch/OpenMP threads as cores,
 and a vLLM CPU engine binds its OpenMP threads to its replica's cores (VLLM_CPU_OMP_THREADS_BIND). Cores
 can be given explicitly (`generator_cpus: "0-3|4-7"` for two replicas, `trainer_cpus: "8-15"`); anything
-not given is derived from the cores this process may use.
+not given is derived from the cores this process may use, in the order FORGE_RL_CPUS lists them where it is set
+(usable_cores: how two runs share one host's cores).
 
 On GPUs the plan names the devices: one GPU per trainer rank (the first ones) and `tensor_parallel_size` GPUs per
 generator replica, no two replicas on the same GPU, spread evenly over the visible GPUs (colocated: over all of
@@ -26,6 +27,7 @@ import os
 from dataclasses import dataclass, field
 
 PLACEMENTS = ("auto", "colocated", "disaggregated")
+CPUS_ENV = "FORGE_RL_CPUS"  # the cores derived placement uses, in order (usable_cores)
 
 
 @dataclass
@@ -104,7 +106,7 @@ def plan_placement(
     """Decide and check where every role runs. Errors name the config keys that conflict."""
     if gpus:
         return _plan_gpus(cfg, trainer_procs, generator_replicas, generator_gpus, gpus)
-    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    cores = sorted(cores) if cores is not None else usable_cores()
     gen = (
         [parse_cpus(s, "resources.generator_cpus") for s in cfg.generator_cpus.split("|")] if cfg.generator_cpus else []
     )
@@ -154,6 +156,20 @@ def plan_placement(
     return Placement(
         mode, "cpu", generator_cpus=gen, trainer_cpus=ranks, trainer_threads=cfg.trainer_threads or len(ranks[0])
     )
+
+
+def usable_cores() -> list[int]:
+    """The cores derived placement hands out, in the order it hands them out (the generator's first): FORGE_RL_CPUS
+    ("1,0", "4-7") where it is set, else the cores this process may use, ascending. Two runs sharing a host's cores
+    list them in opposite orders, so that one's generator runs beside the other's trainer instead of both generators
+    on the same cores while both trainers' cores wait."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if not (text := os.environ.get(CPUS_ENV, "").strip()):
+        return allowed
+    listed = parse_cpus(text, CPUS_ENV)
+    if outside := sorted(set(listed) - set(allowed)):
+        raise ValueError(f"{CPUS_ENV}={text!r} names cores {outside} that this process may not use ({_fmt(allowed)})")
+    return listed
 
 
 def plan_reward_models(

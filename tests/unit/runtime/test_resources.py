@@ -2,7 +2,8 @@
 
 import pytest
 
-from forge_rl.runtime.placement import ResourcesConfig, parse_cpus, plan_placement
+import forge_rl.runtime.placement as placement_module
+from forge_rl.runtime.placement import CPUS_ENV, ResourcesConfig, parse_cpus, plan_placement
 
 
 def plan(cores, trainer_procs=1, replicas=1, **cfg):
@@ -24,6 +25,20 @@ def test_colocated_time_shares_every_core():
     p = plan([0, 1], placement="colocated")
     assert p.generator_cpus == [[0, 1]] and p.trainer_cpus == [[0, 1]] and p.trainer_threads == 2
     assert "time-shared" in p.describe()
+
+
+def test_derived_cores_follow_forge_rl_cpus_in_its_order(monkeypatch):
+    """Two runs sharing four cores: listed in opposite orders, one's generator runs on the other's trainer cores."""
+    monkeypatch.setattr(placement_module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.delenv(CPUS_ENV, raising=False)
+    first = plan_placement(ResourcesConfig(), 1, 1, 0)
+    monkeypatch.setenv(CPUS_ENV, "2-3,0-1")
+    second = plan_placement(ResourcesConfig(), 1, 1, 0)
+    assert (first.generator_cpus, first.trainer_cpus) == ([[0, 1]], [[2, 3]])
+    assert (second.generator_cpus, second.trainer_cpus) == ([[2, 3]], [[0, 1]])
+    monkeypatch.setenv(CPUS_ENV, "3,4")
+    with pytest.raises(ValueError, match=r"FORGE_RL_CPUS='3,4' names cores \[4\] that this process may not use"):
+        plan_placement(ResourcesConfig(), 1, 1, 0)
 
 
 def test_derived_split_gives_each_replica_and_rank_its_own_cores():
