@@ -25,12 +25,14 @@ def pip(*args: str) -> subprocess.CompletedProcess:
 
 
 def pip_configuration() -> dict[str, list[str]]:
-    """pip's effective settings (files and PIP_* variables, as `pip config list` shows them), key -> values."""
+    """pip's effective settings (files and PIP_* variables, as `pip config list` shows them), key -> values. A PIP_*
+    variable (scope ":env:") wins over the files, as it does for pip."""
     settings: dict[str, list[str]] = {}
     for line in pip("config", "list").stdout.splitlines():
         scoped_key, _, value = line.partition("=")
-        key = scoped_key.rpartition(".")[2]
-        settings[key] = value.strip("'\"").split()
+        scope, _, key = scoped_key.rpartition(".")
+        if scope == ":env:" or key not in settings:
+            settings[key] = value.strip("'\"").split()
     return settings
 
 

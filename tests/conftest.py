@@ -13,7 +13,6 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 TINY_MODEL = REPO / "forge_rl" / "models" / "tiny"
 
-
 # tests/integration/ holds the tests that start real processes (Monarch procs, a vLLM engine, TorchTitan ranks,
 # Slurm, a notebook kernel): they are marked `integration`, and `make test-fast` leaves them out (CONTRIBUTING.md).
 INTEGRATION = REPO / "tests" / "integration"
@@ -25,9 +24,9 @@ def pytest_collection_modifyitems(config, items):
     from tests.support.module_seconds import longest_first
 
     # whole modules, longest first (`make test` hands them to its workers in this order: module_seconds.py says why)
-    modules = list(dict.fromkeys(str(item.path.relative_to(REPO)) for item in items))
+    modules = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
     start = {module: i for i, module in enumerate(longest_first(modules))}
-    items.sort(key=lambda item: start[str(item.path.relative_to(REPO))])
+    items.sort(key=lambda item: start[item.nodeid.split("::")[0]])
 
     no_gpu = pytest.mark.skip(
         reason="needs a CUDA GPU, and none is visible here: `make gpu-check` runs the gpu "
