@@ -26,6 +26,8 @@ sizes the engine's share of each device.
 import os
 from dataclasses import dataclass, field
 
+from forge_rl.errors import ConfigError
+
 PLACEMENTS = ("auto", "colocated", "disaggregated")
 CPUS_ENV = "FORGE_RL_CPUS"  # the cores derived placement uses, in order (usable_cores)
 
@@ -44,11 +46,11 @@ class ResourcesConfig:
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
-            raise ValueError(f"resources.placement={self.placement!r}; choose one of {PLACEMENTS}")
+            raise ConfigError(f"resources.placement={self.placement!r}; choose one of {PLACEMENTS}")
         if self.trainer_threads < 0:
-            raise ValueError(f"resources.trainer_threads must be >= 0, got {self.trainer_threads}")
+            raise ConfigError(f"resources.trainer_threads must be >= 0, got {self.trainer_threads}")
         if not 0 < self.generator_share < 1:
-            raise ValueError(f"resources.generator_share must be in (0, 1), got {self.generator_share}")
+            raise ConfigError(f"resources.generator_share must be in (0, 1), got {self.generator_share}")
 
 
 @dataclass
@@ -112,13 +114,13 @@ def plan_placement(
     )
     train = parse_cpus(cfg.trainer_cpus, "resources.trainer_cpus") if cfg.trainer_cpus else []
     if gen and len(gen) != generator_replicas:
-        raise ValueError(
+        raise ConfigError(
             f"resources.generator_cpus={cfg.generator_cpus!r} lists {len(gen)} replicas' cores; "
             f"generator.replicas={generator_replicas}"
         )
     for name, listed in (("generator_cpus", [c for g in gen for c in g]), ("trainer_cpus", train)):
         if outside := sorted(set(listed) - set(cores)):
-            raise ValueError(
+            raise ConfigError(
                 f"resources.{name} names cores {outside} that this process may not use (it may use {_fmt(cores)})"
             )
     given = {c for g in gen for c in g}
@@ -130,7 +132,7 @@ def plan_placement(
         gen, train = gen or [cores] * generator_replicas, train or cores
     else:
         if overlap := set(train) & given:
-            raise ValueError(
+            raise ConfigError(
                 f"resources.placement=disaggregated but resources.generator_cpus and "
                 f"resources.trainer_cpus share cores {sorted(overlap)}"
             )
@@ -139,7 +141,7 @@ def plan_placement(
             n = max(generator_replicas, round(len(cores) * cfg.generator_share))
             n = min(n, len(free) - (0 if train else trainer_procs))
             if n < generator_replicas:
-                raise ValueError(
+                raise ConfigError(
                     f"resources.placement=disaggregated needs a core per generator replica ({generator_replicas}) and "
                     f"per trainer rank ({trainer_procs}); this process may use {len(cores)} cores ({_fmt(cores)}); "
                     "use resources.placement=colocated (or auto)"
@@ -147,9 +149,9 @@ def plan_placement(
             gen, free = _split(free[:n], generator_replicas), free[n:]
         train = train or free
     if any(not g for g in gen):
-        raise ValueError(f"every generator replica needs at least one core, got {gen} (resources.generator_cpus)")
+        raise ConfigError(f"every generator replica needs at least one core, got {gen} (resources.generator_cpus)")
     if len(train) < trainer_procs:
-        raise ValueError(
+        raise ConfigError(
             f"trainer cores {_fmt(train)} are fewer than trainer_procs={trainer_procs} (resources.trainer_cpus)"
         )
     ranks = _split(train, trainer_procs)
@@ -168,7 +170,10 @@ def usable_cores() -> list[int]:
         return allowed
     listed = parse_cpus(text, CPUS_ENV)
     if outside := sorted(set(listed) - set(allowed)):
-        raise ValueError(f"{CPUS_ENV}={text!r} names cores {outside} that this process may not use ({_fmt(allowed)})")
+        raise ConfigError(
+            f"{CPUS_ENV}={text!r} names cores {outside} that this process may not use ({_fmt(allowed)}): "
+            f"list some of those, or unset {CPUS_ENV}"
+        )
     return listed
 
 
@@ -183,7 +188,7 @@ def plan_reward_models(
     def per_model(text: str, key: str) -> list[str]:
         parts = text.split("|") if text else []
         if parts and len(parts) != models:
-            raise ValueError(
+            raise ConfigError(
                 f"resources.{key}={text!r} lists {len(parts)} reward models' devices; rewards has "
                 f"{models} entries with a model"
             )
@@ -195,20 +200,20 @@ def plan_reward_models(
     )
     if placement.device == "cpu":
         if gpus:
-            raise ValueError("resources.reward_model_gpus names GPUs, but this host has none visible")
+            raise ConfigError("resources.reward_model_gpus names GPUs, but this host has none visible")
         allowed = set(cores if cores is not None else os.sched_getaffinity(0))
         placement.reward_model_cpus = [parse_cpus(c, "resources.reward_model_cpus") for c in cpus]
         if outside := sorted({c for cs in placement.reward_model_cpus for c in cs} - allowed):
-            raise ValueError(f"resources.reward_model_cpus names cores {outside} that this process may not use")
+            raise ConfigError(f"resources.reward_model_cpus names cores {outside} that this process may not use")
         return placement
     if cpus:
-        raise ValueError(
+        raise ConfigError(
             "resources.reward_model_cpus pins CPU roles; on GPUs reward models get devices "
             "(resources.reward_model_gpus)"
         )
     for ids in gpus:
         if unknown := [g for g in ids.split(",") if g not in placement.gpus]:
-            raise ValueError(
+            raise ConfigError(
                 f"resources.reward_model_gpus={cfg.reward_model_gpus!r} names GPUs {unknown}; "
                 f"visible: {_fmt(placement.gpus)}"
             )
@@ -225,21 +230,21 @@ def _plan_gpus(cfg: ResourcesConfig, trainer_procs: int, replicas: int, per_repl
     exactly these): trainer rank i on the i-th GPU; replica r on `per_replica` GPUs of its own, spread evenly over
     all the GPUs (colocated) or over those after the trainer's (disaggregated)."""
     if cfg.generator_cpus or cfg.trainer_cpus:
-        raise ValueError("resources.generator_cpus / resources.trainer_cpus pin CPU roles; on GPUs roles get devices")
+        raise ConfigError("resources.generator_cpus / resources.trainer_cpus pin CPU roles; on GPUs roles get devices")
     if per_replica < 1:
-        raise ValueError(f"generator.engine_args.tensor_parallel_size={per_replica}: a replica on GPUs needs >= 1")
+        raise ConfigError(f"generator.engine_args.tensor_parallel_size={per_replica}: a replica on GPUs needs >= 1")
     wanted = trainer_procs + replicas * per_replica
     mode = cfg.placement
     if mode == "auto":
         mode = "disaggregated" if len(gpus) >= wanted else "colocated"
     if mode == "disaggregated" and len(gpus) < wanted:
-        raise ValueError(
+        raise ConfigError(
             f"resources.placement=disaggregated needs {wanted} GPUs (trainer_procs={trainer_procs} + "
             f"generator.replicas={replicas} x generator.engine_args.tensor_parallel_size={per_replica}); "
             f"{len(gpus)} visible ({_fmt(gpus)}): use resources.placement=colocated (or auto), or fewer"
         )
     if mode == "colocated" and (trainer_procs > len(gpus) or replicas * per_replica > len(gpus)):
-        raise ValueError(
+        raise ConfigError(
             f"resources.placement=colocated time-shares the {len(gpus)} visible GPUs ({_fmt(gpus)}) with one "
             f"trainer rank per GPU and distinct GPUs per replica: trainer_procs={trainer_procs} and "
             f"generator.replicas={replicas} x generator.engine_args.tensor_parallel_size={per_replica} "
@@ -260,9 +265,9 @@ def parse_cpus(text: str, key: str) -> list[int]:
             lo, _, hi = part.strip().partition("-")
             out += list(range(int(lo), int(hi or lo) + 1))
     except ValueError:
-        raise ValueError(f"{key}={text!r}: expected core ids like '0-3,6'") from None
+        raise ConfigError(f"{key}={text!r}: expected core ids like '0-3,6'") from None
     if not out or len(set(out)) != len(out):
-        raise ValueError(f"{key}={text!r}: expected distinct core ids like '0-3,6'")
+        raise ConfigError(f"{key}={text!r}: expected distinct core ids like '0-3,6'")
     return out
 
 
