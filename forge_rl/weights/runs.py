@@ -30,7 +30,7 @@ def register_process(run_id: str, pid: int | None = None) -> None:
     pid = pid or os.getpid()
     pids = SHM_DIR / f"{_PREFIX}{run_id}{_PIDS}"
     pids.mkdir(exist_ok=True)
-    (pids / f"{pid}-{_start_time(pid)}").touch()
+    (pids / process_tag(pid)).touch()
 
 
 def live_processes(run_id: str) -> list[int]:
@@ -39,19 +39,26 @@ def live_processes(run_id: str) -> list[int]:
         names = os.listdir(pids)
     except FileNotFoundError:
         return []
-    live = []
-    for name in names:
-        pid, _, started = name.partition("-")
-        if pid.isdigit() and _start_time(int(pid)) == started:
-            live.append(int(pid))
-    return live
+    return [int(name.partition("-")[0]) for name in names if is_alive(name)]
+
+
+def process_tag(pid: int | None = None) -> str:
+    """The process as "<pid>-<start time>": it names that process only, never a later one given the same pid."""
+    pid = pid or os.getpid()
+    return f"{pid}-{_start_time(pid)}"
+
+
+def is_alive(tag: str) -> bool:
+    """Whether the process that `process_tag` named still runs."""
+    pid, _, started = tag.partition("-")
+    return pid.isdigit() and bool(started) and _start_time(int(pid)) == started
 
 
 def release_process(run_id: str, pid: int | None = None) -> None:
     """Unregister; the last live process of the run on this host removes the run's entries."""
     pid = pid or os.getpid()
     with contextlib.suppress(FileNotFoundError):
-        (SHM_DIR / f"{_PREFIX}{run_id}{_PIDS}" / f"{pid}-{_start_time(pid)}").unlink()
+        (SHM_DIR / f"{_PREFIX}{run_id}{_PIDS}" / process_tag(pid)).unlink()
     if not live_processes(run_id):
         remove_run(run_id)
 

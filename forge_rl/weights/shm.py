@@ -2,7 +2,7 @@
 
     /dev/shm/forge_rl-<run>-weights-<host>/
         v00000005/model.safetensors      published: complete, never written again
-        v00000006.tmp/model.safetensors  being written by the trainer ranks (+ .rankNNNNN.done markers)
+        v00000006.tmp/model.safetensors  being written by the trainer ranks (+ a .done marker per rank)
 
 Writer ranks map the same preallocated file and copy their tensors (or DTensor shards, at their
 global offsets) into it; the rank that commits last renames the directory to its final name. The
@@ -44,7 +44,16 @@ import torch
 from forge_rl.weights import maps, spares
 from forge_rl.weights.layout import Layout, create_file, version_dir
 from forge_rl.weights.rdma_fetch import fetch
-from forge_rl.weights.runs import RUN_ID_ENV, SHM_DIR, cleanup_stale_runs, register_process, release_process, run_prefix
+from forge_rl.weights.runs import (
+    RUN_ID_ENV,
+    SHM_DIR,
+    cleanup_stale_runs,
+    is_alive,
+    process_tag,
+    register_process,
+    release_process,
+    run_prefix,
+)
 from forge_rl.weights.shards import local_piece, region
 from forge_rl.weights.store_config import WeightStoreConfig
 from forge_rl.weights.store import (
@@ -347,13 +356,13 @@ class ShmVersionWriter(VersionWriter):
     def commit(self) -> None:
         self._views = None  # unmap before others may rename and read
         try:
-            (self.tmp / f".rank{self.rank:05d}.done").touch()
-            done = sum(1 for n in os.listdir(self.tmp) if n.endswith(".done"))
+            (self.tmp / f".rank{self.rank:05d}.{process_tag()}.done").touch()
+            done = _ranks_done(os.listdir(self.tmp))
         except FileNotFoundError:
             raise RuntimeError(
                 f"weights version {self.version} was aborted by another writer rank (or removed at shutdown)"
             ) from None
-        if done == self.world_size:  # the last rank to finish publishes
+        if len(done) == self.world_size:  # the last rank to finish publishes
             self.store._install(self.tmp, self.version)
         if self.rank == 0:
             self.store.prepare_spares(self.version, self.layout.size)
@@ -361,6 +370,19 @@ class ShmVersionWriter(VersionWriter):
     def abort(self) -> None:
         self._views = None
         self.store._remove(self.tmp)
+
+
+def _ranks_done(names: list[str]) -> set[int]:
+    """The writer ranks whose `.rank<N>.<process>.done` marker is among `names` and whose process still runs. A
+    marker of a dead process is left from an earlier attempt at the version (a trainer killed while publishing it,
+    then restarted): counting it would publish the version before this attempt's rank N has written its part."""
+    done = set()
+    for name in names:
+        if name.startswith(".rank") and name.endswith(".done"):
+            rank, _, process = name[len(".rank") : -len(".done")].partition(".")
+            if rank.isdigit() and is_alive(process):
+                done.add(int(rank))
+    return done
 
 
 def _claim(file: Path, size: int) -> bool:

@@ -78,6 +78,32 @@ def test_plain_shards_from_two_writers_make_full_tensors(store):
     assert all(torch.equal(loaded[n], full[n]) for n in full)
 
 
+def test_a_killed_writers_done_marker_does_not_publish_the_next_attempt_early(store):
+    """A trainer killed after its rank 1 committed version 3, but before rank 0 did, leaves rank 1's marker in
+    v00000003.tmp. Restarted, it writes version 3 again into the same directory: the version appears only once
+    this attempt's rank 1 has committed too, never when rank 0 alone counts the dead rank's marker."""
+    script = textwrap.dedent(f"""
+        import os, signal, torch
+        from forge_rl.weights import ShmWeightStore, WeightStoreConfig
+        s = ShmWeightStore({store.run_id!r}, WeightStoreConfig(keep_versions=2))
+        w = s.writer(3, {{"w": (torch.float32, (1000,))}}, rank=1, world_size=2)
+        w.write("w", torch.full((1000,), 9.0))
+        w.commit()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert [n for n in os.listdir(store.root / "v00000003.tmp") if n.endswith(".done")], "the dead rank's marker"
+    spec = {"w": (torch.float32, (1000,))}
+    writers = [store.writer(3, spec, rank=r, world_size=2) for r in range(2)]
+    writers[0].write("w", torch.ones(500), offset=(0,))
+    writers[0].commit()
+    assert store.versions() == [], "published before this attempt's rank 1 wrote its half"
+    writers[1].write("w", torch.ones(500) * 2, offset=(500,))
+    writers[1].commit()
+    assert torch.equal(store.load(3)["w"], torch.cat([torch.ones(500), torch.ones(500) * 2]))
+
+
 def test_retention_keeps_newest_k_and_errors_name_versions(store):
     for v in range(1, 5):
         store.publish(v, uniform_state(v, 16))
