@@ -107,6 +107,9 @@ def _bootstrap(
     return bootstrap
 
 
+_run_ids_made_here: set[str] = set()  # every run id a provisioner of this process has used
+
+
 class Provisioner:
     def __init__(self, run_id: str | None = None, log_dir: str | Path | None = None, hosts: dict | None = None):
         # log_dir: each proc's stdout/stderr (and its children's) go to log_dir/<mesh>.log; None keeps them on
@@ -115,10 +118,14 @@ class Provisioner:
         self.log_dir = Path(log_dir) if log_dir else None
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-        # A run id in the environment names this run, unless another controller set it: this process was
-        # started by one (a test, a notebook, a sweep), and its run is not ours.
+        # A run id in the environment names this run, unless another controller set it (this process was
+        # started by one: a test, a notebook, a sweep, and its run is not ours) or an earlier run of this process
+        # did: runs one after another in one process (a notebook, a test module) each get their own shared
+        # memory, so whatever the last one left can never be taken for this one's.
         started_by_another = os.environ.get(CONTROLLER_ENV, "").split("-")[0] not in ("", str(os.getpid()))
-        self.run_id = run_id or (None if started_by_another else os.environ.get(RUN_ID_ENV)) or uuid.uuid4().hex[:8]
+        given = None if started_by_another else os.environ.get(RUN_ID_ENV)
+        self.run_id = run_id or (given if given not in _run_ids_made_here else None) or uuid.uuid4().hex[:8]
+        _run_ids_made_here.add(self.run_id)
         os.environ[RUN_ID_ENV] = self.run_id  # procs inherit it (shm names, logs)
         # Shared memory outlives killed runs: remove what dead runs left, and mark this one alive.
         cleanup_stale_runs()

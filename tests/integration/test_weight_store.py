@@ -327,6 +327,26 @@ def test_reader_racing_a_writer_never_sees_a_mixed_version():
     run(body())
 
 
+def test_runs_one_after_another_in_one_process_get_their_own_shared_memory(monkeypatch):
+    """A run id given in the environment names the first run of a process; a second run in that process (a notebook
+    running again, the next test module) gets its own, so nothing the first left in /dev/shm is taken for its own."""
+    from forge_rl.runtime.reaper import CONTROLLER_ENV
+    from forge_rl.weights.runs import RUN_ID_ENV
+
+    given = f"given{uuid.uuid4().hex[:6]}"
+    monkeypatch.setenv(RUN_ID_ENV, given)
+    monkeypatch.delenv(CONTROLLER_ENV, raising=False)  # as in a process no controller started
+    ids = []
+
+    async def body():
+        for _ in range(2):
+            async with provisioned() as prov:
+                ids.append(prov.run_id)
+
+    run(body())
+    assert ids[0] == given and ids[1] != given
+
+
 def test_shutdown_cleans_up_after_exception_and_after_a_killed_writer(monkeypatch):
     # A SIGKILLed proc is a supervision event; outside a Service nobody handles it, and Monarch's
     # default would end the test process.
