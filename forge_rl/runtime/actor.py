@@ -20,7 +20,7 @@ from monarch.actor import Actor, concurrent_endpoint, endpoint
 from forge_rl.deps.monarch import ActorMesh
 from forge_rl.runtime.faults import RoleStartFailed, process_lost
 from forge_rl.runtime.options import ActorOptions
-from forge_rl.runtime.provisioner import get_provisioner
+from forge_rl.runtime.provisioner import get_provisioner, stop_proc_mesh
 from forge_rl.runtime.replies import run_and_reply
 from forge_rl.runtime.service import Service
 
@@ -86,7 +86,7 @@ class _Launcher:
             actor = mesh.spawn(name, self.cls, *args, **kwargs)
             await actor.setup.call()
         except BaseException as e:
-            await get_provisioner().stop_proc_mesh(mesh)  # a failed setup must not leave its procs running
+            await stop_proc_mesh(mesh)  # a failed setup must not leave its procs running
             lost = process_lost(e)
             if lost is not None:
                 raise RoleStartFailed(name, lost) from e
@@ -102,4 +102,4 @@ class _Launcher:
 
 async def stop_actor(actor: ActorMesh) -> None:
     """Stop an actor made by `as_actor` and its proc mesh."""
-    await get_provisioner().stop_proc_mesh(actor._forge_proc_mesh)
+    await stop_proc_mesh(actor._forge_proc_mesh)

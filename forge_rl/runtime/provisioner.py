@@ -303,6 +303,14 @@ def get_provisioner() -> Provisioner:
     return _provisioner
 
 
+async def stop_proc_mesh(mesh: ProcMesh) -> None:
+    """Stop a proc mesh of the current run. Starts no provisioner: this is called while a run shuts down (its
+    services stop their replicas) and after (an actor stopped late), when `get_provisioner()` would start a new run
+    whose watcher then lives as long as this process."""
+    if _provisioner is not None:
+        await _provisioner.stop_proc_mesh(mesh)
+
+
 async def shutdown() -> None:
     """Stop everything the current run started (idempotent)."""
     global _provisioner

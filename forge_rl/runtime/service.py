@@ -29,7 +29,7 @@ from monarch.actor import ProcMesh
 from forge_rl.deps.monarch import ActorMesh, EndpointProperty, SupervisionError
 from forge_rl.runtime.faults import RoleStartFailed, install_fault_hook, process_lost, replica_owners
 from forge_rl.runtime.options import ActorOptions
-from forge_rl.runtime.provisioner import get_provisioner
+from forge_rl.runtime.provisioner import get_provisioner, stop_proc_mesh
 from forge_rl.runtime.replies import replies
 
 logger = logging.getLogger(__name__)
@@ -269,7 +269,7 @@ class Service:
         replica_owners.pop(replica.actor_name.lower(), None)
         if replica.mesh is not None:
             mesh, replica.mesh, replica.actor = replica.mesh, None, None
-            await get_provisioner().stop_proc_mesh(mesh)
+            await stop_proc_mesh(mesh)
 
 
 class ServiceEndpoint:

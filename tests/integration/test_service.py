@@ -5,6 +5,7 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 from monarch.actor import ActorError
 
@@ -30,7 +31,25 @@ async def two_replicas(routing="round_robin") -> Service:
     return await Service(Echo, ("svc",), opts=ActorOptions(replicas=2), routing=routing).start()
 
 
+def watchers_of_this_process() -> set[int]:
+    """The reaper processes watching this process (forge_rl/runtime/reaper.py): a run's provisioner starts one and
+    ends it when the run shuts down."""
+    me = str(os.getpid())
+    found = set()
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = p.info["cmdline"] or []
+        if any(arg.endswith("reaper.py") for arg in cmdline) and me in cmdline:
+            found.add(p.pid)
+    return found
+
+
 def test_round_robin_call_all_and_sticky_sessions():
+    """...and the run's end leaves no provisioner behind: its service stopping its replicas starts no new one (whose
+    watcher would then live as long as this process)."""
+    from forge_rl.runtime import provisioner
+
+    before = watchers_of_this_process()
+
     async def body():
         async with provisioned():
             svc = await two_replicas()
@@ -42,6 +61,7 @@ def test_round_robin_call_all_and_sticky_sessions():
             assert len(sticky) == 1
 
     run(body())
+    assert provisioner._provisioner is None and watchers_of_this_process() == before
 
 
 def test_least_loaded_avoids_the_busy_replica():
