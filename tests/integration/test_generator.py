@@ -162,7 +162,9 @@ def test_occupancy_falls_while_a_long_request_runs_alone(generator):
 
     before, after = loop.run_until_complete(body())
     occupancy = (after["sequence_s"] - before["sequence_s"]) / (after["busy_s"] - before["busy_s"])
-    assert 2.0 < occupancy < 3.0, occupancy  # 4 sequences for 8 of 100 tokens, then 2
+    # 4 sequences for 8 of 100 tokens, then 2: 2.16. The long request's 2 sequences finish in one engine step, but
+    # their outputs may reach the actor a moment apart, 1 running meanwhile (1.96 seen on a busy 2-core machine)
+    assert 1.6 < occupancy < 3.0, occupancy
     assert after["running_sequences"] == 0
 
 
