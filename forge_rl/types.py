@@ -2,8 +2,8 @@
 
 Plain dataclasses of 1-D tensors and scalars. They cross Monarch with their tensors as numpy arrays
 (`_NumpyOnTheWire`): Monarch pickles a tensor with a whole `torch.save` of its storage, which costs far
-more than the data for the small tensors here (a group of 8 completions pickled ~10x faster this
-way) and sends the whole storage of a view. This module imports nothing of forge_rl.
+more than the data for the small tensors here, and sends the whole storage of a view. This module
+imports nothing of forge_rl.
 
 Token alignment used everywhere: a sequence is `prompt_ids + response_ids`; the behaviour logprob
 and policy version of response token i belong to that token (the logprob of choosing it). In a multi-turn

@@ -110,4 +110,4 @@ class PromptDataset(ForgeActor):
             raise ValueError(f"dataset state is for seed {state['seed']}, this run uses seed {self.seed}")
         self.rows.seek(int(state["position"]))
         self.too_long = int(state.get("too_long", 0))
-        self.draws = int(state.get("draws", state["position"]))  # a checkpoint from before draws were counted
+        self.draws = int(state.get("draws", state["position"]))  # a checkpoint without draws (an older format)

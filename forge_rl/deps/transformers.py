@@ -1,7 +1,7 @@
 """Loading a Qwen3 tokenizer without importing transformers' Auto classes.
 
-`from transformers import AutoTokenizer` imports torch and every model family's configuration (about 9 s of
-CPU on a small machine; the tokenizer class alone about 3 s, without torch). The run's controller, its dataset
+`from transformers import AutoTokenizer` imports torch and every model family's configuration (seconds of
+CPU on a small machine; the tokenizer class alone, without torch, a fraction of that). The run's controller, its dataset
 role and its reward role each load the policy's tokenizer at start-up, so `auto_tokenizer` picks the class
 AutoTokenizer would pick for the model types forge_rl trains, and calls AutoTokenizer itself for anything else.
 

@@ -9,7 +9,7 @@
 - `MoEWeightReload` (a worker extension, `worker_extension_cls`): vLLM 0.32's in-place reload leaves a CPU
   mixture-of-experts layer's expert weights in checkpoint layout: on a weight update `UnquantizedFusedMoEMethod`
   skips `fused_experts.process_weights_after_loading`, which on CPU prepacks them for `cpu_fused_moe`, so the
-  reloaded experts compute garbage (measured: |log p| off by 3.6 after reloading the very same weights). Its
+  reloaded experts compute garbage (even reloading the very same weights changes the logprobs). Its
   `forge_rl_reload_weights` reloads, then runs that step for each CPU expert layer (`CPUUnquantizedExperts`).
 - `WorkerExtension`: what a CPU generator's workers get, the reload above and Keep Routing's route recorder
   (forge_rl/deps/vllm_routes.py).
@@ -104,7 +104,7 @@ def engine_context():
 
 # Engine arguments the configs and docs use, known to be AsyncEngineArgs fields (tests/unit/deps/test_deps.py
 # checks them):
-# a config that uses only these is checked without importing vLLM (~5 s on a small CPU); any other name is
+# a config that uses only these is checked without importing vLLM (a slow import); any other name is
 # looked up among AsyncEngineArgs' fields.
 COMMON_ENGINE_ARGS = frozenset(
     {

@@ -2,7 +2,7 @@
 
 Monarch's `SlurmJob` submits an sbatch job that starts one Monarch worker per node, waits for it to run and
 attaches a host mesh per role (`job.state().trainer`). It reads the job with `squeue --json`, whose shape
-changed across Slurm versions; measured on Debian's Slurm 22.05: the JSON lists every job in the queue (not
+changed across Slurm versions; in Slurm 22.05 (Debian's), the JSON lists every job in the queue (not
 only the one asked for), `job_state` is a string and `job_resources.nodes` a hostlist string ("n[1-2]"), so
 SlurmJob takes the first job in the queue for its own and finds no hosts. `SlurmHosts` reads the job with
 squeue's plain format (`%T %N`, the same since Slurm 2.x) and expands the node list with `scontrol show

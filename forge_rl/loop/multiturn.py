@@ -418,7 +418,7 @@ async def rollout_env_from_dataset(
 ) -> bool:
     """One multi-turn group of the dataset actor's next example into the buffer. True if stored; False when the
     group was dropped (see rollout_env_group)."""
-    calls = replies()  # not call_one: Monarch keeps ~1.2 KB per call_one in the caller (runtime/replies.py)
+    calls = replies()  # not call_one: Monarch never frees a call_one's reply port (runtime/replies.py)
     example = await calls.call(dataset, "next")
     prompt_ids = renderer.tokenizer(example.text, add_special_tokens=False)["input_ids"]
     group = await rollout_env_group(

@@ -367,7 +367,7 @@ async def rollout_from_dataset(
     the generators abort as too old is counted and its example queued to be generated again."""
     from forge_rl.actors.generator import PromptTooLong, SequenceTooOld
 
-    calls = replies()  # not call_one: Monarch keeps ~1.2 KB per call_one in the caller (runtime/replies.py)
+    calls = replies()  # not call_one: Monarch never frees a call_one's reply port (runtime/replies.py)
     example = stats.requeue.pop(0) if stats.requeue else await calls.call(dataset, "next")
 
     async def score(completions):

@@ -1,5 +1,5 @@
 """The router of Keep Routing (forge_rl/models/route_replay.py): TorchTitan's token-choice router computing its
-scores as before; where a token has recorded experts, those are its top-k, weighted by the current router's scores
+scores as usual; where a token has recorded experts, those are its top-k, weighted by the current router's scores
 over them (renormalised as the model's route_norm says), so the router's gradient and the load-balancing loss stay
 defined. Tokens without a record (padding, each row's last token) route as usual."""
 

@@ -3,7 +3,7 @@
 Every weight swap makes vLLM log about eight lines (scheduler pause and unpause, prefix-cache reset,
 filesystem type, reload time, a checkpoint-loading progress bar) and a "RotaryEmbedding: Failed to load
 weights" WARNING: the rotary embedding's cos/sin cache is computed, not a checkpoint weight, so vLLM puts its
-own tensors back, as it should. A 300-step demo printed ~3,000 such lines between its own step lines.
+own tensors back, as it should. Over a run, these lines bury the run's own step lines.
 
 `quiet_vllm(level)` sets vLLM's logging (in this process and the engine processes it starts, through the
 environment) to `level` (default WARNING) with a filter that drops that one known, harmless warning. Set

@@ -372,7 +372,7 @@ def table(shapes: list[ModelShape], gpu_bytes: float, **kwargs) -> str:
 
 def gpu_total_bytes(gpu: str) -> int:
     """Memory of the GPU that CUDA_VISIBLE_DEVICES names `gpu`: nvidia-smi's figure, which keeps the controller
-    free of a CUDA context (one would hold ~0.5 GB of a colocated GPU for the whole run); else
+    free of a CUDA context (one would hold memory of a colocated GPU for the whole run); else
     torch.cuda.get_device_properties(0).total_memory. Call it only on CUDA hosts."""
     try:
         out = subprocess.run(

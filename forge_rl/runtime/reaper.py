@@ -2,11 +2,11 @@
 
 vLLM's AsyncLLM runs its EngineCore (and, on some platforms, a worker) in child processes. When a
 generator proc is SIGKILLed, or the OOM killer takes it, nothing runs in it to stop them: they are
-reparented to init and keep their memory (about 1 GiB each for the tiny model on CPU) and their
+reparented to init and keep their memory (a model and a KV cache each) and their
 CPU-bound busy loops for the rest of the machine's life.
 
 Killed that way they also leave their shared memory behind: vLLM's executor broadcasts through a
-240 MiB /dev/shm segment (psm_*) that only a clean shutdown unlinks.
+/dev/shm segment (psm_*) that only a clean shutdown unlinks.
 
 The same happens to every proc when the controller itself is SIGKILLed (what a user does to a stuck run):
 Monarch's procs exit with it, and their children live on. So the provisioner watches the controller too.

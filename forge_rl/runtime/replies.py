@@ -1,10 +1,9 @@
 """Endpoint calls whose replies come back over one long-lived port, for the calls a run makes per group.
 
-Monarch 0.7.0 keeps about 1.2 KB of native memory in the caller for every call that takes a reply
-(`call_one`, `call`, `route`): its reply port is never freed (measured in commit 70d1118). The GRPO
-controller makes four such calls per group (the prompt, the generation, the scores, the buffer add), so its
-memory grew with every step. A one-way `broadcast` whose result is sent back over a port opened once keeps
-~50 bytes per call.
+Monarch 0.7.0 keeps native memory in the caller for every call that takes a reply (`call_one`, `call`,
+`route`): its reply port is never freed. The GRPO controller makes four such calls per group (the prompt, the
+generation, the scores, the buffer add), so with them its memory would grow with every step. A one-way
+`broadcast` whose result is sent back over a port opened once keeps a small fraction of that per call.
 
     example = await replies().call(dataset, "next")      # as `await dataset.next.call_one()`
 

@@ -1,14 +1,14 @@
 """Mapping version files into memory: page tables filled once per file, not once per version.
 
-Filling the page tables of a fresh 2 GB map (4 KiB pages; tmpfs gives no huge pages by default) costs
-2-3x the copy into it: 0.14-0.17 s against 0.06 s on the 2-core dev VM. The store recycles the same
-K files version after version (see shm.py), so each process keeps its map of each file and reuses
-it. Writers map shared and writable. Readers map shared and read-only: a stray in-place op on loaded
-weights faults (SIGSEGV) instead of silently changing what every reader sees.
+Filling the page tables of a fresh map (4 KiB pages; tmpfs gives no huge pages by default) costs more
+than the copy into it. The store recycles the same K files version after version (see shm.py), so each
+process keeps its map of each file and reuses it. Writers map shared and writable. Readers map shared
+and read-only: a stray in-place op on loaded weights faults (SIGSEGV) instead of silently changing what
+every reader sees.
 
 In a process that uses CUDA the map is also page-locked for CUDA (cudaHostRegister, once per file):
-GPU <-> host copies from pageable memory go through a staging buffer at a fraction of the speed
-(H100: 4.6 GB/s pageable against 24 GB/s page-locked, D2H + H2D). FORGE_RL_CUDA_REGISTER=0 turns it off.
+GPU <-> host copies from pageable memory go through a staging buffer at a fraction of the speed of
+page-locked ones, both ways. FORGE_RL_CUDA_REGISTER=0 turns it off.
 
 A cached map pins nothing: a reader's pin is the locked fd that `load()` ties to its views. A file
 that is no longer linked (dropped while someone pinned it, or removed at shutdown) is evicted, so a

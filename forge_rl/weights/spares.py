@@ -2,7 +2,7 @@
 
 A publish into fresh tmpfs pages pays for the kernel allocating and zeroing every page, and for mapping them (in a
 CUDA process also for page-locking the map); into a recycled version's pages, whose map the writer keeps, it pays for
-the copy alone (measured in commit bdab4cb). The store recycles from version K+1 on; versions 2..K
+the copy alone. The store recycles from version K+1 on; versions 2..K
 find no dropped version. So when rank 0 commits a version while fewer than K are kept, a thread of its process
 prepares the files the next versions will take, while the trainer steps: each the size of the version just written,
 its pages reserved and faulted in through the writer's own cached map (page-locked there where CUDA is in use), and

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 class WeightStoreConfig:
     keep_versions: int = 2  # newest K versions kept per host; older ones are freed
     root: str | None = None  # this host's version directory; default /dev/shm/forge_rl-<run>-weights-<host>
-    bucket_mb: int = 64  # size of one RDMA read across hosts (64 MB measured best on the TCP fallback)
+    bucket_mb: int = 64  # size of one RDMA read across hosts (64 MB suits the TCP fallback)
     host_id: str | None = None  # who counts as "this host"; default $FORGE_RL_HOST_ID or the hostname
 
     def __post_init__(self) -> None:
