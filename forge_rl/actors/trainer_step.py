@@ -115,6 +115,7 @@ class TrainerStep:
                 entropy,
                 memory_bytes=self.head_memory_bytes,
                 kept=kept,
+                compute_dtype=self.compute_dtype,
             )
         else:
             lp, ent = token_logprobs(out, tokens.to(d), temperature, entropy=entropy, shard=shard, kept=kept)
@@ -151,6 +152,7 @@ class TrainerStep:
                 shift=0,
                 memory_bytes=self.head_memory_bytes,
                 kept=kept[None] if kept is not None else None,
+                compute_dtype=self.compute_dtype,
             )
             lp, ent = lp[0], (ent[0] if ent is not None else None)
         else:
@@ -161,6 +163,13 @@ class TrainerStep:
             zeros.index_put(where, lp).where(keep, 0.0),
             zeros.index_put(where, ent).where(keep, 0.0) if ent is not None else None,
         )
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The forward's matmul dtype (trainer.dtype) over fp32 master weights. FSDP2's mixed-precision policy hands
+        the decoder cast parameters; autocast (no FSDP) casts only its ops' inputs and leaves the residual stream, and
+        so the final hidden states, in fp32: the fused head casts them back to this dtype."""
+        return getattr(torch, self.cfg.dtype)
 
     def _lm_head_weight(self) -> torch.Tensor:
         """The lm_head's whole weight, as the decoder's forward left it (FSDP2: unsharded until backward)."""
@@ -180,7 +189,7 @@ class TrainerStep:
         logprobs are reduced over ranks without gathering the logits)."""
         from torch.distributed.tensor import DTensor, Shard
 
-        with torch.autocast(self.device.type, dtype=getattr(torch, self.cfg.dtype), enabled=self.autocast):
+        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.autocast):
             out = self.model(tokens.to(self.device), **kwargs)
         if not isinstance(out, DTensor):
             return out, None

@@ -12,8 +12,9 @@ positions at a time, within a memory budget (`memory_bytes`):
 - Otherwise each block's logits are made, used and dropped, in the forward and again in the backward (the matmul is
   recomputed: a third more of the head's FLOPs, the price of not holding the logits).
 
-The matmuls run in the compute dtype (`hidden`'s: bf16 under mixed precision); the log-softmax, the logprobs, the
-entropy and the weight's gradient accumulate in fp32. Each block's elementwise work runs in place in two fp32 buffers:
+The matmuls run in the compute dtype (`compute_dtype`, by default `hidden`'s: bf16 under mixed precision, where
+autocast leaves the final norm's output, and so `hidden`, in fp32); the log-softmax, the logprobs, the entropy and the
+weight's gradient accumulate in fp32. Each block's elementwise work runs in place in two fp32 buffers:
 the log-normaliser and the entropy come from one exp pass, and the backward needs only the saved log-normaliser.
 
 On the CPU the buffers are kept between calls (`Workspace`): a new tensor of hundreds of MB costs its page faults
@@ -54,16 +55,18 @@ def hidden_logprobs(
     shift: int = 1,
     memory_bytes: int | None = None,
     kept: torch.Tensor | None = None,
+    compute_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob [B, T] of each token under softmax(hidden @ weight.T / temperature) (`token_logprobs` when shift is
     1: position t predicts token t+1, 0 at t=0; `selected_logprobs` when shift is 0: position t predicts token t),
     and the entropy [B, T] when `entropy` is "detached" or "grad". `memory_bytes`: the working memory (None: the
-    device's default); `kept` [B, T, K]: the kept sets of truncated sampling."""
+    device's default); `kept` [B, T, K]: the kept sets of truncated sampling; `compute_dtype`: the matmuls' dtype
+    (None: hidden's)."""
     if entropy not in ENTROPY:
         raise ValueError(f"entropy={entropy!r}; choose one of {ENTROPY}")
     budget = memory_bytes if memory_bytes is not None else default_memory_bytes(hidden.device)
     logprobs, ent = _FusedHead.apply(
-        hidden, weight, tokens, float(temperature), entropy != "none", int(budget), shift, kept
+        hidden, weight, tokens, float(temperature), entropy != "none", int(budget), shift, kept, compute_dtype
     )
     if entropy == "detached":
         ent = ent.detach()
@@ -132,11 +135,11 @@ class _Lease:
     """Alive while a forward's kept logits wait for its backward."""
 
 
-def _flat(hidden, tokens, kept, shift):
-    """The predicting positions as rows: hidden [M, D], their targets [M] and kept sets [M, K]."""
+def _flat(hidden, tokens, kept, shift, dtype):
+    """The predicting positions as rows: hidden [M, D] in `dtype`, their targets [M] and kept sets [M, K]."""
     B, T, D = hidden.shape
     n = T - shift
-    h = hidden[:, :n].reshape(B * n, D)
+    h = hidden[:, :n].reshape(B * n, D).to(dtype)
     targets = tokens[:, shift:].reshape(B * n)
     return h, targets, (kept[:, shift:].reshape(B * n, kept.shape[-1]) if kept is not None else None)
 
@@ -170,22 +173,22 @@ class _FusedHead(torch.autograd.Function):
     @staticmethod
     @torch.autocast("cuda", enabled=False)
     @torch.autocast("cpu", enabled=False)
-    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, budget, shift, kept):
+    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, budget, shift, kept, compute_dtype):
         B, T, _ = hidden.shape
-        V, dev = weight.shape[0], hidden.device
-        h, targets, kept_flat = _flat(hidden, tokens, kept, shift)
+        V, dev, cd = weight.shape[0], hidden.device, compute_dtype or hidden.dtype
+        h, targets, kept_flat = _flat(hidden, tokens, kept, shift, cd)
         M = h.shape[0]
-        keep, rows = plan_blocks(M, V, budget, hidden.element_size())
+        keep, rows = plan_blocks(M, V, budget, h.element_size())
         keep = keep and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1])  # no backward: nothing to keep
         ctx.set_materialize_grads(False)  # an unused entropy gets no gradient (None), not zeros to test
-        w = _compute_weight(weight, hidden.dtype)
-        logits, lease = Workspace.lend(M, V, hidden.dtype, dev) if keep else (None, None)
+        w = _compute_weight(weight, cd)
+        logits, lease = Workspace.lend(M, V, cd, dev) if keep else (None, None)
         lp = torch.zeros(M, dtype=torch.float32, device=dev)
         ent = torch.zeros(M, dtype=torch.float32, device=dev)
         lse = torch.zeros(M, dtype=torch.float32, device=dev)
         for lo in range(0, M, rows):
             hi = min(lo + rows, M)
-            x = logits[lo:hi] if keep else Workspace.scratch("logits", hi - lo, V, hidden.dtype, dev)
+            x = logits[lo:hi] if keep else Workspace.scratch("logits", hi - lo, V, cd, dev)
             torch.mm(h[lo:hi], w.t(), out=x)
             z = Workspace.scratch("z", hi - lo, V, torch.float32, dev)
             e = Workspace.scratch("e", hi - lo, V, torch.float32, dev)
@@ -202,7 +205,7 @@ class _FusedHead(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, tokens, ent, lse, kept, logits if keep else None)
         ctx.lease = lease
         ctx.compute_weight, ctx.compute_weight_version = w, w._version  # reused by the backward if still this copy
-        ctx.temperature, ctx.shift, ctx.rows = temperature, shift, rows
+        ctx.temperature, ctx.shift, ctx.rows, ctx.compute_dtype = temperature, shift, rows, cd
         return _unflat(lp, B, T, shift), _unflat(ent, B, T, shift)
 
     @staticmethod
@@ -211,8 +214,8 @@ class _FusedHead(torch.autograd.Function):
     def backward(ctx, grad_logprobs, grad_ent):
         hidden, weight, tokens, ent, lse, kept, logits = ctx.saved_tensors
         B, T, D = hidden.shape
-        V, dev, s, rows = weight.shape[0], hidden.device, ctx.shift, ctx.rows
-        h, targets, kept_flat = _flat(hidden, tokens, kept, s)
+        V, dev, s, rows, cd = weight.shape[0], hidden.device, ctx.shift, ctx.rows, ctx.compute_dtype
+        h, targets, kept_flat = _flat(hidden, tokens, kept, s, cd)
         M = h.shape[0]
         grad_lp = (
             grad_logprobs[:, s:].reshape(M).float()
@@ -220,17 +223,17 @@ class _FusedHead(torch.autograd.Function):
             else torch.zeros(M, dtype=torch.float32, device=dev)
         )
         use_ent = grad_ent is not None
-        grad_h = torch.empty(M, D, dtype=hidden.dtype, device=dev)
+        grad_h = torch.empty(M, D, dtype=cd, device=dev)
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=dev) if M == 0 else None
         w = ctx.compute_weight  # the forward's copy, unless another call has written its buffer since
         if w._version != ctx.compute_weight_version:
-            w = _compute_weight(weight, hidden.dtype)
+            w = _compute_weight(weight, cd)
         for lo in range(0, M, rows):
             hi = min(lo + rows, M)
             if logits is not None:
                 x = logits[lo:hi]
             else:
-                x = Workspace.scratch("logits", hi - lo, V, hidden.dtype, dev)
+                x = Workspace.scratch("logits", hi - lo, V, cd, dev)
                 torch.mm(h[lo:hi], w.t(), out=x)
             g = _block_grad(
                 x,
@@ -252,8 +255,8 @@ class _FusedHead(torch.autograd.Function):
             grad_w = torch.mm(logits.t(), h)
         ctx.lease = None  # the kept logits may be lent again
         grad_hidden = torch.zeros_like(hidden)
-        grad_hidden[:, : T - s] = grad_h.view(B, T - s, D)
-        return grad_hidden, grad_w.to(weight.dtype), None, None, None, None, None, None
+        grad_hidden[:, : T - s] = grad_h.view(B, T - s, D)  # in hidden's dtype
+        return grad_hidden, grad_w.to(weight.dtype), None, None, None, None, None, None, None
 
 
 def _block_grad(x, temperature, targets, grad_lp, lse, ent=None, grad_ent=None, kept=None) -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 # first: it makes TorchTitan's device type "cpu" without an accelerator, before its model modules import
 from forge_rl.deps.torchtitan import EMBEDDING_INIT, LINEAR_INIT, qwen3_norm
+from forge_rl.models.norms import cast_norm
 
 from torchtitan.models.common import CosSinRoPE, Embedding, Linear  # noqa: E402
 from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: E402
@@ -76,11 +77,14 @@ def attention_shape(hf: dict) -> tuple[int, CosSinRoPE.Config]:
 
 def model_config(hf: dict, layers: list) -> Qwen3Model.Config:
     """The whole model's config around `layers`, each layer's attention made SDPA and its norms the checkpoint's
-    eps."""
+    eps, every norm computing in its input's dtype (forge_rl/models/norms.py)."""
     dim, vocab = hf["hidden_size"], hf["vocab_size"]
     for layer in layers:
         layer.attention.inner_attention = MaskedSDPA.Config()
         layer.attention_norm.eps = layer.ffn_norm.eps = hf.get("rms_norm_eps", 1e-6)
+        layer.attention_norm, layer.ffn_norm = cast_norm(layer.attention_norm), cast_norm(layer.ffn_norm)
+        if layer.attention.qk_norm is not None:
+            layer.attention.qk_norm = cast_norm(layer.attention.qk_norm)
         # Every weight is then read from the checkpoint, so the initial values never matter; TorchTitan's fused
         # q/k/v init draws whole q, k, v and the whole fused weight on every rank, then keeps its shard (0.4 GB a
         # layer per rank at Qwen3-32B: forge_rl/rehearsal). Each rank draws its own shard, as for the other linears.
@@ -88,7 +92,7 @@ def model_config(hf: dict, layers: list) -> Qwen3Model.Config:
     return Qwen3Model.Config(
         vocab_size=vocab,
         dim=dim,
-        norm=qwen3_norm(dim),
+        norm=cast_norm(qwen3_norm(dim)),
         enable_weight_tying=bool(hf.get("tie_word_embeddings", False)),
         tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=EMBEDDING_INIT),
         lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=LINEAR_INIT),
