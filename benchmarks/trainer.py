@@ -17,10 +17,10 @@ that are the model's own (so the step trains: ratio 1, nothing clipped), AdamW, 
 Each side runs `--warmup` steps, then `--steps` timed steps (the mean is reported); on a CPU the sides take their
 steps in turn (a plain step, a forge_rl step, ...), so that the load of a shared machine falls on both alike.
 tokens/s counts every token of the
-batch. MFU (GPU only) = (6 N + 6 L T d) FLOPs per token / the GPU's dense bf16 peak, where N is every parameter
-(the tied embedding counted once, as the lm_head's matmul), L layers, T the sequence length and d the attention
-width (heads x head_dim): the causal attention's forward and backward. Peak memory: the GPU's peak reserved, or on
-a CPU the process's peak RSS.
+batch. MFU = (6 N + 6 L T d) FLOPs per token / the device's dense bf16 peak (forge_rl/observability/mfu.py: N the
+matmul parameters, the lm_head's included, L layers, T the sequence length, d the attention width; the peak from
+the datasheet table, or on a CPU or an unknown GPU a measured bf16 matmul rate), the same count for both sides.
+Peak memory: the GPU's peak reserved, or on a CPU the process's peak RSS.
 """
 
 import argparse
@@ -41,6 +41,7 @@ from rich.table import Table
 
 from forge_rl.actors.trainer import Trainer, _peak_rss_mb
 from forge_rl.actors.trainer_config import OptimizerConfig, TrainerConfig
+from forge_rl.observability.mfu import device_peak_flops, mfu
 from forge_rl.runtime import provisioned, stop_actor
 from forge_rl.types import TrainBatch
 
@@ -79,7 +80,6 @@ SHAPES = {
         2,
     ),
 }
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 CLIP_LOW, CLIP_HIGH, LR = 0.2, 0.28, 1e-6  # forge_rl's GRPO defaults; a small lr keeps the batch on-policy
 
 
@@ -224,19 +224,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def flops_per_token(hf: dict, params: int, T: int) -> float:
-    return 6 * params + 6 * hf["num_hidden_layers"] * T * hf["num_attention_heads"] * hf["head_dim"]
-
-
-def peak_tflops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-
-
 async def run_shape(shape: str, args, root: Path) -> list[dict]:
-    hf, B, T, micro = SHAPES[shape]
+    _, B, T, micro = SHAPES[shape]
     B, T, micro = args.batch or B, args.seq or T, args.micro or micro
     model_dir = make_model_dir(shape, root)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -272,7 +261,8 @@ async def run_shape(shape: str, args, root: Path) -> list[dict]:
             await loop.close()
     for side in sides:
         Console().print(f"[dim]{side.name}: {side.step_s:.3f} s/step[/dim]")
-    peak, tokens = peak_tflops(device), B * T
+    (peak, peak_source), tokens = device_peak_flops(device), B * T
+    full_hf = json.loads((model_dir / "config.json").read_text())
     plain_s = sides[0].step_s
     return [
         dict(
@@ -284,7 +274,9 @@ async def run_shape(shape: str, args, root: Path) -> list[dict]:
             tokens_per_s=tokens / s.step_s,
             grad_norm=s.grad_norm,
             peak_gb=s.peak_gb,
-            mfu=(flops_per_token(hf, params, T) * tokens / s.step_s / 1e12 / peak) if peak else None,
+            mfu=mfu(full_hf, tokens, T, s.step_s, peak),
+            peak_tflops=peak / 1e12,
+            peak_source=peak_source,
             vs_plain=plain_s / s.step_s,
             device=torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)",
             torch=torch.__version__,
@@ -307,13 +299,15 @@ def markdown(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
+        used = f"{100 * r['mfu']:.1f}%"
         lines.append(
             f"| {r['shape']} ({r['params_m']:.0f}M) | {r['side']} | {r['step_s']:.3f} | "
-            f"{r['tokens_per_s']:,.0f} | {mfu} | {r['peak_gb']:.1f} | {r['grad_norm']:.3f} | "
+            f"{r['tokens_per_s']:,.0f} | {used} | {r['peak_gb']:.1f} | {r['grad_norm']:.3f} | "
             f"{r['vs_plain']:.2f}x |"
         )
-    return "\n".join(lines) + f"\n\n{rows[0]['device']}, torch {rows[0]['torch']}\n"
+    r = rows[0]
+    peak = f"MFU against {r['peak_tflops']:.0f} TFLOP/s dense bf16 ({r['peak_source']})"
+    return "\n".join(lines) + f"\n\n{r['device']}, torch {r['torch']}; {peak}\n"
 
 
 async def main() -> None:
@@ -345,7 +339,7 @@ async def main() -> None:
             r["side"],
             f"{r['step_s']:.3f}",
             f"{r['tokens_per_s']:,.0f}",
-            f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-",
+            f"{100 * r['mfu']:.1f}%",
             f"{r['peak_gb']:.1f}",
             f"{r['grad_norm']:.3f}",
             f"{r['vs_plain']:.2f}x",

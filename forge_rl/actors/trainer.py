@@ -34,6 +34,7 @@ from forge_rl.models.lora import is_adapter_key
 from forge_rl.models.moe_aux import RouterStats
 from forge_rl.models.route_replay import RouteReplay
 from forge_rl.models.sharded_load import load_sharded
+from forge_rl.observability.mfu import device_peak_flops, mfu
 from forge_rl.observability.profiler import StepProfiler
 from forge_rl.losses.fused_head import default_memory_bytes
 from forge_rl.types import TrainBatch
@@ -113,6 +114,8 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         self.head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
         self.heads_per_kv = hf_config["num_attention_heads"] // hf_config["num_key_value_heads"]
         self.attention_pair_cost = attention_pair_cost(hf_config)  # weighs shared-prompt packing
+        self.hf_config = hf_config
+        self.peak_flops, self.peak_source = device_peak_flops(self.device)  # each step's MFU is against it
         batch_mesh = self.parallel_dims.get_optional_mesh("batch")
         self.dp_size = batch_mesh.size() if batch_mesh is not None else 1
         self.dp_rank = batch_mesh.get_local_rank() if batch_mesh is not None else 0
@@ -258,6 +261,10 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
             response_tokens=total_tokens,
             tokens_per_s=tokens / elapsed,
             step_s=elapsed,
+            # model FLOPs utilisation of every rank's device (forge_rl/observability/mfu.py), rows at their length
+            mfu=mfu(
+                self.hf_config, tokens, max(b.tokens.shape[1] for b in batches), elapsed, self.peak_flops, self.world
+            ),
             peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
             **(
                 {"peak_cuda_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20}

@@ -111,6 +111,7 @@ def trainer_metrics(t: dict) -> dict[str, float]:
                 "entropy",
                 "tokens_per_s",
                 "step_s",
+                "mfu",
                 "skipped_steps",
                 "mismatch_abs_mean",
                 "mismatch_abs_max",
@@ -195,7 +196,7 @@ def summary_block(
         ),
         (
             "episodes",
-            f"{buf['added']} reached the buffer, {buf['trained']} trained; "
+            f"{buf['added']} reached the buffer, {buf['trained']} trained, {buf['present']} still in it; "
             f"stale {summary['stale_fraction']:.1%} of generated",
         ),
         ("drops", drops_seen or "none"),
@@ -283,7 +284,7 @@ async def run_summary(run, wall: float, gen_busy_s: float) -> dict:
     """The run's summary (summary.json): steps and their rate over `wall` seconds of training, evaluations,
     versions, staleness, train/inference mismatch, idle fractions, the buffer's and the data's final counts."""
     s = run.state
-    final_buffer = await run.buffer.evict.call_one()
+    final_buffer = await run.buffer.stats.call_one()  # read only: what is still buffered stays (`present`)
     data = await run.dataset.stats.call_one()
     last3 = [acc for *_, acc in run.evals[-3:]]
     generated = final_buffer["added"] + sum(n for k, n in s.drops.items() if k.startswith("reward_"))

@@ -179,6 +179,7 @@ class SFTRun(RecipeRun):
             "train/lr": m["lr"],
             "train/tokens_per_s": m["tokens_per_s"],
             "train/step_s": m["step_s"],
+            "train/mfu": m["mfu"],
             "train/elapsed_s": time.perf_counter() - self.t_train,
         }
         self.log.log(self.step, line)

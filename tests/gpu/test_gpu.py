@@ -291,3 +291,21 @@ def test_a_classifier_reward_model_scores_in_bf16_on_the_gpu(loop, tmp_path):
         assert len({round(v, 2) for v in got}) > 1  # it tells the completions apart
     finally:
         loop.run_until_complete(stop_actor(rm))
+
+
+def test_bf16_step_on_cuda_runs_every_norm_and_matmul_in_bf16_and_reports_its_mfu():
+    """On the GPU, the trainer's step code under bf16 autocast over fp32 masters (one rank, no FSDP2): every
+    rms_norm meets a weight of its input's dtype (the fused kernel), every matmul, the head's included, is bf16 x bf16
+    (tensor cores); the device's peak for MFU is its datasheet's where the table knows it."""
+    from forge_rl.observability.mfu import device_peak_flops, measured_matmul_flops
+    from tests.support.precision import bf16_step_dtypes, group_batch, trainer_step
+
+    step = trainer_step("bfloat16", share_prompts=True, device="cuda" if not ON_CPU else "cpu")
+    norms, matmuls = bf16_step_dtypes(step, *group_batch())
+    fp32 = {(dtypes, cols) for dtypes, cols in matmuls if dtypes != (torch.bfloat16, torch.bfloat16)}
+    assert norms and all(x == w for x, w in norms), set(norms)
+    assert not fp32, fp32
+    peak, source = device_peak_flops(step.device)
+    measured = measured_matmul_flops(step.device)
+    report("bf16 matmul rate against the MFU peak", f"{measured / 1e12:.0f} of {peak / 1e12:.0f} TFLOP/s ({source})")
+    assert measured <= 1.1 * peak or source == "measured"

@@ -8,70 +8,9 @@ trainer's own step code hands them (TrainerStep, with the model, config and flag
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from forge_rl.actors.trainer_config import TrainerConfig
-from forge_rl.actors.trainer_step import TrainerStep
 from forge_rl.models import qwen3, resolve_model_path
-from forge_rl.models.qwen3_config import attention_pair_cost
-
-MATMULS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
-
-
-class NormDtypes(TorchFunctionMode):
-    """(input dtype, weight dtype) of every rms_norm call, as the norm module hands them to torch."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in (F.rms_norm, torch.rms_norm):
-            weight = args[2] if len(args) > 2 else (kwargs or {}).get("weight")
-            self.seen.append((args[0].dtype, weight.dtype))
-        return func(*args, **(kwargs or {}))
-
-
-class MatmulDtypes(TorchDispatchMode):
-    """(operand dtypes, output columns) of every matmul as it runs, after autocast's casts; not the fused head's
-    per-row dot product of its fp32 probabilities and logits (the entropy, [n, 1, 1]), an fp32 reduction by design."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if str(func) in MATMULS and tuple(out.shape[-2:]) != (1, 1):
-            operands = [a for a in args if isinstance(a, torch.Tensor)][-2:]
-            self.seen.append((tuple(a.dtype for a in operands), out.shape[-1]))
-        return out
-
-
-def trainer_step(dtype: str, share_prompts: bool) -> TrainerStep:
-    """The trainer's step code over the tiny model, with what Trainer._build sets for one rank without FSDP."""
-    model_dir = resolve_model_path("tiny-warm")
-    model, _ = qwen3.build_model(model_dir)  # fp32 master weights
-    model._skip_lm_head = True  # the fused head, as the Trainer sets it
-    step = TrainerStep()
-    step.cfg = TrainerConfig(model=str(model_dir), dtype=dtype, share_prompts=share_prompts)
-    step.model, step.device, step.route_replay = model, torch.device("cpu"), None
-    step.autocast = dtype != "float32"  # Trainer._build: no FSDP2 mixed-precision policy on one rank
-    step.fused_lm_head, step.head_memory_bytes, step.loss_parallel = True, 2**20, False
-    step.attention_pair_cost = attention_pair_cost(qwen3.read_hf_config(model_dir))
-    return step
-
-
-def group_batch() -> tuple[torch.Tensor, torch.Tensor]:
-    """Four responses to one 12-token prompt: a group, which shared-prompt packing packs into one row."""
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, 100, (12,), generator=g)
-    tokens = torch.cat([prompt.expand(4, 12), torch.randint(3, 100, (4, 20), generator=g)], dim=1)
-    mask = torch.zeros_like(tokens, dtype=torch.bool)
-    mask[:, 12:] = True
-    return tokens, mask
+from tests.support.precision import bf16_step_dtypes, group_batch, trainer_step
 
 
 @pytest.mark.parametrize("share_prompts", [True, False], ids=["packed", "response-positions"])
@@ -81,14 +20,11 @@ def test_bf16_step_runs_every_norm_and_matmul_in_bf16(share_prompts):
     step = trainer_step("bfloat16", share_prompts)
     tokens, mask = group_batch()
     vocab = step.model.lm_head.weight.shape[0]
-    with NormDtypes() as norms, MatmulDtypes() as matmuls:
-        logprobs, entropy = step._forward(tokens, "grad", mask)
-        (logprobs.sum() + entropy.sum()).backward()
-    assert norms.seen and all(x == w for x, w in norms.seen), f"norm (input, weight) dtypes: {set(norms.seen)}"
-    assert any(cols == vocab for _, cols in matmuls.seen), "the head's matmul over the vocabulary did not run"
-    fp32 = {(dtypes, cols) for dtypes, cols in matmuls.seen if dtypes != (torch.bfloat16, torch.bfloat16)}
+    norms, matmuls = bf16_step_dtypes(step, tokens, mask)
+    assert norms and all(x == w for x, w in norms), f"norm (input, weight) dtypes: {set(norms)}"
+    assert any(cols == vocab for _, cols in matmuls), "the head's matmul over the vocabulary did not run"
+    fp32 = {(dtypes, cols) for dtypes, cols in matmuls if dtypes != (torch.bfloat16, torch.bfloat16)}
     assert not fp32, f"matmuls not in bf16 (operand dtypes, output columns): {fp32}"
-    assert logprobs.dtype == entropy.dtype == torch.float32
     assert step.model.lm_head.weight.grad.dtype == torch.float32  # the master weight's gradient
 
 

@@ -17,6 +17,7 @@ TRAINER_KEYS = (
     "entropy",
     "tokens_per_s",
     "step_s",
+    "mfu",
     "skipped_steps",
     "mismatch_abs_mean",
     "mismatch_abs_max",
