@@ -155,7 +155,7 @@ def soak(
         added=buf.get("added"),
         trained=buf.get("trained"),
         dropped=buf.get("dropped", {}),
-        accounted=bool(buf) and buf["added"] == buf["trained"] + sum(buf["dropped"].values()),
+        accounted=bool(buf) and buf["added"] == buf["trained"] + sum(buf["dropped"].values()) + buf["present"],
         drops=summary.get("drops", {}),
         stale_fraction=summary.get("stale_fraction"),
         steps_per_min=summary.get("steps_per_min"),

@@ -306,7 +306,7 @@ def markdown(rows: list[dict]) -> str:
             f"{r['vs_plain']:.2f}x |"
         )
     r = rows[0]
-    peak = f"MFU against {r['peak_tflops']:.0f} TFLOP/s dense bf16 ({r['peak_source']})"
+    peak = f"MFU against {r['peak_tflops']:.3g} TFLOP/s dense bf16 ({r['peak_source']})"
     return "\n".join(lines) + f"\n\n{r['device']}, torch {r['torch']}; {peak}\n"
 
 

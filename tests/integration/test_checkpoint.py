@@ -143,8 +143,8 @@ def test_the_summary_of_a_run_never_evaluated_says_so(tmp_path):
     """finish() straight after start() (a notebook): no evaluation, no IndexError."""
     run = GRPORun(GRPOConfig(output_dir=str(tmp_path)))
     run.state = RunState(run.cfg)
-    buffer = {"added": 0, "trained": 0, "dropped": {"stale": 0}}
-    run.buffer = SimpleNamespace(evict=endpoint(lambda: buffer))
+    buffer = {"added": 0, "trained": 0, "present": 0, "dropped": {"stale": 0}}
+    run.buffer = SimpleNamespace(stats=endpoint(lambda: buffer))  # read, never emptied
     run.dataset = SimpleNamespace(stats=endpoint(lambda: {"too_long": 0}))
     run.generator = SimpleNamespace(
         version=SimpleNamespace(route=endpoint(lambda: 0).call_one, call_all=endpoint(lambda: [0]).call_one),

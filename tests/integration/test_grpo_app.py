@@ -56,7 +56,7 @@ def test_grpo_async_run_then_synchronous_resume(tmp_path, capsys):
     assert scored and all(0.0 <= r["reward/exact_match"] <= 1.0 for r in scored)
     assert any(r["reward/mean"] > 0 for r in scored)  # the warm start solves some problems
     accounting = first["buffer"]
-    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
+    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values()) + accounting["present"]
     assert (tmp_path / "curves.png").stat().st_size > 10_000
     # the timeline: what each role did when, as a Chrome trace and a PNG, and the summary's busy fractions
     trace = json.loads((tmp_path / "timeline.json").read_text())["traceEvents"]
@@ -223,7 +223,7 @@ def test_trainer_killed_mid_run_then_resumed(tmp_path):
     assert losses()[3] == pytest.approx(before_kill[3], abs=1e-6)
     assert sorted(losses()) == list(range(1, 6))  # no step twice, none missing
     accounting = resumed["buffer"]
-    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
+    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values()) + accounting["present"]
 
 
 def test_resume_takes_true_false_or_auto():
@@ -248,7 +248,7 @@ def test_multi_turn_grpo_masks_the_environments_tokens(tmp_path):
     summary = asyncio.run(main(cfg))
     assert summary["trainer_version"] == 3 and summary["max_staleness"] <= 1
     accounting = summary["buffer"]
-    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
+    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values()) + accounting["present"]
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert any(r.get("reward/turns", 0) > 1 for r in rows)  # some trajectories took a second turn
     assert "eval/first_turn" in rows[0] and rows[0]["eval/accuracy"] >= rows[0]["eval/first_turn"]
@@ -367,7 +367,7 @@ def test_lora_grpo_on_shared_cores_with_a_kl_penalty_moves_and_syncs_only_the_ad
     assert summary["generator_stats"]["held_s"] > 0  # it stepped aside for each train step
     assert all(r["sync/hold_s"] >= 0 and r["sync/release_s"] >= 0 for r in rows)  # timed every step
     accounting = summary["buffer"]
-    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values())
+    assert accounting["added"] == accounting["trained"] + sum(accounting["dropped"].values()) + accounting["present"]
 
 
 def test_a_grpo_run_with_a_kl_to_a_moving_anchor_records_each_steps_reference_version(users_task_run):

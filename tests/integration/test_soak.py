@@ -25,7 +25,7 @@ def test_a_short_soak_survives_a_replica_kill_and_leaves_nothing_behind(tmp_path
     assert report["steps"] == 4
     assert len(report["kills"]) == 1 and report["respawns"] >= 1
     assert report["generator_versions"] == [4, 4]  # the respawned replica ended on the final weights too
-    assert report["accounted"]  # added == trained + dropped (stale, zero advantage, evicted at the end, ...)
+    assert report["accounted"]  # added == trained + dropped (stale, zero advantage, ...) + still buffered
     assert report["rss_warm"] and report["rss_end"]  # every process of the run was sampled
     assert report["processes_seen"] > 5 and report["processes_left"] == []
     assert any(name.startswith("forge_rl-") for name in report["shm_seen"])  # the run's entries were seen...
