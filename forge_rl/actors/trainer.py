@@ -6,8 +6,8 @@
 Every rank runs the same endpoint (`.call()` on the mesh); each rank picks its data-parallel rank's batch,
 and the ranks of one tensor-parallel group share it. The model is built on the meta device from the HF
 config, parallelised with TorchTitan's `parallelize_qwen3`, materialised, and loaded from HF safetensors
-through TorchTitan's state-dict adapter. TorchTitan's own Trainer/ForgeEngine is not used: 0.3.0's
-ForgeEngine is broken (docs/stack.md), and an RL step is not its data-loader loop.
+through TorchTitan's state-dict adapter. TorchTitan's own Trainer/ForgeEngine is not used: an RL step is not
+its data-loader loop (docs/stack.md).
 
 CPU specifics (gloo): FSDP's PREMUL_SUM reduction does not exist on gloo, so FSDP modules are set to
 plain sum reductions; TorchTitan's "partial_dtensor" SPMD backend is the one that works with FSDP here.
@@ -126,7 +126,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
             betas=(o.beta1, o.beta2),
             eps=o.eps,
             weight_decay=o.weight_decay,
-            # one kernel over every tensor (on a CPU 2.5-7x the foreach step over a 90M model); experts' parameters
+            # one kernel over every tensor (faster than foreach, which launches per tensor group); experts' parameters
             # live on another mesh than the rest, which the fused kernel does not take in one call
             **(dict(foreach=True) if self.parallel_dims.ep_enabled else dict(fused=True)),
         )
@@ -409,7 +409,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
             raise FileNotFoundError(f"{path}: not a DCP checkpoint (no .metadata)")
         state = self._state()
         if "train.rng" not in dcp.FileSystemReader(path).read_metadata().state_dict_metadata:
-            del state["train"]["rng"]  # a checkpoint written before the RNG was saved
+            del state["train"]["rng"]  # a checkpoint without the trainer's RNG state (an older format)
         dcp.load(state, checkpoint_id=path)  # into the parameters' own shards, in place
         set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
         self.scheduler.load_state_dict(state["train"]["scheduler"])

@@ -69,8 +69,8 @@ def materialise(model: torch.nn.Module, device: torch.device) -> None:
     TorchTitan gives each attention layer its own cos/sin cache of max_position_embeddings x 2 head_dim floats, and
     they are all equal: with Qwen3's 40,960 positions that is 42 MB a layer, 1.5 GB for Qwen3-8B's 36 layers and
     2.7 GB for 32B's 64, on every rank of the trainer, the reference and the critic. Making them all and sharing
-    them afterwards held them all for a moment (a 32B reference's load, which holds nothing else: 6.9 GB against
-    its 4.3 GB plan); here the other layers' caches are never made."""
+    them afterwards would hold them all for a moment, past the memory plan of a role that holds little else (a
+    reference); here the other layers' caches are never made."""
     followers = _rope_followers(model)
     for module in followers:
         module.cache = None  # nothing for to_empty to allocate

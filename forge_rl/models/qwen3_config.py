@@ -86,8 +86,8 @@ def model_config(hf: dict, layers: list) -> Qwen3Model.Config:
         if layer.attention.qk_norm is not None:
             layer.attention.qk_norm = cast_norm(layer.attention.qk_norm)
         # Every weight is then read from the checkpoint, so the initial values never matter; TorchTitan's fused
-        # q/k/v init draws whole q, k, v and the whole fused weight on every rank, then keeps its shard (0.4 GB a
-        # layer per rank at Qwen3-32B: forge_rl/rehearsal). Each rank draws its own shard, as for the other linears.
+        # q/k/v init draws whole q, k, v and the whole fused weight on every rank, then keeps its shard (a whole
+        # layer's q/k/v per rank). Each rank draws its own shard, as for the other linears.
         layer.attention.qkv_linear.wqkv.param_init = LINEAR_INIT
     return Qwen3Model.Config(
         vocab_size=vocab,
