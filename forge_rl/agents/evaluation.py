@@ -9,6 +9,7 @@ fails counts as not solved, with one line.
 
 import asyncio
 
+from forge_rl.actors.reward import RewardActor
 from forge_rl.agents.entry import EpisodeFailed
 from forge_rl.agents.rollout import AgentRunner
 from forge_rl.deps.monarch import SupervisionError
@@ -47,7 +48,7 @@ async def _scored(reward, examples: list, records: list, eval_reward: str) -> li
     try:
         totals, parts = await replies().call(
             reward,
-            "score",
+            RewardActor.score,
             [e.prompt for e in examples],
             [r.final_text or "" for r in records],
             [r.final_finish for r in records],

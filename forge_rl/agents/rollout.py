@@ -21,9 +21,12 @@ episode fails the group's others are cancelled; nothing is left running.
 
 import asyncio
 
+from forge_rl.actors.reward import RewardActor
 from forge_rl.agents.entry import AgentEntry, AgentReward, EpisodeFailed
 from forge_rl.agents.episodes import EpisodeRecord, shared_prompt_len, trajectory_completion
 from forge_rl.agents.server import AgentServer
+from forge_rl.actors.dataset import PromptDataset
+from forge_rl.actors.replay_buffer import ReplayBuffer
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.errors import RunStopped
 from forge_rl.loop.rollout import FAIL_FAST_GROUPS, KEPT_OVER_CAP
@@ -114,7 +117,7 @@ class AgentRunner:
             n = len(records)
             totals, _ = await replies().call(
                 reward,
-                "score",
+                RewardActor.score,
                 [example.prompt] * n,
                 [r.final_text or "" for r in records],
                 [r.final_finish for r in records],
@@ -187,6 +190,6 @@ async def rollout_agent_from_dataset(
 ) -> bool:
     """One agent group of the dataset actor's next example into the buffer. True if stored."""
     calls = replies()  # not call_one: Monarch never frees a call_one's reply port (runtime/replies.py)
-    example = await calls.call(dataset, "next")
+    example = await calls.call(dataset, PromptDataset.next)
     group = await agents.group(example, group_size, reward, stats, scale_advantages_by_std)
-    return group is not None and await calls.call(buffer, "add", group)
+    return group is not None and await calls.call(buffer, ReplayBuffer.add, group)

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from forge_rl.actors.dataset import PromptDataset
+from forge_rl.actors.replay_buffer import ReplayBuffer
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.envs.base import EnvConfig, Environment
 from forge_rl.envs.environment import EVAL_TRAJECTORIES, EnvError
@@ -419,7 +421,7 @@ async def rollout_env_from_dataset(
     """One multi-turn group of the dataset actor's next example into the buffer. True if stored; False when the
     group was dropped (see rollout_env_group)."""
     calls = replies()  # not call_one: Monarch never frees a call_one's reply port (runtime/replies.py)
-    example = await calls.call(dataset, "next")
+    example = await calls.call(dataset, PromptDataset.next)
     prompt_ids = renderer.tokenizer(example.text, add_special_tokens=False)["input_ids"]
     group = await rollout_env_group(
         example,
@@ -433,7 +435,7 @@ async def rollout_env_from_dataset(
         stats,
         scale_advantages_by_std,
     )
-    return group is not None and await calls.call(buffer, "add", group)
+    return group is not None and await calls.call(buffer, ReplayBuffer.add, group)
 
 
 async def evaluate_env(

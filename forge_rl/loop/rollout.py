@@ -35,7 +35,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from forge_rl.actors.reward import RewardRoleDied
+from forge_rl.actors.dataset import PromptDataset
+from forge_rl.actors.replay_buffer import ReplayBuffer
+from forge_rl.actors.reward import RewardActor, RewardRoleDied
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.errors import RunStopped
 from forge_rl.runtime.replies import replies
@@ -368,13 +370,13 @@ async def rollout_from_dataset(
     from forge_rl.actors.generator import PromptTooLong, SequenceTooOld
 
     calls = replies()  # not call_one: Monarch never frees a call_one's reply port (runtime/replies.py)
-    example = stats.requeue.pop(0) if stats.requeue else await calls.call(dataset, "next")
+    example = stats.requeue.pop(0) if stats.requeue else await calls.call(dataset, PromptDataset.next)
 
     async def score(completions):
         n = len(completions)
         return await calls.call(
             reward,
-            "score",
+            RewardActor.score,
             [example.prompt] * n,
             [c.text for c in completions],
             [c.finish_reason for c in completions],
@@ -414,4 +416,4 @@ async def rollout_from_dataset(
     if group is None:
         return False
     with phase("buffer"):
-        return await calls.call(buffer, "add", group)
+        return await calls.call(buffer, ReplayBuffer.add, group)

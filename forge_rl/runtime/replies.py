@@ -5,7 +5,7 @@ Monarch 0.7.0 keeps native memory in the caller for every call that takes a repl
 generation, the scores, the buffer add), so with them its memory would grow with every step. A one-way
 `broadcast` whose result is sent back over a port opened once keeps a small fraction of that per call.
 
-    example = await replies().call(dataset, "next")      # as `await dataset.next.call_one()`
+    example = await replies().call(dataset, PromptDataset.next)      # as `await dataset.next.call_one()`
 
 The actor runs the endpoint through `ForgeActor.reply_to` (concurrently exactly when the endpoint itself is a
 concurrent endpoint) and sends `(request id, ok, result or exception)` to the port. A reply that takes longer
@@ -21,7 +21,7 @@ from typing import Any
 
 from monarch.actor import ActorError, Channel
 
-from forge_rl.deps.monarch import ConcurrentEndpointProperty, endpoint_function
+from forge_rl.deps.monarch import ConcurrentEndpointProperty, EndpointProperty, endpoint_function, endpoint_name
 
 _per_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Replies]" = weakref.WeakKeyDictionary()
 
@@ -44,9 +44,11 @@ class Replies:
         self._ids = itertools.count()
         self._reader: asyncio.Task | None = None
 
-    async def call(self, actor, endpoint: str, *args: Any, **kwargs: Any) -> Any:
-        """`await actor.<endpoint>.call_one(*args, **kwargs)`, the reply over this port when `actor` is a
-        one-proc ForgeActor mesh (anything else, a plain Monarch actor included, is called directly)."""
+    async def call(self, actor, endpoint: EndpointProperty, *args: Any, **kwargs: Any) -> Any:
+        """`await actor.<endpoint>.call_one(*args, **kwargs)` for `endpoint` the actor class's (`ReplayBuffer.add`),
+        the reply over this port when `actor` is a one-proc ForgeActor mesh (anything else, a plain Monarch actor
+        included, is called directly)."""
+        endpoint = endpoint_name(endpoint)
         if not hasattr(getattr(actor, "_class", None), "reply_to"):
             return await getattr(actor, endpoint).call_one(*args, **kwargs)
         if self._reader is None or self._reader.done():
