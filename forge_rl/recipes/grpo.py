@@ -25,6 +25,7 @@ import contextlib
 import json
 import socket
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from tqdm import tqdm
@@ -64,6 +65,7 @@ from forge_rl.recipes.grpo_checks import (
     dp_size,
 )
 from forge_rl.recipes.grpo_config import GRPOConfig
+from forge_rl.recipes.roles import Roles
 from forge_rl.recipes.grpo_report import console_line, occupancy, run_summary, shown_reward, step_line, summary_block
 from forge_rl.runtime.faults import RoleStartFailed
 from forge_rl.runtime.timeouts import within
@@ -80,7 +82,10 @@ class GRPORun(RecipeRun):
         self.saved_step: int | None = None  # the step of the newest checkpoint written or resumed from
         self.state: RunState | None = None
         self.log: MetricsLogger | None = None
-        self.trainer = self.generator = self.buffer = self.reward = self.dataset = self.reference = None
+        self.roles: Roles | None = None  # every actor of the run, from start_roles() on
+        self.placement = None  # where each role runs (forge_rl/runtime/placement.py), from start_roles() on
+        self.generator_gpus = 0  # GPUs of each generator replica
+        self.held_out: list = []  # the held-out examples the evaluations score
         self.rollouts: RolloutTasks | None = None  # from prepare() on
         self.agents = None  # agent.entry: the endpoint and the agent (forge_rl/agents/rollout.py's AgentRunner)
         self.weights: WeightSync | None = None  # from start() on
@@ -129,10 +134,12 @@ class GRPORun(RecipeRun):
     async def score(self, batches: list, version: int) -> tuple[list, dict]:
         """The batch made ready to train at `version`: its reference (or teacher) logprobs filled in. Returns it
         and metrics of the scoring (PPO adds its critic's values and advantages here)."""
-        if self.reference is None:
+        if self.roles.reference is None:
             return batches, {}
         filled = await within(
-            call_for_batches(self.reference, Reference.fill_ref_logprobs, batches, self.shards["reference"]),
+            call_for_batches(
+                self.roles.reference, Reference.fill_ref_logprobs, batches, self.roles.shards["reference"]
+            ),
             self.cfg.timeouts.reference_s,
             "reference_s",
             f"the Reference's fill_ref_logprobs for version {version}",
@@ -147,7 +154,7 @@ class GRPORun(RecipeRun):
     # ---- start ----------------------------------------------------------------------------------------
 
     async def start_roles(self, hosts: dict) -> None:
-        """Place the roles, start every actor, resume when asked to."""
+        """Place the roles, start every actor, resume when asked to, open the metrics log."""
         cfg = self.cfg
         self.console.print(
             f"[bold]{self.algorithm()}[/bold] {cfg.model}: starting actors (vLLM engine start takes ~30 s on CPU)"
@@ -156,15 +163,28 @@ class GRPORun(RecipeRun):
             self.console.print(
                 f"the role processes' logs (vLLM, TorchTitan, Monarch) go to {self.log_dir}/ (--verbose: here)"
             )
-        gpus = startup.place(self, hosts)
-        await self.start_actors(hosts, gpus)
-        self.agents = await startup.start_agents(self)
-        self.weights = WeightSync(self.state, cfg, self.generator, self.reference, self.timeline, self._where)
-        await startup.resume(self)
+        self.placement, self.generator_gpus, gpus = startup.place(cfg, hosts)
+        self.console.print(self.placement.describe())
+        self.roles = roles = await self.start_actors(hosts, gpus)
+        self.held_out = await roles.dataset.held_out.call_one(cfg.eval_size)
+        if not self.held_out:
+            self.console.print(
+                "[yellow]eval_size=0: no held-out evaluations[/yellow]"
+                if not cfg.eval_size
+                else "[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): no evaluations"
+                "[/yellow]"
+            )
+        self.agents = await startup.start_agents(self, roles.generator)
+        self.weights = WeightSync(self.state, cfg, roles.generator, roles.reference, self.timeline, self._where)
+        resumed = await startup.resume(self, roles)
+        if resumed is not None:  # finish() right away (resumed at `steps`) writes that checkpoint no second time
+            self.start_step = self.saved_step = resumed
+            self._checkpointed = (resumed, self.claim.resume_from)
+        self.log = MetricsLogger(self.out, cfg.wandb_project, config=asdict(cfg), resume_step=resumed)
 
-    async def start_actors(self, hosts: dict, gpus: list[str]) -> None:
+    async def start_actors(self, hosts: dict, gpus: list[str]) -> Roles:
         """Every actor of the run (forge_rl/recipes/startup.py); PPO starts its critic after them."""
-        await startup.start_actors(self, hosts, gpus)
+        return await startup.start_actors(self, hosts, gpus)
 
     def prepare(self) -> None:
         """Everything that needs no actor: config checks, the model's path, the task's data, the output directory
@@ -218,7 +238,7 @@ class GRPORun(RecipeRun):
         clock = StepClock(self.timeline, step=s.version + 1)
         step_start, tokens_before = time.perf_counter(), s.rollouts.generated_tokens
         # the buffer's stats as the last step's line read them (a round trip fewer; nothing is lost in between)
-        buffer_before = self._buffer_stats or await self.buffer.stats.call_one()
+        buffer_before = self._buffer_stats or await self.roles.buffer.stats.call_one()
         # 1. collect: the rollout tasks generate, score and buffer groups; take a batch at the trainer's version
         batches, sample_wait, staleness = await self._collect(clock, buffer_before)
         if self.placement.colocated:  # the trainer's device
@@ -265,11 +285,11 @@ class GRPORun(RecipeRun):
             with clock.part("reference"):
                 scored, score_metrics = await self.score(batches, version)
             # 3. train: the policy's optimizer step, each rank on its own data-parallel shard
-            sent = batches_for_ranks(scored, self.shards["trainer"])
+            sent = batches_for_ranks(scored, self.roles.shards["trainer"])
             with clock.part("train"):
                 metrics = (
                     await within(
-                        call_each_rank(self.trainer, Trainer.optimizer_step, sent),
+                        call_each_rank(self.roles.trainer, Trainer.optimizer_step, sent),
                         t.train_step_s,
                         "train_step_s",
                         f"the Trainer's optimizer_step to version {version}",
@@ -278,7 +298,7 @@ class GRPORun(RecipeRun):
                 )[0]
             # 4. publish version + 1 into the weight store, while anything trained beside the policy steps
             push = within(
-                self.trainer.push_weights.call(version),
+                self.roles.trainer.push_weights.call(version),
                 t.publish_s,
                 "publish_s",
                 f"the Trainer's push_weights of version {version}",
@@ -294,9 +314,9 @@ class GRPORun(RecipeRun):
         batch is sampled at version + 1: admission then admits only what that batch can still use."""
         s = self.state
         with self.timeline.span("controller", "wait for a batch", step=s.version + 1), clock.waiting_for_samples():
-            batches, sample_wait = await wait_for_batch(s, self.buffer, self.rollouts.tasks, buffer_before)
+            batches, sample_wait = await wait_for_batch(s, self.roles.buffer, self.rollouts.tasks, buffer_before)
         stored = s.admission.stored
-        await s.admission.sampled((await self.buffer.stats.call_one())["groups"], s.version + 1, stored)
+        await s.admission.sampled((await self.roles.buffer.stats.call_one())["groups"], s.version + 1, stored)
         staleness, oldest = batch_staleness(batches, s.version)
         s.max_staleness = max(s.max_staleness, oldest)
         s.staleness_sum, s.staleness_steps = s.staleness_sum + staleness, s.staleness_steps + 1
@@ -308,14 +328,14 @@ class GRPORun(RecipeRun):
         rollout_once = rollout_once_of(
             cfg,
             self.tokenizer,
-            dataset=self.dataset,
-            generator=self.generator,
-            buffer=self.buffer,
-            reward=self.reward,
+            dataset=self.roles.dataset,
+            generator=self.roles.generator,
+            buffer=self.roles.buffer,
+            reward=self.roles.reward,
             stats=self.state.rollouts,
             agents=self.agents,
         )
-        self._gen_at_start = await self.generator.stats.route()
+        self._gen_at_start = await self.roles.generator.stats.route()
         self._gen_busy_start = self._gen_at_start["busy_s"]
         self.rollouts.start(
             rollout_once, cfg.rollout_tasks if cfg.async_mode else max(cfg.rollout_tasks, cfg.batch_groups)
@@ -334,8 +354,8 @@ class GRPORun(RecipeRun):
             with self.timeline.span("generators", "evaluate", step=self.step):
                 scores = await evaluate_held_out(
                     self.cfg,
-                    self.generator,
-                    self.reward,
+                    self.roles.generator,
+                    self.roles.reward,
                     self.held_out,
                     self.tokenizer,
                     self.eval_reward_name(),
@@ -366,9 +386,9 @@ class GRPORun(RecipeRun):
     async def _save(self) -> Path:
         path = await save_checkpoint(
             self.state,
-            self.trainer,
-            self.buffer,
-            self.dataset,
+            self.roles.trainer,
+            self.roles.buffer,
+            self.roles.dataset,
             self.step,
             self.checkpoint_dir,
             self.cfg.checkpoint_keep_last,
@@ -409,21 +429,21 @@ class GRPORun(RecipeRun):
         self._stopped = time.perf_counter()
         wall = self.training_s()
         # A replica respawning now (it died late in the run) joins the final evaluation with the final weights.
-        if not await self.generator.wait_healthy(timeout_s=300):
+        if not await self.roles.generator.wait_healthy(timeout_s=300):
             self.console.print("[yellow]a generator replica is still down after 300 s; evaluating without it[/yellow]")
         await update_generators(
-            self.state, self.generator, self.state.version, cfg.timeouts.weight_load_s, self._where()
+            self.state, self.roles.generator, self.state.version, cfg.timeouts.weight_load_s, self._where()
         )
-        gen_stats = await self.generator.stats.route()
+        gen_stats = await self.roles.generator.stats.route()
         gen_busy_s = gen_stats["busy_s"] - self._gen_busy_start - self._eval_busy_s
         self.engine_occupancy = occupancy(self._gen_at_start, gen_stats)
         if self.step > self.start_step or not self.evals:  # none yet: finish() right after start() (a notebook)
             await self.evaluate()
         checkpoint = await self.checkpoint()
         if cfg.export_dir:
-            await self.trainer.export_hf.call(cfg.export_dir)  # with LoRA: merged into the base
+            await self.roles.trainer.export_hf.call(cfg.export_dir)  # with LoRA: merged into the base
             if cfg.trainer.lora.enabled:  # and the adapter alone, as PEFT saves one
-                await self.trainer.export_adapter.call(str(Path(cfg.export_dir) / "adapter"))
+                await self.roles.trainer.export_adapter.call(str(Path(cfg.export_dir) / "adapter"))
         summary = dict(await run_summary(self, wall, gen_busy_s), run_id=self.claim.run_id, checkpoint=str(checkpoint))
         summary["busy_fraction"] = {lane: round(f, 3) for lane, f in self.timeline.role_busy_fractions().items()}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -252,7 +252,7 @@ async def step_line(
     s = run.state
     # the three actors' stats at once: one round trip's wait on the step's critical path, not three
     buffer, data, generator = await asyncio.gather(
-        run.buffer.stats.call_one(), run.dataset.stats.call_one(), run.generator.stats.route()
+        run.roles.buffer.stats.call_one(), run.roles.dataset.stats.call_one(), run.roles.generator.stats.route()
     )
     rewards, parts = s.rollouts.take_rewards()
     line = step_metrics(
@@ -284,8 +284,8 @@ async def run_summary(run, wall: float, gen_busy_s: float) -> dict:
     """The run's summary (summary.json): steps and their rate over `wall` seconds of training, evaluations,
     versions, staleness, train/inference mismatch, idle fractions, the buffer's and the data's final counts."""
     s = run.state
-    final_buffer = await run.buffer.stats.call_one()  # read only: what is still buffered stays (`present`)
-    data = await run.dataset.stats.call_one()
+    final_buffer = await run.roles.buffer.stats.call_one()  # read only: what is still buffered stays (`present`)
+    data = await run.roles.dataset.stats.call_one()
     last3 = [acc for *_, acc in run.evals[-3:]]
     generated = final_buffer["added"] + sum(n for k, n in s.drops.items() if k.startswith("reward_"))
     done = run.step - run.start_step
@@ -298,17 +298,17 @@ async def run_summary(run, wall: float, gen_busy_s: float) -> dict:
         eval_last3_mean=statistics.mean(last3) if last3 else None,
         evals=run.evals,
         time_to_60=next((t for _, t, acc in run.evals if acc >= 0.6), None),
-        generator_version=await run.generator.version.route(),
-        generator_versions=await run.generator.version.call_all(),  # every replica, respawned ones included
+        generator_version=await run.roles.generator.version.route(),
+        generator_versions=await run.roles.generator.version.call_all(),  # every replica, respawned ones included
         trainer_version=s.version,
-        generator_respawns=run.generator.service_stats.respawns,
+        generator_respawns=run.roles.generator.service_stats.respawns,
         max_staleness=s.max_staleness,
         mean_staleness=s.staleness_sum / max(s.staleness_steps, 1),
         mismatch_abs_mean=statistics.mean(m for m, _ in s.mismatch) if s.mismatch else None,
         mismatch_abs_max=max((x for _, x in s.mismatch), default=None),
         trainer_idle_fraction=1 - s.trainer_busy_s / wall if wall else 0.0,
         generator_idle_fraction=1 - gen_busy_s / wall if wall else 0.0,
-        generator_stats=await run.generator.stats.route(),
+        generator_stats=await run.roles.generator.stats.route(),
         admission_wait_s=s.admission.wait_s,
         placement=run.placement.describe(),
         stale_fraction=final_buffer["dropped"]["stale"] / max(generated, 1),

@@ -26,6 +26,7 @@ from forge_rl.models import model_path
 from forge_rl.models.lora_config import LoRAConfig
 from forge_rl.recipes.grpo import GRPORun, train
 from forge_rl.recipes.ppo_config import GAEConfig, PPOConfig
+from forge_rl.recipes.roles import Roles
 from forge_rl.recipes.startup import on_trainer_procs
 from forge_rl.runtime.memory_plan import ModelShape
 from forge_rl.runtime.timeouts import within
@@ -108,25 +109,26 @@ class PPORun(GRPORun):
         return ModelShape.from_config(self.critic_model).parameters()
 
     def other_trained(self) -> dict:
-        return {"critic": self.critic} if getattr(self, "critic", None) is not None else {}
+        critic = self.roles.critic if self.roles is not None else None
+        return {"critic": critic} if critic is not None else {}
 
-    async def start_actors(self, hosts: dict, gpus: list[str]) -> None:
-        await super().start_actors(hosts, gpus)
+    async def start_actors(self, hosts: dict, gpus: list[str]) -> Roles:
+        roles = await super().start_actors(hosts, gpus)
         # on the trainer's procs' hosts, cores and GPUs (time-sharing them, as the reference does)
-        self.critic = await Critic.options(
+        critic = await Critic.options(
             **on_trainer_procs(self.placement, gpus, self.cfg.trainer_procs), share_gpus=True
         ).as_actor(
             critic_config(self.cfg, self.critic_model),
             value_clip=self.cfg.critic.value_clip,
             epochs=self.cfg.critic.epochs,
         )
-        self.shards["critic"] = await data_shards(self.critic)
+        return roles.with_role("critic", critic, await data_shards(critic))
 
     async def score(self, batches: list, version: int) -> tuple[list, dict]:
         """The reference's logprobs, then the critic's values of every token and GAE's advantages from them."""
         batches, _ = await super().score(batches, version)
         values = await within(
-            call_for_batches(self.critic, Critic.values, batches, self.shards["critic"]),
+            call_for_batches(self.roles.critic, Critic.values, batches, self.roles.shards["critic"]),
             self.cfg.timeouts.reference_s,
             "reference_s",
             f"the Critic's values for version {version}",
@@ -138,7 +140,9 @@ class PPORun(GRPORun):
         """The critic's steps on the batch's returns, while the policy's new weights publish."""
         critic = (
             await within(
-                call_each_rank(self.critic, Critic.optimizer_step, batches_for_ranks(batches, self.shards["critic"])),
+                call_each_rank(
+                    self.roles.critic, Critic.optimizer_step, batches_for_ranks(batches, self.roles.shards["critic"])
+                ),
                 self.cfg.timeouts.train_step_s,
                 "train_step_s",
                 f"the Critic's optimizer_step at version {version}",

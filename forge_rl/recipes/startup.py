@@ -1,12 +1,12 @@
 """A run's start-up, from a checked config to running actors: where each role runs, the generators' engine
 arguments (on a GPU shared with the trainer, sized by the memory plan), every actor of the run, and the resume
-from a checkpoint. `GRPORun.start` calls these in order; PPO starts its critic after `start_actors`.
+from a checkpoint. `GRPORun.start_roles` calls these in order; PPO starts its critic after `start_actors`.
 
-They read and set the run's attributes (`run.placement`, `run.trainer`, `run.generator`, ...), so a notebook that
-drives a run step by step sees the same objects the run uses."""
+They read the run's settings and return what they made (the placement, the roles, the step resumed from); the run
+keeps them, so a notebook that drives a run step by step sees the same objects the run uses (`run.roles`)."""
 
 import asyncio
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from forge_rl.actors.dataset import PromptDataset
@@ -24,32 +24,28 @@ from forge_rl.launch.launcher_config import LauncherConfig
 from forge_rl.loop.checkpoint import resume_from_checkpoint
 from forge_rl.loop.train_loop import data_shards
 from forge_rl.models import resolve_model_path
-from forge_rl.observability import MetricsLogger
 from forge_rl.recipes.grpo_checks import dp_size, max_prompt_tokens, model_len_and_room
+from forge_rl.recipes.roles import Roles
 from forge_rl.runtime.memory_plan import ModelShape, gpu_total_bytes, plan_memory
 from forge_rl.runtime.placement import Placement, plan_placement, plan_reward_models
 from forge_rl.runtime.provisioner import visible_gpus
 
 
-def place(run, hosts: dict) -> list[str]:
-    """Where each role runs (run.placement); returns the GPUs the trainer's ranks take."""
-    cfg = run.cfg
+def place(cfg, hosts: dict) -> tuple[Placement, int, list[str]]:
+    """Where each role runs: (the placement, the GPUs of each generator replica, the GPUs the trainer's ranks
+    take)."""
     tp = int(cfg.generator.engine_args.get("tensor_parallel_size", 1))
     if hosts:  # every role on hosts of its own: GPUs per node from the launcher, cores not pinned
         node_gpus = cfg.launcher.slurm.gpus_per_node or 0
-        run.placement = host_placement(cfg.launcher, node_gpus)
+        placement = host_placement(cfg.launcher, node_gpus)
         gpus = [str(i) for i in range(node_gpus)]
     else:
         gpus = visible_gpus()  # one GPU per trainer rank; a generator replica gets one per TP rank
-        run.placement = plan_placement(
-            cfg.resources, cfg.trainer_procs, cfg.generator.replicas, tp if gpus else 0, gpus
-        )
-        plan_reward_models(cfg.resources, run.placement, sum(r.model is not None for r in cfg.rewards))
-    run.generator_gpus = tp if gpus else 0
+        placement = plan_placement(cfg.resources, cfg.trainer_procs, cfg.generator.replicas, tp if gpus else 0, gpus)
+        plan_reward_models(cfg.resources, placement, sum(r.model is not None for r in cfg.rewards))
     # a trainer that time-shares its GPU with an engine gives the step's cached memory back for its wake-up
-    cfg.trainer.release_memory_after_step = run.placement.colocated and run.placement.device == "cuda"
-    run.console.print(run.placement.describe())
-    return gpus
+    cfg.trainer.release_memory_after_step = placement.colocated and placement.device == "cuda"
+    return placement, (tp if gpus else 0), gpus
 
 
 def host_placement(launcher: LauncherConfig, node_gpus: int) -> Placement:
@@ -77,17 +73,16 @@ def on_trainer_procs(placement: Placement, gpus: list[str], procs: int) -> dict:
     )
 
 
-async def start_actors(run, hosts: dict, gpus: list[str]) -> None:
+async def start_actors(run, hosts: dict, gpus: list[str]) -> Roles:
     """The trainer, the generator replicas, the buffer, the reward and the dataset actors (and the reference
-    when the run has one), each where the placement put it; then each trainer-like role's data shards and the
-    held-out set."""
+    when the run has one), each where the placement put it, with each trainer-like role's data shards."""
     cfg, placement = run.cfg, run.placement
     # Generators on other hosts than the trainer copy each version from the trainer's host (Monarch RDMA).
     weight_source = await weight_server(cfg.weight_store) if hosts else None
     shared = placement.colocated and placement.device == "cuda"
     trainer_procs = on_trainer_procs(placement, gpus, cfg.trainer_procs)
     reward_models = await start_reward_models(run)
-    run.trainer, run.generator, run.buffer, run.reward, run.dataset = await asyncio.gather(
+    trainer, generator, buffer, reward, dataset = await asyncio.gather(
         Trainer.options(**dict(trainer_procs, share_gpus=shared)).as_actor(cfg.trainer, cfg.weight_store),
         Generator.options(
             replicas=cfg.generator.replicas,
@@ -117,9 +112,10 @@ async def start_actors(run, hosts: dict, gpus: list[str]) -> None:
             cfg.task, run.model_dir, cfg.seed, max_prompt_tokens(cfg, run.model_dir), cfg.chat_template_kwargs
         ),
     )
+    roles = Roles(trainer, generator, buffer, reward, dataset, shards={"trainer": tuple(await data_shards(trainer))})
     reference = run.reference_model()
     if reference is not None:  # a frozen policy (or a teacher), on the trainer's cores
-        run.reference = await Reference.options(**dict(trainer_procs, share_gpus=True)).as_actor(
+        reference = await Reference.options(**dict(trainer_procs, share_gpus=True)).as_actor(
             # the policy's routes replay in the policy's own model only, not in a distillation teacher's
             replace(
                 cfg.trainer, model=reference, keep_routing=cfg.trainer.keep_routing and reference == cfg.trainer.model
@@ -127,19 +123,11 @@ async def start_actors(run, hosts: dict, gpus: list[str]) -> None:
             cfg.weight_store,
             weight_source,
         )
-    run.shards = {"trainer": await data_shards(run.trainer)}  # rank -> the batch it trains on
-    if run.reference is not None:
-        run.shards["reference"] = await data_shards(run.reference)
-    run.held_out = await run.dataset.held_out.call_one(cfg.eval_size)
-    if not run.held_out:
-        run.console.print(
-            "[yellow]eval_size=0: no held-out evaluations[/yellow]"
-            if not cfg.eval_size
-            else "[yellow]the task has no held-out set (task.held_out, task.held_out_fraction): no evaluations[/yellow]"
-        )
+        roles = roles.with_role("reference", reference, await data_shards(reference))
+    return roles
 
 
-async def start_agents(run) -> AgentRunner | None:
+async def start_agents(run, generator) -> AgentRunner | None:
     """The agent's OpenAI-compatible endpoint, served from this process on the run's generators, and its function
     (agent.entry); None without an agent."""
     cfg = run.cfg
@@ -154,7 +142,7 @@ async def start_agents(run) -> AgentRunner | None:
         tool_parser=cfg.agent.tool_parser,
         chat_template_kwargs=dict(cfg.chat_template_kwargs),
     )
-    server = AgentServer(run.tokenizer, run.generator, settings)
+    server = AgentServer(run.tokenizer, generator, settings)
     entry = agent_entry(cfg.agent, cfg.model)
     await server.start()
     run.console.print(
@@ -245,22 +233,18 @@ def memory_plan(run, engine_args: dict):
     )
 
 
-async def resume(run) -> None:
-    """Continue from the checkpoint claim_output_dir chose and verified (if any), then open the metrics log at
-    the step the run continues from."""
-    cfg, path = run.cfg, run.claim.resume_from
-    if path is not None:
-        run.start_step = await resume_from_checkpoint(
-            run.state, run.trainer, run.generator, run.buffer, run.dataset, path, run.other_trained()
-        )
-        run.saved_step = run.start_step
-        run._checkpointed = (run.start_step, path)  # finish() right away (resumed at `steps`) writes it no second time
-        run.console.print(
-            f"resumed from {path} at step {run.start_step} (policy version {run.state.version}, run {run.claim.run_id})"
-        )
-    run.log = MetricsLogger(
-        run.out, cfg.wandb_project, config=asdict(cfg), resume_step=run.start_step if path is not None else None
+async def resume(run, roles: Roles) -> int | None:
+    """Continue from the checkpoint claim_output_dir chose and verified, if any: the step resumed at, or None."""
+    path = run.claim.resume_from
+    if path is None:
+        return None
+    step = await resume_from_checkpoint(
+        run.state, roles.trainer, roles.generator, roles.buffer, roles.dataset, path, run.other_trained()
     )
+    run.console.print(
+        f"resumed from {path} at step {step} (policy version {run.state.version}, run {run.claim.run_id})"
+    )
+    return step
 
 
 def _tuples(lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:

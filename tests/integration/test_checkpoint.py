@@ -16,6 +16,7 @@ from forge_rl.errors import RunStopped
 from forge_rl.recipes.grpo import GRPORun
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.grpo_report import run_summary, summary_block
+from forge_rl.recipes.roles import Roles
 from forge_rl.loop.checkpoint import APP_STATE, complete_checkpoints, newest_intact, save_checkpoint
 from forge_rl.runtime.manifest import verify
 from forge_rl.loop.rollout_tasks import RolloutTasks
@@ -131,7 +132,7 @@ def test_finish_lets_the_rollouts_in_flight_land_before_the_final_checkpoint(tmp
     async def scenario():
         run.rollouts.tasks = [asyncio.create_task(rollout())]
         await asyncio.sleep(0.01)
-        run.generator = SimpleNamespace(wait_healthy=stop)
+        run.roles = Roles(None, SimpleNamespace(wait_healthy=stop), None, None, None)
         with pytest.raises(Stopped):
             await run.finish()
 
@@ -144,12 +145,17 @@ def test_the_summary_of_a_run_never_evaluated_says_so(tmp_path):
     run = GRPORun(GRPOConfig(output_dir=str(tmp_path)))
     run.state = RunState(run.cfg)
     buffer = {"added": 0, "trained": 0, "present": 0, "dropped": {"stale": 0}}
-    run.buffer = SimpleNamespace(stats=endpoint(lambda: buffer))  # read, never emptied
-    run.dataset = SimpleNamespace(stats=endpoint(lambda: {"too_long": 0}))
-    run.generator = SimpleNamespace(
+    generator = SimpleNamespace(
         version=SimpleNamespace(route=endpoint(lambda: 0).call_one, call_all=endpoint(lambda: [0]).call_one),
         stats=SimpleNamespace(route=endpoint(lambda: {}).call_one),
         service_stats=SimpleNamespace(respawns=0),
+    )
+    run.roles = Roles(
+        trainer=None,
+        generator=generator,
+        buffer=SimpleNamespace(stats=endpoint(lambda: buffer)),  # read, never emptied
+        reward=None,
+        dataset=SimpleNamespace(stats=endpoint(lambda: {"too_long": 0})),
     )
     run.placement = SimpleNamespace(describe=lambda: "cpu")
     summary = asyncio.run(run_summary(run, 0.0, 0.0))

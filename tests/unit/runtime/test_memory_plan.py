@@ -250,7 +250,7 @@ def test_a_trainer_sharing_its_gpu_gives_its_cached_memory_back_after_each_step(
         cfg = GRPOConfig(trainer_procs=2)
         cfg.resources.placement = placement
         run = grpo.GRPORun(cfg)
-        startup.place(run, {})
+        startup.place(run.cfg, {})
         assert run.cfg.trainer.release_memory_after_step is expected, (gpus, placement)  # the run's own copy
 
 
