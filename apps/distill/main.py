@@ -12,7 +12,7 @@ from forge_rl.recipes.distill_config import DistillConfig
 
 async def main(cfg: DistillConfig) -> dict:
     from forge_rl.recipes.distill import DistillRun  # here: a config error is found before torch is imported
-    from forge_rl.recipes.grpo import train
+    from forge_rl.recipes.train import train
 
     return await train(DistillRun(cfg))
 

@@ -3,8 +3,8 @@
     python -m apps.grpo.main --config configs/grpo/tiny.yaml [key=value ...] [--verbose]
 
 The run lives in the library (forge_rl/recipes/grpo.py: `GRPORun`, whose steps a notebook can call one at a
-time, and `train`, the loop over them); this file only reads the command line. `async_mode: false` with
-`max_policy_age: 0` is the strictly synchronous baseline.
+time; forge_rl/recipes/train.py: `train`, the loop over them); this file only reads the command line.
+`async_mode: false` with `max_policy_age: 0` is the strictly synchronous baseline.
 """
 
 from forge_rl.recipes.command_line import main_process
@@ -12,7 +12,8 @@ from forge_rl.recipes.grpo_config import GRPOConfig
 
 
 async def main(cfg: GRPOConfig) -> dict:
-    from forge_rl.recipes.grpo import GRPORun, train  # here: a config error is found before torch is imported
+    from forge_rl.recipes.grpo import GRPORun  # here: a config error is found before torch is imported
+    from forge_rl.recipes.train import train
 
     return await train(GRPORun(cfg))
 

@@ -10,7 +10,7 @@ from forge_rl.recipes.ppo_config import PPOConfig
 
 
 async def main(cfg: PPOConfig) -> dict:
-    from forge_rl.recipes.grpo import train  # here: a config error is found before torch is imported
+    from forge_rl.recipes.train import train  # here: a config error is found before torch is imported
     from forge_rl.recipes.ppo import PPORun
 
     return await train(PPORun(cfg))

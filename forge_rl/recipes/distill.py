@@ -18,7 +18,8 @@ prompt and on CPU take cores from the student's generator (docs/benchmarks.md co
 
 from forge_rl.config import ConfigError
 from forge_rl.models import load_tokenizer, model_path
-from forge_rl.recipes.grpo import GRPORun, train
+from forge_rl.recipes.grpo import GRPORun
+from forge_rl.recipes.train import train
 from forge_rl.recipes.distill_config import DistillConfig
 
 

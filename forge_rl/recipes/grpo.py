@@ -8,9 +8,9 @@
     summary = await run.finish()  # final evaluation, checkpoint, export, summary.json, curves.png
     await run.stop()              # every actor and its shared memory gone
 
-`train(run)` at the bottom is the loop `make demo` runs over those steps; a notebook calls them one at a time
-(docs/notebooks/interactive_grpo.ipynb). `GRPORun.train_step` is one step read top to bottom: each stage is one
-call away (the rollout tasks in forge_rl/loop/rollout_tasks.py, the generators' and reference's weights in
+`train(run)` (forge_rl/recipes/train.py) is the loop `make demo` runs over those steps; a notebook calls them one
+at a time (docs/notebooks/interactive_grpo.ipynb). `GRPORun.train_step` is one step read top to bottom: each stage is
+one call away (the rollout tasks in forge_rl/loop/rollout_tasks.py, the generators' and reference's weights in
 forge_rl/loop/weight_sync.py, the trainer's endpoints in forge_rl/actors/trainer.py). An algorithm that adds a
 stage subclasses the run and overrides `score` or `train_beside` (forge_rl/recipes/ppo.py, distill.py).
 `async_mode: false` with `max_policy_age: 0` is the strictly synchronous baseline: generate a batch, train, sync
@@ -23,29 +23,22 @@ and tinker-cookbook's short loop beside a config.
 import asyncio
 import contextlib
 import json
-import socket
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tqdm import tqdm
 
 from forge_rl.actors.reference import Reference
-from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.actors.trainer import Trainer
-from forge_rl.deps.monarch import SupervisionError
 from forge_rl.loop.checkpoint import save_checkpoint
 from forge_rl.loop.eval import evaluate_held_out
 from forge_rl.loop.rollout_tasks import RolloutTasks, rollout_once_of
 from forge_rl.loop.train_loop import (
-    RoleDied,
     RunState,
     batch_staleness,
     batches_for_ranks,
     call_each_rank,
     call_for_batches,
-    resume_hint,
-    role_died,
     update_generators,
     wait_for_batch,
 )
@@ -62,12 +55,20 @@ from forge_rl.recipes.grpo_checks import (
     check_prompt_lengths,
     check_task,
     derive_settings,
+    settle_modes,
     dp_size,
 )
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.roles import Roles
-from forge_rl.recipes.grpo_report import console_line, occupancy, run_summary, shown_reward, step_line, summary_block
-from forge_rl.runtime.faults import RoleStartFailed
+from forge_rl.recipes.grpo_report import (
+    eval_reward_name,
+    occupancy,
+    run_summary,
+    step_line,
+    summary_block,
+    where_roles_run,
+)
+from forge_rl.recipes.train import train
 from forge_rl.runtime.timeouts import within
 
 
@@ -190,12 +191,8 @@ class GRPORun(RecipeRun):
         """Everything that needs no actor: config checks, the model's path, the task's data, the output directory
         (claimed for this run, or refused) and the checkpoint to resume from (verified)."""
         cfg = self.cfg
-        if (signal := self.zero_advantage_trains()) and cfg.buffer.drop_zero_advantage:
-            self.console.print(f"[yellow]buffer.drop_zero_advantage is turned off: {signal}[/yellow]")
-            cfg.buffer.drop_zero_advantage = False
-        if not cfg.async_mode and cfg.max_policy_age != 0:
-            self.console.print("[yellow]async_mode: false runs a synchronous loop; max_policy_age is set to 0[/yellow]")
-            cfg.max_policy_age = 0
+        for change in settle_modes(cfg, self.zero_advantage_trains()):
+            self.console.print(f"[yellow]{change}[/yellow]")
         check_config(cfg)
         derive_settings(cfg)
         if self.group_advantages():
@@ -482,20 +479,7 @@ class GRPORun(RecipeRun):
 
     def _where(self) -> str:
         """For a timeout's message: where the roles run, their logs, and where to resume."""
-        cfg = self.cfg
-        hosts = (
-            f"the roles run on Slurm job nodes (trainer: {cfg.launcher.slurm.trainer_nodes}, generators: "
-            f"{cfg.launcher.slurm.generator_nodes})"
-            if cfg.launcher.kind == "slurm"
-            else f"the roles run on host {socket.gethostname()}"
-        )
-        logs = f", their output in {self.log_dir}/" if self.log_dir else ""
-        return f"{hosts}{logs}; {resume_hint(self.checkpoint_dir, self.claim.run_id if self.claim else None)}"
-
-    def role_died(self, error: BaseException):
-        """The error a dead role's SupervisionError becomes: the role, its logs and the checkpoint to resume from."""
-        roles = self.provisioner.mesh_names if self.provisioner else ()
-        return role_died(error, self.checkpoint_dir, self.log_dir, self.claim.run_id if self.claim else None, roles)
+        return where_roles_run(self.cfg.launcher, self.log_dir, self.checkpoint_dir, self.claim)
 
     def training_s(self) -> float:
         """Seconds of training so far: from the first step on, start-up and evaluations excluded."""
@@ -504,62 +488,7 @@ class GRPORun(RecipeRun):
         return (self._stopped or time.perf_counter()) - self._started
 
     def eval_reward_name(self) -> str:
-        if self.cfg.env.name is not None:
-            return f"solved within {self.cfg.env.max_turns} turns ({self.cfg.env.name})"
-        if self.cfg.agent.enabled:
-            scored_by = self.cfg.task.eval_reward or self.cfg.rewards[0].name
-            return f"solved by agent {self.cfg.agent.name} (its reward > 0, or {scored_by})"
-        return self.cfg.task.eval_reward or self.cfg.rewards[0].name
-
-
-async def train(run: GRPORun) -> dict:
-    """The loop `make demo` runs: evaluate, then train step by step with evaluations and checkpoints on their
-    schedule, then finish. An interrupt (in the first evaluation too) saves a final checkpoint when anything was
-    trained since the last; a dead role becomes an error naming it."""
-    try:
-        async with run:
-            try:
-                await _first_evaluation(run)
-                cfg = run.cfg
-                # no bar without a terminal (nohup, CI, a batch step): the step lines say it all
-                with tqdm(
-                    total=cfg.steps,
-                    initial=run.step,
-                    desc=f"{run.algorithm()} steps",
-                    unit="step",
-                    dynamic_ncols=True,
-                    disable=None,
-                ) as bar:
-                    while run.step < cfg.steps:
-                        line = await run.train_step()
-                        if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step != cfg.steps:
-                            line.update(await run.evaluate())
-                        if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
-                            await run.checkpoint()
-                        bar.update(1)
-                        bar.set_postfix(reward=shown_reward(line), acc=f"{run.evals[-1][2]:.0%}")
-                        tqdm.write(console_line(run.step, line))
-                        if "profile/summary" in line:  # trainer.profile_steps: the window's top operators, rank 0's
-                            tqdm.write(line["profile/summary"])
-            except (KeyboardInterrupt, asyncio.CancelledError):
-                await run.save_on_interrupt()
-                raise
-            return await run.finish()
-    except (SupervisionError, RoleStartFailed) as e:  # a role's process died: name it and the checkpoint to resume from
-        raise run.role_died(e) from e
-    except RewardRoleDied as e:  # a reward model's or judge's process died (the reward actor names it)
-        raise RoleDied(f"{e}; {resume_hint(run.checkpoint_dir, run.claim.run_id if run.claim else None)}") from e
-
-
-async def _first_evaluation(run: GRPORun) -> None:
-    if run.held_out:
-        run.console.print(f"evaluating step {run.step} on {len(run.held_out)} held-out prompts ...")
-    accuracy = (await run.evaluate())["eval/accuracy"]
-    if run.held_out:  # none: said at start, and not as "nan%"
-        run.console.print(
-            f"held-out greedy accuracy at step {run.step}: {accuracy:.1%} "
-            f"({len(run.held_out)} prompts, {run.eval_reward_name()})"
-        )
+        return eval_reward_name(self.cfg)
 
 
 CONFIG = GRPOConfig  # what the command line and `forge_rl.launch submit --recipe grpo` read

@@ -71,6 +71,20 @@ def check_config(cfg: GRPOConfig) -> None:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
 
 
+def settle_modes(cfg: GRPOConfig, zero_advantage_trains: str | None) -> list[str]:
+    """Settings that another one overrides, set to agree with it; returns what was changed, for the console. A run
+    whose groups of equal rewards still train (`zero_advantage_trains`: why) keeps them in the buffer; a synchronous
+    loop trains only on the policy that generated (max_policy_age 0)."""
+    changed = []
+    if zero_advantage_trains and cfg.buffer.drop_zero_advantage:
+        changed.append(f"buffer.drop_zero_advantage is turned off: {zero_advantage_trains}")
+        cfg.buffer.drop_zero_advantage = False
+    if not cfg.async_mode and cfg.max_policy_age != 0:
+        changed.append("async_mode: false runs a synchronous loop; max_policy_age is set to 0")
+        cfg.max_policy_age = 0
+    return changed
+
+
 def derive_settings(cfg: GRPOConfig) -> None:
     """Fill in the settings that follow from others (after check_config): the trainer's temperature (the
     behaviour policy's), its collective timeout (timeouts.collective_s), the dtype it publishes weights in (the

@@ -5,9 +5,12 @@ what the run measured."""
 
 import asyncio
 import math
+import socket
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from forge_rl.loop.train_loop import resume_hint
 
 
 @dataclass
@@ -327,3 +330,26 @@ def occupancy(before: dict, after: dict) -> float:
         return 0.0
     busy = after["busy_s"] - before["busy_s"]
     return (after["sequence_s"] - before["sequence_s"]) / busy if busy > 0 else 0.0
+
+
+def eval_reward_name(cfg) -> str:
+    """What the held-out accuracy counts, in words: an environment solved, an agent's reward, or the reward named."""
+    if cfg.env.name is not None:
+        return f"solved within {cfg.env.max_turns} turns ({cfg.env.name})"
+    if cfg.agent.enabled:
+        scored_by = cfg.task.eval_reward or cfg.rewards[0].name
+        return f"solved by agent {cfg.agent.name} (its reward > 0, or {scored_by})"
+    return cfg.task.eval_reward or cfg.rewards[0].name
+
+
+def where_roles_run(launcher, log_dir, checkpoint_dir, claim) -> str:
+    """For a timeout's message: where the roles run, their logs, and where to resume (`claim`: the run's claim on its
+    output folder, None before it has one)."""
+    hosts = (
+        f"the roles run on Slurm job nodes (trainer: {launcher.slurm.trainer_nodes}, generators: "
+        f"{launcher.slurm.generator_nodes})"
+        if launcher.kind == "slurm"
+        else f"the roles run on host {socket.gethostname()}"
+    )
+    logs = f", their output in {log_dir}/" if log_dir else ""
+    return f"{hosts}{logs}; {resume_hint(checkpoint_dir, claim.run_id if claim else None)}"

@@ -24,7 +24,8 @@ from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, call_for
 from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, whiten
 from forge_rl.models import model_path
 from forge_rl.models.lora_config import LoRAConfig
-from forge_rl.recipes.grpo import GRPORun, train
+from forge_rl.recipes.grpo import GRPORun
+from forge_rl.recipes.train import train
 from forge_rl.recipes.ppo_config import GAEConfig, PPOConfig
 from forge_rl.recipes.roles import Roles
 from forge_rl.recipes.startup import on_trainer_procs

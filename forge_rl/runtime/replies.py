@@ -48,7 +48,10 @@ class Replies:
         """`await actor.<endpoint>.call_one(*args, **kwargs)` for `endpoint` the actor class's (`ReplayBuffer.add`),
         the reply over this port when `actor` is a one-proc ForgeActor mesh (anything else, a plain Monarch actor
         included, is called directly)."""
-        endpoint = endpoint_name(endpoint)
+        return await self.call_named(actor, endpoint_name(endpoint), *args, **kwargs)
+
+    async def call_named(self, actor, endpoint: str, *args: Any, **kwargs: Any) -> Any:
+        """`call` by the endpoint's name: for the runtime's Service, whose endpoints are reached by name."""
         if not hasattr(getattr(actor, "_class", None), "reply_to"):
             return await getattr(actor, endpoint).call_one(*args, **kwargs)
         if self._reader is None or self._reader.done():

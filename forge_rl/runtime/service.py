@@ -181,7 +181,7 @@ class Service:
         try:
             ep = getattr(replica.actor, endpoint)
             if self.opts.procs == 1:  # the reply over a long-lived port (no per-call leak: runtime/replies.py)
-                return await replies().call(replica.actor, endpoint, *args, **kwargs)
+                return await replies().call_named(replica.actor, endpoint, *args, **kwargs)
             return await ep.call(*args, **kwargs)
         finally:
             replica.inflight -= 1
