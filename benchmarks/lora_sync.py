@@ -74,7 +74,7 @@ async def _measure(model_dir: str, lora: LoRAConfig, rounds: int, tmp: Path) -> 
         Generator.options(replicas=1).as_service(model_dir, engine_args=dict(max_model_len=128), lora=lora),
     )
     try:
-        step = await trainer.optimizer_step.call_one([make_batch()])
+        step = await trainer.step.call_one([make_batch()])
         pushes, loads = [], []
         for version in range(1, rounds + 1):
             pushes.append(await trainer.push_weights.call_one(version))

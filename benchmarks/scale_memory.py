@@ -255,7 +255,7 @@ async def measure(args) -> dict:
             step = batches(WORLD, args.seqs, args.tokens, hf_config(args.size)["vocab_size"])
             with sent_bytes() as wire:
                 _, res["phases"]["train"] = await phase.run(
-                    call_each_rank(trainer, Trainer.optimizer_step, batches_for_ranks(step, shards))
+                    call_each_rank(trainer, Trainer.step, batches_for_ranks(step, shards))
                 )
             res["sent"] = dict(
                 after=wire.total,

@@ -186,7 +186,7 @@ class ForgeRLTrainer:
 
     async def step(self) -> float:
         start = time.perf_counter()
-        self.metrics = await self.trainer.optimizer_step.call_one([self.batch])
+        self.metrics = await self.trainer.step.call_one([self.batch])
         if "profile/summary" in self.metrics:
             Console(width=200).print(f"[dim]{self.metrics['profile/summary']}[/dim]")
         return time.perf_counter() - start

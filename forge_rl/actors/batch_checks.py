@@ -22,7 +22,7 @@ def validate_batches(
     `routing` (Keep Routing: MoE layers, top-k, experts): every batch must carry routes of that model."""
     if not isinstance(batches, (list, tuple)) or len(batches) != dp_size:
         got = len(batches) if isinstance(batches, (list, tuple)) else type(batches).__name__
-        raise ValueError(f"optimizer_step takes one TrainBatch per data-parallel rank ({dp_size}), got {got}")
+        raise ValueError(f"Trainer.step takes one TrainBatch per data-parallel rank ({dp_size}), got {got}")
     for r, b in enumerate(batches):
         at = f"batch[{r}]"
         if isinstance(b, BatchShape) and r != own:

@@ -2,7 +2,7 @@
 
     critic = await Critic.options(procs=2, spmd=True).as_actor(trainer_cfg, value_clip=0.2, epochs=1)
     values = await critic.values.call(batches)       # each rank: its own batch's values [B, T]
-    metrics = await critic.optimizer_step.call(batches)  # batches carrying `values` and `returns` (GAE's targets)
+    metrics = await critic.step.call(batches)  # batches carrying `values` and `returns` (GAE's targets)
 
 It is the Trainer with its lm_head replaced by a 1-wide linear (no weight tying): everything else is the
 trainer's, so the critic has its own FSDP2 x TP ranks, fp32 masters, AdamW, learning-rate schedule and DCP
@@ -106,16 +106,19 @@ class Critic(Trainer):
             ]
 
     @endpoint
-    async def optimizer_step(self, batches: list[TrainBatch | BatchShape]) -> dict[str, float]:
+    async def step(self, batches: list[TrainBatch | BatchShape], version: int | None = None) -> dict[str, float]:
         """`epochs` optimizer steps of the clipped value loss on the step's batches (each rank its own; every
         TrainBatch must carry `values`, the critic's before this step, and `returns`). The loss is a mean over
         the whole step's response tokens, so ranks and micro-batches sum to the batch's. The clip acts from the
-        second epoch on: in the first the values being trained are the ones `values` just computed."""
+        second epoch on: in the first the values being trained are the ones `values` just computed. The critic's
+        weights are never published: `version` must be None."""
+        if version is not None:
+            raise RuntimeError("the critic's weights are not published: generators run the policy (the Trainer's)")
         self._validate_everywhere(batches)
         batch = batches[self.dp_rank]
         if batch.values is None or batch.returns is None:
             raise ValueError(
-                f"critic.optimizer_step: batch[{self.dp_rank}] has no values/returns (compute them with "
+                f"critic.step: batch[{self.dp_rank}] has no values/returns (compute them with "
                 "critic.values and forge_rl.losses.ppo.gae first)"
             )
         start = time.perf_counter()
@@ -149,7 +152,7 @@ class Critic(Trainer):
             value_loss_last_epoch=float(last[0]),
             value_clip_fraction=float(last[1]) / total_tokens,
             grad_norm=grad_norms[0],
-            step=self.step,
+            step=self.steps_taken,
             step_s=elapsed,
             peak_rss_mb=_peak_rss_mb(),
         )  # step: optimizer steps so far

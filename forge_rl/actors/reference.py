@@ -76,8 +76,8 @@ class Reference(Trainer):
         return self.policy_version
 
     @endpoint
-    async def optimizer_step(self, batches: list[TrainBatch]) -> dict[str, float]:
-        raise RuntimeError("the reference policy is frozen: optimizer_step is the Trainer's")
+    async def step(self, batches: list[TrainBatch], version: int | None = None) -> dict[str, float]:
+        raise RuntimeError("the reference policy is frozen: step is the Trainer's")
 
 
 def reshard(model: torch.nn.Module) -> None:

@@ -1,7 +1,7 @@
 """Trainer: TorchTitan's Qwen3 under FSDP2 and/or tensor parallelism, on a Monarch proc mesh of dp x tp ranks.
 
     trainer = await Trainer.options(procs=2, spmd=True).as_actor(TrainerConfig(model="tiny", parallel=...))
-    metrics = await trainer.optimizer_step.call_one(batches)   # a list of dp_size TrainBatches
+    metrics = await trainer.step.call_one(batches, version)   # a list of dp_size TrainBatches; publishes `version`
 
 Every rank runs the same endpoint (`.call()` on the mesh); each rank picks its data-parallel rank's batch,
 and the ranks of one tensor-parallel group share it. The model is built on the meta device from the HF
@@ -85,7 +85,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
             )
         self.store_cfg = weight_store
         self.store: ShmWeightStore | None = None  # opened at the first push_weights
-        self.step = 0
+        self.steps_taken = 0  # optimizer steps, skipped ones included: the policy version
         self.skipped_steps = 0  # non-finite gradient norm: no update
         self.nonfinite_in_a_row = 0
 
@@ -232,27 +232,38 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
     # ---- training (the step itself: forge_rl/actors/trainer_step.py) ------------------------------
 
     @endpoint
-    async def optimizer_step(self, batches: list[TrainBatch]) -> dict[str, float]:
-        """One optimizer step on `batches` (one TrainBatch per dp rank). Returns metrics reduced over ranks."""
+    async def step(self, batches: list[TrainBatch], version: int | None = None) -> dict[str, float]:
+        """One training step on `batches` (one TrainBatch per dp rank): forward and backward over this rank's
+        micro-batches, the gradients clipped, `optimizer.step()`, and with `version` the new weights published as
+        that version into the weight store (the RL step; its timing and bytes are `metrics["publish"]`). A step
+        whose gradient norm is not finite leaves the weights, optimizer state and schedule as they were; too many in
+        a row stop the run. Returns the step's metrics, reduced over ranks."""
         self._validate_everywhere(batches)
-        self.profiler.begin(self.step + 1)  # trainer.profile_steps; a no-op for other steps
-        await hang_if_asked("optimizer_step", self.rank, self.step + 1)  # a test's fault (runtime/timeouts.py); no-op
+        self.profiler.begin(self.steps_taken + 1)  # trainer.profile_steps; a no-op for other steps
+        await hang_if_asked("step", self.rank, self.steps_taken + 1)  # a test's fault (runtime/timeouts.py); no-op
         start = time.perf_counter()
-        total_tokens = sum(b.num_response_tokens for b in batches)
         sums, mismatch_max = self._accumulate_gradients(batches)
         lr = self.scheduler.get_last_lr()[0]
-        grad_norm, finite = self._apply_gradients(float(sums[0]))
+        grad_norm, _ = self._apply_gradients(float(sums[0]))  # clip, optimizer.step() when finite
         sums, mismatch_max = self._reduce_over_data_parallel(sums, mismatch_max)
-        elapsed = time.perf_counter() - start
+        metrics = self._step_metrics(batches, sums, mismatch_max, lr, grad_norm, time.perf_counter() - start)
+        if version is not None:
+            metrics["publish"] = self._publish_version(version)
+        return metrics
+
+    def _step_metrics(self, batches, sums, mismatch_max: float, lr: float, grad_norm: float, elapsed: float) -> dict:
+        """The step's metrics from the sums reduced over ranks (TOKEN_SUMS, then Keep Routing's three counts)."""
+        total_tokens = sum(b.num_response_tokens for b in batches)
         tokens = sum(b.num_tokens for b in batches)
         per_token = {name: float(sums[i]) / total_tokens for i, name in enumerate(TOKEN_SUMS, start=2)}
         replayed, differed, dispatched = (float(x) for x in sums[-3:])
-        profiled = self.profiler.end(self.step)  # a profile window's last step: its trace written, its summary line
+        profiled = self.profiler.end(self.steps_taken)  # a profile window's last step: its trace and summary line
+        seq_len = max(b.tokens.shape[1] for b in batches)
         return dict(
             loss=float(sums[0]),
             grad_norm=grad_norm,
             lr=lr,
-            step=self.step,
+            step=self.steps_taken,
             **per_token,
             mismatch_abs_max=mismatch_max,
             tokens=tokens,
@@ -262,16 +273,14 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
             tokens_per_s=tokens / elapsed,
             step_s=elapsed,
             # model FLOPs utilisation of every rank's device (forge_rl/observability/mfu.py), rows at their length
-            mfu=mfu(
-                self.hf_config, tokens, max(b.tokens.shape[1] for b in batches), elapsed, self.peak_flops, self.world
-            ),
+            mfu=mfu(self.hf_config, tokens, seq_len, elapsed, self.peak_flops, self.world),
             peak_rss_mb=_peak_rss_mb(),  # this rank's, not reduced
             **(
                 {"peak_cuda_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20}
                 if self.device.type == "cuda"
                 else {}
             ),  # this rank's
-            skipped=float(not finite),
+            skipped=float(not math.isfinite(grad_norm)),
             skipped_steps=self.skipped_steps,
             # Keep Routing: (position, layer) pairs given the engine's experts; the fraction the trainer's own
             # routers would have sent elsewhere; the fraction whose experts, as the expert layers received them,
@@ -304,7 +313,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
     @endpoint
     async def version(self) -> int:
         """The policy version: optimizer steps taken so far."""
-        return self.step
+        return self.steps_taken
 
     # ---- weights out (forge_rl/actors/trainer_weights.py) ----------------------------------------
 
@@ -317,6 +326,9 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         to finish makes the version visible. Then, when the trainer shares its GPU
         (trainer.release_memory_after_step), the step's cached blocks go back to the device before the engine wakes
         up: the caching allocator would otherwise keep the step's peak."""
+        return self._publish_version(version)
+
+    def _publish_version(self, version: int) -> dict[str, float]:
         result = self._publish(version)
         if self.cfg.release_memory_after_step and self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -359,7 +371,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
             "model": self._model_tensors(),
             "optim": get_optimizer_state_dict(self.model, self.optimizer),
             # the torch RNG: LoRA's dropout draws from it, so a resumed run drops what the uninterrupted one did
-            "train": {"step": self.step, "scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state()},
+            "train": {"step": self.steps_taken, "scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state()},
         }
 
     @endpoint
@@ -371,7 +383,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
-        step = self.step if step is None else step
+        step = self.steps_taken if step is None else step
         final = Path(self.cfg.checkpoint_dir) / f"step-{step}"
         target = Path(path) if path else final.parent / f".step-{step}.{STANDALONE}.partial"
         if path is None and self.rank == 0:
@@ -415,8 +427,8 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         self.scheduler.load_state_dict(state["train"]["scheduler"])
         if "rng" in state["train"]:
             torch.set_rng_state(state["train"]["rng"])
-        self.step = int(state["train"]["step"])
-        return self.step
+        self.steps_taken = int(state["train"]["step"])
+        return self.steps_taken
 
     @endpoint
     async def config(self) -> dict:

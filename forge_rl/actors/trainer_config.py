@@ -107,7 +107,7 @@ class TrainerConfig:
     collective_timeout_s: float = 1800.0
     seed: int = 0
     # torch.profiler over these steps (consecutive ones are one window): each rank writes a Chrome trace per window
-    # into profile_dir, and at a window's last step optimizer_step returns the rank's top operators as
+    # into profile_dir, and at a window's last step Trainer.step returns the rank's top operators as
     # metrics["profile/summary"] (forge_rl/observability/profiler.py). A run sets profile_dir to output_dir/profile
     profile_steps: list[int] = field(default_factory=list)
     profile_dir: str = "profile"

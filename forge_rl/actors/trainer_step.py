@@ -20,7 +20,7 @@ from forge_rl.models.moe_aux import unpadded, unpadded_packed
 from forge_rl.models.route_replay import packed_routes
 from forge_rl.types import BatchShape, TrainBatch
 
-# optimizer_step's per-token means: the metric's name and the per_token_loss diagnostic it averages
+# the step's per-token means: the metric's name and the per_token_loss diagnostic it averages
 TOKEN_SUMS = (
     "clip_fraction",
     "approx_kl",
@@ -277,8 +277,8 @@ class TrainerStep:
         return sums, float(mismatch_max)
 
     def _apply_gradients(self, loss: float) -> tuple[float, bool]:
-        """Clip, then step unless the gradient norm is not finite (the weights, optimizer state and schedule
-        then stay as they were); too many such steps in a row stop the run. Returns (grad norm, finite)."""
+        """Clip, then `optimizer.step()` unless the gradient norm is not finite (the weights, optimizer state and
+        schedule then stay as they were); too many such steps in a row stop the run. Returns (grad norm, finite)."""
         grad_norm = self._clip_grad_norm()  # global over ranks, so every rank takes the same branch
         finite = math.isfinite(grad_norm)
         if finite:
@@ -289,7 +289,7 @@ class TrainerStep:
             self.skipped_steps += 1
             self.nonfinite_in_a_row += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1  # the policy version advances either way, so versions stay in step with the app
+        self.steps_taken += 1  # the policy version advances either way, so versions stay in step with the run
         if self.nonfinite_in_a_row >= self.cfg.max_nonfinite_steps:
             raise FloatingPointError(
                 f"{self.nonfinite_in_a_row} train steps in a row had a non-finite gradient norm (loss {loss}); "

@@ -4,7 +4,7 @@
     run = RunState(cfg)                 # cfg: max_policy_age, batch_groups, no_batch_timeout_s
     batches, waited_s = await wait_for_batch(run, buffer, rollout_tasks)
     staleness, oldest = batch_staleness(batches, run.version)
-    ... optimizer_step, push_weights(run.version + 1) ...
+    ... Trainer.step(batches, run.version + 1) on every rank ...
     run.version += 1
     updates = await update_generators(run, generator, run.version)
 """
@@ -83,7 +83,7 @@ class RunState:
         self.version = version  # policy version = trainer steps taken
         self.rollouts = RolloutStats()
         self.admission = Admission(cfg.max_policy_age, cfg.batch_groups, version, getattr(cfg, "steps", None))
-        self.trainer_busy_s = 0.0  # optimizer_step + push_weights, as the controller waits for them
+        self.trainer_busy_s = 0.0  # the trainer's steps (train and publish), as the controller waits for them
         self.staleness_sum, self.staleness_steps = 0.0, 0
         self.max_staleness = 0  # over every batch trained on: must stay <= max_policy_age
         self.mismatch: list[tuple[float, float]] = []  # per step: mean and max |log pi - log mu| (train/inference)
@@ -182,12 +182,14 @@ def batches_for_ranks(batches: list[TrainBatch], shards: list[int]) -> list[list
     return [[b if i == shard else counts[i] for i, b in enumerate(batches)] for shard in shards]
 
 
-async def call_each_rank(mesh, endpoint: EndpointProperty, args_of_rank: list) -> list:
-    """`endpoint` (the actor class's, e.g. `Trainer.optimizer_step`) on every rank of `mesh` at once, rank r with
-    args_of_rank[r]; the results in rank order."""
+async def call_each_rank(mesh, endpoint: EndpointProperty, args_of_rank: list, *common) -> list:
+    """`endpoint` (the actor class's, e.g. `Trainer.step`) on every rank of `mesh` at once, rank r with
+    args_of_rank[r] and then `common`; the results in rank order."""
     flat, name = mesh.flatten("rank"), endpoint_name(endpoint)
     return list(
-        await asyncio.gather(*(getattr(flat.slice(rank=r), name).call_one(args) for r, args in enumerate(args_of_rank)))
+        await asyncio.gather(
+            *(getattr(flat.slice(rank=r), name).call_one(args, *common) for r, args in enumerate(args_of_rank))
+        )
     )
 
 

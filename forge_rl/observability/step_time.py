@@ -5,7 +5,7 @@ other, and the controller's own work between them as the remainder, so the parts
     with clock.waiting_for_samples():       # split by what the rollout tasks did meanwhile (see below)
         batches = await sample(...)
     with clock.part("train"):
-        await optimizer_step(...)
+        await trainer_step(...)
     line.update(clock.finish())    # {"step_time/train": ..., "step_time/controller": ..., "step_time/wall": ...}
 
 Waiting for a batch is split by what the rollout tasks were doing while the step waited: generating (any task in
@@ -47,6 +47,13 @@ class StepClock:
             finally:
                 self.parts[name] += self.timeline.now() - start
                 self._in_part = False
+
+    def reassign(self, seconds: float, from_part: str, to_part: str) -> None:
+        """`seconds` of what `from_part` timed were `to_part`'s: a call that did both, and said how long the second
+        took (the trainer's step and its publish)."""
+        seconds = min(seconds, self.parts[from_part])
+        self.parts[from_part] -= seconds
+        self.parts[to_part] += seconds
 
     @contextlib.contextmanager
     def waiting_for_samples(self):

@@ -281,30 +281,26 @@ class GRPORun(RecipeRun):
             # 2. score: reference (or teacher) logprobs; PPO's critic values and advantages
             with clock.part("reference"):
                 scored, score_metrics = await self.score(batches, version)
-            # 3. train: the policy's optimizer step, each rank on its own data-parallel shard
+            # 3. train and publish: the policy's step on each rank's own data-parallel shard, then version + 1 into
+            # the weight store (Trainer.step)
             sent = batches_for_ranks(scored, self.roles.shards["trainer"])
             with clock.part("train"):
                 metrics = (
                     await within(
-                        call_each_rank(self.roles.trainer, Trainer.optimizer_step, sent),
-                        t.train_step_s,
-                        "train_step_s",
-                        f"the Trainer's optimizer_step to version {version}",
+                        call_each_rank(self.roles.trainer, Trainer.step, sent, version),
+                        t.train_step_s + t.publish_s,
+                        "train_step_s + timeouts.publish_s",
+                        f"the Trainer's step to version {version}",
                         where,
                     )
                 )[0]
-            # 4. publish version + 1 into the weight store, while anything trained beside the policy steps
-            push = within(
-                self.roles.trainer.push_weights.call(version),
-                t.publish_s,
-                "publish_s",
-                f"the Trainer's push_weights of version {version}",
-                where,
-            )
-            with clock.part("publish"):
-                beside, push = await asyncio.gather(self.train_beside(scored, version), push)
+            push = metrics.pop("publish")  # rank 0's: the publish's timing and bytes
+            clock.reassign(push["push_s"], "train", "publish")
+            # 4. what trains beside the policy (PPO's critic)
+            with clock.part("train"):
+                beside = await self.train_beside(scored, version)
         s.version = version
-        return {**metrics, **score_metrics, **beside}, push.get(0)
+        return {**metrics, **score_metrics, **beside}, push
 
     async def _collect(self, clock: StepClock, buffer_before: dict) -> tuple[list, float, float]:
         """A batch of groups at the trainer's version, how long it was waited for, and its mean staleness. The next

@@ -18,8 +18,8 @@ class StepRecord:
     """Everything measured about one training step, as the run collected it."""
 
     step: int
-    trainer: dict  # Trainer.optimizer_step's metrics
-    push: dict  # Trainer.push_weights' timing and bytes
+    trainer: dict  # Trainer.step's metrics
+    push: dict  # the publish's timing and bytes (Trainer.step's metrics['publish'])
     updates: list[dict] | None  # the newest finished generator weight update (one dict per replica)
     buffer: dict  # ReplayBuffer.stats after the step
     buffer_before: dict  # ... and after the step before (for per-step deltas)
@@ -100,7 +100,7 @@ def step_metrics(r: StepRecord) -> dict[str, float]:
 
 
 def trainer_metrics(t: dict) -> dict[str, float]:
-    """The trainer's part of a step's line, from Trainer.optimizer_step's metrics, as `trainer/<name>`."""
+    """The trainer's part of a step's line, from Trainer.step's metrics, as `trainer/<name>`."""
     return {
         **{
             f"trainer/{k}": t[k]

@@ -138,15 +138,13 @@ class PPORun(GRPORun):
         return with_advantages(batches, values, self.cfg.ppo)
 
     async def train_beside(self, batches: list, version: int) -> dict:
-        """The critic's steps on the batch's returns, while the policy's new weights publish."""
+        """The critic's steps on the batch's returns, after the policy's."""
         critic = (
             await within(
-                call_each_rank(
-                    self.roles.critic, Critic.optimizer_step, batches_for_ranks(batches, self.roles.shards["critic"])
-                ),
+                call_each_rank(self.roles.critic, Critic.step, batches_for_ranks(batches, self.roles.shards["critic"])),
                 self.cfg.timeouts.train_step_s,
                 "train_step_s",
-                f"the Critic's optimizer_step at version {version}",
+                f"the Critic's step at version {version}",
                 self._where(),
             )
         )[0]

@@ -157,7 +157,7 @@ class SFTRun(RecipeRun):
         with self.timeline.span("controller", "batch", step=self.step + 1):
             batches = train_batches(self.source, self.step, self.cfg.batch_size, self.dp, self.tokenizer.pad_token_id)
         call = asyncio.ensure_future(
-            self._timed("trainer", "train step", self.trainer.optimizer_step.call(batches), step=self.step + 1)
+            self._timed("trainer", "train step", self.trainer.step.call(batches), step=self.step + 1)
         )
         try:
             m = (await asyncio.shield(call)).get(0)

@@ -3,7 +3,7 @@ they would take.
 
     memory = FakeMemory()
     with memory:                       # the rank's own code runs as written
-        trainer.setup(); memory.phase(); trainer.optimizer_step(batches)
+        trainer.setup(); memory.phase(); trainer.step(batches)
     memory.peak_bytes, memory.largest   # per phase
 
 Under `FakeMemory` every tensor the code makes out of nothing (torch.empty, zeros, a model's `to_empty`) is a fake

@@ -5,7 +5,7 @@ memory is recorded per rank.
     result = rehearse(Rehearsal(model_dir, TrainerConfig(...), world=32, seq_len=4096))
     result.ranks[r]["train"].peak_bytes; result.coverage_problems()
 
-Phases (a Trainer's): load (`setup`: build, parallelise, sharded load), first_step and train (two `optimizer_step`s of
+Phases (a Trainer's): load (`setup`: build, parallelise, sharded load), first_step and train (two `step`s of
 one micro-batch per rank: forward, backward, optimizer; the first makes AdamW's moments, the second steps with them
 as every later step does), publish_shm (`push_weights` with the ranks on one host: each writes its
 shards), publish_rank0 (`push_weights` from rank 0: every rank streams blocks to it), save and restore (`save` and
@@ -177,7 +177,7 @@ class _Run:
             batches = batches_for(
                 trainer, trainer.cfg.micro_batch_size or 1, self.spec.seq_len, self.spec.role == "critic"
             )
-            call(trainer, "optimizer_step", batches)
+            call(trainer, "step", batches)
         elif phase == "score":
             call(
                 trainer, "fill_ref_logprobs", batches_for(trainer, trainer.cfg.micro_batch_size or 1, self.spec.seq_len)

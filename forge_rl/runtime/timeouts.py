@@ -15,14 +15,14 @@ from collections.abc import Awaitable
 
 from forge_rl.errors import RunStopped
 
-# A test-only fault: "operation:rank:step" (e.g. "optimizer_step:1:2") makes that trainer rank hang in that
+# A test-only fault: "operation:rank:step" (e.g. "step:1:2") makes that trainer rank hang in that
 # operation at that step, so a test can check the error arrives within the timeout. Never set in a real run.
 HANG_ENV = "FORGE_RL_TEST_HANG"
 
 
 @dataclass
 class TimeoutsConfig:
-    train_step_s: float = 1800.0  # one optimizer step on the trainer (forward, backward, collectives)
+    train_step_s: float = 1800.0  # one step of the trainer (forward, backward, collectives), its publish aside
     reference_s: float = 1800.0  # the reference's (or teacher's) logprobs of a batch
     publish_s: float = 600.0  # the trainer writing one weights version to the weight store
     weight_load_s: float = 900.0  # every generator replica prefetching and swapping to a version

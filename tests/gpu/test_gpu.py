@@ -106,7 +106,7 @@ def test_fsdp2_bf16_train_step_over_nccl_and_its_peak_memory_against_the_plan(lo
         probe = TrainBatch(tokens, mask, torch.zeros(rows, seq), torch.where(mask, 0, -1), advantages)
         behaviour = loop.run_until_complete(trainer.logprobs.call(probe)).get(0).float() * mask
         batch = TrainBatch(tokens, mask, behaviour, torch.where(mask, 0, -1), advantages)
-        metrics = loop.run_until_complete(trainer.optimizer_step.call([batch])).get(0)
+        metrics = loop.run_until_complete(trainer.step.call([batch])).get(0)
         assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
         assert metrics["skipped"] == 0.0
         assert metrics["clip_fraction"] == 0.0 and metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-3), metrics
@@ -243,7 +243,7 @@ def test_critic_steps_on_the_gpu_and_gives_its_cached_memory_back(loop, model_0_
     )
     try:
         batches = valued(loop, critic, [make_batch(0)])
-        metrics = loop.run_until_complete(critic.optimizer_step.call(batches)).get(0)
+        metrics = loop.run_until_complete(critic.step.call(batches)).get(0)
         assert math.isfinite(metrics["value_loss"]) and metrics["grad_norm"] > 0 and metrics["step"] == 1
         if ON_CPU:
             report(

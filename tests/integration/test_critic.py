@@ -46,9 +46,7 @@ def steps(loop, actor, n_dp: int, seeds) -> list[dict]:
     out = []
     for s in seeds:
         batches = valued(loop, actor, split(make_batch(s), n_dp))
-        out.append(
-            loop.run_until_complete(call_each_rank(actor, Critic.optimizer_step, batches_for_ranks(batches, shards)))[0]
-        )
+        out.append(loop.run_until_complete(call_each_rank(actor, Critic.step, batches_for_ranks(batches, shards)))[0])
     return out
 
 

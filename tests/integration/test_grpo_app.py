@@ -286,7 +286,7 @@ async def probe_step(run, shifts: list[float]) -> dict[str, float]:
     logprobs = (await run.roles.trainer.logprobs.call(batch)).get(0)
     log_ratio = torch.tensor(shifts * (R // len(shifts)))
     batch.behaviour_logprobs[:, P:] = (logprobs[:, P:] - log_ratio).float()
-    return (await run.roles.trainer.optimizer_step.call([batch])).get(0)
+    return (await run.roles.trainer.step.call([batch])).get(0)
 
 
 # What only the chosen loss does, on a batch whose ratios are known (probe_step), with advantages +1:

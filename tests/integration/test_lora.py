@@ -91,7 +91,7 @@ def run(loop, coro):
 
 
 def train(loop, trainer, n_dp: int, seeds=(0, 1)) -> list[dict]:
-    return [run(loop, trainer.optimizer_step.call(split(make_batch(s), n_dp))).get(0) for s in seeds]
+    return [run(loop, trainer.step.call(split(make_batch(s), n_dp))).get(0) for s in seeds]
 
 
 @pytest.fixture(scope="module")

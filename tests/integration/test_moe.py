@@ -170,7 +170,7 @@ def test_expert_parallel_ranks_match_one_proc_and_publish_their_own_experts(loop
         pushed = loop.run_until_complete(trainer.push_weights.call(procs)) if procs > 1 else None
 
         def step(s):
-            return loop.run_until_complete(trainer.optimizer_step.call(split(make_batch(s), procs))).item(procs=0)
+            return loop.run_until_complete(trainer.step.call(split(make_batch(s), procs))).item(procs=0)
 
         out = [step(0)]
         saved = loop.run_until_complete(trainer.save.call()).item(procs=0)  # DCP, each EP rank its own experts
@@ -212,7 +212,7 @@ def test_the_trainer_adds_the_load_balancing_loss_when_asked(loop, tmp_path):
         cfg = _config(tmp_path / str(coef))
         cfg.moe_aux_loss_coef = coef
         trainer = loop.run_until_complete(Trainer.options(procs=1, spmd=True).as_actor(cfg))
-        losses.append(loop.run_until_complete(trainer.optimizer_step.call([batch])).item(procs=0)["loss"])
+        losses.append(loop.run_until_complete(trainer.step.call([batch])).item(procs=0)["loss"])
         loop.run_until_complete(stop_actor(trainer))
     model, _ = build_model(TINY_MOE)
     stats = RouterStats(model.train())

@@ -32,7 +32,7 @@ def test_a_trainer_rank_that_hangs_stops_the_run_within_the_timeout(tmp_path, mo
     """Rank 1 of two FSDP ranks hangs in its second train step (a test-only fault, runtime/timeouts.py); rank 0
     waits in a collective. The run stops with the named error once timeouts.train_step_s has passed, and says
     to resume from the checkpoint the first step left."""
-    monkeypatch.setenv(HANG_ENV, "optimizer_step:1:2")
+    monkeypatch.setenv(HANG_ENV, "step:1:2")
     cfg = load_config(
         GRPOConfig,
         REPO / "configs/grpo/tiny.yaml",
@@ -48,6 +48,7 @@ def test_a_trainer_rank_that_hangs_stops_the_run_within_the_timeout(tmp_path, mo
             "trainer_procs=2",
             "checkpoint_every=1",
             "timeouts.train_step_s=20",
+            "timeouts.publish_s=10",
             f"output_dir={tmp_path}",
         ],
     )
@@ -55,7 +56,10 @@ def test_a_trainer_rank_that_hangs_stops_the_run_within_the_timeout(tmp_path, mo
     with pytest.raises(StepTimeout) as error:
         asyncio.run(main(cfg))
     message = str(error.value)
-    assert "the Trainer's optimizer_step to version 2 did not finish within timeouts.train_step_s=20 s" in message
+    assert (
+        "the Trainer's step to version 2 did not finish within timeouts.train_step_s + timeouts.publish_s=30 s"
+        in message
+    )
     assert f"host {socket.gethostname()}" in message and f"{tmp_path}/logs/" in message
     assert f"the last complete checkpoint is {tmp_path}/checkpoints/step-1" in message
     assert time.perf_counter() - start < 240  # start-up, one step, the 20 s timeout and the shutdown

@@ -58,9 +58,9 @@ def spawn(loop, cfg: TrainerConfig, procs: int = 1):
 
 def steps(loop, trainer, n_dp: int, seeds=(0, 1, 2), shared_prompt: int = 0) -> list[dict]:
     return [
-        loop.run_until_complete(
-            trainer.optimizer_step.call(split(make_batch(s, shared_prompt=shared_prompt), n_dp))
-        ).item(procs=0)
+        loop.run_until_complete(trainer.step.call(split(make_batch(s, shared_prompt=shared_prompt), n_dp))).item(
+            procs=0
+        )
         for s in seeds
     ]
 
@@ -113,7 +113,7 @@ def steps_per_rank(loop, trainer, n_dp: int, seeds, shared_prompt: int = 0) -> l
         sent = batches_for_ranks(batches, shards)
         assert all(sum(isinstance(b, TrainBatch) for b in rank) == 1 for rank in sent)  # its own batch only
         with sent_bytes() as wire:  # what the controller serialised for the ranks, one message each
-            out.append(loop.run_until_complete(call_each_rank(trainer, Trainer.optimizer_step, sent))[0])
+            out.append(loop.run_until_complete(call_each_rank(trainer, Trainer.step, sent))[0])
         # each batch once (its message), and to the other ranks its counts; every batch to every rank was
         # world x message_bytes(batches)
         each_once = sum(message_bytes([b]) for b in batches)
@@ -137,7 +137,7 @@ def one_rank_rejects_its_batch(loop, trainer) -> None:
 
     async def both():  # each rank's call on its own, so one's error does not hide the other's
         return await asyncio.gather(
-            *(flat.slice(rank=r).optimizer_step.call_one(sent[r]) for r in range(2)), return_exceptions=True
+            *(flat.slice(rank=r).step.call_one(sent[r]) for r in range(2)), return_exceptions=True
         )
 
     results = loop.run_until_complete(asyncio.wait_for(both(), 60))
@@ -306,10 +306,10 @@ def test_bad_batches_are_rejected_before_any_change(loop, single):
     ]
     for batches, message in cases:
         with pytest.raises(ActorError, match=message):
-            loop.run_until_complete(single.optimizer_step.call_one(batches))
+            loop.run_until_complete(single.step.call_one(batches))
     after = loop.run_until_complete(single.logprobs.call_one(probe))
     assert torch.equal(before, after) and loop.run_until_complete(single.version.call_one()) == 0
-    m = loop.run_until_complete(single.optimizer_step.call_one([make_batch(0)]))
+    m = loop.run_until_complete(single.step.call_one([make_batch(0)]))
     assert m["step"] == 1 and m["skipped"] == 0 and m["lr"] == 1e-3 and math.isfinite(m["loss"])
     # trainer.profile_steps=[1] (the fixture): the first good step's trace, and its line naming an operator
     profile = Path(loop.run_until_complete(single.config.call_one())["profile_dir"])
@@ -545,7 +545,7 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run_in_a_row(loop, tm
         return b
 
     def train(batch) -> dict:
-        return loop.run_until_complete(trainer.optimizer_step.call([batch])).item(procs=0)
+        return loop.run_until_complete(trainer.step.call([batch])).item(procs=0)
 
     try:
         before = loop.run_until_complete(trainer.logprobs.call_one(probe))

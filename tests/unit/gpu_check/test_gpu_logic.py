@@ -13,7 +13,7 @@ from forge_rl.actors.trainer import process_group_backend
 
 
 def _all_reduce_cpu_metrics(backend: str) -> torch.Tensor:
-    """A one-rank group with `backend`, asked to all-reduce a CPU float64 tensor as optimizer_step's metric sums
+    """A one-rank group with `backend`, asked to all-reduce a CPU float64 tensor as Trainer.step's metric sums
     are; the group is torn down after."""
     with tempfile.TemporaryDirectory() as tmp:  # the file store removes its file when the group goes
         dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=0, world_size=1)
@@ -26,7 +26,7 @@ def _all_reduce_cpu_metrics(backend: str) -> torch.Tensor:
 
 
 def test_an_accelerator_only_group_refuses_cpu_tensors():
-    """What an NCCL-only group (main at 2735c84: init_process_group("nccl")) does with optimizer_step's CPU metric
+    """What an NCCL-only group (main at 2735c84: init_process_group("nccl")) does with Trainer.step's CPU metric
     sums, reproduced on CPU by a group whose only backend serves CUDA tensors."""
     with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
         _all_reduce_cpu_metrics("cuda:gloo")

@@ -1,6 +1,6 @@
 """Endpoints are called through typed references in the run's code (recipes/, loop/, agents/, envs/):
-`calls.call(buffer, ReplayBuffer.add, group)`, `call_each_rank(trainer, Trainer.optimizer_step, ...)`, never an
-endpoint's name as a string (`calls.call(buffer, "add")`, `getattr(mesh, "optimizer_step")`), which no checker,
+`calls.call(buffer, ReplayBuffer.add, group)`, `call_each_rank(trainer, Trainer.step, ...)`, never an
+endpoint's name as a string (`calls.call(buffer, "add")`, `getattr(mesh, "step")`), which no checker,
 rename or reader follows from the call to the actor."""
 
 import ast
@@ -52,7 +52,7 @@ def string_endpoint_calls(source: str, endpoints: set[str]) -> list[tuple[int, s
 
 def test_the_runs_code_calls_no_endpoint_by_its_name_as_a_string():
     endpoints = endpoint_names()
-    assert {"add", "next", "score", "optimizer_step", "push_weights"} <= endpoints  # the scan finds the actors'
+    assert {"add", "next", "score", "step", "push_weights"} <= endpoints  # the scan finds the actors'
     offenders = [
         f"{path.relative_to(FORGE_RL.parent)}:{line}: endpoint {name!r} named as a string"
         for package in CALLERS
@@ -63,12 +63,12 @@ def test_the_runs_code_calls_no_endpoint_by_its_name_as_a_string():
 
 
 def test_the_scan_finds_a_string_endpoint_in_each_form():
-    endpoints = {"add", "optimizer_step"}
+    endpoints = {"add", "step"}
     source = (
         "await calls.call(buffer, 'add', group)\n"
-        "getattr(mesh, 'optimizer_step')\n"
+        "getattr(mesh, 'step')\n"
         "await calls.call(buffer, ReplayBuffer.add, group)\n"
         "console.print('add')\n"
         "getattr(error, 'add', None)\n"
     )
-    assert string_endpoint_calls(source, endpoints) == [(1, "add"), (2, "optimizer_step")]
+    assert string_endpoint_calls(source, endpoints) == [(1, "add"), (2, "step")]
