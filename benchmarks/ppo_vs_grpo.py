@@ -33,7 +33,7 @@ async def train_for(run, budget_s: float, eval_every: int) -> dict:
     async with run:
         await run.evaluate()
         while run.training_s() < budget_s:
-            line = await run.train_step()
+            line = await run.rl_step()
             if run.step % eval_every == 0:
                 line.update(await run.evaluate())
             if run.step % 10 == 0:

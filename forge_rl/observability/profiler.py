@@ -7,7 +7,7 @@
 
 Consecutive step numbers are one window (`[3, 4, 8]`: steps 3-4, then step 8). A window's trace goes to
 `<folder>/rank{R}_step{A}-{B}.json.gz` (`rank{R}_step{A}.json.gz` for one step): gzipped Chrome trace JSON, which
-Perfetto (ui.perfetto.dev) and chrome://tracing open as it is. Each step is a span named `train_step N` in it.
+Perfetto (ui.perfetto.dev) and chrome://tracing open as it is. Each step is a span named `trainer step N` in it.
 Shapes and Python stacks are not recorded: both cost time and memory on every operator.
 """
 
@@ -61,7 +61,7 @@ class StepProfiler:
             self._prof = profile(activities=activities, record_shapes=False, with_stack=False)
             self._prof.start()
             self._first = step
-        self._mark = record_function(f"train_step {step}")
+        self._mark = record_function(f"trainer step {step}")
         self._mark.__enter__()
 
     def end(self, step: int) -> str | None:
@@ -86,7 +86,7 @@ class StepProfiler:
 
 def top_operators(prof: profile, cuda: bool, top: int = TOP) -> str:
     """The operators that took the most self time (CUDA time on a GPU, else CPU time): name, ms, share of all the
-    operators' self time. Annotations (`train_step N`) are not operators: their self time is Python's."""
+    operators' self time. Annotations (`trainer step N`) are not operators: their self time is Python's."""
     ops = [e for e in prof.key_averages() if not e.is_user_annotation and e.device_type.name == "CPU"]
 
     def self_us(e) -> float:  # an operator's own kernels count as its device time; kernels are not listed twice

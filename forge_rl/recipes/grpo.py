@@ -3,13 +3,13 @@
     run = GRPORun(cfg)            # cfg: GRPOConfig (forge_rl/recipes/grpo_config.py)
     await run.start()             # checks, placement, actors, resume (forge_rl/recipes/startup.py)
     await run.evaluate()          # greedy held-out accuracy
-    metrics = await run.train_step()   # collect, score, train, publish version + 1, swap the generators
+    metrics = await run.rl_step()   # collect, score, train, publish version + 1, swap the generators
     await run.checkpoint()
     summary = await run.finish()  # final evaluation, checkpoint, export, summary.json, curves.png
     await run.stop()              # every actor and its shared memory gone
 
 `train(run)` (forge_rl/recipes/train.py) is the loop `make demo` runs over those steps; a notebook calls them one
-at a time (docs/notebooks/interactive_grpo.ipynb). `GRPORun.train_step` is one step read top to bottom: each stage is
+at a time (docs/notebooks/interactive_grpo.ipynb). `GRPORun.rl_step` is one step read top to bottom: each stage is
 one call away (the rollout tasks in forge_rl/loop/rollout_tasks.py, the generators' and reference's weights in
 forge_rl/loop/weight_sync.py, the trainer's endpoints in forge_rl/actors/trainer.py). An algorithm that adds a
 stage subclasses the run and overrides `score` or `train_beside` (forge_rl/recipes/ppo.py, distill.py).
@@ -224,7 +224,7 @@ class GRPORun(RecipeRun):
 
     # ---- the step -------------------------------------------------------------------------------------
 
-    async def train_step(self) -> dict[str, float]:
+    async def rl_step(self) -> dict[str, float]:
         """One step: collect a batch at the policy version, score it, train on it, publish version + 1, swap the
         generators to it (async: while the next step collects). Returns the step's metrics line, also logged, with
         where the step's wall time went on its critical path (step_time/<part>, forge_rl/observability/step_time.py;

@@ -4,7 +4,7 @@ a vLLM generator service, scored by the task's rewards as GRPO scores it.
 
     run = SFTRun(cfg)             # cfg: SFTConfig
     await run.start()             # trainer (and resume)
-    metrics = await run.train_step()
+    metrics = await run.sft_step()
     await run.evaluate()          # the first one starts a generator on an export; later ones push weights into it
     await run.checkpoint()
     summary = await run.finish()
@@ -151,7 +151,7 @@ class SFTRun(RecipeRun):
         self.log = MetricsLogger(self.out, resume_step=self.start_step if path is not None else None)
         self.t_train = time.perf_counter()
 
-    async def train_step(self) -> dict[str, float]:
+    async def sft_step(self) -> dict[str, float]:
         """One optimizer step on batch `step` (one TrainBatch per data-parallel rank); logged and returned. An
         interrupt lets the step in flight finish and logs it before the CancelledError goes on."""
         with self.timeline.span("controller", "batch", step=self.step + 1):
@@ -299,7 +299,7 @@ async def train(run: SFTRun) -> dict[str, Any]:
         with tqdm(total=cfg.steps, initial=run.step, desc="sft", unit="step", dynamic_ncols=True) as bar:
             try:
                 while run.step < cfg.steps:
-                    line = await run.train_step()
+                    line = await run.sft_step()
                     bar.update(1)
                     bar.set_postfix(loss=f"{line['train/loss']:.4f}")
                     if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:

@@ -38,7 +38,7 @@ async def train(run) -> dict:
                     disable=None,
                 ) as bar:
                     while run.step < cfg.steps:
-                        line = await run.train_step()
+                        line = await run.rl_step()
                         if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step != cfg.steps:
                             line.update(await run.evaluate())
                         if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:

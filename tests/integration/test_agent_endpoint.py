@@ -106,7 +106,7 @@ def run(tmp_path_factory):
     grpo = GRPORun(cfg)
     loop.run_until_complete(grpo.start())
     try:
-        lines = [loop.run_until_complete(grpo.train_step()) for _ in range(2)]
+        lines = [loop.run_until_complete(grpo.rl_step()) for _ in range(2)]
         yield loop, grpo, lines
     finally:
         port = grpo.agents.server.port if grpo.agents else None

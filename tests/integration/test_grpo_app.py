@@ -321,7 +321,7 @@ def test_gspo_and_cispo_train_in_a_short_grpo_run(tmp_path, config, overrides, s
 
     async def body():
         async with GRPORun(cfg) as run:
-            lines = [await run.train_step() for _ in range(2)]
+            lines = [await run.rl_step() for _ in range(2)]
             return lines, await probe_step(run, shifts)
 
     rows, probe = asyncio.run(body())

@@ -28,10 +28,10 @@ def test_each_window_writes_a_trace_and_names_its_top_operators(tmp_path):
     assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["rank0_step2-3.json.gz", "rank0_step5.json.gz"]
     events = json.loads(gzip.decompress((tmp_path / "profile/rank0_step2-3.json.gz").read_bytes()))["traceEvents"]
     names = {e.get("name") for e in events}
-    assert {"train_step 2", "train_step 3", "aten::mm"} <= names and "train_step 1" not in names
+    assert {"trainer step 2", "trainer step 3", "aten::mm"} <= names and "trainer step 1" not in names
     line = summaries[3]
     assert line.startswith("profile rank 0 steps 2-3, self CPU time ") and "\n" not in line
-    assert "aten::mm " in line and "train_step" not in line  # operators, not the steps' annotations
+    assert "aten::mm " in line and "trainer step" not in line  # operators, not the steps' annotations
     assert line.endswith(f"trace {tmp_path / 'profile/rank0_step2-3.json.gz'}")
     assert summaries[5].startswith("profile rank 0 step 5, ")
 
