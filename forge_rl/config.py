@@ -7,7 +7,8 @@ Each app declares its config as a dataclass tree (required fields have no defaul
 reads the file, applies the overrides (OmegaConf dotlist syntax), resolves interpolations such
 as `${group_size}` and returns a `GRPOConfig` instance. Every mistake is a `ConfigError` naming
 the key and where it came from: an unknown key (with the closest valid keys), a value of the
-wrong type (with the expected type) or a missing required key.
+wrong type (with the expected type) or a missing required key. A key inside a list's entry is named with its
+index, `rewards[0].weight`, and an override sets it so: `rewards[0].weight=0.5` (to add an entry, give the list).
 
 Fields typed `dict[str, Any]` accept any keys: they pass options through to a library under its
 own names (vLLM engine arguments, sampling parameters). A key a config class renamed (its `RENAMED`) is refused
@@ -17,6 +18,7 @@ naming the new key.
 import argparse
 import dataclasses
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import Any, TypeVar
 from collections.abc import Sequence
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, ValueNode
 from omegaconf.errors import (
     ConfigKeyError,
     InterpolationKeyError,
@@ -48,16 +50,7 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
         layers.append((f"command-line override {item!r}", _parse_override(item)))
     for source, layer in layers:
         _check_keys(schema, layer, prefix="", source=source)
-        try:
-            merged = OmegaConf.merge(merged, layer)
-        except ValidationError as e:
-            raise ConfigError(_type_message(schema, e, source)) from None
-        except TypeError:  # OmegaConf cannot merge a mapping into a list or a list into a mapping
-            raise ConfigError(_container_message(merged, layer, source)) from None
-        except OmegaConfBaseException as e:  # what the key checks above do not foresee
-            raise ConfigError(f"{source}: {str(e).splitlines()[0]}") from None
-        for key in _missing_keys(layer):  # merge keeps the default under "???"; the file means "required"
-            OmegaConf.update(merged, key, "???", merge=False)
+        merged = _merge_layer(schema, merged, layer, source)
     try:  # before the dataclasses' own checks, which a NaN slips through (every comparison with it is false)
         _refuse_nan(OmegaConf.to_container(merged, resolve=True), "")
     except OmegaConfBaseException:
@@ -72,9 +65,67 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
     except InterpolationKeyError as e:
         raise ConfigError(f"config key '{e.full_key}': {str(e).splitlines()[0]}") from None
     except ValidationError as e:  # an interpolation resolved to a value of the wrong type
-        raise ConfigError(_type_message(schema, e, "an interpolation")) from None
+        raise ConfigError(_refusal(schema, e, "an interpolation")) from None
     except ValueError as e:  # a config dataclass's own check (__post_init__), which names its key
         raise ConfigError(str(e)) from None
+
+
+def _merge_layer(schema: type, merged: DictConfig, layer: DictConfig, source: str) -> DictConfig:
+    """`merged` with `layer` merged in; a value of the wrong type is refused naming its key and the type expected."""
+    updates = _list_entry_updates(merged, layer, source)
+    try:
+        merged = OmegaConf.merge(merged, layer)
+    except ValidationError as e:
+        raise ConfigError(_refusal(schema, e, source, layer)) from None
+    except TypeError as e:  # OmegaConf cannot merge a mapping into a list or a list into a mapping
+        misfit = _misfit(schema, layer, "")
+        if misfit is None:
+            raise ConfigError(_container_message(merged, layer, source)) from None
+        raise ConfigError(_type_message(schema, *misfit, source, e)) from None
+    except OmegaConfBaseException as e:  # what the key checks above do not foresee
+        raise ConfigError(f"{source}: {str(e).splitlines()[0]}") from None
+    for key, value in updates:
+        try:
+            OmegaConf.update(merged, key, value, merge=True)
+        except OmegaConfBaseException as e:  # ValidationError, or ConfigTypeError: a list for a mapping or back
+            raise ConfigError(_refusal(schema, e, source, value, key)) from None
+        for missing in _missing_keys(value) if isinstance(value, DictConfig) else []:
+            OmegaConf.update(merged, f"{key}.{missing}", "???", merge=False)
+    for key in _missing_keys(layer):  # merge keeps the default under "???"; the file means "required"
+        OmegaConf.update(merged, key, "???", merge=False)
+    return merged
+
+
+def _list_entry_updates(merged: DictConfig, layer: DictConfig, source: str, prefix: str = "") -> list[tuple[str, Any]]:
+    """The keys of `layer` that set a field of one entry of a list, `rewards[0].weight=0.5` (OmegaConf reads the key
+    as a mapping, {"0": {"weight": 0.5}}, which a merge would refuse against the list): taken out of `layer`, as
+    (key, value) pairs to set in place, each key with its index (`rewards[0]`)."""
+    updates = []
+    for key, value in list(layer.items_ex(resolve=False)):
+        if not isinstance(value, DictConfig) or not value:
+            continue
+        try:
+            current = merged.get(key)
+        except OmegaConfBaseException:  # "???" or an interpolation that does not resolve
+            continue
+        full_key = f"{prefix}{key}"
+        if isinstance(current, DictConfig):
+            updates += _list_entry_updates(current, value, source, f"{full_key}.")
+        elif isinstance(current, ListConfig) and all(str(index).isdigit() for index in value.keys()):
+            for index, entry in value.items_ex(resolve=False):
+                _check_index(current, full_key, int(index), source)
+                updates.append((f"{full_key}[{index}]", entry))
+            del layer[key]
+    return updates
+
+
+def _check_index(entries: ListConfig, key: str, index: int, source: str) -> None:
+    if index >= len(entries):
+        has = f"has {len(entries)}, {key}[0] to {key}[{len(entries) - 1}]" if entries else "is empty"
+        raise ConfigError(
+            f"config key '{key}[{index}]' in {source}: no such entry ({key} {has}); to add one, give the whole "
+            f"list: {key}=[...]"
+        )
 
 
 def command_line(schema: type, description: str | None = None) -> argparse.ArgumentParser:
@@ -203,22 +254,30 @@ def _check_keys(schema: type, node: DictConfig, prefix: str, source: str) -> Non
                 f"valid keys here: {', '.join(repr(prefix + f) for f in fields)}"
             )
             raise ConfigError(f"unknown config key '{full_key}' in {source}; {hint}")
-        child_type = _unwrap_optional(fields[key])
         try:
             child = node[key]
         except (ConfigKeyError, OmegaConfBaseException):
             continue  # an interpolation: checked when resolved
-        if dataclasses.is_dataclass(child_type) and isinstance(child, DictConfig):
-            _check_keys(child_type, child, f"{full_key}.", source)
-        item_type = (typing.get_args(child_type) or [None])[0]
-        if (
-            typing.get_origin(child_type) is list
-            and dataclasses.is_dataclass(item_type)
-            and isinstance(child, ListConfig)
-        ):
-            for i, item in enumerate(child):  # e.g. rewards: a list of RewardConfig
-                if isinstance(item, DictConfig):
-                    _check_keys(item_type, item, f"{full_key}[{i}].", source)
+        _check_child_keys(_unwrap_optional(fields[key]), child, full_key, source)
+
+
+def _check_child_keys(child_type: Any, child: Any, full_key: str, source: str) -> None:
+    """The keys under `full_key`: of its section, or of each entry of its list of sections (`rewards`), given whole
+    (`rewards=[{...}]`) or one at a time (`rewards[0].weight=0.5`, read as {"0": {"weight": 0.5}})."""
+    if dataclasses.is_dataclass(child_type) and isinstance(child, DictConfig):
+        _check_keys(child_type, child, f"{full_key}.", source)
+    item_type = (typing.get_args(child_type) or [None])[0]
+    if typing.get_origin(child_type) is not list or not dataclasses.is_dataclass(item_type):
+        return
+    if isinstance(child, ListConfig):  # e.g. rewards: a list of RewardConfig
+        entries = list(enumerate(child))
+    elif isinstance(child, DictConfig):
+        entries = [(index, entry) for index, entry in child.items_ex(resolve=False) if str(index).isdigit()]
+    else:
+        return
+    for index, entry in entries:
+        if isinstance(entry, DictConfig):
+            _check_keys(item_type, entry, f"{full_key}[{index}].", source)
 
 
 def _refuse_nan(node: Any, key: str) -> None:
@@ -241,19 +300,107 @@ def _unwrap_optional(tp: Any) -> Any:
     return tp
 
 
-def _expected_type(schema: type, full_key: str) -> str:
+def _key_type(schema: type, full_key: str) -> Any:
+    """The schema's type at `full_key` ("rewards[0].weight" -> float), or None where the schema does not say."""
     tp: Any = schema
-    for part in full_key.split("."):
+    for index, name in re.findall(r"\[(\d+)\]|([^.\[\]]+)", full_key):
         tp = _unwrap_optional(tp)
-        if not dataclasses.is_dataclass(tp):
-            return "?"
-        tp = _field_types(tp).get(part, "?")
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if index and origin is list:
+            tp = args[0] if args else Any
+        elif name and dataclasses.is_dataclass(tp):
+            tp = _field_types(tp).get(name)
+        elif name and origin is dict:
+            tp = args[1] if len(args) == 2 else Any
+        else:
+            return None
+        if tp is None:
+            return None
+    return tp
+
+
+def _type_name(tp: Any) -> str:
+    """A schema type as a message names it: int, float, str, bool, a mapping, a list of int, bool or str."""
+    tp = _unwrap_optional(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp) or tp is dict or origin is dict:
+        return "a mapping"
+    if tp is list or origin is list:
+        item = _type_name(args[0]) if args and args[0] is not Any else None
+        return "a list" if item is None else "a list of mappings" if item == "a mapping" else f"a list of {item}"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args if a is not type(None))
+    if tp is Any:
+        return "any value"
     return getattr(tp, "__name__", str(tp))
 
 
-def _type_message(schema: type, e: ValidationError, source: str) -> str:
-    key = e.full_key or "?"
-    return (
-        f"config key '{key}' in {source} expects {_expected_type(schema, key)}, "
-        f"got {e.value!r} ({type(e.value).__name__})"
-    )
+def _misfit(tp: Any, value: Any, key: str) -> tuple[str, Any] | None:
+    """The first key at or under `key` whose `value` (as a layer gives it) does not fit the schema's type `tp`: a
+    scalar for a section or a list, a list for a mapping or back, or a field of a list's entry of the wrong type. It
+    names what OmegaConf's errors leave unnamed: a merge names an entry's field without the list's path (`weight`
+    for `rewards[0].weight`), and a scalar given for a section with no key at all."""
+    tp = _unwrap_optional(tp)
+    origin = typing.get_origin(tp)
+    if value is None or (isinstance(value, str) and (value == "???" or "${" in value)) or tp in (None, Any):
+        return None  # null for a required section: OmegaConf names it; interpolations: checked when resolved
+    if dataclasses.is_dataclass(tp) or tp is dict or origin is dict:
+        if not isinstance(value, DictConfig):
+            return key, value
+        fields = _field_types(tp) if dataclasses.is_dataclass(tp) else {}
+        for k, v in value.items_ex(resolve=False):
+            found = _misfit(fields.get(k, Any), v, f"{key}.{k}" if key else str(k))
+            if found is not None:
+                return found
+        return None
+    if tp is list or origin is list:
+        return _list_misfit((typing.get_args(tp) or [Any])[0], value, key)
+    if isinstance(value, (DictConfig, ListConfig)):
+        return key, value  # a mapping or a list for a number, a string, a flag
+    return None
+
+
+def _list_misfit(item_type: Any, value: Any, key: str) -> tuple[str, Any] | None:
+    """_misfit for a list of `item_type`; an entry that is a section is also merged alone into its schema, which
+    finds its fields of the wrong type (`rewards[0].weight=abc`)."""
+    if not isinstance(value, ListConfig):
+        return key, value
+    for i, entry in enumerate(value._iter_ex(resolve=False)):
+        found = _misfit(item_type, entry, f"{key}[{i}]")
+        if found is None and dataclasses.is_dataclass(item_type) and isinstance(entry, DictConfig):
+            try:
+                OmegaConf.merge(OmegaConf.structured(item_type), entry)
+            except ValidationError as e:
+                found = (f"{key}[{i}].{e.full_key}", e.value) if e.full_key else None
+        if found is not None:
+            return found
+    return None
+
+
+def _refusal(schema: type, e: OmegaConfBaseException, source: str, value: Any = None, key: str = "") -> str:
+    """The line for OmegaConf's refusal `e` of `value` (a layer, or what `key` was set to) in `schema`."""
+    misfit = None
+    if value is not None:
+        misfit = _misfit(_key_type(schema, key) if key else schema, value, key)
+    if misfit is None and isinstance(e, ValidationError) and e.full_key:
+        misfit = e.full_key, e.value
+    if misfit is None:
+        return f"{source}: {str(e).splitlines()[0]}"
+    return _type_message(schema, *misfit, source, e)
+
+
+def _type_message(schema: type, key: str, value: Any, source: str, e: BaseException) -> str:
+    """ "config key 'rewards[0].weight' in SOURCE expects float, got 'abc' (str)"."""
+    if isinstance(value, ValueNode):
+        value = value._value()
+    got = "null" if value is None else _described(value)
+    tp = _key_type(schema, key)
+    if tp is None:  # a key the schema does not type (inside a mapping of options): OmegaConf's own words
+        return f"config key '{key}' in {source}: {str(e).splitlines()[0]}"
+    return f"config key '{key}' in {source} expects {_type_name(tp)}, got {got}"
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, DictConfig):
+        return "a mapping"
+    return "a list" if isinstance(value, ListConfig) else f"{value!r} ({type(value).__name__})"

@@ -1,3 +1,7 @@
+import dataclasses
+import re
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,6 +120,149 @@ def test_a_list_for_a_mapping_is_one_line_naming_the_key(override, expects):
         return
     with pytest.raises(ConfigError, match=rf"config key 'engine_args' in command-line override .* {expects}"):
         load_config(App, None, ["model=m", override])
+
+
+@dataclass
+class Stage:
+    name: str = ""
+    lr: float = 0.1
+    steps: int = 1
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    stages: list[Stage] = field(default_factory=lambda: [Stage("warmup"), Stage("main")])
+    sizes: list[int] = field(default_factory=lambda: [1, 2])
+
+
+@dataclass
+class WithLists:
+    plan: Plan = field(default_factory=Plan)
+    optional_plan: Plan | None = None
+
+
+@pytest.mark.parametrize(
+    "text, override, key, expects, got",
+    [
+        (
+            "plan:\n  stages:\n    - {name: a}\n    - {name: b, lr: fast}\n",
+            None,
+            "plan.stages[1].lr",
+            "float",
+            "'fast' (str)",
+        ),
+        (None, "plan.stages[1].lr=fast", "plan.stages[1].lr", "float", "'fast' (str)"),
+        (None, "plan.stages.0.steps=1.5", "plan.stages[0].steps", "int", "1.5 (float)"),
+        (None, "plan.stages=[{name: a, steps: x}]", "plan.stages[0].steps", "int", "'x' (str)"),
+        (None, "plan.stages=[{name: a}, {name: b, lr: [1]}]", "plan.stages[1].lr", "float", "a list"),
+        (None, "plan.stages=[{name: a, options: [1]}]", "plan.stages[0].options", "a mapping", "a list"),
+        (None, "plan.stages[0].options=abc", "plan.stages[0].options", "a mapping", "'abc' (str)"),
+        (None, "plan.stages=[{name: a}, abc]", "plan.stages[1]", "a mapping", "'abc' (str)"),
+        (None, "plan.stages[1]=null", "plan.stages[1]", "a mapping", "null"),
+        (None, "plan.stages=abc", "plan.stages", "a list of mappings", "'abc' (str)"),
+        (None, "plan.sizes=[1, x]", "plan.sizes[1]", "int", "'x' (str)"),
+        (None, "plan.sizes=x", "plan.sizes", "a list of int", "'x' (str)"),
+        (None, "plan=abc", "plan", "a mapping", "'abc' (str)"),
+        (None, "optional_plan=[1]", "optional_plan", "a mapping", "a list"),
+        (None, "optional_plan.stages=[{lr: x}]", "optional_plan.stages[0].lr", "float", "'x' (str)"),
+    ],
+)
+def test_a_wrong_type_in_a_list_entry_names_its_whole_path_and_the_type(tmp_path, text, override, key, expects, got):
+    """A key inside a list's entry is named with the list's path and the entry's index, never as `lr` alone, and
+    the type it expects is always named."""
+    path = tmp_path / "lists.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(WithLists, path if text else None, [override] if override else [])
+    where = f"file {path}" if text else f"command-line override {override!r}"
+    assert str(e.value) == f"config key '{key}' in {where} expects {expects}, got {got}"
+
+
+def test_an_override_sets_one_field_of_one_list_entry():
+    """`plan.stages[1].lr=0.5` (or plan.stages.1.lr) changes that entry's field, the rest of the list as it was; an
+    unknown field is refused naming the closest, an entry past the list's end says how to add one, and `???`
+    makes the field required."""
+    cfg = load_config(WithLists, None, ["plan.stages[1].lr=0.5", "plan.stages.0.options.k=v", "plan.sizes[0]=7"])
+    assert cfg.plan.stages == [Stage("warmup", options={"k": "v"}), Stage("main", lr=0.5)] and cfg.plan.sizes == [7, 2]
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'plan.stages\[1\].lrr' .* did you mean 'plan.stages\[1\].lr'"
+    ):
+        load_config(WithLists, None, ["plan.stages[1].lrr=1"])
+    with pytest.raises(
+        ConfigError,
+        match=r"config key 'plan.stages\[2\]' in command-line override 'plan.stages\[2\].lr=1': no such entry "
+        r"\(plan.stages has 2, plan.stages\[0\] to plan.stages\[1\]\); to add one, give the whole list: "
+        r"plan.stages=\[...\]",
+    ):
+        load_config(WithLists, None, ["plan.stages[2].lr=1"])
+    with pytest.raises(ConfigError, match=r"missing required config key 'plan.stages\[0\].lr'"):
+        load_config(WithLists, None, ["plan.stages[0].lr=???"])
+    with pytest.raises(ConfigError, match=r"'plan.stages\[0\].lr' is nan"):
+        load_config(WithLists, None, ["plan.stages[0].lr=nan"])
+
+
+WRONG = {
+    float: ("abc", "float"),
+    int: ("abc", "int"),
+    bool: ("abc", "bool"),
+    str: ("[1]", "str"),
+    dict: ("abc", "a mapping"),
+}
+
+
+def list_entry_fields(schema: type, prefix: str = "") -> list[tuple[str, type]]:
+    """(key, type) of each field of the first entry of each of the schema's lists of sections, at any depth (its
+    optional sections' too): ("rewards[0].weight", float)."""
+    hints, fields = typing.get_type_hints(schema), []
+    for f in dataclasses.fields(schema):
+        tp = bare(hints[f.name])
+        item = (typing.get_args(tp) or [None])[0]
+        if dataclasses.is_dataclass(tp):
+            fields += list_entry_fields(tp, f"{prefix}{f.name}.")
+        elif typing.get_origin(tp) is list and dataclasses.is_dataclass(item):
+            item_hints = typing.get_type_hints(item)
+            fields += [(f"{prefix}{f.name}[0].{g.name}", bare(item_hints[g.name])) for g in dataclasses.fields(item)]
+    return fields
+
+
+def bare(tp):
+    """`X | None` -> X."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1 else tp
+
+
+@pytest.mark.parametrize("app", ["grpo", "ppo", "sft", "distill"])
+def test_every_field_of_every_list_entry_of_an_app_names_its_path_and_type(tmp_path, app):
+    """Each field of a list's entry in an app's config (a reward function's or a reward model's settings), given a
+    value of the wrong type on the command line or in a file, is refused in one line naming `rewards[0].<field>`
+    and the type it expects."""
+    from tests.support.app_checks import checks_only
+
+    schema, _ = checks_only(app)
+    fields = [(key, tp) for key, tp in list_entry_fields(schema) if (typing.get_origin(tp) or tp) in WRONG]
+    assert {key.rsplit(".", 1)[-1] for key, _ in fields} >= {"weight", "args", "model", "max_batch", "scale"}
+    for key, tp in fields:
+        value, expects = WRONG[typing.get_origin(tp) or tp]
+        listed, _, field_name = key.partition("[0].")
+        path = tmp_path / "entry.yaml"
+        path.write_text(f"{listed}:\n  - {{{field_name}: {value}}}\n")
+        for source, where in ((None, f"command-line override '{key}={value}'"), (path, f"file {path}")):
+            with pytest.raises(ConfigError) as e:
+                load_config(schema, source, [f"{key}={value}"] if source is None else [])
+            assert str(e.value).startswith(f"config key '{key}' in {where} expects {expects}, got "), str(e.value)
+
+
+def test_a_section_given_a_value_names_the_section_and_a_mapping():
+    """`trainer=abc`, `env.openenv=abc`: OmegaConf's own error names no key; the line names it, and a mapping."""
+    from forge_rl.recipes.grpo_config import GRPOConfig
+
+    for key in ("trainer", "env.openenv", "env.openenv.args", "rewards[1].engine_args"):
+        with pytest.raises(ConfigError, match=rf"^config key '{re.escape(key)}' in .* expects a mapping, got 'abc'"):
+            load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", [f"{key}=abc"])
+    with pytest.raises(ConfigError, match=r"^config key 'env.openenv.step_timeout_s' in .* expects float, got 'x'"):
+        load_config(GRPOConfig, REPO / "configs/grpo/tiny_openenv.yaml", ["env.openenv.step_timeout_s=x"])
 
 
 def test_parse_args_exits_with_message(cfg_file, capsys):
