@@ -258,7 +258,7 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         per_token = {name: float(sums[i]) / total_tokens for i, name in enumerate(TOKEN_SUMS, start=2)}
         replayed, differed, dispatched = (float(x) for x in sums[-3:])
         profiled = self.profiler.end(self.steps_taken)  # a profile window's last step: its trace and summary line
-        seq_len = max(b.tokens.shape[1] for b in batches)
+        seq_len = batches[self.dp_rank].tokens.shape[1]  # this rank's rows (the others: their shapes only)
         return dict(
             loss=float(sums[0]),
             grad_norm=grad_norm,

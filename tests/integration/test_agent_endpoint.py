@@ -267,8 +267,8 @@ def test_a_bad_agent_costs_its_group_in_one_line(run, agent, reason, says):
     stats = RolloutStats(drop_log=DropLog(write=lines.append))
     entry, runner.entry = runner.entry, AgentEntry(f"{HERE}:{agent}", timeout_s=2, max_threads=4)
     try:
-        example = loop.run_until_complete(grpo.dataset.next.call_one())
-        group = loop.run_until_complete(runner.group(example, 2, grpo.reward, stats))
+        example = loop.run_until_complete(grpo.roles.dataset.next.call_one())
+        group = loop.run_until_complete(runner.group(example, 2, grpo.roles.reward, stats))
     finally:
         loop.run_until_complete(runner.entry.close())
         runner.entry = entry
