@@ -1,4 +1,5 @@
-"""Profiling chosen training steps with torch.profiler: a Chrome trace per rank and window, and its top operators.
+"""Profiling chosen training steps with torch.profiler: a Chrome trace per rank and window, its top operators and,
+on a GPU, its top kernels (which GEMM ran, on which cores: what the operators' names do not say).
 
     profiler = StepProfiler([3, 4], "outputs/grpo/profile", rank=0, cuda=False)
     profiler.begin(step)             # at the top of a step: starts a window when `step` is profiled and none runs
@@ -11,6 +12,9 @@ Perfetto (ui.perfetto.dev) and chrome://tracing open as it is. Each step is a sp
 Shapes and Python stacks are not recorded: both cost time and memory on every operator.
 """
 
+import gzip
+import json
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -81,7 +85,8 @@ class StepProfiler:
         path = self.folder / trace_name(self.rank, self._first, step)
         prof.export_chrome_trace(str(path))  # a .gz name: torch writes it gzipped
         window = f"step {step}" if self._first == step else f"steps {self._first}-{step}"
-        return f"profile rank {self.rank} {window}, {top_operators(prof, self.cuda)}; trace {path}"
+        kernels = f"; {top_kernels(path)}" if self.cuda else ""
+        return f"profile rank {self.rank} {window}, {top_operators(prof, self.cuda)}{kernels}; trace {path}"
 
 
 def top_operators(prof: profile, cuda: bool, top: int = TOP) -> str:
@@ -98,3 +103,23 @@ def top_operators(prof: profile, cuda: bool, top: int = TOP) -> str:
     ranked = sorted(ops, key=self_us, reverse=True)[:top]
     named = ", ".join(f"{e.key} {self_us(e) / 1e3:.2f} ms {self_us(e) / total:.0%}" for e in ranked)
     return f"self {'CUDA' if cuda else 'CPU'} time {total / 1e3:.1f} ms: {named}"
+
+
+def top_kernels(trace: str | Path, top: int = TOP, width: int = 90) -> str:
+    """The device kernels that took the most time in a Chrome trace (events of category "kernel"), summed by name:
+    name (cut to `width` characters), ms, calls, share of all kernels' time."""
+    opener = gzip.open if str(trace).endswith(".gz") else open
+    with opener(trace, "rt") as f:
+        events = json.load(f).get("traceEvents", [])
+    time_us, calls = Counter(), Counter()
+    for e in events:
+        if e.get("cat") == "kernel" and e.get("ph") == "X":
+            time_us[e["name"]] += e.get("dur", 0)
+            calls[e["name"]] += 1
+    total = sum(time_us.values())
+    if total <= 0:
+        return "no kernels in the trace"
+    named = ", ".join(
+        f"{name[:width]} {us / 1e3:.2f} ms x{calls[name]} {us / total:.0%}" for name, us in time_us.most_common(top)
+    )
+    return f"kernels {total / 1e3:.1f} ms: {named}"

@@ -40,3 +40,23 @@ def test_no_steps_no_profiler(tmp_path):
     profiler = StepProfiler([], tmp_path, rank=1, cuda=False)
     profiler.begin(1)
     assert not profiler.active and profiler.end(1) is None and not any(tmp_path.iterdir())
+
+
+def test_top_kernels_sums_a_traces_kernels_by_name(tmp_path):
+    """On a GPU the summary also names the kernels (which GEMM ran, on which cores). The trace here is written as
+    torch.profiler writes a CUDA one: complete events ("ph": "X") of category "kernel", durations in microseconds."""
+    from forge_rl.observability.profiler import top_kernels
+
+    def kernel(name: str, dur: float) -> dict:
+        return {"ph": "X", "cat": "kernel", "name": name, "dur": dur, "ts": 0}
+
+    trace = tmp_path / "rank0_step4.json.gz"
+    events = [kernel("sm80_xmma_gemm_f32f32", 300.0), kernel("sm80_xmma_gemm_f32f32", 33.0)]
+    events += [kernel("cutlass_80_simt_sgemm", 160.0), {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 900.0}]
+    trace.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    line = top_kernels(trace)
+    assert line.startswith("kernels 0.5 ms: sm80_xmma_gemm_f32f32 0.33 ms x2 68%, cutlass_80_simt_sgemm 0.16 ms x1 32%")
+    assert "aten::mm" not in line  # operators are not kernels
+    empty = tmp_path / "cpu.json"
+    empty.write_text(json.dumps({"traceEvents": events[-1:]}))
+    assert top_kernels(empty) == "no kernels in the trace"
