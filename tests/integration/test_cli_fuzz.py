@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import REPO
 from tests.support.app_checks import check_in_process
+from tests.support.wrong_types import WRONG
 
 APPS = {
     "grpo": "configs/grpo/tiny.yaml",
@@ -193,16 +194,6 @@ def test_a_mistyped_value_is_accepted_or_refused_in_one_line_naming_its_key(in_p
         TALLY["anything else"] += 1
         raise
     TALLY["accepted" if line is None else "refused in one line"] += 1
-
-
-# a value of the wrong type for each field of a list's entry, by the field's type, and the type the line must name
-WRONG = {
-    float: ("abc", "float"),
-    int: ("abc", "int"),
-    bool: ("abc", "bool"),
-    str: ("[1]", "str"),
-    dict: ("abc", "a mapping"),
-}
 
 
 def entry_fields(schema: type, cfg, prefix: str = "") -> list[tuple[str, type]]:

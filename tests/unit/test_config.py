@@ -10,6 +10,7 @@ import pytest
 from forge_rl.config import ConfigError, load_config, parse_args, to_yaml
 from tests.conftest import REPO
 from tests.support.shipped_configs import SHIPPED, check_shipped_config, needs_no_integration
+from tests.support.wrong_types import WRONG
 
 
 @dataclass
@@ -201,15 +202,6 @@ def test_an_override_sets_one_field_of_one_list_entry():
         load_config(WithLists, None, ["plan.stages[0].lr=???"])
     with pytest.raises(ConfigError, match=r"'plan.stages\[0\].lr' is nan"):
         load_config(WithLists, None, ["plan.stages[0].lr=nan"])
-
-
-WRONG = {
-    float: ("abc", "float"),
-    int: ("abc", "int"),
-    bool: ("abc", "bool"),
-    str: ("[1]", "str"),
-    dict: ("abc", "a mapping"),
-}
 
 
 def list_entry_fields(schema: type, prefix: str = "") -> list[tuple[str, type]]:
