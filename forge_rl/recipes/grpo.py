@@ -288,8 +288,8 @@ class GRPORun(RecipeRun):
                 metrics = (
                     await within(
                         call_each_rank(self.roles.trainer, Trainer.step, sent, version),
-                        t.train_step_s + t.publish_s,
-                        "train_step_s + timeouts.publish_s",
+                        t.trainer_step_s + t.publish_s,
+                        "trainer_step_s + timeouts.publish_s",
                         f"the Trainer's step to version {version}",
                         where,
                     )

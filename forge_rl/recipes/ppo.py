@@ -142,8 +142,8 @@ class PPORun(GRPORun):
         critic = (
             await within(
                 call_each_rank(self.roles.critic, Critic.step, batches_for_ranks(batches, self.roles.shards["critic"])),
-                self.cfg.timeouts.train_step_s,
-                "train_step_s",
+                self.cfg.timeouts.trainer_step_s,
+                "trainer_step_s",
                 f"the Critic's step at version {version}",
                 self._where(),
             )

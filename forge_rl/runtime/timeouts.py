@@ -10,7 +10,7 @@ are generous: they are for hangs, not for slow steps.
 import asyncio
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 from collections.abc import Awaitable
 
 from forge_rl.errors import RunStopped
@@ -22,7 +22,8 @@ HANG_ENV = "FORGE_RL_TEST_HANG"
 
 @dataclass
 class TimeoutsConfig:
-    train_step_s: float = 1800.0  # one step of the trainer (forward, backward, collectives), its publish aside
+    RENAMED: ClassVar[dict[str, str]] = {"train_step_s": "trainer_step_s"}  # refused, naming the new key
+    trainer_step_s: float = 1800.0  # one step of the trainer (forward, backward, collectives), its publish aside
     reference_s: float = 1800.0  # the reference's (or teacher's) logprobs of a batch
     publish_s: float = 600.0  # the trainer writing one weights version to the weight store
     weight_load_s: float = 900.0  # every generator replica prefetching and swapping to a version

@@ -24,13 +24,13 @@ def test_within_names_what_hung_and_the_key():
         assert await within(asyncio.sleep(0, result=7), None, "publish_s", "x", "y") == 7
 
     asyncio.run(body())
-    with pytest.raises(ValueError, match="timeouts.train_step_s must be > 0"):
-        TimeoutsConfig(train_step_s=0)
+    with pytest.raises(ValueError, match="timeouts.trainer_step_s must be > 0"):
+        TimeoutsConfig(trainer_step_s=0)
 
 
 def test_a_trainer_rank_that_hangs_stops_the_run_within_the_timeout(tmp_path, monkeypatch):
     """Rank 1 of two FSDP ranks hangs in its second train step (a test-only fault, runtime/timeouts.py); rank 0
-    waits in a collective. The run stops with the named error once timeouts.train_step_s has passed, and says
+    waits in a collective. The run stops with the named error once timeouts.trainer_step_s has passed, and says
     to resume from the checkpoint the first step left."""
     monkeypatch.setenv(HANG_ENV, "step:1:2")
     cfg = load_config(
@@ -47,7 +47,7 @@ def test_a_trainer_rank_that_hangs_stops_the_run_within_the_timeout(tmp_path, mo
             "steps=3",
             "trainer_procs=2",
             "checkpoint_every=1",
-            "timeouts.train_step_s=20",
+            "timeouts.trainer_step_s=20",
             "timeouts.publish_s=10",
             f"output_dir={tmp_path}",
         ],
@@ -57,7 +57,7 @@ def test_a_trainer_rank_that_hangs_stops_the_run_within_the_timeout(tmp_path, mo
         asyncio.run(main(cfg))
     message = str(error.value)
     assert (
-        "the Trainer's step to version 2 did not finish within timeouts.train_step_s + timeouts.publish_s=30 s"
+        "the Trainer's step to version 2 did not finish within timeouts.trainer_step_s + timeouts.publish_s=30 s"
         in message
     )
     assert f"host {socket.gethostname()}" in message and f"{tmp_path}/logs/" in message
