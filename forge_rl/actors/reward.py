@@ -38,7 +38,7 @@ from monarch.actor import concurrent_endpoint, endpoint
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.errors import RunStopped
 from forge_rl.rewards.judge import PARSE_TARGET
-from forge_rl.rewards.reward_config import RewardConfig
+from forge_rl.rewards.reward_config import KINDS, RewardConfig
 from forge_rl.rewards.workers import (
     DEFAULT_MEMORY_MB,
     RewardCrash,  # noqa: F401 (re-exported)
@@ -62,6 +62,8 @@ REWARDS = {
 
 def reward_model_errors(spec: RewardConfig) -> list[str]:
     """What is wrong with a reward model's settings, each as "key: why" (check_config prefixes rewards[i])."""
+    if spec.kind not in KINDS:  # the other settings depend on it
+        return [f"kind={spec.kind!r}: the reward model {spec.model!r} has no such kind; choose one of {KINDS}"]
     errors = [
         f"{key}={getattr(spec, key)}: it must be >= 1"
         for key in ("max_batch", "max_concurrency", "max_tokens")
@@ -143,12 +145,21 @@ def _left(deadline: float | None) -> float | None:
 
 
 def check_reward_columns(specs: list[RewardConfig], columns: list[str]) -> None:
-    """Every parameter a reward function requires must be a column of the task (or `finish_reason`)."""
+    """Every parameter a reward function requires must be a column of the task (or `finish_reason`). `specs` are
+    the run's `rewards`: an error names the entry (`rewards[i].name`, `rewards[i].args`)."""
     given = set(columns) | {"finish_reason"}
-    for spec in (s for s in specs if s.model is None):  # a reward model reads prompts and completions only
-        params = list(inspect.signature(resolve_reward(spec.name, spec.args)).parameters.values())[
-            2:
-        ]  # after prompts, completions
+    for i, spec in enumerate(specs):
+        if spec.model is not None:  # a reward model reads prompts and completions only
+            continue
+        try:
+            _import_reward(spec.name)
+        except ValueError as e:
+            raise ValueError(f"rewards[{i}].name: {e}") from None
+        try:
+            fn = resolve_reward(spec.name, spec.args)
+        except ValueError as e:
+            raise ValueError(f"rewards[{i}].args: {e}") from None
+        params = list(inspect.signature(fn).parameters.values())[2:]  # after prompts, completions
         missing = [
             p.name
             for p in params
@@ -158,7 +169,7 @@ def check_reward_columns(specs: list[RewardConfig], columns: list[str]) -> None:
         ]
         if missing:
             raise ValueError(
-                f"reward {spec.name!r} needs {missing}, which the task's rows do not have (columns: "
+                f"rewards[{i}]: reward {spec.name!r} needs {missing}, which the task's rows do not have (columns: "
                 f"{sorted(given)}); map them with task.answer_column or add them to the data"
             )
 
@@ -207,6 +218,8 @@ class RewardActor(ForgeActor):
         for s in self.specs:
             if s.model is None:
                 resolve_reward(s.name, s.args)  # a bad name or argument fails at spawn, not mid-run
+            elif s.kind not in KINDS:
+                raise ValueError(f"rewards: the reward model {s.model!r} has kind={s.kind!r}; choose one of {KINDS}")
             elif s.name not in self.models:
                 raise ValueError(f"rewards: the reward model {s.name!r} ({s.model}) has no actor")
         self.targets = [reward_target(s.name) if s.model is None else None for s in self.specs]

@@ -12,9 +12,12 @@
 Torch-free and openenv-free: the config is read and checked without either (openenv is an optional extra).
 """
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+# "package.module:Class": a module's dotted name and a name in it (what openenv_app.import_path imports)
+CLASS_PATH = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*:[^\W\d]\w*")
 EXTRA_MISSING = "env.openenv: needs the optional extra: pip install 'forge_rl[envs]'"
 
 
@@ -41,8 +44,13 @@ class OpenEnvConfig:
             raise ValueError(
                 "env.openenv.url names a running server: env.openenv.serve, args and action apply to env.openenv.env"
             )
-        if self.env is not None and ":" not in self.env:
+        if self.env is not None and not CLASS_PATH.fullmatch(self.env):
             raise ValueError(f"env.openenv.env={self.env!r}: write it 'package.module:Class'")
+        if self.action is not None and not CLASS_PATH.fullmatch(self.action):
+            raise ValueError(
+                f"env.openenv.action={self.action!r}: write it 'package.module:Class' (the Action class), or leave "
+                "it out for the Action that env.openenv.env's step annotates"
+            )
         if self.url is not None and not self.url.startswith(("http://", "https://", "ws://", "wss://")):
             raise ValueError(f"env.openenv.url={self.url!r}: give http://host:port")
         if self.step_timeout_s <= 0 or self.start_timeout_s <= 0:

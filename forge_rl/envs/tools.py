@@ -15,8 +15,11 @@ import asyncio
 import json
 import operator
 import re
+from collections.abc import Sequence
+from typing import Any
 
 from forge_rl.envs.base import Environment, EnvStep
+from forge_rl.errors import ConfigError
 from forge_rl.rewards.workers import DEFAULT_MEMORY_MB, default_reward_workers, shared_pool
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
@@ -118,11 +121,35 @@ SCHEMAS = {
 }
 
 
-def tool_schemas(names: list[str]) -> list[dict]:
+def tool_schemas(names: Any, key: str = "env.args.tools") -> list[dict]:
+    """The schemas of the tools `names` names: a list of tool names (keys of TOOLS). Anything else (a scalar, a
+    string, an entry that is not a name, an unknown name) is a ConfigError naming `key`, what was given and the
+    tools there are."""
+    available = sorted(TOOLS)
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+        raise ConfigError(f"{key}={names!r}: give a list of tool names, e.g. [calculator]; available: {available}")
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            raise ConfigError(f"{key}[{i}]={name!r}: give a tool's name; available: {available}")
     unknown = sorted(set(names) - set(TOOLS))
     if unknown:
-        raise ValueError(f"unknown tools {unknown}; available: {sorted(TOOLS)}")
+        raise ConfigError(f"{key}={list(names)}: unknown tools {unknown}; available: {available}")
     return [SCHEMAS[n] for n in names]
+
+
+def check_reward(reward: Any, key: str = "env.args.reward") -> None:
+    """The reward that scores the final answer: a reward's name (a key of REWARDS, or "package.module:function")
+    that imports; a ConfigError naming `key` otherwise."""
+    from forge_rl.actors.reward import REWARDS, resolve_reward
+
+    if not isinstance(reward, str):
+        raise ConfigError(
+            f"{key}={reward!r}: give a reward's name, one of {sorted(REWARDS)} or 'package.module:function'"
+        )
+    try:
+        resolve_reward(reward)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
 
 
 class ToolEnv(Environment):
@@ -141,10 +168,10 @@ class ToolEnv(Environment):
         reward_workers: int | None = None,
         reward_memory_mb: int | None = DEFAULT_MEMORY_MB,
     ):
-        from forge_rl.actors.reward import resolve_reward, reward_target
+        from forge_rl.actors.reward import reward_target
 
-        tool_schemas(list(tools))  # unknown names fail when the env is built, not mid-run
-        resolve_reward(reward)
+        tool_schemas(tools)  # checked again (env_factory's chat_template_kwargs checked them before any engine)
+        check_reward(reward)
         self.tools, self.reward_name, self.target = tuple(tools), reward, reward_target(reward)
         self.timeout_s = reward_timeout_s
         # one pool for every trajectory of the run (an environment lives for one)
@@ -152,8 +179,13 @@ class ToolEnv(Environment):
         self.calls = 0
 
     @classmethod
-    def chat_template_kwargs(cls, tools: tuple[str, ...] = ("calculator",), **_) -> dict:
-        return {"tools": tool_schemas(list(tools))}  # the template describes them to the model
+    def chat_template_kwargs(
+        cls, tools: tuple[str, ...] = ("calculator",), reward: str = "exact_match", **_: Any
+    ) -> dict:
+        """The tools' schemas (the template describes them to the model). env_factory calls this at the run's
+        checks, before any engine starts: a bad env.args.tools or env.args.reward is refused there, not mid-run."""
+        check_reward(reward)
+        return {"tools": tool_schemas(tools)}
 
     async def reset(self, example) -> None:
         self.example = example

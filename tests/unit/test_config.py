@@ -451,3 +451,51 @@ def test_checking_a_config_leaves_it_as_it_was():
     assert cfg == before
     derive_settings(cfg)
     assert cfg.trainer.temperature == 0.7 and cfg.trainer.grpo.max_response_len == cfg.generator.sampling["max_tokens"]
+
+
+@pytest.mark.parametrize(
+    "config, override, line",
+    [
+        (
+            "tiny.yaml",
+            "env.args.tools=0",
+            "env.args.tools=0: give a list of tool names, e.g. [calculator]; available: ['calculator', 'python']",
+        ),
+        (
+            "tiny.yaml",
+            "env.args.tools[0]=[]",
+            "env.args.tools[0]=[]: give a tool's name; available: ['calculator', 'python']",
+        ),
+        (
+            "tiny_openenv.yaml",
+            "env.openenv.action=''",
+            "env.openenv.action='': write it 'package.module:Class' (the Action class), or leave it out for the "
+            "Action that env.openenv.env's step annotates",
+        ),
+        (
+            "tiny_rm.yaml",
+            "rewards[0].kind=abc",
+            "rewards[0].kind='abc': the reward model 'tiny-rm' has no such kind; choose one of ('classifier', 'judge')",
+        ),
+        (
+            "tiny_rm.yaml",
+            "rewards[1].name=abc",
+            "rewards[1].name: reward 'abc': not one of ['code_tests', 'exact_match', 'format', 'math', "
+            "'math_format'] and not 'package.module:function'",
+        ),
+    ],
+)
+def test_what_the_long_fuzz_found_in_tools_openenv_and_rewards_is_one_line_naming_the_key(
+    monkeypatch, tmp_path, config, override, line
+):
+    """The GRPO app up to its first actor (tests/support/app_checks.py): exit status 2 and one line naming the key's
+    whole path, before any engine starts."""
+    from tests.support.app_checks import check_in_process
+
+    monkeypatch.delenv("FORGE_RL_DEBUG", raising=False)
+    monkeypatch.setattr("forge_rl.recipes.command_line.handle_stop_signals", lambda: None)
+    monkeypatch.chdir(REPO)
+    tools = ["env.name=tools", "env.args={tools: [calculator]}"] if config == "tiny.yaml" else []
+    argv = ["--config", f"configs/grpo/{config}", *tools, override, f"output_dir={tmp_path}"]
+    checked = check_in_process("grpo", argv)
+    assert checked.status == 2 and checked.stderr.strip() == f"forge_rl: {line}", checked.stderr

@@ -2,6 +2,7 @@
 environments, the calculator's safety, and config errors that name the key."""
 
 import asyncio
+import re
 
 import pytest
 import torch
@@ -245,3 +246,67 @@ def test_a_failing_environment_or_generation_drops_its_group_counted(
     assert sum(n for k, n in stats.drops.items() if k != reason) == 0
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dropped group")]
     assert len(printed) == 1 and f"({reason})" in printed[0]
+
+
+AVAILABLE = r"available: \['calculator', 'python'\]$"
+
+
+@pytest.mark.parametrize(
+    "tools, message",
+    [
+        (0, r"^env.args.tools=0: give a list of tool names, e.g. \[calculator\]; " + AVAILABLE),
+        (1.5, r"^env.args.tools=1.5: give a list of tool names, e.g. \[calculator\]; " + AVAILABLE),
+        (True, r"^env.args.tools=True: give a list of tool names, e.g. \[calculator\]; " + AVAILABLE),
+        (None, r"^env.args.tools=None: give a list of tool names, e.g. \[calculator\]; " + AVAILABLE),
+        ("abc", r"^env.args.tools='abc': give a list of tool names, e.g. \[calculator\]; " + AVAILABLE),
+        ({"a": 1}, r"^env.args.tools=\{'a': 1\}: give a list of tool names, e.g. \[calculator\]; " + AVAILABLE),
+        ([[]], r"^env.args.tools\[0\]=\[\]: give a tool's name; " + AVAILABLE),
+        ([{}], r"^env.args.tools\[0\]=\{\}: give a tool's name; " + AVAILABLE),
+        (["calculator", 7], r"^env.args.tools\[1\]=7: give a tool's name; " + AVAILABLE),
+        (
+            ["calculator", "shell"],
+            r"^env.args.tools=\['calculator', 'shell'\]: unknown tools \['shell'\]; " + AVAILABLE,
+        ),
+    ],
+)
+def test_env_args_tools_must_be_a_list_of_tool_names(tools, message):
+    """A scalar, a string, an entry that is not a name or an unknown name: one line naming env.args.tools (or the
+    entry), what was given and the tools there are; a ConfigError when the environment is checked, and from
+    ToolEnv itself."""
+    from forge_rl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        env_factory(EnvConfig(name="tools", args={"tools": tools}))
+    with pytest.raises(ConfigError, match=message):
+        ToolEnv(tools=tools)
+    assert env_factory(EnvConfig(name="tools", args={"tools": ["python", "calculator"]})).template_kwargs["tools"]
+
+
+@pytest.mark.parametrize(
+    "reward, message",
+    [
+        ("abc", r"^env.args.reward: reward 'abc': not one of \['code_tests', .*\] and not 'package.module:function'$"),
+        (0, r"^env.args.reward=0: give a reward's name, one of \['code_tests', .*\] or 'package.module:function'$"),
+        (["math"], r"^env.args.reward=\['math'\]: give a reward's name"),
+    ],
+)
+def test_env_args_reward_is_checked_with_the_environment_not_mid_run(reward, message):
+    """The tools environment's reward is checked when the environment is (env_factory: the run's checks), not
+    when the first trajectory builds it."""
+    from forge_rl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        env_factory(EnvConfig(name="tools", args={"tools": ["calculator"], "reward": reward}))
+
+
+@pytest.mark.parametrize("key", ["env", "action"])
+@pytest.mark.parametrize("path", ["", ":X", "a.b:", "a.b", ".a:X", "a..b:X", "a.b:X.Y", "a b:X"])
+def test_openenv_env_and_action_must_be_package_module_class(key, path):
+    from forge_rl.envs.openenv_config import OpenEnvConfig
+
+    given = {"env": "a.b:Env", key: path}
+    with pytest.raises(
+        ValueError, match=rf"^env.openenv.{key}={re.escape(repr(path))}: write it 'package.module:Class'"
+    ):
+        OpenEnvConfig(**given)
+    assert OpenEnvConfig(env="examples.openenv_addition.env:AdditionEnvironment", action="a.b_c:Action").action
