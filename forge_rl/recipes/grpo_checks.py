@@ -45,9 +45,14 @@ def check_config(cfg: GRPOConfig) -> None:
         raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is smaller than batch_groups={cfg.batch_groups}")
     overlong = cfg.overlong.filter or cfg.overlong.penalty_cache_len
     if overlong and cfg.env.name is not None:
+        key, value = (
+            ("overlong.filter", cfg.overlong.filter)
+            if cfg.overlong.filter
+            else ("overlong.penalty_cache_len", cfg.overlong.penalty_cache_len)
+        )
         raise ConfigError(
-            "overlong.* applies to single-turn rollouts; with env.name set, limit trajectories with "
-            "env.max_total_tokens"
+            f"{key}={value}: overlong.* applies to single-turn rollouts; with env.name set, limit trajectories "
+            "with env.max_total_tokens"
         )
     if cfg.overlong.penalty_cache_len >= cfg.generator.sampling.get("max_tokens", 16):
         raise ConfigError(
