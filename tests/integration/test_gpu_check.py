@@ -28,13 +28,14 @@ def test_gpu_check_says_what_runs_here_runs_its_cpu_part_and_says_when_the_gpu_p
     ]
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| CPU tests of the CUDA-only logic" in table and "ok:" in table and "passed" in table
-    assert re.search(r"\| no-vLLM tier \(on CPU, a logic check; tests/gpu/test_gpu.py\) +\| ok: 4 passed", table), table
+    assert re.search(r"\| no-vLLM tier \(on CPU, a logic check; tests/gpu/test_gpu.py\) +\| ok: 5 passed", table), table
     for row in (
         "no-vLLM: bf16 train step",
         "no-vLLM: peak memory vs plan",
         "no-vLLM: publish (shard writes)",
         "no-vLLM: publish (rank-0 stream)",
         "no-vLLM: critic",
+        "no-vLLM: bf16 dtypes and the MFU peak",
     ):
         assert f"| {row}" in table, row
     assert "| vLLM tier" in table and "| GPU part" in table and "NOT RUN" in table
