@@ -58,8 +58,9 @@ def measured_matmul_flops(device: torch.device, n: int | None = None, seconds: f
     """The rate of an n x n x n bf16 matmul on `device` (n: 4,096 on a GPU, 1,024 on a CPU), the best of the
     repetitions that fit in about `seconds` after one warm-up."""
     n = n or (4096 if device.type == "cuda" else 1024)
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    # constant operands: drawing random ones would move the process's RNG, which a seeded run's draws depend on
+    a = torch.full((n, n), 0.5, device=device, dtype=torch.bfloat16)
+    b = torch.full((n, n), 0.25, device=device, dtype=torch.bfloat16)
     torch.mm(a, b)  # warm-up: the kernel's choice and the first touch of the output
     _sync(device)
     best, deadline = float("inf"), time.perf_counter() + seconds
