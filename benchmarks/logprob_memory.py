@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from forge_rl.losses.config import GRPOLossConfig
+from forge_rl.losses.config import LossConfig
 from forge_rl.losses.grpo import per_token_loss, reduce_loss
 from forge_rl.losses.fused_head import hidden_logprobs
 from forge_rl.losses.logprobs import VocabShard, token_logprobs
@@ -104,7 +104,7 @@ def one_step(variant: str, batch: int, seq: int, vocab: int, out: str, rank: int
         else:
             logprobs, entropy = token_logprobs(logits, tokens, entropy="detached")
         del logits
-    token_loss, _ = per_token_loss(logprobs, behaviour, advantages, GRPOLossConfig(), entropy=entropy)
+    token_loss, _ = per_token_loss(logprobs, behaviour, advantages, LossConfig(), entropy=entropy)
     loss = reduce_loss(token_loss, mask, "sequence_mean", batch, int(mask.sum()))
     loss.backward()
     peak = rss_mb("VmHWM") - before

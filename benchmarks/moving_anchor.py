@@ -25,7 +25,7 @@ from forge_rl.recipes.grpo_config import GRPOConfig
 
 
 def runs(args) -> list[tuple[str, list[str]]]:
-    kl = [f"trainer.grpo.kl_coef={args.kl_coef}"]
+    kl = [f"trainer.loss.kl_coef={args.kl_coef}"]
     return [
         ("no KL", []),
         (f"KL {args.kl_coef} to the frozen start", kl),

@@ -30,14 +30,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from forge_rl.data.arithmetic import chat_prompt, held_out_problems, iter_training_problems
 from forge_rl.losses.advantages import group_advantages
-from forge_rl.losses.config import GRPOLossConfig
+from forge_rl.losses.config import LossConfig
 from forge_rl.losses.grpo import per_token_loss, reduce_loss
 from forge_rl.models import resolve_model_path
 from forge_rl.rewards.exact_match import exact_match
 from forge_rl.rewards.format import digits_format
 
 REWARDS = [(exact_match, 1.0), (digits_format, 0.1)]  # the demo's rewards and weights
-LOSS = GRPOLossConfig(clip_low=0.2, clip_high=0.28, normalize="sequence_mean")
+LOSS = LossConfig(clip_low=0.2, clip_high=0.28, normalize="sequence_mean")
 
 
 def generate(model, tok, problems, n: int, max_tokens: int, greedy: bool = False) -> list[dict]:

@@ -397,7 +397,16 @@ def _type_message(schema: type, key: str, value: Any, source: str, e: BaseExcept
     tp = _key_type(schema, key)
     if tp is None:  # a key the schema does not type (inside a mapping of options): OmegaConf's own words
         return f"config key '{key}' in {source}: {str(e).splitlines()[0]}"
-    return f"config key '{key}' in {source} expects {_type_name(tp)}, got {got}"
+    return f"config key '{key}' in {source} expects {_type_name(tp)}, got {got}{_moved_hint(schema, key)}"
+
+
+def _moved_hint(schema: type, full_key: str) -> str:
+    """What a key that changed its meaning used to be (its class's `MEANING_CHANGED`: key -> hint), for a value
+    of the old kind: `trainer.loss: sft` once chose the objective and is now the loss's section."""
+    parent, _, leaf = full_key.rpartition(".")
+    owner = _unwrap_optional(_key_type(schema, parent) if parent else schema)
+    hint = getattr(owner, "MEANING_CHANGED", {}).get(leaf) if dataclasses.is_dataclass(owner) else None
+    return f" ({hint})" if hint else ""
 
 
 def _described(value: Any) -> str:

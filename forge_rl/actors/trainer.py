@@ -78,9 +78,9 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
 
     def __init__(self, cfg: TrainerConfig | None = None, weight_store: WeightStoreConfig | None = None):
         self.cfg = cfg or TrainerConfig()
-        if self.cfg.loss == "grpo" and self.cfg.grpo.normalize == "token_sum" and self.cfg.grpo.max_response_len < 1:
+        if self.cfg.objective == "rl" and self.cfg.loss.normalize == "token_sum" and self.cfg.loss.max_response_len < 1:
             raise ValueError(
-                "trainer.grpo.normalize='token_sum' divides by a constant: set trainer.grpo."
+                "trainer.loss.normalize='token_sum' divides by a constant: set trainer.loss."
                 "max_response_len (the GRPO run sets it to the generation budget)"
             )
         self.store_cfg = weight_store

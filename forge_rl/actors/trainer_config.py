@@ -7,8 +7,9 @@ checked before any actor starts.
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from forge_rl.losses.config import GRPOLossConfig
+from forge_rl.losses.config import LossConfig
 from forge_rl.models.lora_config import LoRAConfig
 
 DTYPES = ("float32", "bfloat16")
@@ -51,9 +52,15 @@ class OptimizerConfig:
 
 @dataclass
 class TrainerConfig:
+    RENAMED: ClassVar[dict[str, str]] = {"grpo": "loss"}
+    MEANING_CHANGED: ClassVar[dict[str, str]] = {
+        "loss": "trainer.loss is the RL loss's section, formerly trainer.grpo; the objective (rl, sft) is now trainer.objective"
+    }
+
     model: str = "tiny"  # "tiny" (embedded) or a local HF model directory
-    loss: str = "grpo"  # "grpo" | "sft"
-    grpo: GRPOLossConfig = field(default_factory=GRPOLossConfig)
+    # "rl": the policy-gradient loss below; "sft": cross-entropy on the target tokens (the SFT recipe sets it)
+    objective: str = "rl"
+    loss: LossConfig = field(default_factory=LossConfig)  # the RL loss family (forge_rl/losses/config.py)
     # The policy being trained is softmax(logits / T). RL apps set T from the generator's sampling config
     # (forge_rl.loop.sampling); None here means 1.0.
     temperature: float | None = None
@@ -113,8 +120,8 @@ class TrainerConfig:
     profile_dir: str = "profile"
 
     def __post_init__(self) -> None:
-        if self.loss not in ("grpo", "sft"):
-            raise ValueError(f"trainer.loss={self.loss!r}; choose 'grpo' or 'sft'")
+        if self.objective not in ("rl", "sft"):
+            raise ValueError(f"trainer.objective={self.objective!r}; choose 'rl' or 'sft'")
         if not 0 < self.pack_max_fraction <= 1:
             raise ValueError(f"trainer.pack_max_fraction must be in (0, 1], got {self.pack_max_fraction}")
         if self.pack_max_len < 1:

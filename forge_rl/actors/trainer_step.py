@@ -225,11 +225,11 @@ class TrainerStep:
     def _accumulate_gradients(self, batches: list[TrainBatch]) -> tuple[torch.Tensor, float]:
         """Forward and backward over this rank's batch in micro-batches. Returns this rank's sums of the loss,
         the model tokens and each of TOKEN_SUMS over response tokens, and the largest |log pi - log mu|."""
-        cfg, loss_cfg = self.cfg, self.cfg.grpo
+        cfg, loss_cfg = self.cfg, self.cfg.loss
         batch = batches[self.dp_rank]
         total_seqs = sum(b.num_sequences for b in batches)
         total_tokens = sum(b.num_response_tokens for b in batches)
-        normalize = "token_mean" if cfg.loss == "sft" else loss_cfg.normalize
+        normalize = "token_mean" if cfg.objective == "sft" else loss_cfg.normalize
         mb = cfg.micro_batch_size or batch.num_sequences
         # the sums stay on the device until the step ends: one host sync per step, not one per metric per micro-batch
         # (+ Keep Routing's three counts: forge_rl/models/route_replay.py, RouteReplay.stats)
@@ -247,7 +247,7 @@ class TrainerStep:
                 batch.kept[rows] if batch.kept is not None else None,
                 batch.routes[rows] if batch.routes is not None else None,
             )
-            if cfg.loss == "sft":
+            if cfg.objective == "sft":
                 token_loss, diag = sft_token_loss(logprobs), {"entropy": entropy.detach()}
             else:
                 ref = batch.ref_logprobs[rows].to(self.device) if batch.ref_logprobs is not None else None

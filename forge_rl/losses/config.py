@@ -1,4 +1,4 @@
-"""The GRPO loss family's settings (`trainer.grpo`): the clip range, the normalisation, the policy objective, the
+"""The GRPO loss family's settings (`trainer.loss`): the clip range, the normalisation, the policy objective, the
 train/inference mismatch correction, the KL penalty and on-policy distillation's coefficients, each checked when the
 config is made. The losses themselves, and what each setting does, are in forge_rl/losses/grpo.py; this module imports
 no torch, so a run's config is read and checked before any actor starts.
@@ -13,7 +13,7 @@ IS_LEVELS = ("token", "sequence", "geometric")
 
 
 @dataclass
-class GRPOLossConfig:
+class LossConfig:
     clip_low: float = 0.2  # ratio floor 1 - clip_low
     clip_high: float = 0.28  # ratio ceiling 1 + clip_high; > clip_low is DAPO's clip-higher
     normalize: str = "sequence_mean"  # see NORMALIZATIONS

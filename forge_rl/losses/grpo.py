@@ -35,14 +35,14 @@ KL(mu || pi_old) whatever the correction, so drift is visible before it ruins a 
 On-policy distillation uses any of them with a per-token advantage: `distill_coef` * (log pi_teacher -
 log pi_behaviour) of each sampled token, plus `reward_coef` * the sequence's reward advantage.
 
-The settings (`GRPOLossConfig`, checked when made) are in forge_rl/losses/config.py.
+The settings (`LossConfig`, checked when made) are in forge_rl/losses/config.py.
 """
 
 import math
 
 import torch
 
-from forge_rl.losses.config import NORMALIZATIONS, GRPOLossConfig
+from forge_rl.losses.config import NORMALIZATIONS, LossConfig
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -57,7 +57,7 @@ def token_advantages(
     advantages: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor | None,
-    cfg: GRPOLossConfig,
+    cfg: LossConfig,
     dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each token's advantage [B, T] (the sequence's [B], or PPO's per-token [B, T], times reward_coef) and, for
@@ -73,7 +73,7 @@ def token_advantages(
 
 
 def importance_ratio(
-    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cfg: GRPOLossConfig, mask: torch.Tensor | None
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cfg: LossConfig, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(ratio the clip acts on, weight outside the clip) per token: against the behaviour policy (plain), a
     sequence-level ratio (gspo); with a correction, the ratio against the behaviour policy and the corrected
@@ -92,7 +92,7 @@ def importance_ratio(
 
 
 def mismatch_weight(
-    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cfg: GRPOLossConfig, mask: torch.Tensor | None
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cfg: LossConfig, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The importance weight [B, T] of `cfg.is_correction` (no gradient), and where it acted (bool [B, T]):
     w = pi_old / mu per token, or for is_level "sequence" the product over the sequence's response tokens,
@@ -127,7 +127,7 @@ def per_token_loss(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    cfg: GRPOLossConfig,
+    cfg: LossConfig,
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
@@ -199,7 +199,7 @@ def reduce_loss(
     if normalize == "token_sum":  # a constant: the batch's longest response would rescale the loss per batch
         if max_response_len < 1:
             raise ValueError(
-                "normalize='token_sum' divides by a constant: set trainer.grpo.max_response_len (the generation budget)"
+                "normalize='token_sum' divides by a constant: set trainer.loss.max_response_len (the generation budget)"
             )
         return (token_loss * mask).sum() / (total_sequences * max_response_len)
     raise ValueError(f"normalize={normalize!r}; choose one of {NORMALIZATIONS}")

@@ -44,12 +44,12 @@ class DistillRun(GRPORun):
         cfg = self.cfg
         self.teacher = model_path(cfg.teacher, "teacher", role="teacher")
         check_same_tokenizer(model_path(cfg.model), self.teacher)
-        if cfg.trainer.grpo.distill_coef <= 0:
-            raise ConfigError(f"trainer.grpo.distill_coef={cfg.trainer.grpo.distill_coef}: distillation needs > 0")
+        if cfg.trainer.loss.distill_coef <= 0:
+            raise ConfigError(f"trainer.loss.distill_coef={cfg.trainer.loss.distill_coef}: distillation needs > 0")
         super().prepare()
 
     def group_advantages(self) -> bool:
-        return self.cfg.trainer.grpo.reward_coef > 0  # the teacher's part is per token, the reward's per group
+        return self.cfg.trainer.loss.reward_coef > 0  # the teacher's part is per token, the reward's per group
 
     def zero_advantage_trains(self) -> str:
         return "every token carries the teacher's signal"

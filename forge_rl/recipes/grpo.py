@@ -108,8 +108,8 @@ class GRPORun(RecipeRun):
 
     def reference_model(self) -> str | None:
         """Whose logprobs fill TrainBatch.ref_logprobs every step: the starting policy when the KL penalty needs
-        it (trainer.grpo.kl_coef > 0); a distillation run returns its teacher."""
-        return self.cfg.trainer.model if self.cfg.trainer.grpo.kl_coef > 0 else None
+        it (trainer.loss.kl_coef > 0); a distillation run returns its teacher."""
+        return self.cfg.trainer.model if self.cfg.trainer.loss.kl_coef > 0 else None
 
     def group_advantages(self) -> bool:
         """Whether the advantage is relative to the group of a prompt's samples (it needs group_size >= 2)."""

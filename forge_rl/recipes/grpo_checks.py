@@ -103,8 +103,8 @@ def derive_settings(cfg: GRPOConfig) -> None:
     cfg.trainer.collective_timeout_s = cfg.timeouts.collective_s  # the trainer's process group
     if cfg.trainer.publish_dtype is None and cfg.generator.engine_args.get("dtype") in ("float32", "bfloat16"):
         cfg.trainer.publish_dtype = cfg.generator.engine_args["dtype"]  # push weights as the engine holds them
-    if cfg.trainer.grpo.normalize == "token_sum" and not cfg.trainer.grpo.max_response_len:
-        cfg.trainer.grpo.max_response_len = response_budget(cfg)  # Dr. GRPO's constant: the generation budget
+    if cfg.trainer.loss.normalize == "token_sum" and not cfg.trainer.loss.max_response_len:
+        cfg.trainer.loss.max_response_len = response_budget(cfg)  # Dr. GRPO's constant: the generation budget
     if cfg.env.name is not None:
         cfg.chat_template_kwargs = {**environment(cfg).template_kwargs, **cfg.chat_template_kwargs}
     if cfg.agent.verifiers.env is not None:  # its taskset's rows, unless the config gives a task
@@ -196,11 +196,11 @@ def check_group_size(cfg: GRPOConfig, algorithm: str) -> None:
     advantage 0 always, and nothing would be learned (the buffer drops every such group)."""
     if cfg.group_size >= 2:
         return
-    if cfg.trainer.grpo.distill_coef > 0:
+    if cfg.trainer.loss.distill_coef > 0:
         raise ConfigError(
             f"group_size={cfg.group_size}: the reward's part of distillation's advantage "
-            f"(trainer.grpo.reward_coef={cfg.trainer.grpo.reward_coef}) is relative to the group, so 0 "
-            "with one sample per prompt; set group_size >= 2, or trainer.grpo.reward_coef=0 to learn "
+            f"(trainer.loss.reward_coef={cfg.trainer.loss.reward_coef}) is relative to the group, so 0 "
+            "with one sample per prompt; set group_size >= 2, or trainer.loss.reward_coef=0 to learn "
             "from the teacher alone"
         )
     raise ConfigError(
@@ -353,10 +353,10 @@ def check_reference(cfg: GRPOConfig) -> None:
         )
     if not r.follow_every:
         return
-    if not (cfg.trainer.grpo.kl_coef or cfg.trainer.grpo.distill_coef):
+    if not (cfg.trainer.loss.kl_coef or cfg.trainer.loss.distill_coef):
         raise ConfigError(
             f"reference.follow_every={r.follow_every} but the run has no reference policy: set "
-            "trainer.grpo.kl_coef > 0 (a KL to a moving anchor), or use apps/distill"
+            "trainer.loss.kl_coef > 0 (a KL to a moving anchor), or use apps/distill"
         )
     if r.follow_lag >= cfg.weight_store.keep_versions:
         raise ConfigError(

@@ -89,9 +89,9 @@ class PPORun(GRPORun):
                 "overlong.filter zeroes group advantages; with PPO (per-token advantages from the "
                 "critic) use overlong.penalty_cache_len, or leave truncated responses to the critic"
             )
-        if cfg.trainer.grpo.policy_loss == "gspo":
+        if cfg.trainer.loss.policy_loss == "gspo":
             raise ConfigError(
-                "trainer.grpo.policy_loss='gspo' clips a sequence ratio with one advantage per "
+                "trainer.loss.policy_loss='gspo' clips a sequence ratio with one advantage per "
                 "sequence; PPO's advantages are per token: use 'grpo' (PPO's clip) or 'cispo'"
             )
         super().prepare()
@@ -135,7 +135,7 @@ class PPORun(GRPORun):
             f"the Critic's values for version {version}",
             self._where(),
         )
-        return with_advantages(batches, values, self.cfg.ppo)
+        return with_advantages(batches, values, self.cfg.gae)
 
     async def train_beside(self, batches: list, version: int) -> dict:
         """The critic's steps on the batch's returns, after the policy's."""

@@ -1,7 +1,8 @@
-"""PPO's config: GRPO's with a critic (`critic:`) and GAE's settings (`ppo:`). Torch-free, so that a config is read
+"""PPO's config: GRPO's with a critic (`critic:`) and GAE's settings (`gae:`). Torch-free, so that a config is read
 and checked in a moment; the run is forge_rl/recipes/ppo.py."""
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from forge_rl.actors.trainer_config import OptimizerConfig
 from forge_rl.recipes.grpo_config import GRPOConfig
@@ -19,7 +20,7 @@ class CriticConfig:
 
 @dataclass
 class GAEConfig:
-    """Generalized advantage estimation over the model tokens (`ppo:`), from the critic's values."""
+    """Generalized advantage estimation over the model tokens (`gae:`), from the critic's values."""
 
     gamma: float = 1.0  # discount per model token
     lam: float = 0.95  # GAE's lambda: 1 is the Monte-Carlo return minus the value, 0 one-step TD
@@ -27,11 +28,13 @@ class GAEConfig:
 
     def __post_init__(self) -> None:
         if not (0 < self.gamma <= 1 and 0 <= self.lam <= 1):
-            raise ValueError(f"ppo.gamma={self.gamma} must be in (0, 1] and ppo.lam={self.lam} in [0, 1]")
+            raise ValueError(f"gae.gamma={self.gamma} must be in (0, 1] and gae.lam={self.lam} in [0, 1]")
 
 
 @dataclass
 class PPOConfig(GRPOConfig):
+    RENAMED: ClassVar[dict[str, str]] = {"ppo": "gae"}
+
     group_size: int = 1  # PPO's baseline is the critic: one sample per prompt is enough
     critic: CriticConfig = field(default_factory=CriticConfig)
-    ppo: GAEConfig = field(default_factory=GAEConfig)
+    gae: GAEConfig = field(default_factory=GAEConfig)

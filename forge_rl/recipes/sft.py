@@ -45,7 +45,8 @@ from forge_rl.observability import MetricsLogger, plot_run
 from forge_rl.observability.plots import SFT_PANELS
 from forge_rl.recipes import run_config
 from forge_rl.recipes.run import RecipeRun
-from forge_rl.recipes.sft_config import SFTConfig
+from forge_rl.recipes.grpo_config import GeneratorConfig
+from forge_rl.recipes.sft_config import SFTConfig, eval_max_tokens
 
 
 def dp_size(cfg: SFTConfig) -> int:
@@ -53,10 +54,26 @@ def dp_size(cfg: SFTConfig) -> int:
     return run_config.dp_size(cfg, "batch_size")
 
 
+def check_eval_generator(generator: GeneratorConfig) -> None:
+    """SFT's generator only evaluates (greedy, one replica): a setting it would not use is refused, not ignored."""
+    unused = [
+        f"generator.{k}"
+        for k, v in vars(generator).items()
+        if k not in ("engine_args", "sampling") and v != getattr(GeneratorConfig(), k)
+    ]
+    unused += [f"generator.sampling.{k}" for k in generator.sampling if k != "max_tokens"]
+    if unused:
+        raise ConfigError(
+            f"{', '.join(unused)}: SFT's evaluation reads only generator.engine_args and "
+            "generator.sampling.max_tokens (greedy, one replica); remove the rest"
+        )
+
+
 def check_config(cfg: SFTConfig) -> None:
     if cfg.trainer.model not in ("tiny", cfg.model):
         raise ConfigError(f"set the model with `model`, not trainer.model ({cfg.trainer.model!r})")
-    check_engine_args(cfg.engine_args, "engine_args")  # before the evaluation's engine start finds it
+    check_engine_args(cfg.generator.engine_args, "generator.engine_args")  # before the evaluation's engine finds it
+    check_eval_generator(cfg.generator)
     if cfg.trainer.keep_routing:
         raise ConfigError(
             "trainer.keep_routing=true: Keep Routing replays the experts an engine routed sampled "
@@ -92,7 +109,7 @@ class SFTRun(RecipeRun):
         self.dp = dp_size(cfg)
         self.model_dir = model_path(cfg.model)
         self.trainer_cfg = replace(
-            cfg.trainer, model=self.model_dir, loss="sft", profile_dir=str(self.out / "profile")
+            cfg.trainer, model=self.model_dir, objective="sft", profile_dir=str(self.out / "profile")
         )  # trainer.profile_steps' traces
         self.tokenizer = load_tokenizer(self.model_dir)
         max_len = json.loads((Path(self.model_dir) / "config.json").read_text()).get("max_position_embeddings")
@@ -117,17 +134,20 @@ class SFTRun(RecipeRun):
                 f"task.source={cfg.task.source!r} has no held-out set (task.held_out, "
                 "task.held_out_fraction); set eval_size=0 for none"
             )
-        model_len = int(cfg.engine_args.get("max_model_len") or max_len or 0)
+        model_len, max_tokens = (
+            int(cfg.generator.engine_args.get("max_model_len") or max_len or 0),
+            eval_max_tokens(cfg),
+        )
         if model_len:
             check_prompts_fit(
                 f"task.held_out {rows.cfg.held_out!r}",
                 examples,
                 self.tokenizer,
                 rows.cfg,
-                model_len - cfg.eval_max_tokens,
-                f"engine_args.max_model_len {model_len} minus "
-                f"eval_max_tokens={cfg.eval_max_tokens}: raise engine_args.max_model_len or shorten "
-                "the prompts",
+                model_len - max_tokens,
+                f"generator.engine_args.max_model_len {model_len} minus "
+                f"generator.sampling.max_tokens={max_tokens}: raise generator.engine_args.max_model_len or "
+                "shorten the prompts",
             )
         return [replace(e, text=render(self.tokenizer, e, rows.cfg)) for e in examples]
 
@@ -202,10 +222,10 @@ class SFTRun(RecipeRun):
             self.generator, self.reward = await asyncio.gather(
                 Generator.options(replicas=1, gpus=self.use_gpus, host_mesh="generator").as_service(
                     eval_dir,
-                    engine_args=cfg.engine_args,
+                    engine_args=cfg.generator.engine_args,
                     seed=cfg.seed,
                     weight_source=self.weight_source,
-                    engine_args_key="engine_args",
+                    engine_args_key="generator.engine_args",
                 ),
                 RewardActor.as_actor(cfg.rewards),
             )
@@ -215,7 +235,7 @@ class SFTRun(RecipeRun):
         eval_reward = cfg.task.eval_reward or cfg.rewards[0].name
         with self.timeline.span("generator", "evaluate", step=self.step):
             result = await evaluate_task(
-                self.generator, self.reward, self.held_out, eval_reward, max_tokens=cfg.eval_max_tokens
+                self.generator, self.reward, self.held_out, eval_reward, max_tokens=eval_max_tokens(cfg)
             )
         record = dict(**result, eval_s=time.perf_counter() - t0)
         self.log.log(self.step, {f"eval/{k}": v for k, v in record.items()})

@@ -156,7 +156,12 @@ def cases(d: Path) -> list[Case]:
             [f"{d}/nope.jsonl", "no such file"],
             as_the_app=True,
         ),
-        Case("SFT misspelt engine arg", SFT, ["engine_args.max_modl_len=64"], ["engine_args.max_modl_len"]),
+        Case(
+            "SFT misspelt engine arg",
+            SFT,
+            ["generator.engine_args.max_modl_len=64"],
+            ["generator.engine_args.max_modl_len"],
+        ),
         Case("PPO group_size=0", PPO, ["group_size=0"], ["group_size must be >= 1"]),
         Case("distill teacher missing", DISTILL, [f"teacher={d}/no_teacher"], [f"teacher='{d}/no_teacher'"]),
         Case(

@@ -112,7 +112,7 @@ def users_task_run(tmp_path_factory):
             "task.eval_reward=exact_match",
             "buffer.drop_zero_advantage=false",
             "rewards=[{name: exact_match, weight: 1.0}, {name: 'tests.support.actors:bonus_reward', weight: 1.0}]",
-            "trainer.grpo.kl_coef=0.1",
+            "trainer.loss.kl_coef=0.1",
             "export_dir=null",
             "reference.follow_every=1",
             "reference.follow_lag=1",
@@ -299,12 +299,12 @@ async def probe_step(run, shifts: list[float]) -> dict[str, float]:
     [
         (
             "tiny.yaml",
-            ["trainer.grpo.policy_loss=gspo", "trainer.grpo.clip_low=3e-4", "trainer.grpo.clip_high=4e-4"],
+            ["trainer.loss.policy_loss=gspo", "trainer.loss.clip_low=3e-4", "trainer.loss.clip_high=4e-4"],
             [1.0, -1.0],
         ),
         (
             "tiny_dapo.yaml",
-            ["trainer.grpo.policy_loss=cispo", "trainer.grpo.clip_low=1.0", "trainer.grpo.clip_high=0.28"],
+            ["trainer.loss.policy_loss=cispo", "trainer.loss.clip_low=1.0", "trainer.loss.clip_high=0.28"],
             [1.0],
         ),
     ],
@@ -350,7 +350,7 @@ def test_lora_grpo_on_shared_cores_with_a_kl_penalty_moves_and_syncs_only_the_ad
             "eval_size=16",
             f"output_dir={tmp_path}",
             "resources.placement=colocated",
-            "trainer.grpo.kl_coef=0.01",
+            "trainer.loss.kl_coef=0.01",
         ],
     )
     summary = asyncio.run(main(cfg))

@@ -42,7 +42,7 @@ def _steps(tmp_path, name: str, overrides: list[str]) -> list[dict]:
 
 def test_mismatch_is_near_zero_when_numerics_agree_and_not_when_the_trainer_runs_bf16(tmp_path):
     same = _steps(tmp_path, "fp32", [])
-    bf16 = _steps(tmp_path, "bf16", ["trainer.dtype=bfloat16", "trainer.grpo.is_correction=icepop"])
+    bf16 = _steps(tmp_path, "bf16", ["trainer.dtype=bfloat16", "trainer.loss.is_correction=icepop"])
     for r in same:  # synchronous and fp32 on both sides: only kernel-order rounding remains
         assert r["trainer/mismatch_abs_mean"] < 1e-4 and r["trainer/mismatch_abs_max"] < 1e-3
         assert abs(r["trainer/mismatch_k3"]) < 1e-6

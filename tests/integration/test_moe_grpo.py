@@ -30,7 +30,7 @@ def test_sync_fp32_grpo_with_an_ep_trainer_matches_the_generators_logprobs(tmp_p
             "trainer_procs=2",
             "trainer.parallel.ep=2",
             "trainer.keep_routing=true",
-            "trainer.grpo.kl_coef=0.01",
+            "trainer.loss.kl_coef=0.01",
             "trainer.moe_aux_loss_coef=0.001",
         ],
     )

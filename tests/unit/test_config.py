@@ -326,16 +326,16 @@ def test_a_run_fills_in_its_own_copy_of_the_config(tmp_path):
     from forge_rl.recipes.grpo_config import GRPOConfig
 
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", [f"output_dir={tmp_path}"])
-    cfg.trainer.grpo.normalize = "token_sum"
+    cfg.trainer.loss.normalize = "token_sum"
     first = GRPORun(cfg)
     first.prepare()
-    assert first.cfg.trainer.grpo.max_response_len > 0 and first.cfg.trainer.temperature is not None
-    assert cfg.trainer.grpo.max_response_len == 0 and cfg.trainer.temperature is None
+    assert first.cfg.trainer.loss.max_response_len > 0 and first.cfg.trainer.temperature is not None
+    assert cfg.trainer.loss.max_response_len == 0 and cfg.trainer.temperature is None
     assert first.cfg.trainer.profile_dir == str(tmp_path / "profile")  # trainer.profile_steps' traces: the run's
     cfg.generator.sampling["max_tokens"] *= 2
     second = GRPORun(cfg)
     second.prepare()
-    assert second.cfg.trainer.grpo.max_response_len > first.cfg.trainer.grpo.max_response_len
+    assert second.cfg.trainer.loss.max_response_len > first.cfg.trainer.loss.max_response_len
 
 
 @pytest.mark.parametrize(
@@ -343,7 +343,7 @@ def test_a_run_fills_in_its_own_copy_of_the_config(tmp_path):
     [
         (["reference.follow_every=5"], "reference.follow_every=5 but the run has no reference policy"),
         (
-            ["reference.follow_every=5", "trainer.grpo.kl_coef=0.1", "reference.follow_lag=2"],
+            ["reference.follow_every=5", "trainer.loss.kl_coef=0.1", "reference.follow_lag=2"],
             r"reference.follow_lag=2: the weight store keeps only the newest 2 versions \(weight_store.keep_versions\)",
         ),
         (["reference.follow_every=-1"], "reference.follow_every=-1 must be >= 0"),
@@ -444,13 +444,13 @@ def test_checking_a_config_leaves_it_as_it_was():
     cfg = load_config(
         GRPOConfig,
         REPO / "configs/grpo/tiny.yaml",
-        ["generator.sampling.temperature=0.7", "trainer.grpo.normalize=token_sum"],
+        ["generator.sampling.temperature=0.7", "trainer.loss.normalize=token_sum"],
     )
     before = copy.deepcopy(cfg)
     check_config(cfg)
     assert cfg == before
     derive_settings(cfg)
-    assert cfg.trainer.temperature == 0.7 and cfg.trainer.grpo.max_response_len == cfg.generator.sampling["max_tokens"]
+    assert cfg.trainer.temperature == 0.7 and cfg.trainer.loss.max_response_len == cfg.generator.sampling["max_tokens"]
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from forge_rl.losses.config import GRPOLossConfig
+from forge_rl.losses.config import LossConfig
 from forge_rl.losses.grpo import kl_penalty, mismatch, mismatch_weight, per_token_loss, reduce_loss, sft_token_loss
 
 LOG2 = math.log(2.0)
@@ -15,7 +15,7 @@ def test_ratio_uses_behaviour_logprobs_and_clips_asymmetrically():
     # ratios 2, 1, 0.5 against the behaviour policy; advantages +1 (row 0) and -1 (row 1)
     lp = torch.tensor([[LOG2, 0.0, -LOG2], [LOG2, 0.0, -LOG2]], requires_grad=True)
     behaviour = torch.zeros(2, 3)
-    cfg = GRPOLossConfig(clip_low=0.2, clip_high=0.28)
+    cfg = LossConfig(clip_low=0.2, clip_high=0.28)
     loss, diag = per_token_loss(lp, behaviour, torch.tensor([1.0, -1.0]), cfg)
     # A=+1: -min(r, clip(r)) = -[1.28, 1, 0.5];  A=-1: -min(-r, -clip(r)) = [2, 1, 0.8]
     assert torch.allclose(loss, torch.tensor([[-1.28, -1.0, -0.5], [2.0, 1.0, 0.8]]))
@@ -28,7 +28,7 @@ def test_ratio_uses_behaviour_logprobs_and_clips_asymmetrically():
 def test_never_the_trivial_ratio():
     # the same logprobs with different behaviour logprobs must give different losses
     lp = torch.tensor([[-1.0, -1.0]])
-    cfg = GRPOLossConfig(clip_low=0.9, clip_high=10.0)
+    cfg = LossConfig(clip_low=0.9, clip_high=10.0)
     a, _ = per_token_loss(lp, torch.tensor([[-1.0, -1.0]]), torch.tensor([1.0]), cfg)
     b, _ = per_token_loss(lp, torch.tensor([[-2.0, -2.0]]), torch.tensor([1.0]), cfg)
     assert torch.allclose(a, torch.tensor([[-1.0, -1.0]])) and torch.allclose(b, -torch.full((1, 2), math.e))
@@ -37,7 +37,7 @@ def test_never_the_trivial_ratio():
 def test_truncated_importance_weight():
     lp = torch.tensor([[0.0, 0.0]], requires_grad=True)
     behaviour = torch.tensor([[-math.log(4.0), -math.log(1.5)]])  # pi/mu = 4 and 1.5
-    cfg = GRPOLossConfig(is_correction="tis", is_high=2.0, clip_high=10.0)  # a clip wide enough to leave both
+    cfg = LossConfig(is_correction="tis", is_high=2.0, clip_high=10.0)  # a clip wide enough to leave both
     loss, _ = per_token_loss(lp, behaviour, torch.tensor([1.0]), cfg)
     assert torch.allclose(loss, torch.tensor([[-2.0, -1.5]]))  # weight min(4, 2)=2 and 1.5
     loss.sum().backward()
@@ -66,7 +66,7 @@ IS_MASK = torch.tensor([[True, True, True], [True, True, False]])
     ],
 )
 def test_mismatch_corrections_by_hand(correction, level, weights, acted):
-    cfg = GRPOLossConfig(is_correction=correction, is_level=level, is_low=0.5, is_high=2.0)
+    cfg = LossConfig(is_correction=correction, is_level=level, is_low=0.5, is_high=2.0)
     weight, where = mismatch_weight(IS_LP, IS_BEHAVIOUR, cfg, IS_MASK)
     torch.testing.assert_close(weight, torch.tensor(weights))
     assert where.int().tolist() == acted
@@ -88,7 +88,7 @@ def test_sequence_weight_of_a_long_sequence_does_not_overflow():
         weight, _ = mismatch_weight(
             torch.zeros(1, 4000),
             behaviour,
-            GRPOLossConfig(is_correction=correction, is_level="sequence"),
+            LossConfig(is_correction=correction, is_level="sequence"),
             torch.ones(1, 4000, dtype=torch.bool),
         )
         assert torch.isfinite(weight).all() and weight[0, 0].item() == (2.0 if correction == "tis" else 0.0)
@@ -111,7 +111,7 @@ def test_kl_estimators_and_penalty():
     lp, ref = torch.tensor([[0.0]]), torch.tensor([[-LOG2]])
     assert torch.allclose(kl_penalty(lp, ref, "k1"), torch.tensor([[LOG2]]))
     assert torch.allclose(kl_penalty(lp, ref, "k3"), torch.tensor([[0.5 + LOG2 - 1]]))
-    cfg = GRPOLossConfig(kl_coef=0.1)
+    cfg = LossConfig(kl_coef=0.1)
     loss, diag = per_token_loss(lp, lp.clone(), torch.tensor([0.0]), cfg, ref_logprobs=ref)
     assert torch.allclose(loss, 0.1 * torch.tensor([[0.5 + LOG2 - 1]]))
     with pytest.raises(ValueError, match="needs TrainBatch.ref_logprobs"):
@@ -121,7 +121,7 @@ def test_kl_estimators_and_penalty():
 def test_entropy_bonus_lowers_the_loss():
     lp = torch.zeros(1, 2)
     loss, diag = per_token_loss(
-        lp, lp, torch.tensor([0.0]), GRPOLossConfig(entropy_coef=0.5), entropy=torch.tensor([[1.0, 3.0]])
+        lp, lp, torch.tensor([0.0]), LossConfig(entropy_coef=0.5), entropy=torch.tensor([[1.0, 3.0]])
     )
     assert torch.allclose(loss, torch.tensor([[-0.5, -1.5]]))
 
@@ -159,32 +159,32 @@ def test_grpo_run_sets_token_sum_constant_to_the_generation_budget():
     from forge_rl.recipes.grpo_config import GRPOConfig
 
     cfg = GRPOConfig()
-    cfg.trainer.grpo.normalize = "token_sum"
+    cfg.trainer.loss.normalize = "token_sum"
     cfg.generator.sampling["max_tokens"] = 24
     check_config(cfg)
     derive_settings(cfg)
-    assert cfg.trainer.grpo.max_response_len == 24
+    assert cfg.trainer.loss.max_response_len == 24
     cfg = GRPOConfig()
-    cfg.trainer.grpo.normalize, cfg.trainer.grpo.max_response_len = "token_sum", 100  # the user's own is kept
+    cfg.trainer.loss.normalize, cfg.trainer.loss.max_response_len = "token_sum", 100  # the user's own is kept
     check_config(cfg)
     derive_settings(cfg)
-    assert cfg.trainer.grpo.max_response_len == 100
+    assert cfg.trainer.loss.max_response_len == 100
 
 
 def test_trainer_refuses_token_sum_without_its_constant():
     from forge_rl.actors.trainer import Trainer
     from forge_rl.actors.trainer_config import TrainerConfig
 
-    with pytest.raises(ValueError, match="trainer.grpo.max_response_len"):
-        Trainer(TrainerConfig(grpo=GRPOLossConfig(normalize="token_sum")))
+    with pytest.raises(ValueError, match="trainer.loss.max_response_len"):
+        Trainer(TrainerConfig(loss=LossConfig(normalize="token_sum")))
 
 
 def test_sft_loss_and_config_errors():
     assert torch.equal(sft_token_loss(torch.tensor([[-0.5, -2.0]])), torch.tensor([[0.5, 2.0]]))
     with pytest.raises(ValueError, match="loss.normalize='mean'"):
-        GRPOLossConfig(normalize="mean")
+        LossConfig(normalize="mean")
     with pytest.raises(ValueError, match="loss.kl_estimator"):
-        GRPOLossConfig(kl_estimator="k2")
+        LossConfig(kl_estimator="k2")
 
 
 # ---- chunked logprobs -------------------------------------------------------------------------------
@@ -293,10 +293,10 @@ def test_tis_keeps_the_plain_clip_as_its_trust_region_and_truncates_the_weight()
     behaviour = lp.detach() + torch.randn(4, 6, generator=g)  # stale: pi/mu far from 1 both ways
     A = torch.randn(4, generator=g)
     clip = dict(clip_low=0.2, clip_high=0.2)
-    loss, diag = per_token_loss(lp, behaviour, A, GRPOLossConfig(is_correction="tis", is_high=2.0, **clip))
+    loss, diag = per_token_loss(lp, behaviour, A, LossConfig(is_correction="tis", is_high=2.0, **clip))
     loss.sum().backward()
     plain_lp = lp.detach().clone().requires_grad_()
-    plain, plain_diag = per_token_loss(plain_lp, behaviour, A, GRPOLossConfig(**clip))
+    plain, plain_diag = per_token_loss(plain_lp, behaviour, A, LossConfig(**clip))
     plain.sum().backward()
     clipped = diag["clipped"].bool()
     assert torch.equal(clipped, plain_diag["clipped"].bool()) and 0 < clipped.sum() < clipped.numel()
@@ -310,7 +310,7 @@ def test_gspo_clips_the_sequence_ratio_and_gives_gspos_gradient():
     # row 1: log-ratios 0.1, -0.1, 0: s = 1
     lp = torch.tensor([[LOG2, 0.0, 5.0], [0.1, -0.1, 0.0]], requires_grad=True)
     mask = torch.tensor([[True, True, False], [True, True, True]])
-    cfg = GRPOLossConfig(policy_loss="gspo", clip_low=0.2, clip_high=0.28)
+    cfg = LossConfig(policy_loss="gspo", clip_low=0.2, clip_high=0.28)
     loss, diag = per_token_loss(lp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), cfg, mask=mask)
     # row 0, A=+1: -min(1.414, 1.28) on every token; row 1, A=-1: -min(-1, -1) = 1
     torch.testing.assert_close(loss[mask], torch.tensor([-1.28, -1.28, 1.0, 1.0, 1.0]))
@@ -324,7 +324,7 @@ def test_gspo_clips_the_sequence_ratio_and_gives_gspos_gradient():
 
 def test_cispo_keeps_a_gradient_on_every_token_with_a_clipped_stop_gradient_weight():
     lp = torch.tensor([[LOG2, 0.0, -LOG2]], requires_grad=True)  # ratios 2, 1, 0.5
-    cfg = GRPOLossConfig(policy_loss="cispo", clip_low=0.2, clip_high=0.28)
+    cfg = LossConfig(policy_loss="cispo", clip_low=0.2, clip_high=0.28)
     loss, diag = per_token_loss(lp, torch.zeros(1, 3), torch.tensor([1.0]), cfg)
     torch.testing.assert_close(loss, torch.tensor([[-1.28 * LOG2, 0.0, 0.8 * LOG2]]))
     assert diag["clipped"].tolist() == [[1.0, 0.0, 1.0]]
@@ -335,16 +335,16 @@ def test_cispo_keeps_a_gradient_on_every_token_with_a_clipped_stop_gradient_weig
 
 def test_policy_loss_config_errors_name_the_key():
     with pytest.raises(ValueError, match="loss.policy_loss='ppo2'"):
-        GRPOLossConfig(policy_loss="ppo2")
+        LossConfig(policy_loss="ppo2")
     with pytest.raises(ValueError, match="loss.is_correction='tis' works with loss.policy_loss='grpo' only"):
-        GRPOLossConfig(policy_loss="cispo", is_correction="tis")
+        LossConfig(policy_loss="cispo", is_correction="tis")
     with pytest.raises(ValueError, match="loss.is_correction='seq-tis'"):
-        GRPOLossConfig(is_correction="seq-tis")
+        LossConfig(is_correction="seq-tis")
     with pytest.raises(ValueError, match="0 <= is_low < 1 < is_high"):
-        GRPOLossConfig(is_correction="icepop", is_high=0.9)
-    GRPOLossConfig(policy_loss="cispo", clip_low=1.0)  # no floor on the weight: allowed
+        LossConfig(is_correction="icepop", is_high=0.9)
+    LossConfig(policy_loss="cispo", clip_low=1.0)  # no floor on the weight: allowed
     with pytest.raises(ValueError, match=r"loss.clip_low=1.5 must be in \[0, 1\]"):
-        GRPOLossConfig(clip_low=1.5)
+        LossConfig(clip_low=1.5)
 
 
 def test_distillation_advantage_is_minus_the_reverse_kl_to_the_teacher_per_token():
@@ -352,7 +352,7 @@ def test_distillation_advantage_is_minus_the_reverse_kl_to_the_teacher_per_token
     behaviour = torch.tensor([[-0.5, -1.0, -2.0]])
     teacher = torch.tensor([[-0.5, -0.2, -3.0]])  # agrees, likes the token more, likes it less
     lp = behaviour.clone().requires_grad_(True)  # on-policy: ratio 1, the clip does not act
-    cfg = GRPOLossConfig(distill_coef=2.0, reward_coef=0.5)
+    cfg = LossConfig(distill_coef=2.0, reward_coef=0.5)
     loss, diag = per_token_loss(lp, behaviour, torch.tensor([1.0]), cfg, ref_logprobs=teacher)
     advantage = torch.tensor([[0.5 + 0.0, 0.5 + 2 * 0.8, 0.5 - 2 * 1.0]])
     torch.testing.assert_close(loss, -advantage)
@@ -361,19 +361,15 @@ def test_distillation_advantage_is_minus_the_reverse_kl_to_the_teacher_per_token
     torch.testing.assert_close(lp.grad, -advantage)  # d(ratio)/d(lp) = 1 at ratio 1
     # pure distillation: the reward's advantage is left out
     loss, _ = per_token_loss(
-        behaviour,
-        behaviour,
-        torch.tensor([5.0]),
-        GRPOLossConfig(distill_coef=1.0, reward_coef=0.0),
-        ref_logprobs=teacher,
+        behaviour, behaviour, torch.tensor([5.0]), LossConfig(distill_coef=1.0, reward_coef=0.0), ref_logprobs=teacher
     )
     torch.testing.assert_close(loss, behaviour - teacher)
     with pytest.raises(ValueError, match="needs TrainBatch.ref_logprobs"):
         per_token_loss(behaviour, behaviour, torch.tensor([1.0]), cfg)
     with pytest.raises(ValueError, match="loss.distill_coef and loss.kl_coef"):
-        GRPOLossConfig(distill_coef=1.0, kl_coef=0.1)
+        LossConfig(distill_coef=1.0, kl_coef=0.1)
     with pytest.raises(ValueError, match="loss.distill_coef=-1.0"):
-        GRPOLossConfig(distill_coef=-1.0)
+        LossConfig(distill_coef=-1.0)
 
 
 def test_fused_head_forwards_before_their_backwards_keep_their_own_logits():

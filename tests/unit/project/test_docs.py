@@ -101,7 +101,7 @@ def test_file_paths_exist(doc, path):
 
 
 def _config_keys() -> list[tuple[str, str]]:
-    """Dotted keys in inline code (`trainer.grpo.kl_coef`, `generator.replicas=2`) and key=value overrides in
+    """Dotted keys in inline code (`trainer.loss.kl_coef`, `generator.replicas=2`) and key=value overrides in
     command lines; not endpoint calls (`buffer.add`) in prose or diagrams."""
     key = r"[a-z_]+(?:\.[a-z_0-9]+)+"
     found = set()
@@ -141,7 +141,7 @@ def _has_key(schema, keys: list[str]) -> bool:
 
 
 def test_dotted_config_keys_exist():
-    """`trainer.grpo.kl_coef`, `generator.sampling.temperature=...`: every dotted key whose first part is a
+    """`trainer.loss.kl_coef`, `generator.sampling.temperature=...`: every dotted key whose first part is a
     section of a run's config (trainer, generator, buffer, critic, ppo, ...) is a field path of GRPO's,
     distillation's, PPO's or SFT's config."""
     roots = _config_roots()

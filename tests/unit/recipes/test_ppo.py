@@ -8,7 +8,7 @@ import torch
 
 from forge_rl.actors.batch_checks import validate_batches
 from forge_rl.config import ConfigError
-from forge_rl.losses.config import GRPOLossConfig
+from forge_rl.losses.config import LossConfig
 from forge_rl.losses.grpo import per_token_loss
 from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, value_loss, whiten
 from forge_rl.recipes.ppo import PPORun, with_advantages
@@ -87,7 +87,7 @@ def test_explained_variance():
 def test_per_token_advantages_give_each_token_its_own_gradient():
     lp = torch.zeros(1, 3, requires_grad=True)
     A = torch.tensor([[0.0, 2.0, -1.0]])
-    loss, _ = per_token_loss(lp, torch.zeros(1, 3), A, GRPOLossConfig())
+    loss, _ = per_token_loss(lp, torch.zeros(1, 3), A, LossConfig())
     loss.sum().backward()
     assert lp.grad[0].tolist() == pytest.approx([0.0, -2.0, 1.0])  # -A_t * ratio (1) per token
 
@@ -122,7 +122,7 @@ def test_the_runs_advantage_stage_whitens_over_the_step_and_passes_validation():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(trainer={"grpo": {"policy_loss": "gspo"}}), "policy_loss='gspo'"),
+        (dict(trainer={"loss": {"policy_loss": "gspo"}}), "policy_loss='gspo'"),
         (dict(overlong={"filter": True}), "overlong.filter"),
         (dict(critic={"model": "/nonexistent/critic"}), "critic.model"),
     ],
@@ -133,7 +133,7 @@ def test_ppo_config_errors_name_the_key(change, message, tmp_path):
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PPOConfig), {"output_dir": str(tmp_path), **change}))
     with pytest.raises(ConfigError, match=message):
         PPORun(cfg).prepare()
-    with pytest.raises(ValueError, match="ppo.gamma"):
+    with pytest.raises(ValueError, match="gae.gamma"):
         GAEConfig(gamma=0.0)
 
 
