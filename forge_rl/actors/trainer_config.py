@@ -54,7 +54,8 @@ class OptimizerConfig:
 class TrainerConfig:
     RENAMED: ClassVar[dict[str, str]] = {"grpo": "loss"}
     MEANING_CHANGED: ClassVar[dict[str, str]] = {
-        "loss": "trainer.loss is the RL loss's section, formerly trainer.grpo; the objective (rl, sft) is now trainer.objective"
+        "loss": "trainer.loss is the RL loss's section, formerly trainer.grpo; "
+        "the objective (rl, sft) is now trainer.objective"
     }
 
     model: str = "tiny"  # "tiny" (embedded) or a local HF model directory
