@@ -43,6 +43,9 @@ class Tip:
     context: tuple = ()  # chat: (tools, chat template arguments) of the call, which a continuing call must repeat
     model_turns: dict = field(default_factory=dict)  # chat: position in `key` -> the text the model produced there
     stopped: bool = False  # the reply ended with its end-of-turn token (kept in the tokens)
+    # text: the end of the reply's tokens that the text returned leaves out (the end-of-turn token, a stop string and
+    # what its last token held after it), which a prompt continuing the reply must send right after that text
+    hidden: str = ""
 
 
 @dataclass
@@ -153,17 +156,29 @@ class EpisodeRecord:
 
     def plan_text(self, prompt: str | list[int], tokenizer) -> Plan:
         """The prompt of a /v1/completions call: text (or token ids) that starts with an earlier call's prompt and
-        reply continues that reply's tokens, only the rest tokenised."""
+        reply continues that reply's tokens, only the rest tokenised. The text a reply was returned as leaves out
+        the end of its tokens (the end-of-turn token, a stop string): the prompt must repeat that end after it,
+        as an agent that renders the next turn itself does, and the recorded tokens stand for it."""
+        why = "its prompt does not start with an earlier call's prompt and the text it got"
         for tip in sorted((t for t in self.tips if t.kind == "text"), key=lambda t: -t.length):
             tokens = tip.trajectory.tokens()[: tip.length]
             if isinstance(prompt, list) and prompt[: len(tokens)] == tokens:
                 return Plan(list(prompt), tip, list(prompt[len(tokens) :]))
             if isinstance(prompt, str) and tip.key is not None and prompt.startswith(tip.key):
                 rest = prompt[len(tip.key) :]
+                # the recorded tokens hold the reply's hidden end: the prompt stands for them only if it repeats it
+                # (tokenising it again would put it in twice: `<|im_end|><|im_end|>`)
+                if not rest.startswith(tip.hidden):
+                    why = (
+                        f"its prompt leaves out the end of the reply it continues ({tip.hidden!r}: sampled, but not "
+                        "in the text returned); send it back right after that text"
+                    )
+                    continue
+                rest = rest[len(tip.hidden) :]
                 inserted = tokenizer(rest, add_special_tokens=False)["input_ids"] if rest else []
                 return Plan(tokens + inserted, tip, inserted)
         ids = list(prompt) if isinstance(prompt, list) else tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        return self._fresh(ids, "its prompt does not start with an earlier call's prompt and the text it got")
+        return self._fresh(ids, why)
 
     def _fresh(self, prompt_ids: list[int], why: str, context: tuple = ()) -> Plan:
         if not self.tips:  # the episode's first call
@@ -198,8 +213,14 @@ class EpisodeRecord:
 
     def _tip(self, trajectory: Trajectory, reply: Reply, kind: str, key: object, context: tuple, tip: Tip | None):
         if kind == "text":
-            text = None if key is None else key + reply.text  # a token-id prompt is continued by its ids only
-            return Tip(trajectory, trajectory.length, kind, text, stopped=reply.stopped)
+            # what the tokens decode to, of which the agent got `reply.text`, its start: the rest is hidden
+            produced = reply.raw + (self.chat.eos if reply.stopped else "")
+            exact = key is not None and produced.startswith(reply.text)
+            # a token-id prompt is continued by its ids only; text that is not the tokens' start (special tokens
+            # skipped inside it) by its ids too, since no text the agent sends back stands for those tokens
+            text = key + reply.text if exact else None
+            hidden = produced[len(reply.text) :] if exact else ""
+            return Tip(trajectory, trajectory.length, kind, text, stopped=reply.stopped, hidden=hidden)
         conversation = [*key, reply.message]
         model_turns = {len(key): reply.raw}
         if tip is not None:  # the earlier model turns of this conversation, where the continued reply had them

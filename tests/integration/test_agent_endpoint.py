@@ -227,13 +227,14 @@ def test_models_completions_and_an_unknown_episode(run):
     loop, grpo, _ = run
     server = grpo.agents.server
     root = openai.AsyncOpenAI(base_url=server.base_url(), api_key="k", max_retries=0)
-    record = server.open_episode(None, True)
+    record = server.open_episode(None, False)  # greedy: no rare token (a special one is not in the text returned)
     episode = openai.AsyncOpenAI(base_url=server.base_url(record), api_key="k", max_retries=0)
 
     async def calls():
         models = await root.models.list()
         first = await episode.completions.create(model="m", prompt="12+34=", max_tokens=4)
-        second = await episode.completions.create(model="m", prompt="12+34=" + first.choices[0].text + " 1+1=")
+        end = "<|im_end|>" if first.choices[0].finish_reason == "stop" else ""  # the text leaves it out
+        second = await episode.completions.create(model="m", prompt="12+34=" + first.choices[0].text + end + " 1+1=")
         with pytest.raises(openai.NotFoundError, match="no open episode 'nope'"):
             await openai.AsyncOpenAI(
                 base_url=server.base_url().replace("/v1", "/episodes/nope/v1"), api_key="k"
@@ -246,6 +247,53 @@ def test_models_completions_and_an_unknown_episode(run):
     server.close_episode(record)
     loop.run_until_complete(root.close())
     loop.run_until_complete(episode.close())
+
+
+CHAT_PROMPT = "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n"
+NEXT_TURN = "<|im_end|>\n<|im_start|>user\nWrong. Try again.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _text_episode(run, stop: list[str] | None):
+    """A /v1/completions agent that renders its turns itself, as a real one does: a greedy answer (an evaluation
+    episode: the same recording, a reply that is the same each time), then its prompt, the text it got, the stop
+    string that ended it (the end-of-turn token is written by NEXT_TURN) and the next user turn. Returns (its
+    record, the text it sent second, the two choices)."""
+    loop, grpo, _ = run
+    server = grpo.agents.server
+    record = server.open_episode(None, trained=False)
+    client = openai.AsyncOpenAI(base_url=server.base_url(record), api_key="k", max_retries=0)
+    ids = {"return_token_ids": True}
+
+    async def calls():
+        first = (await client.completions.create(model="m", prompt=CHAT_PROMPT, stop=stop, extra_body=ids)).choices[0]
+        sent = CHAT_PROMPT + first.text + (stop[0] if stop else "") + NEXT_TURN
+        second = (await client.completions.create(model="m", prompt=sent, extra_body=ids)).choices[0]
+        return sent, first, second
+
+    try:
+        return (record, *loop.run_until_complete(calls()))
+    finally:
+        server.close_episode(record)
+        loop.run_until_complete(client.close())
+
+
+def test_text_sent_back_continues_the_recorded_tokens_exactly(run):
+    """The text returned leaves out the sampled end-of-turn token (or the stop string); the agent writes its own
+    after it, and the engine sees each once: the prompt is token for token what the agent's text renders."""
+    _, grpo, _ = run
+    tokenizer = grpo.agents.server.tokenizer
+    record, _, answer, _ = _text_episode(run, None)
+    assert answer.finish_reason == "stop" and answer.token_ids[-1] == tokenizer.eos_token_id, answer
+    assert len(answer.text) >= 2, answer  # a stop string inside the answer, for the second case
+    for stop in (None, [answer.text[-1]]):
+        record, sent, first, second = _text_episode(run, stop)
+        assert first.text == (answer.text if stop is None else answer.text[: answer.text.index(stop[0])])
+        rendered = tokenizer(sent, add_special_tokens=False)["input_ids"]
+        assert second.prompt_token_ids == rendered, (stop, sent)
+        assert second.prompt_token_ids[: len(first.prompt_token_ids) + len(first.token_ids)] == (
+            first.prompt_token_ids + first.token_ids
+        )  # the engine's own tokens stand for the reply, the stop string's included
+        assert record.calls == 2 and record.splits == 0 and len(record.trajectories) == 1
 
 
 @pytest.mark.parametrize(
