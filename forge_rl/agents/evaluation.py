@@ -4,7 +4,8 @@ An evaluation episode has a base URL of its own, as a training one does, but it 
 sample greedily (temperature 0) unless a request asks for other sampling, which is allowed there
 (forge_rl/agents/requests.py). An example counts as solved when the agent's reward is above 0, or, when the agent
 returns None, by the eval reward's value on its last reply (task.eval_reward, as for any task). An episode that
-fails counts as not solved, with one line.
+fails counts as not solved; the failures are returned, for the caller to report by cause (forge_rl/loop/eval.py:
+one line per cause, not one per example).
 """
 
 import asyncio
@@ -17,9 +18,12 @@ from forge_rl.runtime.replies import replies
 
 
 async def evaluate_agent(agents: AgentRunner, examples: list, reward, eval_reward: str) -> dict[str, float]:
-    """{"accuracy": fraction solved, "reward": mean reward, "n"} over `examples`."""
+    """{"accuracy": fraction solved, "reward": mean reward, "n", "failures": [(example id, reason, message)] of
+    the episodes that failed} over `examples`."""
     if not examples:
         raise ValueError("evaluate_agent: no held-out examples")
+
+    failures: list[tuple[str, str, str]] = []
 
     async def one(example):
         try:
@@ -27,7 +31,7 @@ async def evaluate_agent(agents: AgentRunner, examples: list, reward, eval_rewar
         except SupervisionError:
             raise
         except EpisodeFailed as e:
-            print(f"evaluation: example {example.id} failed ({e.reason}): {e}".splitlines()[0][:300], flush=True)
+            failures.append((example.id, e.reason, str(e)))
             return None, None
 
     done = await asyncio.gather(*(one(e) for e in examples))
@@ -39,7 +43,7 @@ async def evaluate_agent(agents: AgentRunner, examples: list, reward, eval_rewar
         for i, (total, value) in zip(unscored, values):
             rewards[i], solved[i] = total, value
     n = len(examples)
-    return {"accuracy": sum(solved) / n, "reward": sum(rewards) / n, "n": n}
+    return {"accuracy": sum(solved) / n, "reward": sum(rewards) / n, "n": n, "failures": failures}
 
 
 async def _scored(reward, examples: list, records: list, eval_reward: str) -> list[tuple[float, float]]:

@@ -19,9 +19,39 @@ from forge_rl.rewards.exact_match import exact_match
 from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.agents.evaluation import evaluate_agent
 from forge_rl.envs import env_factory
-from forge_rl.loop.multiturn import TurnRenderer, evaluate_env
+from forge_rl.envs.environment import EVAL_TRAJECTORIES
+from forge_rl.loop.multiturn import Trajectory, TurnRenderer, drop_reason, play_group
+from forge_rl.deps.monarch import SupervisionError
 
 RETRY_PROBE = 8  # examples a failed eval reward is retried on alone before the rest are tried too
+LINE = 300  # characters of a failure's line at most
+
+
+class EvalFailures:
+    """The held-out examples an evaluation could not score, by cause (the counted drop reason: agent_error,
+    env_error, ...): reported as one line per cause with how many examples it cost and the first one's id and
+    error, so an agent or environment that fails on every example is one line, not one per held-out example."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.causes: dict[str, list] = {}  # cause -> [examples, the first one's id, its error's first line]
+
+    def add(self, example_id: str, cause: str, message: str) -> None:
+        if cause in self.causes:
+            self.causes[cause][0] += 1
+        else:
+            self.causes[cause] = [1, example_id, (str(message).splitlines() or [""])[0]]
+
+    def lines(self) -> list[str]:
+        return [
+            f"evaluation: {count} of {self.total} held-out examples failed ({cause}), scored as not solved; the "
+            f"first, example {first}: {message}"[:LINE]
+            for cause, (count, first, message) in self.causes.items()
+        ]
+
+    def report(self) -> None:
+        for line in self.lines():
+            print(line, flush=True)
 
 
 async def greedy_completions(
@@ -166,11 +196,54 @@ async def evaluate_held_out(
         return {"eval/accuracy": float("nan")}
     if agents is not None:  # one greedy evaluation episode per example, through the run's endpoint
         result = await evaluate_agent(agents, held_out, reward, cfg.task.eval_reward or cfg.rewards[0].name)
+        failures = EvalFailures(len(held_out))
+        for failure in result["failures"]:
+            failures.add(*failure)
+        failures.report()
         return {"eval/accuracy": result["accuracy"], "eval/reward": result["reward"]}
     max_tokens = cfg.generator.sampling.get("max_tokens", 8)
     if cfg.env.name is not None:  # solved within env.max_turns, greedy
         renderer = TurnRenderer(tokenizer, **cfg.chat_template_kwargs)
-        result = await evaluate_env(generator, held_out, env_factory(cfg.env, cfg), renderer, cfg.env, max_tokens)
+        make_env = env_factory(cfg.env, cfg)
+        result = await evaluate_env_summarised(generator, held_out, make_env, renderer, cfg.env, max_tokens)
         return {"eval/accuracy": result["accuracy"], "eval/first_turn": result["first_turn"]}
     result = await evaluate_task(generator, reward, held_out, eval_reward, max_tokens=max_tokens)
     return {"eval/accuracy": result["accuracy"]}
+
+
+async def evaluate_env_summarised(
+    generator, examples, make_env, renderer: TurnRenderer, env_cfg, max_tokens: int, concurrency=EVAL_TRAJECTORIES
+) -> dict:
+    """Greedy trajectories of the held-out examples with an environment. Returns {"accuracy": fraction solved
+    within env.max_turns, "first_turn": fraction solved on the first turn, "reward": mean reward, "turns", "n",
+    "failures": EvalFailures}. An example whose trajectory fails (the environment, the generator) counts as not
+    solved, and its failure is reported with the others of its cause in one line."""
+    if not examples:
+        raise ValueError("evaluate_env_summarised: no held-out examples")
+    slots, failures = asyncio.Semaphore(concurrency), EvalFailures(len(examples))
+
+    async def one(example) -> Trajectory:
+        async with slots:
+            prompt_ids = renderer.tokenizer(example.text, add_special_tokens=False)["input_ids"]
+            try:
+                trajectories = await play_group(
+                    example, prompt_ids, generator, make_env, renderer, env_cfg, 1, max_tokens, temperature=0.0
+                )
+                return trajectories[0]
+            except SupervisionError:
+                raise
+            except Exception as e:  # an evaluation goes on: this example counts as not solved
+                failures.add(example.id, drop_reason(e), f"{type(e).__name__}: {e}")
+                return Trajectory(None, 0.0, False, 0)
+
+    done = await asyncio.gather(*(one(e) for e in examples))
+    failures.report()
+    n = len(done)
+    return {
+        "accuracy": sum(t.solved for t in done) / n,
+        "first_turn": sum(t.solved and t.turns == 1 for t in done) / n,
+        "reward": sum(t.reward for t in done) / n,
+        "turns": sum(t.turns for t in done) / n,
+        "n": n,
+        "failures": failures,
+    }
