@@ -20,7 +20,8 @@ from rich.table import Table
 
 from forge_rl.config import load_config
 from forge_rl.observability.metrics import read_jsonl
-from forge_rl.recipes.grpo import GRPORun, train
+from forge_rl.recipes.rl_run import RLRun
+from forge_rl.recipes.train import train
 from forge_rl.recipes.grpo_config import GRPOConfig
 
 
@@ -63,7 +64,7 @@ def main() -> None:
             [f"steps={args.steps}", f"output_dir={out}", "export_dir=null", *overrides],
         )
         Console().print(f"[bold]{name}[/bold] -> {out}")
-        summary = asyncio.run(train(GRPORun(cfg)))
+        summary = asyncio.run(train(RLRun(cfg)))
         rows = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "trainer/loss" in r]
         kl = [r["trainer/kl_ref"] for r in rows[-20:] if "trainer/kl_ref" in r]
         versions = sorted({int(r["reference/version"]) for r in rows if "reference/version" in r})

@@ -18,13 +18,14 @@ from rich.console import Console
 from rich.table import Table
 
 from forge_rl.config import load_config
-from forge_rl.recipes.grpo import GRPORun
+from forge_rl.recipes.algorithm import GRPO
 from forge_rl.recipes.grpo_config import GRPOConfig
-from forge_rl.recipes.ppo import PPOConfig, PPORun
+from forge_rl.recipes.ppo import PPO, PPOConfig
+from forge_rl.recipes.rl_run import RLRun
 
 RUNS = (
-    ("GRPO, G=8 x 16 prompts", GRPORun, GRPOConfig, "configs/grpo/tiny.yaml"),
-    ("PPO, critic, G=1 x 64 prompts", PPORun, PPOConfig, "configs/ppo/tiny.yaml"),
+    ("GRPO, G=8 x 16 prompts", GRPO, GRPOConfig, "configs/grpo/tiny.yaml"),
+    ("PPO, critic, G=1 x 64 prompts", PPO, PPOConfig, "configs/ppo/tiny.yaml"),
 )
 
 
@@ -74,13 +75,13 @@ def cli() -> None:
     ap.add_argument("--out", default="outputs/bench/ppo_vs_grpo")
     args = ap.parse_args()
     results = []
-    for label, run_cls, schema, config in RUNS:
+    for label, algorithm, schema, config in RUNS:
         Console().rule(label)
-        name = "ppo" if run_cls is PPORun else "grpo"
+        name = algorithm.name.lower()
         cfg = load_config(
             schema, config, ["steps=100000", "eval_every=0", f"output_dir={args.out}/{name}", "overwrite=true"]
         )
-        results.append((label, asyncio.run(train_for(run_cls(cfg), args.budget_s, args.eval_every))))
+        results.append((label, asyncio.run(train_for(RLRun(cfg, algorithm), args.budget_s, args.eval_every))))
     marks = [args.budget_s * f for f in (0.25, 0.5, 0.75)]
     table = Table(title=f"PPO against GRPO on the demo task, {args.budget_s:.0f} s of training each")
     for col in (

@@ -231,10 +231,9 @@ async def spawn(args, out: Path):
 
 
 async def measure(args) -> dict:
-    from forge_rl.actors.trainer import Trainer
     from forge_rl.launch.launcher import run_hosts
     from forge_rl.launch.launcher_config import LauncherConfig, SlurmConfig
-    from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, data_shards
+    from forge_rl.loop.ranks import Ranks
     from forge_rl.runtime.message_bytes import message_bytes, sent_bytes
 
     out = Path(args.out)
@@ -251,11 +250,11 @@ async def measure(args) -> dict:
         res["load_stats"] = by_rank(await trainer.flatten("rank").load_stats.call())
         res["publish"].append(await publish(phase, trainer, reader, 0, res, "publish_v0"))
         if not args.no_train:
-            shards = await data_shards(trainer)
+            ranks = await Ranks.of(trainer)
             step = batches(WORLD, args.seqs, args.tokens, hf_config(args.size)["vocab_size"])
             with sent_bytes() as wire:
                 _, res["phases"]["train"] = await phase.run(
-                    call_each_rank(trainer, Trainer.step, batches_for_ranks(step, shards))
+                    asyncio.gather(*(rank.step.call_one(b) for rank, b in ranks.sending(step)))
                 )
             res["sent"] = dict(
                 after=wire.total,

@@ -11,10 +11,11 @@ from forge_rl.recipes.distill_config import DistillConfig
 
 
 async def main(cfg: DistillConfig) -> dict:
-    from forge_rl.recipes.distill import DistillRun  # here: a config error is found before torch is imported
+    from forge_rl.recipes.distill import DISTILL  # here: a config error is found before torch is imported
+    from forge_rl.recipes.rl_run import RLRun
     from forge_rl.recipes.train import train
 
-    return await train(DistillRun(cfg))
+    return await train(RLRun(cfg, DISTILL))
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ from forge_rl.recipes.ppo_config import PPOConfig
 
 async def main(cfg: PPOConfig) -> dict:
     from forge_rl.recipes.train import train  # here: a config error is found before torch is imported
-    from forge_rl.recipes.ppo import PPORun
+    from forge_rl.recipes.ppo import PPO
+    from forge_rl.recipes.rl_run import RLRun
 
-    return await train(PPORun(cfg))
+    return await train(RLRun(cfg, PPO))
 
 
 if __name__ == "__main__":

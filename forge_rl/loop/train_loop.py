@@ -4,7 +4,7 @@
     run = RunState(cfg)                 # cfg: max_policy_age, batch_groups, no_batch_timeout_s
     batches, waited_s = await wait_for_batch(run, buffer, rollout_tasks)
     staleness, oldest = batch_staleness(batches, run.version)
-    ... Trainer.step(batches, run.version + 1) on every rank ...
+    ... Trainer.step(batches, run.version + 1) on every rank (forge_rl/recipes/rl_step.py) ...
     run.version += 1
     updates = await update_generators(run, generator, run.version)
 """
@@ -18,13 +18,13 @@ from typing import Any
 import torch
 
 from forge_rl.actors.reward import RewardRoleDied
-from forge_rl.deps.monarch import EndpointProperty, SupervisionError, endpoint_name
+from forge_rl.deps.monarch import SupervisionError
 from forge_rl.errors import RunStopped
 from forge_rl.loop.rollout import Admission, RewardFailing, RolloutStats
 from forge_rl.runtime.faults import RoleStartFailed, lost_role, why_lost
 from forge_rl.runtime.manifest import complete_checkpoints, intact
 from forge_rl.runtime.timeouts import within
-from forge_rl.types import BatchShape, TrainBatch
+from forge_rl.types import TrainBatch
 
 
 SAMPLE_WAIT_S = 0.1
@@ -167,37 +167,6 @@ def why_no_batch(run: RunState, before: dict, now: dict, drops_before: dict) -> 
     elif not added:
         lines.append("no rollout finished: the generator is stuck or far too slow for this timeout")
     return "; ".join(lines)
-
-
-async def data_shards(mesh) -> list[int]:
-    """The data-parallel shard of each rank of a trainer-like actor mesh, in flattened rank order."""
-    shards = await mesh.flatten("rank").data_shard.call()
-    return [shard for _, shard in sorted(shards.items(), key=lambda item: item[0]["rank"])]
-
-
-def batches_for_ranks(batches: list[TrainBatch], shards: list[int]) -> list[list[TrainBatch | BatchShape]]:
-    """What each rank is sent: its own shard's TrainBatch and the others' counts (the loss normalises over the
-    whole step), so the controller sends each batch once, to the ranks that train on it."""
-    counts = [b.shape_only() for b in batches]
-    return [[b if i == shard else counts[i] for i, b in enumerate(batches)] for shard in shards]
-
-
-async def call_each_rank(mesh, endpoint: EndpointProperty, args_of_rank: list, *common) -> list:
-    """`endpoint` (the actor class's, e.g. `Trainer.step`) on every rank of `mesh` at once, rank r with
-    args_of_rank[r] and then `common`; the results in rank order."""
-    flat, name = mesh.flatten("rank"), endpoint_name(endpoint)
-    return list(
-        await asyncio.gather(
-            *(getattr(flat.slice(rank=r), name).call_one(args, *common) for r, args in enumerate(args_of_rank))
-        )
-    )
-
-
-async def call_for_batches(mesh, endpoint: EndpointProperty, batches: list[TrainBatch], shards: list[int]) -> list:
-    """`endpoint` on every rank of `mesh`, each sent its own shard's batch (`batches_for_ranks`); one result per
-    batch, in batch order, from the first rank that holds it."""
-    results = await call_each_rank(mesh, endpoint, batches_for_ranks(batches, shards))
-    return [results[shards.index(i)][i] for i in range(len(batches))]
 
 
 async def update_generators(

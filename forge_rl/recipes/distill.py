@@ -1,7 +1,7 @@
 """On-policy distillation: the student generates, a teacher scores every sampled token, the student learns
 the teacher's distribution on its own samples.
 
-It is the GRPO run with two changes (docs/algorithms.md):
+It is the RL run with two changes (the `DISTILL` algorithm value below; docs/algorithms.md):
 - a frozen teacher (a TorchTitan forward on its own actor, the `Reference` actor built from `teacher`) fills
   TrainBatch.ref_logprobs with log pi_teacher of every sampled token, every step;
 - the loss's per-token advantage is distill_coef * (log pi_teacher - log pi_behaviour): minus the per-token
@@ -18,7 +18,8 @@ prompt and on CPU take cores from the student's generator (docs/benchmarks.md co
 
 from forge_rl.config import ConfigError
 from forge_rl.models import load_tokenizer, model_path
-from forge_rl.recipes.grpo import GRPORun
+from forge_rl.recipes.algorithm import Algorithm
+from forge_rl.recipes.rl_run import RLRun
 from forge_rl.recipes.train import train
 from forge_rl.recipes.distill_config import DistillConfig
 
@@ -35,31 +36,28 @@ def check_same_tokenizer(student: str, teacher: str) -> None:
         )
 
 
-class DistillRun(GRPORun):
-    """A GRPO run whose reference stage is the teacher."""
-
-    cfg: DistillConfig
-
-    def prepare(self) -> None:
-        cfg = self.cfg
-        self.teacher = model_path(cfg.teacher, "teacher", role="teacher")
-        check_same_tokenizer(model_path(cfg.model), self.teacher)
-        if cfg.trainer.loss.distill_coef <= 0:
-            raise ConfigError(f"trainer.loss.distill_coef={cfg.trainer.loss.distill_coef}: distillation needs > 0")
-        super().prepare()
-
-    def group_advantages(self) -> bool:
-        return self.cfg.trainer.loss.reward_coef > 0  # the teacher's part is per token, the reward's per group
-
-    def zero_advantage_trains(self) -> str:
-        return "every token carries the teacher's signal"
-
-    def reference_model(self) -> str:
-        return self.teacher
+def teacher(cfg: DistillConfig) -> str:
+    return model_path(cfg.teacher, "teacher", role="teacher")
 
 
+def check(cfg: DistillConfig) -> None:
+    """A teacher the student can learn from token by token, and a coefficient that lets it."""
+    check_same_tokenizer(model_path(cfg.model), teacher(cfg))
+    if cfg.trainer.loss.distill_coef <= 0:
+        raise ConfigError(f"trainer.loss.distill_coef={cfg.trainer.loss.distill_coef}: distillation needs > 0")
+
+
+DISTILL = Algorithm(
+    "Distill",
+    check=check,
+    reference_model=teacher,  # the reference stage is the teacher
+    # the teacher's part is per token, the reward's per group
+    group_advantages=lambda cfg: cfg.trainer.loss.reward_coef > 0,
+    zero_advantage_trains="every token carries the teacher's signal",
+)
 CONFIG = DistillConfig
+ALGORITHM = DISTILL
 
 
 async def main(cfg: DistillConfig) -> dict:
-    return await train(DistillRun(cfg))
+    return await train(RLRun(cfg, DISTILL))

@@ -239,7 +239,8 @@ def summary_block(
 
 
 async def step_line(
-    run,
+    roles,
+    s,
     metrics: dict,
     push: dict,
     batches: list,
@@ -249,18 +250,17 @@ async def step_line(
     step_s: float,
     generated_tokens: int,
 ) -> tuple[dict[str, float], dict]:
-    """The metrics line of the step `run` just took: what the trainer and the publish returned, with the buffer's,
-    the dataset's and a generator's stats and the rewards scored meanwhile; and the buffer's stats it read (the
-    next step's `buffer_before`)."""
-    s = run.state
+    """The metrics line of the step just taken (to version `s.version`, of the run's RunState `s`): what the
+    trainer and the publish returned, with the buffer's, the dataset's and a generator's stats and the rewards
+    scored meanwhile; and the buffer's stats it read (the next step's `buffer_before`)."""
     # the three actors' stats at once: one round trip's wait on the step's critical path, not three
     buffer, data, generator = await asyncio.gather(
-        run.roles.buffer.stats.call_one(), run.roles.dataset.stats.call_one(), run.roles.generator.stats.route()
+        roles.buffer.stats.call_one(), roles.dataset.stats.call_one(), roles.generator.stats.route()
     )
     rewards, parts = s.rollouts.take_rewards()
     line = step_metrics(
         StepRecord(
-            step=run.step,
+            step=s.version,
             trainer=metrics,
             push=push,
             updates=s.last_updates,

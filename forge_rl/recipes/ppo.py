@@ -1,6 +1,6 @@
 """PPO with a critic: per-token credit from a value model trained beside the policy; no group of samples needed.
 
-It is the GRPO run with a critic stage (docs/algorithms.md):
+It is the RL run with a critic (the `PPO` algorithm value below; docs/algorithms.md):
 - a `Critic` actor (forge_rl/actors/critic.py: the policy's TorchTitan body with a value head, its own optimizer,
   checkpoint and ranks) values every token of the step's batch under its current weights;
 - GAE over the model tokens (an environment's tokens are skipped), with each episode's reward on its last model
@@ -12,6 +12,7 @@ critic's in step-N/critic) and Slurm are GRPO's. Values are computed at train ti
 by the critic of the version being trained, not the one that sampled it.
 """
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,16 +21,17 @@ import torch
 from forge_rl.actors.critic import Critic
 from forge_rl.actors.trainer_config import TrainerConfig
 from forge_rl.config import ConfigError
-from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, call_for_batches, data_shards
+from forge_rl.loop.ranks import Ranks
 from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, whiten
 from forge_rl.models import model_path
 from forge_rl.models.lora_config import LoRAConfig
-from forge_rl.recipes.grpo import GRPORun
+from forge_rl.recipes.algorithm import Algorithm, fill_reference
+from forge_rl.recipes.rl_run import RLRun
 from forge_rl.recipes.train import train
 from forge_rl.recipes.ppo_config import GAEConfig, PPOConfig
 from forge_rl.recipes.roles import Roles
 from forge_rl.recipes.startup import on_trainer_procs
-from forge_rl.runtime.memory_plan import ModelShape
+from forge_rl.recipes.step_state import StepState
 from forge_rl.runtime.timeouts import within
 from forge_rl.types import TrainBatch
 
@@ -77,85 +79,76 @@ def critic_config(cfg: PPOConfig, model_dir: str) -> TrainerConfig:
     )
 
 
-class PPORun(GRPORun):
-    """A GRPO run with a critic stage."""
-
-    cfg: PPOConfig
-
-    def prepare(self) -> None:
-        cfg = self.cfg
-        if cfg.overlong.filter:
-            raise ConfigError(
-                "overlong.filter zeroes group advantages; with PPO (per-token advantages from the "
-                "critic) use overlong.penalty_cache_len, or leave truncated responses to the critic"
-            )
-        if cfg.trainer.loss.policy_loss == "gspo":
-            raise ConfigError(
-                "trainer.loss.policy_loss='gspo' clips a sequence ratio with one advantage per "
-                "sequence; PPO's advantages are per token: use 'grpo' (PPO's clip) or 'cispo'"
-            )
-        super().prepare()
-        self.critic_model = model_path(
-            cfg.critic.model or cfg.model, "critic.model" if cfg.critic.model else "model", role="critic"
+def check(cfg: PPOConfig) -> None:
+    """What GRPO allows and PPO's per-token advantages do not."""
+    if cfg.overlong.filter:
+        raise ConfigError(
+            "overlong.filter zeroes group advantages; with PPO (per-token advantages from the "
+            "critic) use overlong.penalty_cache_len, or leave truncated responses to the critic"
         )
-
-    def group_advantages(self) -> bool:
-        return False  # the critic is the baseline: one sample per prompt is enough
-
-    def zero_advantage_trains(self) -> str:
-        # the advantages the buffer sees are group-relative (0 with one sample per prompt); PPO's come later
-        return "PPO's advantages come from the critic at train time"
-
-    def critic_parameters(self) -> int:
-        return ModelShape.from_config(self.critic_model).parameters()
-
-    def other_trained(self) -> dict:
-        critic = self.roles.critic if self.roles is not None else None
-        return {"critic": critic} if critic is not None else {}
-
-    async def start_actors(self, hosts: dict, gpus: list[str]) -> Roles:
-        roles = await super().start_actors(hosts, gpus)
-        # on the trainer's procs' hosts, cores and GPUs (time-sharing them, as the reference does)
-        critic = await Critic.options(
-            **on_trainer_procs(self.placement, gpus, self.cfg.trainer_procs), share_gpus=True
-        ).as_actor(
-            critic_config(self.cfg, self.critic_model),
-            value_clip=self.cfg.critic.value_clip,
-            epochs=self.cfg.critic.epochs,
+    if cfg.trainer.loss.policy_loss == "gspo":
+        raise ConfigError(
+            "trainer.loss.policy_loss='gspo' clips a sequence ratio with one advantage per "
+            "sequence; PPO's advantages are per token: use 'grpo' (PPO's clip) or 'cispo'"
         )
-        return roles.with_role("critic", critic, await data_shards(critic))
-
-    async def score(self, batches: list, version: int) -> tuple[list, dict]:
-        """The reference's logprobs, then the critic's values of every token and GAE's advantages from them."""
-        batches, _ = await super().score(batches, version)
-        values = await within(
-            call_for_batches(self.roles.critic, Critic.values, batches, self.roles.shards["critic"]),
-            self.cfg.timeouts.reference_s,
-            "reference_s",
-            f"the Critic's values for version {version}",
-            self._where(),
-        )
-        return with_advantages(batches, values, self.cfg.gae)
-
-    async def train_beside(self, batches: list, version: int) -> dict:
-        """The critic's steps on the batch's returns, after the policy's."""
-        critic = (
-            await within(
-                call_each_rank(self.roles.critic, Critic.step, batches_for_ranks(batches, self.roles.shards["critic"])),
-                self.cfg.timeouts.trainer_step_s,
-                "trainer_step_s",
-                f"the Critic's step at version {version}",
-                self._where(),
-            )
-        )[0]
-        return {
-            f"critic/{k}": critic[k]
-            for k in ("value_loss", "value_loss_last_epoch", "value_clip_fraction", "grad_norm", "step", "step_s")
-        }
+    critic_model(cfg)  # a model the critic can load, or a ConfigError naming critic.model
 
 
+def critic_model(cfg: PPOConfig) -> str:
+    return model_path(cfg.critic.model or cfg.model, "critic.model" if cfg.critic.model else "model", role="critic")
+
+
+async def start_critic(cfg: PPOConfig, roles: Roles, placement, gpus: list[str]) -> Roles:
+    """The critic, on the trainer's procs' hosts, cores and GPUs (time-sharing them, as the reference does)."""
+    critic = await Critic.options(**on_trainer_procs(placement, gpus, cfg.trainer_procs), share_gpus=True).as_actor(
+        critic_config(cfg, critic_model(cfg)), value_clip=cfg.critic.value_clip, epochs=cfg.critic.epochs
+    )
+    return roles.with_role("critic", await Ranks.of(critic))
+
+
+async def score_with_critic(roles: Roles, state: StepState, batches: list, version: int) -> tuple[list, dict]:
+    """The reference's logprobs, then the critic's values of every token and GAE's advantages from them."""
+    batches, _ = await fill_reference(roles, state, batches, version)
+    values = await within(
+        asyncio.gather(*(rank.values.call_one(sent) for rank, sent in roles.critic.sending(batches))),
+        state.cfg.timeouts.reference_s,
+        "reference_s",
+        f"the Critic's values for version {version}",
+        state.where(),
+    )
+    return with_advantages(batches, roles.critic.per_batch(values), state.cfg.gae)
+
+
+async def train_critic(roles: Roles, state: StepState, batches: list, version: int) -> dict:
+    """The critic's steps on the batch's returns, after the policy's."""
+    per_rank = await within(
+        asyncio.gather(*(rank.step.call_one(sent) for rank, sent in roles.critic.sending(batches))),
+        state.cfg.timeouts.trainer_step_s,
+        "trainer_step_s",
+        f"the Critic's step at version {version}",
+        state.where(),
+    )
+    return {
+        f"critic/{k}": per_rank[0][k]
+        for k in ("value_loss", "value_loss_last_epoch", "value_clip_fraction", "grad_norm", "step", "step_s")
+    }
+
+
+PPO = Algorithm(
+    "PPO",
+    check=check,
+    group_advantages=lambda cfg: False,  # the critic is the baseline: one sample per prompt is enough
+    # the advantages the buffer sees are group-relative (0 with one sample per prompt); PPO's come later
+    zero_advantage_trains="PPO's advantages come from the critic at train time",
+    critic_model=critic_model,
+    start_beside=start_critic,
+    score=score_with_critic,
+    train_beside=train_critic,
+    trained_beside=("critic",),
+)
 CONFIG = PPOConfig
+ALGORITHM = PPO
 
 
 async def main(cfg: PPOConfig) -> dict:
-    return await train(PPORun(cfg))
+    return await train(RLRun(cfg, PPO))

@@ -5,7 +5,7 @@ it, the hosts its roles run on, a timeline of what each role did, and the start/
         def prepare(self): ...             # checks and data, no actor yet; calls self.claim_output(...)
         async def start_roles(self, hosts): ...   # the actors, on the hosts the launcher gave
 
-GRPORun (and PPO and distillation through it) and SFTRun are the two users."""
+RLRun (GRPO, PPO and distillation: forge_rl/recipes/rl_run.py) and SFTRun are the two users."""
 
 import abc
 import asyncio

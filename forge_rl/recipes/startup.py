@@ -1,6 +1,7 @@
 """A run's start-up, from a checked config to running actors: where each role runs, the generators' engine
 arguments (on a GPU shared with the trainer, sized by the memory plan), every actor of the run, and the resume
-from a checkpoint. `GRPORun.start_roles` calls these in order; PPO starts its critic after `start_actors`.
+from a checkpoint. `RLRun.start_roles` calls these in order; an algorithm's `start_beside` (PPO's critic) runs after
+`start_actors`.
 
 They read the run's settings and return what they made (the placement, the roles, the step resumed from); the run
 keeps them, so a notebook that drives a run step by step sees the same objects the run uses (`run.roles`)."""
@@ -22,7 +23,7 @@ from forge_rl.agents.server import AgentServer, EndpointSettings
 from forge_rl.launch.launcher import weight_server
 from forge_rl.launch.launcher_config import LauncherConfig
 from forge_rl.loop.checkpoint import resume_from_checkpoint
-from forge_rl.loop.train_loop import data_shards
+from forge_rl.loop.ranks import Ranks
 from forge_rl.models import resolve_model_path
 from forge_rl.recipes.grpo_checks import dp_size, max_prompt_tokens, model_len_and_room
 from forge_rl.recipes.roles import Roles
@@ -112,8 +113,8 @@ async def start_actors(run, hosts: dict, gpus: list[str]) -> Roles:
             cfg.task, run.model_dir, cfg.seed, max_prompt_tokens(cfg, run.model_dir), cfg.chat_template_kwargs
         ),
     )
-    roles = Roles(trainer, generator, buffer, reward, dataset, shards={"trainer": tuple(await data_shards(trainer))})
-    reference = run.reference_model()
+    roles = Roles(await Ranks.of(trainer), generator, buffer, reward, dataset)
+    reference = run.algorithm.reference_model(cfg)
     if reference is not None:  # a frozen policy (or a teacher), on the trainer's cores
         reference = await Reference.options(**dict(trainer_procs, share_gpus=True)).as_actor(
             # the policy's routes replay in the policy's own model only, not in a distillation teacher's
@@ -123,7 +124,7 @@ async def start_actors(run, hosts: dict, gpus: list[str]) -> Roles:
             cfg.weight_store,
             weight_source,
         )
-        roles = roles.with_role("reference", reference, await data_shards(reference))
+        roles = roles.with_role("reference", await Ranks.of(reference))
     return roles
 
 
@@ -200,13 +201,18 @@ def engine_args(run, shared: bool) -> dict:
     return args
 
 
+def critic_parameters(model: str | None) -> int:
+    """Parameters of a model trained beside the policy on the trainer's procs (PPO's critic), for the memory plan."""
+    return ModelShape.from_config(resolve_model_path(model)).parameters() if model else 0
+
+
 def memory_plan(run, engine_args: dict):
     """The plan of one colocated GPU (forge_rl/runtime/memory_plan.py); None when the model's config.json
     has no dense decoder's shape."""
     cfg = run.cfg
     try:
         shape = ModelShape.from_config(run.model_dir, name=Path(cfg.model).name)
-        ref = run.reference_model()
+        ref = run.algorithm.reference_model(cfg)
         ref_params = ModelShape.from_config(resolve_model_path(ref)).parameters() if ref else 0
     except (OSError, ValueError) as e:
         run.console.print(f"[yellow]no memory plan for the colocated GPUs: {e}[/yellow]")
@@ -225,7 +231,7 @@ def memory_plan(run, engine_args: dict):
         lora=cfg.trainer.lora.enabled,
         reference_params=ref_params,
         **({"lm_head_memory_gb": cfg.trainer.lm_head_memory_mb * 2**20 / 1e9} if cfg.trainer.lm_head_memory_mb else {}),
-        critic_params=run.critic_parameters(),
+        critic_params=critic_parameters(run.algorithm.critic_model(cfg)),
         engine_dtype=engine_args.get("dtype", "bfloat16"),
         tensor_parallel_size=run.generator_gpus,
         max_model_len=engine_args.get("max_model_len"),
@@ -239,7 +245,7 @@ async def resume(run, roles: Roles) -> int | None:
     if path is None:
         return None
     step = await resume_from_checkpoint(
-        run.state, roles.trainer, roles.generator, roles.buffer, roles.dataset, path, run.other_trained()
+        run.state, roles.trainer.mesh, roles.generator, roles.buffer, roles.dataset, path, run.algorithm.others(roles)
     )
     run.console.print(
         f"resumed from {path} at step {step} (policy version {run.state.version}, run {run.claim.run_id})"

@@ -2,10 +2,10 @@
 checkpoints on their schedule, then finish; an interrupt saves a final checkpoint, and a dead role becomes one line
 naming it.
 
-    summary = await train(GRPORun(cfg))     # PPORun, DistillRun: the same loop over other stages
+    summary = await train(RLRun(cfg, GRPO))     # PPO, DISTILL: the same loop, another algorithm
 
-`run` is a GRPORun (forge_rl/recipes/grpo.py) or one of its algorithms; a notebook calls the same steps one at a
-time instead.
+`run` is an RLRun (forge_rl/recipes/rl_run.py); each step is `rl_step` (forge_rl/recipes/rl_step.py). A notebook
+calls the same steps one at a time instead.
 """
 
 import asyncio
@@ -16,6 +16,7 @@ from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.loop.train_loop import RoleDied, resume_hint, role_died
 from forge_rl.recipes.grpo_report import console_line, shown_reward
+from forge_rl.recipes.rl_step import rl_step
 from forge_rl.runtime.faults import RoleStartFailed
 
 
@@ -28,17 +29,19 @@ async def train(run) -> dict:
             try:
                 await _first_evaluation(run)
                 cfg = run.cfg
+                if run.step < cfg.steps:  # generating, scoring and buffering groups beside every step
+                    await run.start_rollouts()
                 # no bar without a terminal (nohup, CI, a batch step): the step lines say it all
                 with tqdm(
                     total=cfg.steps,
                     initial=run.step,
-                    desc=f"{run.algorithm()} steps",
+                    desc=f"{run.algorithm.name} steps",
                     unit="step",
                     dynamic_ncols=True,
                     disable=None,
                 ) as bar:
                     while run.step < cfg.steps:
-                        line = await run.rl_step()
+                        line = await rl_step(run.roles, run.step_state, run.algorithm)
                         if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step != cfg.steps:
                             line.update(await run.evaluate())
                         if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:

@@ -6,7 +6,7 @@ Monarch serialises an endpoint call's arguments once per call (monarch/_src/acto
 open, each call's buffer size is recorded in call order:
 
     with sent_bytes() as sent:
-        await call_each_rank(trainer, Trainer.step, batches_for_ranks(batches, shards))
+        await asyncio.gather(*(rank.step.call_one(b) for rank, b in trainer_ranks.sending(batches)))
     sent.calls  # [bytes to rank 0, bytes to rank 1, ...]
 
 For tests and benchmarks (it wraps a private function of Monarch 0.7; not for use in a run). Results coming back and

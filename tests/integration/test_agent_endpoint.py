@@ -17,7 +17,8 @@ import torch
 from forge_rl.agents.entry import AgentEntry
 from forge_rl.config import load_config
 from forge_rl.loop.rollout import DropLog, RolloutStats
-from forge_rl.recipes.grpo import GRPOConfig, GRPORun
+from forge_rl.recipes.grpo_config import GRPOConfig
+from forge_rl.recipes.rl_run import RLRun
 from forge_rl.types import Completion
 from tests.conftest import REPO
 
@@ -103,7 +104,7 @@ def run(tmp_path_factory):
         ],
     )
     loop = asyncio.new_event_loop()
-    grpo = GRPORun(cfg)
+    grpo = RLRun(cfg)
     loop.run_until_complete(grpo.start())
     try:
         lines = [loop.run_until_complete(grpo.rl_step()) for _ in range(2)]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from forge_rl.errors import RunStopped
-from forge_rl.recipes.grpo import GRPORun
+from forge_rl.recipes.rl_run import RLRun
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.grpo_report import run_summary, summary_block
 from forge_rl.recipes.roles import Roles
@@ -112,7 +112,7 @@ def test_finish_lets_the_rollouts_in_flight_land_before_the_final_checkpoint(tmp
     """finish() must not cancel a rollout that is about to put its group in the buffer: the final checkpoint
     would miss a group whose prompt the data position has passed. A generator that fails at finish's next call
     stops it right after (a fault injected to leave the evaluation and the checkpoint out)."""
-    run = GRPORun(GRPOConfig(output_dir=str(tmp_path)))
+    run = RLRun(GRPOConfig(output_dir=str(tmp_path)))
     run.state = RunState(run.cfg)
     run.rollouts = RolloutTasks(run.state, run.timeline)
     landed = []
@@ -142,7 +142,7 @@ def test_finish_lets_the_rollouts_in_flight_land_before_the_final_checkpoint(tmp
 
 def test_the_summary_of_a_run_never_evaluated_says_so(tmp_path):
     """finish() straight after start() (a notebook): no evaluation, no IndexError."""
-    run = GRPORun(GRPOConfig(output_dir=str(tmp_path)))
+    run = RLRun(GRPOConfig(output_dir=str(tmp_path)))
     run.state = RunState(run.cfg)
     buffer = {"added": 0, "trained": 0, "present": 0, "dropped": {"stale": 0}}
     generator = SimpleNamespace(

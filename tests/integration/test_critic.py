@@ -1,6 +1,7 @@
 """The Critic actor on the tiny model: FSDP2 and TP ranks match one proc, it learns the returns, and a checkpoint
 resumes to the same value losses as the run that was never stopped."""
 
+import asyncio
 import dataclasses
 import os
 import signal
@@ -10,7 +11,7 @@ import torch
 
 from forge_rl.actors.critic import Critic
 from forge_rl.actors.trainer_config import OptimizerConfig, ParallelConfig, TrainerConfig
-from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, data_shards
+from forge_rl.loop.ranks import Ranks
 from forge_rl.losses.ppo import gae, terminal_rewards
 from forge_rl.runtime import stop_actor
 from tests.support.actors import Echo
@@ -30,11 +31,10 @@ def critic(loop, tmp_path, procs: int = 1, epochs: int = 2, **parallel):
 def valued(loop, actor, batches):
     """Each batch with its values from `actor` (each rank values its own) and GAE's returns; a row's reward is 1
     when its first token is even (a property of the row, so a split batch gets the same rewards)."""
-    shards = loop.run_until_complete(data_shards(actor))
-    got = loop.run_until_complete(call_each_rank(actor, Critic.values, batches_for_ranks(batches, shards)))
+    ranks = loop.run_until_complete(Ranks.of(actor))
+    got = loop.run_until_complete(asyncio.gather(*(rank.values.call_one(b) for rank, b in ranks.sending(batches))))
     out = []
-    for i, b in enumerate(batches):
-        v = got[shards.index(i)][i]
+    for b, v in zip(batches, ranks.per_batch(got)):
         rewards = (b.tokens[:, 0] % 2 == 0).float()
         a, r = gae(terminal_rewards(rewards, b.response_mask), v, b.response_mask)
         out.append(dataclasses.replace(b, advantages=a, values=v, returns=r))
@@ -42,11 +42,12 @@ def valued(loop, actor, batches):
 
 
 def steps(loop, actor, n_dp: int, seeds) -> list[dict]:
-    shards = loop.run_until_complete(data_shards(actor))
+    ranks = loop.run_until_complete(Ranks.of(actor))
     out = []
     for s in seeds:
         batches = valued(loop, actor, split(make_batch(s), n_dp))
-        out.append(loop.run_until_complete(call_each_rank(actor, Critic.step, batches_for_ranks(batches, shards)))[0])
+        steps = asyncio.gather(*(rank.step.call_one(b) for rank, b in ranks.sending(batches)))
+        out.append(loop.run_until_complete(steps)[0])
     return out
 
 

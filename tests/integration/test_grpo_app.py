@@ -311,7 +311,7 @@ async def probe_step(run, shifts: list[float]) -> dict[str, float]:
     ids=["gspo", "cispo-with-dapo-recipe"],
 )
 def test_gspo_and_cispo_train_in_a_short_grpo_run(tmp_path, config, overrides, shifts):
-    from forge_rl.recipes.grpo import GRPORun
+    from forge_rl.recipes.rl_run import RLRun
 
     cfg = load_config(
         GRPOConfig,
@@ -320,7 +320,7 @@ def test_gspo_and_cispo_train_in_a_short_grpo_run(tmp_path, config, overrides, s
     )
 
     async def body():
-        async with GRPORun(cfg) as run:
+        async with RLRun(cfg) as run:
             lines = [await run.rl_step() for _ in range(2)]
             return lines, await probe_step(run, shifts)
 

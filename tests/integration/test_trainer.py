@@ -101,19 +101,24 @@ def test_fsdp_and_tp_match_one_proc(loop, tmp_path):
     assert expected[0]["loss"] != expected[2]["loss"] and 0 < expected[0]["clip_fraction"] < 1
 
 
+async def each_rank(calls) -> list:
+    return list(await asyncio.gather(*calls))
+
+
 def steps_per_rank(loop, trainer, n_dp: int, seeds, shared_prompt: int = 0) -> list[dict]:
-    from forge_rl.loop.train_loop import batches_for_ranks, call_each_rank, data_shards
+    from forge_rl.loop.ranks import Ranks
     from forge_rl.runtime.message_bytes import message_bytes, sent_bytes
 
-    shards = loop.run_until_complete(data_shards(trainer))
+    ranks = loop.run_until_complete(Ranks.of(trainer))
+    shards = ranks.shards
     assert sorted(set(shards)) == list(range(n_dp))
     out = []
     for s in seeds:
         batches = split(make_batch(s, shared_prompt=shared_prompt), n_dp)
-        sent = batches_for_ranks(batches, shards)
-        assert all(sum(isinstance(b, TrainBatch) for b in rank) == 1 for rank in sent)  # its own batch only
+        sent = ranks.sending(batches)
+        assert all(sum(isinstance(b, TrainBatch) for b in rank_batches) == 1 for _, rank_batches in sent)  # its own
         with sent_bytes() as wire:  # what the controller serialised for the ranks, one message each
-            out.append(loop.run_until_complete(call_each_rank(trainer, Trainer.step, sent))[0])
+            out.append(loop.run_until_complete(each_rank(rank.step.call_one(b) for rank, b in sent))[0])
         # each batch once (its message), and to the other ranks its counts; every batch to every rank was
         # world x message_bytes(batches)
         each_once = sum(message_bytes([b]) for b in batches)

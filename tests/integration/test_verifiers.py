@@ -11,7 +11,8 @@ import pytest
 
 from examples.verifiers_addition.taskset import parse_answer
 from forge_rl.config import load_config
-from forge_rl.recipes.grpo import GRPOConfig, GRPORun
+from forge_rl.recipes.grpo_config import GRPOConfig
+from forge_rl.recipes.rl_run import RLRun
 from tests.conftest import REPO
 
 
@@ -43,7 +44,7 @@ def run(tmp_path_factory):
         ],
     )
     loop = asyncio.new_event_loop()
-    grpo = GRPORun(cfg)
+    grpo = RLRun(cfg)
     loop.run_until_complete(grpo.start())
     try:
         lines = [loop.run_until_complete(grpo.rl_step()) for _ in range(2)]

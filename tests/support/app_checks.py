@@ -17,20 +17,22 @@ class PassedEveryCheck(BaseException):
 def checks_only(app: str):
     """The app's schema, and a `main` that runs everything the app does before its first actor (the run's
     prepare(): its start() calls it first), then raises PassedEveryCheck instead of starting actors."""
-    from forge_rl.recipes.distill import DistillConfig, DistillRun
-    from forge_rl.recipes.grpo import GRPOConfig, GRPORun
-    from forge_rl.recipes.ppo import PPOConfig, PPORun
+    from forge_rl.recipes.algorithm import GRPO
+    from forge_rl.recipes.distill import DISTILL, DistillConfig
+    from forge_rl.recipes.grpo_config import GRPOConfig
+    from forge_rl.recipes.ppo import PPO, PPOConfig
+    from forge_rl.recipes.rl_run import RLRun
     from forge_rl.recipes.sft import SFTConfig, SFTRun
 
-    schema, run_class = {
-        "grpo": (GRPOConfig, GRPORun),
+    schema, make_run = {
+        "grpo": (GRPOConfig, lambda cfg: RLRun(cfg, GRPO)),
         "sft": (SFTConfig, SFTRun),
-        "ppo": (PPOConfig, PPORun),
-        "distill": (DistillConfig, DistillRun),
+        "ppo": (PPOConfig, lambda cfg: RLRun(cfg, PPO)),
+        "distill": (DistillConfig, lambda cfg: RLRun(cfg, DISTILL)),
     }[app]
 
     async def main(cfg) -> dict:
-        run_class(cfg).prepare()
+        make_run(cfg).prepare()
         raise PassedEveryCheck(f"{app}: every check before the actors passed")
 
     return schema, main

@@ -322,18 +322,18 @@ def test_verbose_flag_is_the_verbose_key_of_apps_that_have_one():
 def test_a_run_fills_in_its_own_copy_of_the_config(tmp_path):
     """A run derives settings (the trainer's temperature, token_sum's constant, the model's path) in its own copy:
     a second run from the same object (a notebook) derives them again from what the user changed."""
-    from forge_rl.recipes.grpo import GRPORun
+    from forge_rl.recipes.rl_run import RLRun
     from forge_rl.recipes.grpo_config import GRPOConfig
 
     cfg = load_config(GRPOConfig, REPO / "configs/grpo/tiny.yaml", [f"output_dir={tmp_path}"])
     cfg.trainer.loss.normalize = "token_sum"
-    first = GRPORun(cfg)
+    first = RLRun(cfg)
     first.prepare()
     assert first.cfg.trainer.loss.max_response_len > 0 and first.cfg.trainer.temperature is not None
     assert cfg.trainer.loss.max_response_len == 0 and cfg.trainer.temperature is None
     assert first.cfg.trainer.profile_dir == str(tmp_path / "profile")  # trainer.profile_steps' traces: the run's
     cfg.generator.sampling["max_tokens"] *= 2
-    second = GRPORun(cfg)
+    second = RLRun(cfg)
     second.prepare()
     assert second.cfg.trainer.loss.max_response_len > first.cfg.trainer.loss.max_response_len
 

@@ -56,7 +56,7 @@ def _defined_in(tree: ast.AST, name: str) -> ast.AST | None:
 
 
 def _resolve(dotted: str) -> None:
-    """A module, or an attribute of one (forge_rl.recipes.grpo.GRPORun.rl_step), found in the module's source
+    """A module, or an attribute of one (forge_rl.recipes.rl_run.RLRun.rl_step), found in the module's source
     without importing it: importing would cost the test an optional integration's import (OpenEnv pulls in gradio,
     seconds). A name the source binds in a way the syntax tree does not show is looked up by importing."""
     parts = dotted.split(".")

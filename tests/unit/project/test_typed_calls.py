@@ -1,5 +1,5 @@
 """Endpoints are called through typed references in the run's code (recipes/, loop/, agents/, envs/):
-`calls.call(buffer, ReplayBuffer.add, group)`, `call_each_rank(trainer, Trainer.step, ...)`, never an
+`calls.call(buffer, ReplayBuffer.add, group)`, `rank.step.call_one(...)` on a typed rank, never an
 endpoint's name as a string (`calls.call(buffer, "add")`, `getattr(mesh, "step")`), which no checker,
 rename or reader follows from the call to the actor."""
 
@@ -16,8 +16,6 @@ CALLS = {
     "route",
     "broadcast",
     "choose",
-    "call_each_rank",
-    "call_for_batches",
     "getattr",
 }
 

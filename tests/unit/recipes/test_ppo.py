@@ -11,7 +11,8 @@ from forge_rl.config import ConfigError
 from forge_rl.losses.config import LossConfig
 from forge_rl.losses.grpo import per_token_loss
 from forge_rl.losses.ppo import explained_variance, gae, terminal_rewards, value_loss, whiten
-from forge_rl.recipes.ppo import PPORun, with_advantages
+from forge_rl.recipes.ppo import PPO, with_advantages
+from forge_rl.recipes.rl_run import RLRun
 from forge_rl.recipes.ppo_config import GAEConfig, PPOConfig
 from forge_rl.types import TrainBatch
 
@@ -132,7 +133,7 @@ def test_ppo_config_errors_name_the_key(change, message, tmp_path):
 
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PPOConfig), {"output_dir": str(tmp_path), **change}))
     with pytest.raises(ConfigError, match=message):
-        PPORun(cfg).prepare()
+        RLRun(cfg, PPO).prepare()
     with pytest.raises(ValueError, match="gae.gamma"):
         GAEConfig(gamma=0.0)
 
@@ -141,16 +142,16 @@ def test_one_sample_per_prompt_is_ppos_default_and_refused_for_grpo(tmp_path):
     """PPO's baseline is the critic, so group_size=1 is fine; GRPO's is the group's mean, so it learns nothing."""
     from omegaconf import OmegaConf
 
-    from forge_rl.recipes.grpo import GRPOConfig, GRPORun
+    from forge_rl.recipes.grpo_config import GRPOConfig
 
     ppo = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PPOConfig), {"output_dir": str(tmp_path / "p")}))
     assert ppo.group_size == 1
-    PPORun(ppo).prepare()
+    RLRun(ppo, PPO).prepare()
     grpo = OmegaConf.to_object(
         OmegaConf.merge(OmegaConf.structured(GRPOConfig), {"output_dir": str(tmp_path / "g"), "group_size": 1})
     )
     with pytest.raises(ConfigError, match=r"group_size=1: GRPO's advantage .* set group_size >= 2"):
-        GRPORun(grpo).prepare()
+        RLRun(grpo).prepare()
 
 
 def test_the_critic_takes_the_trainers_placement_settings_and_its_own_optimizer():

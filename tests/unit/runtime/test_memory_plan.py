@@ -206,9 +206,9 @@ def test_shape_from_a_config_file_and_the_cli(tmp_path, capsys):
 
 
 def test_the_grpo_run_sets_and_checks_gpu_memory_utilization_when_colocated_on_gpus(tmp_path, monkeypatch):
-    """GRPORun's wiring, with a simulated 4 x 80 GB node (configs/grpo/qwen3_1_7b.yaml's sizes): the plan sets
+    """RLRun's wiring, with a simulated 4 x 80 GB node (configs/grpo/qwen3_1_7b.yaml's sizes): the plan sets
     gpu_memory_utilization, a user's value above it is refused, and nothing changes off the GPU."""
-    import forge_rl.recipes.grpo as grpo
+    import forge_rl.recipes.rl_run as rl_run
     from forge_rl.recipes import startup
     from forge_rl.recipes.grpo_config import GRPOConfig
     from forge_rl.runtime.placement import plan_placement
@@ -220,7 +220,7 @@ def test_the_grpo_run_sets_and_checks_gpu_memory_utilization_when_colocated_on_g
     cfg = GRPOConfig(model=str(model), trainer_procs=4)
     cfg.generator.replicas, cfg.generator.engine_args = 4, dict(max_model_len=2048, dtype="bfloat16")
     cfg.trainer.micro_batch_size, cfg.trainer.parallel.activation_checkpointing = 16, True
-    run = grpo.GRPORun(cfg)
+    run = rl_run.RLRun(cfg)
     run.model_dir, run.generator_gpus = str(model), 1
     run.placement = plan_placement(cfg.resources, 4, 4, 1, gpus=["0", "1", "2", "3"])
     assert run.placement.colocated and run.placement.generator_gpus == [["0"], ["1"], ["2"], ["3"]]
@@ -237,7 +237,7 @@ def test_the_grpo_run_sets_and_checks_gpu_memory_utilization_when_colocated_on_g
 def test_a_trainer_sharing_its_gpu_gives_its_cached_memory_back_after_each_step(monkeypatch):
     """The run's placement decides it: colocated on GPUs (a simulated 4-GPU node) the trainer empties CUDA's
     cache after each publish, for the engine's wake-up; disaggregated, or on CPU, it keeps its cache."""
-    import forge_rl.recipes.grpo as grpo
+    import forge_rl.recipes.rl_run as rl_run
     from forge_rl.recipes import startup
     from forge_rl.recipes.grpo_config import GRPOConfig
 
@@ -249,7 +249,7 @@ def test_a_trainer_sharing_its_gpu_gives_its_cached_memory_back_after_each_step(
         monkeypatch.setattr(startup, "visible_gpus", lambda gpus=gpus: gpus)
         cfg = GRPOConfig(trainer_procs=2)
         cfg.resources.placement = placement
-        run = grpo.GRPORun(cfg)
+        run = rl_run.RLRun(cfg)
         startup.place(run.cfg, {})
         assert run.cfg.trainer.release_memory_after_step is expected, (gpus, placement)  # the run's own copy
 
