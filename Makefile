@@ -14,13 +14,13 @@ $(STAMP): pyproject.toml scripts/setup_env.sh scripts/install.py
 	bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
 
-# The optional integrations (pyproject.toml: envs, agents) the tests exercise against the real packages;
+# The optional integrations (pyproject.toml: envs, agents, tinker) the tests exercise against the real packages;
 # `make demo` does not need them.
 setup-extras: $(EXTRAS_STAMP)
 
 $(EXTRAS_STAMP): $(STAMP)
-	$(PY) scripts/install.py -e ".[envs,agents]"
-	$(PY) -c 'import reasoning_gym, openenv, verifiers, openai, vllm'
+	$(PY) scripts/install.py -e ".[envs,agents,tinker]"
+	$(PY) -c 'import reasoning_gym, openenv, verifiers, openai, vllm, tinker'
 	touch $(EXTRAS_STAMP)
 
 demo: setup

@@ -14,7 +14,7 @@ MAX_APP_LINES = 60
 # the bottom layer imports nothing of forge_rl.
 LAYERS = (
     {"apps"},
-    {"forge_rl.recipes", "forge_rl.rehearsal"},
+    {"forge_rl.recipes", "forge_rl.rehearsal", "forge_rl.tinker"},
     {"forge_rl.loop", "forge_rl.agents"},
     {"forge_rl.actors", "forge_rl.envs", "forge_rl.runtime", "forge_rl.launch"},
     {

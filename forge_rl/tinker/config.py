@@ -1,0 +1,42 @@
+"""The Tinker-compatible service's configuration (`configs/tinker/*.yaml`): the base model it serves, the port and
+key, the LoRA rank it trains (0: full fine-tuning), the limits a request is checked against, and the trainer's and
+the generator's settings. Torch-free, so a config is checked before any actor starts."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TinkerConfig:
+    # the one base model every training and sampling client uses: an embedded model's name or a local HF directory;
+    # clients name it by this string (base_model="tiny")
+    model: str = "tiny"
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: a free port, printed at start
+    # the key clients pass (api_key=...). Empty: a new one per run, printed at start. The client requires "tml-"
+    api_key: str = ""
+    # LoRA rank of every training client's adapters (the client's rank must equal it); 0: full fine-tuning
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    max_training_clients: int = 4  # each is a trainer of its own on the base model
+    max_batch_datums: int = 256  # datums in one forward_backward
+    max_sequence_tokens: int = 256  # tokens of one datum, and a sample's prompt plus max_tokens
+    max_samples: int = 64  # num_samples of one sample call
+    trainer_procs: int = 1
+    trainer_dtype: str = "float32"
+    max_grad_norm: float = 0.0  # the server's clip when the client's grad_clip_norm is 0; 0: none
+    seed: int = 0
+    # vLLM engine arguments of the generator (max_model_len follows max_sequence_tokens unless set)
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    output_dir: str = "outputs/tinker"  # checkpoints (save_state) and the service's logs
+
+    def __post_init__(self) -> None:
+        if self.api_key and not self.api_key.startswith("tml-"):
+            raise ValueError("api_key must start with 'tml-' (the tinker client refuses any other key)")
+        if self.lora_rank < 0:
+            raise ValueError(f"lora_rank must be >= 0 (0: full fine-tuning), got {self.lora_rank}")
+        for name in ("max_training_clients", "max_batch_datums", "max_sequence_tokens", "max_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")

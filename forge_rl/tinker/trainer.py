@@ -1,0 +1,86 @@
+"""The trainer behind a Tinker training client: forge_rl's Trainer (TorchTitan, FSDP2/TP, LoRA, its optimizer,
+publishing and checkpoints) with the two calls the Tinker API splits a step into.
+
+    forward_backward(rows, loss_fn, settings)   logprobs of each row's targets, the loss, gradients accumulated
+    optim_step(adam)                             Adam's parameters of this call, clip, optimizer.step(), zero grads
+
+A Tinker step is the client's, not the trainer's: gradients accumulate over any number of forward_backward calls
+until optim_step, and the optimizer's learning rate and betas are the call's. Every rank runs each call; a rank
+forwards its data-parallel share of the rows (round robin), so every rank runs one forward and one backward and
+FSDP's collectives pair up; the gradients are summed over ranks, as the losses are sums.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from monarch.actor import endpoint
+
+from forge_rl.actors.trainer import Trainer
+from forge_rl.tinker.losses import token_loss
+
+
+@dataclass
+class Row:
+    """One datum: its input tokens and, per input token, the target token and the loss inputs."""
+
+    tokens: list[int]
+    targets: list[int]
+    inputs: dict[str, np.ndarray]
+
+
+@dataclass
+class AdamStep:
+    learning_rate: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    grad_clip_norm: float  # 0: the trainer's own trainer.optim.max_grad_norm
+
+
+class TinkerTrainer(Trainer):
+    @endpoint
+    async def forward_backward(
+        self, rows: list[Row], loss_fn: str, settings: dict, forward_only: bool = False
+    ) -> tuple[list[int], list[np.ndarray], float]:
+        """This rank's share of `rows`: (their indices, each row's logprob per target token, their summed loss).
+        Without `forward_only` the loss's gradients are added to the parameters' (no optimizer step)."""
+        index = list(range(self.dp_rank, len(rows), self.dp_size))
+        mine = [rows[i] for i in index] or [Row([0], [0], {})]  # a rank with no row still runs the collectives
+        lengths = [len(r.tokens) for r in mine]
+        tokens = torch.zeros(len(mine), max(lengths) + 1, dtype=torch.long)
+        mask = torch.zeros_like(tokens, dtype=torch.bool)
+        for b, r in enumerate(mine):
+            tokens[b, : lengths[b] + 1] = torch.tensor(r.tokens + r.targets[-1:])
+            mask[b, 1 : lengths[b] + 1] = True  # the logprob of target i sits at position i + 1
+        self.model.train(not forward_only)
+        with torch.set_grad_enabled(not forward_only):
+            logprobs, _ = self._forward(tokens, "none", mask)
+            loss = logprobs.new_zeros(())
+            for b, r in enumerate(mine if index else []):
+                lp = logprobs[b, 1 : lengths[b] + 1]
+                inputs = {k: torch.as_tensor(v, dtype=lp.dtype, device=lp.device) for k, v in r.inputs.items()}
+                loss = loss + token_loss(loss_fn, lp, inputs, settings).sum()
+            if not forward_only:
+                (loss if index else loss + 0.0 * logprobs.sum()).backward()
+        outputs = [logprobs[b, 1 : lengths[b] + 1].detach().float().cpu().numpy() for b in range(len(index))]
+        return index, outputs, float(loss.detach())
+
+    @endpoint
+    async def optim_step(self, adam: AdamStep) -> dict[str, float]:
+        """One optimizer step on the gradients accumulated since the last: AdamW with this call's parameters, the
+        gradient norm clipped to `grad_clip_norm` (else the trainer's max_grad_norm). A step whose norm is not
+        finite changes nothing (Trainer's rule). Returns the step's metrics."""
+        for group in self.optimizer.param_groups:
+            group.update(
+                lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=adam.weight_decay
+            )
+        configured = self.cfg.optim.max_grad_norm
+        if adam.grad_clip_norm:
+            self.cfg.optim.max_grad_norm = adam.grad_clip_norm
+        try:
+            grad_norm, finite = self._apply_gradients(0.0)
+        finally:
+            self.cfg.optim.max_grad_norm = configured
+        return {"grad_norm:mean": grad_norm, "skipped:sum": float(not finite), "step:max": float(self.steps_taken)}

@@ -1,0 +1,168 @@
+"""The Tinker-compatible service (forge_rl/tinker/) against the real `tinker` client, unpatched: one service
+(`python -m apps.tinker.main`, its trainer and vLLM generator) for every test of the module, one training client
+shared by the tests that train. An SFT loop whose loss falls, an RL step with importance_sampling, sampled
+logprobs equal to the trainer's, and each bad input refused in one line while the service keeps serving."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+tinker = pytest.importorskip("tinker", reason="the tinker extra (pip install -e '.[tinker]'; make test installs it)")
+from tinker import types  # noqa: E402
+
+MAX_DATUMS = 16
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """The service as a user starts it, on a free port with a key of its own; stopped with Ctrl-C (SIGINT)."""
+    out = tmp_path_factory.mktemp("tinker")
+    log = open(out / "service.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "apps.tinker.main", "--config", "configs/tinker/tiny.yaml", f"output_dir={out}"]
+        + [f"max_batch_datums={MAX_DATUMS}", "max_sequence_tokens=64"],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 240
+    while not (out / "service.json").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the service did not start: {(out / 'service.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+    time.sleep(0.2)  # the file is written whole before the line is printed; let the write land
+    yield json.loads((out / "service.json").read_text())
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def client(service):
+    return tinker.ServiceClient(base_url=service["base_url"], api_key=service["api_key"])
+
+
+@pytest.fixture(scope="module")
+def training(client):
+    return client.create_lora_training_client(base_model="tiny", rank=8).result()
+
+
+def datum(ids: list[int], **inputs) -> types.Datum:
+    """Next-token prediction on `ids`: input ids[:-1], targets ids[1:]; the loss inputs per target token."""
+    arrays = {"target_tokens": np.array(ids[1:], dtype=np.int64)}
+    arrays.update({k: np.asarray(v, dtype=np.float32) for k, v in inputs.items()})
+    return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs=arrays)
+
+
+def sft_data(tokenizer) -> list[types.Datum]:
+    texts = ["12+34=46", "20+31=51", "7+8=15", "40+40=80"]
+    return [datum(ids, weights=np.ones(len(ids) - 1)) for ids in (tokenizer.encode(t) for t in texts)]
+
+
+def test_capabilities_name_the_base_model(client):
+    caps = tinker.RestClient(base_url=client._base_url, api_key=client._api_key).get_server_capabilities().result()
+    assert [m.model_name for m in caps.supported_models] == ["tiny"]
+
+
+def test_sft_loop_lowers_the_loss(training):
+    data = sft_data(training.get_tokenizer())
+    losses = []
+    for _ in range(8):
+        result = training.forward_backward(data, "cross_entropy").result()
+        training.optim_step(types.AdamParams(learning_rate=5e-3)).result()
+        losses.append(result.metrics["loss:sum"])
+    assert [len(o["logprobs"].tolist()) for o in result.loss_fn_outputs] == [d.model_input.length for d in data]
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_sampled_logprobs_equal_the_trainers(training):
+    """Sampled at temperature 1, each token's logprob from vLLM equals the trainer's on the same weights (fp32)."""
+    sampler = training.save_weights_and_get_sampling_client().result()
+    prompt = training.get_tokenizer().encode("12+34=")
+    res = sampler.sample(
+        types.ModelInput.from_ints(prompt), num_samples=4, sampling_params=types.SamplingParams(max_tokens=8)
+    ).result()
+    assert len(res.sequences) == 4
+    data = [datum(prompt + s.tokens, weights=np.zeros(len(prompt) + len(s.tokens) - 1)) for s in res.sequences]
+    forward = training.forward(data, "cross_entropy").result()
+    gaps = [
+        np.abs(out["logprobs"].to_numpy()[len(prompt) - 1 :] - np.asarray(s.logprobs)).mean()
+        for out, s in zip(forward.loss_fn_outputs, res.sequences)
+    ]
+    assert max(gaps) < 1e-4, gaps
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(prompt + res.sequences[0].tokens)).result()
+    assert scored[0] is None and np.abs(np.asarray(scored[len(prompt) :]) - res.sequences[0].logprobs).max() < 1e-4
+
+
+def test_rl_step_with_importance_sampling(training):
+    """Sample a group, score it, train on it with importance_sampling: the step runs and moves the weights."""
+    sampler = training.save_weights_and_get_sampling_client().result()
+    prompt = training.get_tokenizer().encode("20+31=")
+    res = sampler.sample(
+        types.ModelInput.from_ints(prompt), num_samples=8, sampling_params=types.SamplingParams(max_tokens=6)
+    ).result()
+    rewards = np.array([float(s.tokens[:1] == training.get_tokenizer().encode("5")) for s in res.sequences])
+    advantages = rewards - rewards.mean() + np.linspace(-0.1, 0.1, len(rewards))  # never all zero
+    data = []
+    for s, adv in zip(res.sequences, advantages):
+        n = len(prompt) + len(s.tokens) - 1
+        behaviour = np.concatenate([np.zeros(len(prompt) - 1), s.logprobs])
+        weight = np.concatenate([np.zeros(len(prompt) - 1), np.full(len(s.tokens), adv)])
+        data.append(datum(prompt + s.tokens, logprobs=behaviour[:n], advantages=weight[:n]))
+    result = training.forward_backward(data, "importance_sampling").result()
+    assert np.isfinite(result.metrics["loss:sum"])
+    step = training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    assert step.metrics["grad_norm:mean"] > 0
+    ids = prompt + res.sequences[0].tokens
+    scored = training.forward([datum(ids, weights=np.zeros(len(ids) - 1))], "cross_entropy").result()
+    after = scored.loss_fn_outputs[0]["logprobs"].to_numpy()
+    assert np.abs(after[len(prompt) - 1 :] - res.sequences[0].logprobs).max() > 1e-4
+
+
+def test_a_wrong_key_is_refused_by_the_clients_auth_error(service):
+    wrong = tinker.ServiceClient(base_url=service["base_url"], api_key="tml-not-the-key")
+    with pytest.raises(tinker.AuthenticationError, match="invalid API key"):
+        wrong.create_lora_training_client(base_model="tiny", rank=8).result()
+
+
+def _bad_calls(client, training):
+    ids = training.get_tokenizer().encode("12+34=46")
+    short = types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={"target_tokens": np.array(ids[1:3]), "weights": np.ones(2, dtype=np.float32)},
+    )
+    good = datum(ids, weights=np.ones(len(ids) - 1))
+    return {
+        "unknown base model 'Qwen/Qwen3-8B'": lambda: client.create_lora_training_client(base_model="Qwen/Qwen3-8B"),
+        "loss_fn='dro' is not served": lambda: training.forward_backward([good], "dro"),
+        "has 2 values for 7 input tokens": lambda: training.forward_backward([short], "cross_entropy"),
+        f"over this server's max_batch_datums={MAX_DATUMS}": lambda: training.forward_backward(
+            [good] * (MAX_DATUMS + 1), "cross_entropy"
+        ),
+    }
+
+
+def test_bad_inputs_are_one_line_and_the_service_keeps_serving(client, training):
+    ids = training.get_tokenizer().encode("7+8=15")
+    for cause, call in _bad_calls(client, training).items():
+        with pytest.raises(tinker.RequestFailedError) as refused:
+            call().result()
+        assert cause in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+        result = training.forward([datum(ids, weights=np.ones(len(ids) - 1))], "cross_entropy").result()
+        assert np.isfinite(result.metrics["loss:sum"])
+
+
+def test_an_operation_not_served_is_refused_by_name(training):
+    with pytest.raises(tinker.NotFoundError, match="not served by forge_rl's Tinker service"):
+        training.save_state("first").result()
