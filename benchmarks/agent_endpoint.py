@@ -54,7 +54,7 @@ async def endpoint_pair(server: AgentServer, http) -> list[float]:
     """The same two calls through the endpoint, as an agent makes them, in an episode of their own (its client on
     the connection pool every episode shares, as a run's agents have: forge_rl/agents/entry.py)."""
     record = server.open_episode(None, trained=True)
-    client = openai.AsyncOpenAI(base_url=server.base_url(record), api_key="k", max_retries=0, http_client=http)
+    client = openai.AsyncOpenAI(base_url=server.base_url(record), api_key=record.key, max_retries=0, http_client=http)
     try:
         t0 = time.perf_counter()
         reply = await client.chat.completions.create(model="tiny-warm", messages=QUESTION)

@@ -4,8 +4,9 @@
     def solve(example, client: openai.OpenAI) -> float | None: ...              # runs in a thread of its own
 
 It is called once per episode with the task's example (forge_rl.data.task.TaskExample: prompt, messages, answer,
-columns) and a client whose base URL names the episode (`client.base_url`, for code that wants a URL: e.g.
-http://127.0.0.1:PORT/episodes/t12/v1/). It returns the episode's reward, or None to have the run's reward functions
+columns) and a client whose base URL and API key are the episode's (`client.base_url`, `client.api_key`, for code
+that makes its own client: e.g. http://127.0.0.1:PORT/episodes/t12/v1/ and forge-rl-episode-t12-..., the only key
+that URL takes). It returns the episode's reward, or None to have the run's reward functions
 score the episode's last reply. An episode that raises, outlives agent.episode_timeout_s, or returns anything but a
 finite number (or None) fails with one line naming it (`EpisodeFailed`).
 """
@@ -22,7 +23,6 @@ from typing import NamedTuple
 from forge_rl.errors import ConfigError
 
 EXTRA = "pip install 'forge_rl[agents]'"
-API_KEY = "forge-rl"  # the endpoint checks no key; the openai client wants one
 RETRIES = 2  # the openai client's own retries of a call that failed to connect (its default)
 
 
@@ -85,11 +85,13 @@ class AgentEntry:
         # certificates each time (most of an episode's cost in the run's process, though the endpoint is plain HTTP)
         self._http = None
 
-    async def run(self, example, base_url: str) -> float | AgentReward | None:
-        """The agent's reward for one episode (None: score its last reply), or EpisodeFailed."""
+    async def run(self, example, base_url: str, api_key: str) -> float | AgentReward | None:
+        """The agent's reward for one episode (None: score its last reply), or EpisodeFailed. `base_url` and
+        `api_key`: the episode's (forge_rl/agents/access.py)."""
         try:
             async with asyncio.timeout(self.timeout_s):
-                result = await (self._async(example, base_url) if self.is_async else self._sync(example, base_url))
+                play = self._async if self.is_async else self._sync
+                result = await play(example, self.client(base_url, api_key))
         except TimeoutError:
             raise EpisodeFailed(
                 "agent_timeout", f"agent {self.path} did not return within agent.episode_timeout_s={self.timeout_s}"
@@ -109,7 +111,7 @@ class AgentEntry:
             )
         return float(result) if parts is None else AgentReward(float(result), parts)
 
-    def client(self, base_url: str):
+    def client(self, base_url: str, api_key: str):
         """An episode's client: openai.AsyncOpenAI for an async agent, openai.OpenAI for a sync one, on the shared
         connection pool (the episode's requests end with it: cancelled, or refused once the episode is closed)."""
         import openai
@@ -118,14 +120,13 @@ class AgentEntry:
             self._http = openai.DefaultAsyncHttpxClient() if self.is_async else openai.DefaultHttpxClient()
         kind = openai.AsyncOpenAI if self.is_async else openai.OpenAI
         return kind(
-            base_url=base_url, api_key=API_KEY, timeout=self.timeout_s, max_retries=RETRIES, http_client=self._http
+            base_url=base_url, api_key=api_key, timeout=self.timeout_s, max_retries=RETRIES, http_client=self._http
         )
 
-    async def _async(self, example, base_url: str):
-        return await self.fn(example, self.client(base_url))
+    async def _async(self, example, client):
+        return await self.fn(example, client)
 
-    async def _sync(self, example, base_url: str):
-        client = self.client(base_url)
+    async def _sync(self, example, client):
         return await asyncio.get_running_loop().run_in_executor(self.threads, self.fn, example, client)
 
     async def close(self) -> None:

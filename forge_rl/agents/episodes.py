@@ -114,8 +114,9 @@ class Reply:
 class EpisodeRecord:
     """The calls of one episode: its trajectories, their tips, its non-prefix splits and forks."""
 
-    def __init__(self, episode_id: str, example, trained: bool, non_prefix: str, chat: ChatContinuation):
+    def __init__(self, episode_id: str, example, trained: bool, non_prefix: str, chat: ChatContinuation, key: str = ""):
         self.id, self.example, self.trained, self.non_prefix, self.chat = episode_id, example, trained, non_prefix, chat
+        self.key = key  # the bearer key its calls carry (forge_rl/agents/server.py); "" takes none
         self.trajectories: list[Trajectory] = []
         self.tips: list[Tip] = []
         self.calls = self.splits = self.forks = 0

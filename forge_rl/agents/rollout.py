@@ -47,6 +47,9 @@ class AgentRunner:
 
     def __init__(self, server: AgentServer, entry: AgentEntry, max_concurrent_episodes: int):
         self.server, self.entry = server, entry
+        # an agent whose episodes share one client of the root URL (verifiers') calls it with the run's key
+        if (use_run_key := getattr(entry.fn, "use_run_key", None)) is not None:
+            use_run_key(server.run_key)
         self.slots = asyncio.Semaphore(max_concurrent_episodes)
         self.groups_done = 0  # groups that produced a Group, ever
         self.groups_failed = 0  # groups lost to the agent's own failures before any was done
@@ -62,7 +65,7 @@ class AgentRunner:
         async with self.slots:
             record = self.server.open_episode(example, trained)
             try:
-                reward = await self.entry.run(example, self.server.base_url(record))
+                reward = await self.entry.run(example, self.server.base_url(record), record.key)
             except EpisodeFailed as e:
                 if record.failure is not None:  # the refused call is why (the agent then raised on its 400)
                     raise EpisodeFailed(*record.failure) from None

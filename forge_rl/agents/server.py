@@ -5,7 +5,7 @@ routing, admission and weight swaps work as for the built-in rollouts).
     server = AgentServer(tokenizer, generator, settings)
     await server.start()                              # uvicorn in this event loop, on agent.port (0: a free one)
     record = server.open_episode(example, trained=True)
-    server.base_url(record)                           # http://127.0.0.1:PORT/episodes/<id>/v1
+    server.base_url(record), record.key               # http://127.0.0.1:PORT/episodes/<id>/v1, its bearer key
     ...                                               # an agent's openai client calls it
     server.close_episode(record)
     await server.stop()                               # the port released, nothing left running
@@ -18,6 +18,9 @@ same model unrecorded and never trained on (a smoke test, a benchmark); a call t
 or has ended, is refused (404). A client that cannot take a URL per episode (one connection pool shared by many
 episodes, as verifiers' interception server keeps one per endpoint URL) calls the root URL and names its episode in
 the request's model instead: `<model>@episode/<id>` (`episode_model`).
+
+Every call carries a bearer key: an episode's URL takes only that episode's key (`EpisodeRecord.key`), the root URL
+the run's (`run_key`); a call without its key is refused (401) and never recorded (forge_rl/agents/access.py).
 """
 
 import asyncio
@@ -27,6 +30,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
+from forge_rl.agents.access import Unauthorised, admitted, episode_key, refusal, run_key
 from forge_rl.agents.conversation import ChatContinuation, template_message
 from forge_rl.agents.episodes import EpisodeRecord, Plan, Refused, assistant_message, reply_of
 from forge_rl.agents.requests import generate_options, max_tokens, refuse
@@ -82,6 +86,7 @@ class EndpointStats:
 
     calls: int = 0
     refused: int = 0
+    unauthorised: int = 0  # calls without their key (401), never read into an episode
     total_s: float = 0.0  # answering calls, generation included
     generate_s: float = 0.0  # waiting for the generators
 
@@ -104,6 +109,7 @@ class AgentServer:
         self.episodes: dict[str, EpisodeRecord] = {}
         self.stats = EndpointStats()
         self.port: int | None = None
+        self.run_key = run_key()  # the root URL's key: it stays in the run's process
         self._ids = itertools.count()
         self._server = self._task = self._socket = None
 
@@ -111,7 +117,9 @@ class AgentServer:
 
     def open_episode(self, example, trained: bool) -> EpisodeRecord:
         episode_id = f"{'t' if trained else 'e'}{next(self._ids)}"
-        record = EpisodeRecord(episode_id, example, trained, self.settings.non_prefix, self.chat)
+        record = EpisodeRecord(
+            episode_id, example, trained, self.settings.non_prefix, self.chat, episode_key(episode_id)
+        )
         self.episodes[episode_id] = record
         return record
 
@@ -122,6 +130,17 @@ class AgentServer:
     def base_url(self, record: EpisodeRecord | None = None) -> str:
         root = f"http://127.0.0.1:{self.port}"
         return f"{root}/v1" if record is None else f"{root}/episodes/{record.id}/v1"
+
+    def _admitted(self, headers, url_episode: str | None, model_episode: str | None = None) -> EpisodeRecord | None:
+        """The episode a call is of (None: the root URL's, unrecorded), once its key is the one it takes:
+        UnknownEpisode for an episode that is not open, Unauthorised for a call without its key."""
+        record = self._episode(url_episode or model_episode)
+        # an episode's URL takes its key; the root URL the run's, or the key of the episode its model names
+        keys = [self.run_key] if record is None else [record.key] + ([self.run_key] if not url_episode else [])
+        if admitted(headers.get("authorization"), keys):
+            return record
+        self.stats.unauthorised += 1
+        raise refusal(None if record is None else record.id)
 
     def _episode(self, episode_id: str | None) -> EpisodeRecord | None:
         if episode_id is None:
@@ -190,28 +209,7 @@ class AgentServer:
 
         app = FastAPI(title="forge_rl agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
-        async def answer(episode_id: str | None, request: Request, serve) -> JSONResponse:
-            try:
-                body = await request.json()
-                if episode_id is None and isinstance(body, dict):  # a shared client names its episode in the model
-                    episode_id = episode_of_model(body.get("model"))
-                return JSONResponse((await serve(self._episode(episode_id), body)).model_dump(exclude_none=True))
-            except UnknownEpisode as e:
-                return self._error(str(e), "NotFoundError", 404)
-            except Refused as e:
-                return self._error(str(e), "BadRequestError", 400)
-            except (SupervisionError, asyncio.CancelledError):
-                raise
-            except ValueError as e:  # a body that is not JSON, or not the request's schema (pydantic says which field)
-                return self._error(" ".join(str(e).split())[:500], "BadRequestError", 400)
-            except _GenerationFailed as e:
-                return self._error(str(e), "InternalServerError", 500)
-            except Exception as e:  # a bug of the endpoint's: the episode fails, the run goes on
-                message = f"the endpoint failed on this call: {type(e).__name__}: {e}".splitlines()[0][:300]
-                if episode_id is not None and episode_id in self.episodes:
-                    self.episodes[episode_id].fail("endpoint_error", message)
-                return self._error(message, "InternalServerError", 500)
-
+        answer = self._answer  # each route's call: admitted, served, its failure answered
         for prefix, episode in (("/v1", None), ("/episodes/{episode_id}/v1", "episode_id")):
 
             def routes(prefix=prefix, episode=episode):
@@ -224,22 +222,57 @@ class AgentServer:
                     return await answer(episode_id if episode else None, request, self.completion)
 
                 @app.get(f"{prefix}/models")
-                async def models(episode_id: str | None = None):
+                async def models(request: Request, episode_id: str | None = None):
                     try:
-                        self._episode(episode_id if episode else None)
+                        self._admitted(request.headers, episode_id if episode else None)
                     except UnknownEpisode as e:
                         return self._error(str(e), "NotFoundError", 404)
+                    except Unauthorised as e:
+                        return self._error(str(e), "AuthenticationError", 401)
                     return JSONResponse(self.models().model_dump(exclude_none=True))
 
             routes()
         return app
+
+    async def _answer(self, episode_id: str | None, request, serve):
+        """A POST's response: the call admitted (its episode open, its key the one it takes), served, and each
+        failure as the OpenAI API answers it (404, 401, 400, 500)."""
+        from fastapi.responses import JSONResponse
+
+        try:
+            # an episode URL's key is checked before its body is read; the root URL's once the body says whether
+            # the call names an episode in its model (a shared client's)
+            record = self._admitted(request.headers, episode_id) if episode_id else None
+            body = await request.json()
+            if episode_id is None:
+                episode_id = episode_of_model(body.get("model")) if isinstance(body, dict) else None
+                record = self._admitted(request.headers, None, episode_id)
+            return JSONResponse((await serve(record, body)).model_dump(exclude_none=True))
+        except UnknownEpisode as e:
+            return self._error(str(e), "NotFoundError", 404)
+        except Unauthorised as e:  # before anything of the call is read into its episode
+            return self._error(str(e), "AuthenticationError", 401)
+        except Refused as e:
+            return self._error(str(e), "BadRequestError", 400)
+        except (SupervisionError, asyncio.CancelledError):
+            raise
+        except ValueError as e:  # a body that is not JSON, or not the request's schema (pydantic says which field)
+            return self._error(" ".join(str(e).split())[:500], "BadRequestError", 400)
+        except _GenerationFailed as e:
+            return self._error(str(e), "InternalServerError", 500)
+        except Exception as e:  # a bug of the endpoint's: the episode fails, the run goes on
+            message = f"the endpoint failed on this call: {type(e).__name__}: {e}".splitlines()[0][:300]
+            if episode_id is not None and episode_id in self.episodes:
+                self.episodes[episode_id].fail("endpoint_error", message)
+            return self._error(message, "InternalServerError", 500)
 
     def _error(self, message: str, kind: str, code: int):
         from fastapi.responses import JSONResponse
 
         p = self.protocol
         body = p.ErrorResponse(error=p.ErrorInfo(message=message, type=kind, code=code))
-        return JSONResponse(body.model_dump(exclude_none=True), status_code=code)
+        headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
+        return JSONResponse(body.model_dump(exclude_none=True), status_code=code, headers=headers)
 
     # ---- the endpoints ----------------------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from forge_rl.data.task import TaskConfig
 from forge_rl.errors import ConfigError
 
 KEY = "agent.verifiers.env"
-API_KEY_VAR = "FORGE_RL_AGENT_API_KEY"  # verifiers reads an endpoint's key from a variable; the endpoint checks none
+API_KEY_VAR = "FORGE_RL_AGENT_API_KEY"  # verifiers reads an endpoint's key from a variable: the run's key
 TASK_COLUMN = "vf_task"  # the row's verifiers task data, from which each episode rebuilds its vf.Task
 ROWS_DIR = Path(tempfile.gettempdir()) / "forge_rl_verifiers"
 
@@ -195,7 +195,13 @@ class VerifiersEpisodes:
         self.task_type = type(env.taskset).task_type()
         self.data_type = _data_type(self.task_type)
         self._serving = None  # verifiers' serving resources (its interception server), opened by the first episode
-        os.environ.setdefault(API_KEY_VAR, "forge-rl")
+
+    def use_run_key(self, key: str) -> None:
+        """The endpoint's run key, which every episode's calls carry (AgentRunner gives it): verifiers' interception
+        server keeps one client per endpoint config for as long as it serves, so its episodes share one config,
+        the root URL's, and a key of one episode would not do for the others. verifiers reads it from a variable
+        of the run's process (the code sandbox clears its environment: forge_rl/rewards/sandbox.py)."""
+        os.environ[API_KEY_VAR] = key
 
     async def __call__(self, example, client) -> AgentReward:
         import verifiers.v1 as vf

@@ -10,6 +10,7 @@ import json
 import math
 import socket
 
+import httpx
 import openai
 import pytest
 import torch
@@ -144,7 +145,7 @@ def _episode_calls(run, trained: bool, *conversations, non_prefix: str = "split"
     server = grpo.agents.server
     server.settings.non_prefix = non_prefix
     record = server.open_episode(None, trained)
-    client = openai.AsyncOpenAI(base_url=server.base_url(record), api_key="k", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=server.base_url(record), api_key=record.key, max_retries=0)
 
     async def calls():
         got = []
@@ -227,9 +228,9 @@ def test_tool_calls_come_back_as_openai_tool_calls(run):
 def test_models_completions_and_an_unknown_episode(run):
     loop, grpo, _ = run
     server = grpo.agents.server
-    root = openai.AsyncOpenAI(base_url=server.base_url(), api_key="k", max_retries=0)
+    root = openai.AsyncOpenAI(base_url=server.base_url(), api_key=server.run_key, max_retries=0)
     record = server.open_episode(None, False)  # greedy: no rare token (a special one is not in the text returned)
-    episode = openai.AsyncOpenAI(base_url=server.base_url(record), api_key="k", max_retries=0)
+    episode = openai.AsyncOpenAI(base_url=server.base_url(record), api_key=record.key, max_retries=0)
 
     async def calls():
         models = await root.models.list()
@@ -250,6 +251,45 @@ def test_models_completions_and_an_unknown_episode(run):
     loop.run_until_complete(episode.close())
 
 
+def test_a_call_without_its_episodes_key_is_refused_and_never_recorded(run):
+    """Each episode's URL takes its own key only; the root URL the run's (or, for a call naming its episode in the
+    model, that episode's). A refused call is a 401 (openai.AuthenticationError) and leaves the episode as it was."""
+    loop, grpo, _ = run
+    server = grpo.agents.server
+    mine, other = server.open_episode(None, True), server.open_episode(None, True)
+    url, named = server.base_url(mine), f"m@episode/{mine.id}"
+
+    async def calls():
+        for key in (other.key, server.run_key, "forge-rl", mine.key + "x"):
+            async with openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0) as client:
+                with pytest.raises(openai.AuthenticationError, match=f"wrong API key for episode {mine.id}"):
+                    await client.chat.completions.create(model="m", messages=QUESTION)
+                with pytest.raises(openai.AuthenticationError):
+                    await client.completions.create(model="m", prompt="12+34=")
+                with pytest.raises(openai.AuthenticationError):
+                    await client.models.list()
+        async with httpx.AsyncClient() as http:  # no Authorization header at all
+            refused = await http.post(f"{url}/chat/completions", json={"model": "m", "messages": QUESTION})
+            assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+        async with openai.AsyncOpenAI(base_url=server.base_url(), api_key=other.key, max_retries=0) as root:
+            with pytest.raises(openai.AuthenticationError, match="the root URL takes the run's key"):
+                await root.models.list()
+            with pytest.raises(openai.AuthenticationError, match=f"wrong API key for episode {mine.id}"):
+                await root.chat.completions.create(model=named, messages=QUESTION)
+        assert mine.calls == 0 and not mine.trajectories and mine.failure is None  # nothing of them recorded
+        async with openai.AsyncOpenAI(base_url=server.base_url(), api_key=mine.key, max_retries=0) as root:
+            await root.chat.completions.create(model=named, messages=QUESTION)  # its own key names it
+        async with openai.AsyncOpenAI(base_url=url, api_key=mine.key, max_retries=0) as client:
+            await client.chat.completions.create(model="m", messages=QUESTION)
+
+    try:
+        loop.run_until_complete(calls())
+    finally:
+        server.close_episode(mine)
+        server.close_episode(other)
+    assert mine.calls == 2 and other.calls == 0 and mine.failure is None
+
+
 CHAT_PROMPT = "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n"
 NEXT_TURN = "<|im_end|>\n<|im_start|>user\nWrong. Try again.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -262,7 +302,7 @@ def _text_episode(run, stop: list[str] | None):
     loop, grpo, _ = run
     server = grpo.agents.server
     record = server.open_episode(None, trained=False)
-    client = openai.AsyncOpenAI(base_url=server.base_url(record), api_key="k", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=server.base_url(record), api_key=record.key, max_retries=0)
     ids = {"return_token_ids": True}
 
     async def calls():
