@@ -86,6 +86,19 @@ def test_sft_loop_lowers_the_loss(training):
     assert losses[-1] < 0.8 * losses[0], losses
 
 
+def test_a_custom_loss_runs_through_the_client(training):
+    """The client's own custom-loss path: a forward, the loss on the client, its gradient sent back as weights."""
+    data = sft_data(training.get_tokenizer())
+
+    def mean_nll(batch, logprobs_list):
+        loss = -sum(lp.sum() for lp in logprobs_list) / sum(len(lp) for lp in logprobs_list)
+        return loss, {"mean_nll": float(loss.detach())}
+
+    result = training.forward_backward_custom(data, mean_nll).result()
+    training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    assert np.isfinite(result.metrics["mean_nll"]) and result.metrics["mean_nll"] > 0
+
+
 def test_sampled_logprobs_equal_the_trainers(training):
     """Sampled at temperature 1, each token's logprob from vLLM equals the trainer's on the same weights (fp32)."""
     sampler = training.save_weights_and_get_sampling_client().result()
