@@ -244,11 +244,17 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
         start = time.perf_counter()
         sums, mismatch_max = self._accumulate_gradients(batches)
         lr = self.scheduler.get_last_lr()[0]
-        grad_norm, _ = self._apply_gradients(float(sums[0]))  # clip, optimizer.step() when finite
+        grad_norm = self._clip_grad_norm()  # global over ranks, so every rank takes the same branch
+        finite = math.isfinite(grad_norm)
+        if finite:  # else the weights, optimizer state and schedule stay as they were
+            self.optimizer.step()
+            self.scheduler.step()
+        self._count_step(finite, float(sums[0]))
         sums, mismatch_max = self._reduce_over_data_parallel(sums, mismatch_max)
         metrics = self._step_metrics(batches, sums, mismatch_max, lr, grad_norm, time.perf_counter() - start)
-        if version is not None:
-            metrics["publish"] = self._publish_version(version)
+        if version is not None:  # the new weights into the weight store (forge_rl/actors/trainer_weights.py)
+            metrics["publish"] = self._publish(version)
+            self._release_step_memory()
         return metrics
 
     def _step_metrics(self, batches, sums, mismatch_max: float, lr: float, grad_norm: float, elapsed: float) -> dict:
@@ -323,16 +329,16 @@ class Trainer(TrainerStep, TrainerWeights, ForgeActor):
 
         Every rank writes its own blocks of each parameter straight into the version's shared-memory file at their
         global offsets (ranks on several hosts: streams them to rank 0), so no rank gathers a tensor; the last rank
-        to finish makes the version visible. Then, when the trainer shares its GPU
-        (trainer.release_memory_after_step), the step's cached blocks go back to the device before the engine wakes
-        up: the caching allocator would otherwise keep the step's peak."""
-        return self._publish_version(version)
-
-    def _publish_version(self, version: int) -> dict[str, float]:
+        to finish makes the version visible. Then a trainer sharing its GPU gives its cached blocks back."""
         result = self._publish(version)
+        self._release_step_memory()
+        return result
+
+    def _release_step_memory(self) -> None:
+        """A trainer sharing its GPU gives the step's cached blocks back before the engine wakes up: the caching
+        allocator would otherwise keep the step's peak (trainer.release_memory_after_step)."""
         if self.cfg.release_memory_after_step and self.device.type == "cuda":
             torch.cuda.empty_cache()
-        return result
 
     @endpoint
     async def export_adapter(self, out_dir: str) -> str:

@@ -277,13 +277,21 @@ class TrainerStep:
         return sums, float(mismatch_max)
 
     def _apply_gradients(self, loss: float) -> tuple[float, bool]:
-        """Clip, then `optimizer.step()` unless the gradient norm is not finite (the weights, optimizer state and
-        schedule then stay as they were); too many such steps in a row stop the run. Returns (grad norm, finite)."""
-        grad_norm = self._clip_grad_norm()  # global over ranks, so every rank takes the same branch
+        """Clip, then `optimizer.step()` unless the gradient norm is not finite (as Trainer.step does, for the roles
+        built on the trainer that step on their own: the critic). Returns (grad norm, finite)."""
+        grad_norm = self._clip_grad_norm()
         finite = math.isfinite(grad_norm)
         if finite:
             self.optimizer.step()
             self.scheduler.step()
+        self._count_step(finite, loss)
+        return grad_norm, finite
+
+    def _count_step(self, finite: bool, loss: float) -> None:
+        """After an optimizer step, or a step skipped for a non-finite gradient norm (the weights, optimizer state
+        and schedule then stayed as they were): the gradients cleared, the version counted, and too many skipped
+        steps in a row stop the run."""
+        if finite:
             self.nonfinite_in_a_row = 0
         else:
             self.skipped_steps += 1
@@ -296,7 +304,6 @@ class TrainerStep:
                 f"stopping (trainer.max_nonfinite_steps={self.cfg.max_nonfinite_steps}). Check rewards, behaviour "
                 "logprobs and the learning rate"
             )
-        return grad_norm, finite
 
     def _reduce_over_data_parallel(self, sums: torch.Tensor, largest: float) -> tuple[torch.Tensor, float]:
         """Sum the per-rank sums over ranks (ranks of one TP group hold the same rows, so each counts 1/tp) and
