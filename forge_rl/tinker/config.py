@@ -15,6 +15,8 @@ class TinkerConfig:
     port: int = 0  # 0: a free port, printed at start
     # the key clients pass (api_key=...). Empty: a new one per run, printed at start. The client requires "tml-"
     api_key: str = ""
+    # keys of that many more users (printed, and in output_dir/service.json), each seeing only its own clients
+    extra_users: int = 0
     # LoRA rank of every training client's adapters (the client's rank must equal it); 0: full fine-tuning
     lora_rank: int = 8
     lora_alpha: float = 16.0
@@ -35,6 +37,8 @@ class TinkerConfig:
             raise ValueError("api_key must start with 'tml-' (the tinker client refuses any other key)")
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank must be >= 0 (0: full fine-tuning), got {self.lora_rank}")
+        if self.extra_users < 0:
+            raise ValueError(f"extra_users must be >= 0, got {self.extra_users}")
         for name in ("max_training_clients", "max_batch_datums", "max_sequence_tokens", "max_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

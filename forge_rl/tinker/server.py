@@ -64,6 +64,7 @@ def make_app(backend, keys: dict[str, str]):
     _future_routes(app, futures)
     _model_routes(app, backend, futures)
     _sampling_routes(app, backend, futures)
+    _state_routes(app, backend, futures)
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
     async def not_served(path: str):
@@ -137,7 +138,8 @@ def _model_routes(app, backend, futures: Futures) -> None:
         body = _parsed(types.CreateModelRequest, await request.json())
         rank = body.lora_config.rank if body.lora_config else None
         seed = body.lora_config.seed if body.lora_config else None
-        work = backend.training.create(request.state.owner, body.base_model, rank, seed)
+        model_id = f"{body.session_id}:train:{body.model_seq_id}"  # what the client calls it when it loads a state
+        work = backend.training.create(request.state.owner, model_id, body.base_model, rank, seed)
         return {"request_id": futures.submit(request.state.owner, work)}
 
     @app.post("/api/v1/get_info")
@@ -165,6 +167,24 @@ def _model_routes(app, backend, futures: Futures) -> None:
     async def save_for_sampler(request: Request):
         body = _parsed(types.SaveWeightsForSamplerRequest, await request.json())
         work = backend.sampling.save(request.state.owner, body.model_id, body.path)
+        return {"request_id": futures.submit(request.state.owner, work), "model_id": body.model_id}
+
+
+def _state_routes(app, backend, futures: Futures) -> None:
+    from fastapi import Request
+    from tinker import types
+
+    @app.post("/api/v1/save_weights")
+    async def save_state(request: Request):
+        body = _parsed(types.SaveWeightsRequest, await request.json())
+        work = backend.states.save(request.state.owner, body.model_id, body.path, body.overwrite)
+        return {"request_id": futures.submit(request.state.owner, work), "model_id": body.model_id}
+
+    @app.post("/api/v1/load_weights")
+    async def load_state(request: Request):
+        body = _parsed(types.LoadWeightsRequest, await request.json())
+        new_id = None if body.model_id else f"{body.session_id}:train:{body.model_seq_id}"  # the client's own name
+        work = backend.states.load(request.state.owner, body.model_id or new_id, body.path, body.optimizer, new_id)
         return {"request_id": futures.submit(request.state.owner, work), "model_id": body.model_id}
 
 

@@ -20,20 +20,19 @@ from forge_rl.errors import ConfigError
 from forge_rl.models import resolve_model_path
 from forge_rl.tinker.config import TinkerConfig
 from forge_rl.tinker.sampling import Sampling
+from forge_rl.tinker.states import States
 from forge_rl.tinker.training import Training
 
 
 class TinkerService:
-    def __init__(self, cfg: TinkerConfig, extra_users: int = 0):
-        """`extra_users`: keys for that many more users beside the run's own (`keys`), each seeing only its
-        own clients."""
+    def __init__(self, cfg: TinkerConfig):
         self.cfg = cfg
         self.api_key = cfg.api_key or f"tml-forge-rl-{secrets.token_urlsafe(24)}"
         self.keys = {self.api_key: "user-0"}
-        self.keys.update({f"tml-forge-rl-{secrets.token_urlsafe(24)}": f"user-{i + 1}" for i in range(extra_users)})
+        self.keys.update({f"tml-forge-rl-{secrets.token_urlsafe(24)}": f"user-{i + 1}" for i in range(cfg.extra_users)})
         self.port: int | None = None
         self.model_dir = ""
-        self.generator = self.training = self.sampling = None
+        self.generator = self.training = self.sampling = self.states = None
         self._stack = contextlib.AsyncExitStack()
         self._server = self._task = None
 
@@ -57,12 +56,15 @@ class TinkerService:
     def announce(self) -> None:
         """Say where the service listens and its key, on stdout and in output_dir/service.json (owner-only), which a
         script reads to connect."""
-        info = {"base_url": self.base_url, "api_key": self.api_key, "model": self.cfg.model}
+        others = [key for key in self.keys if key != self.api_key]
+        info = {"base_url": self.base_url, "api_key": self.api_key, "other_users": others, "model": self.cfg.model}
         path = Path(self.cfg.output_dir) / "service.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(mode=0o600)
         path.write_text(json.dumps(info) + "\n")
         print(f"forge_rl tinker: serving {self.cfg.model} at {self.base_url} api_key={self.api_key}", flush=True)
+        for i, key in enumerate(others, start=1):
+            print(f"forge_rl tinker: user-{i} api_key={key}", flush=True)
 
     async def start(self) -> "TinkerService":
         from forge_rl.runtime import provisioned
@@ -77,6 +79,7 @@ class TinkerService:
             vocab = json.loads((Path(self.model_dir) / "config.json").read_text())["vocab_size"]
             self.training = Training(self.cfg, self.model_dir, vocab)
             self.sampling = Sampling(self.cfg, self.training, self.generator)
+            self.states = States(self.training)
             await self._serve()
         except BaseException:
             await self.stop()

@@ -84,3 +84,8 @@ class TinkerTrainer(Trainer):
         finally:
             self.cfg.optim.max_grad_norm = configured
         return {"grad_norm:mean": grad_norm, "skipped:sum": float(not finite), "step:max": float(self.steps_taken)}
+
+    @endpoint
+    async def forget_optimizer_state(self) -> None:
+        """Weights loaded without their optimizer: Adam's moments start again from zero, as a new client's do."""
+        self.optimizer.state.clear()

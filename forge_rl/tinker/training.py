@@ -52,8 +52,9 @@ class Training:
             raise Refused(f"no training client {model_id!r} for this key: create one with create_lora_training_client")
         return found
 
-    async def create(self, owner: str, base_model: str, rank: int | None, seed: int | None) -> dict:
-        """A new training client: its own trainer on the base model."""
+    async def create(self, owner: str, model_id: str, base_model: str, rank: int | None, seed: int | None) -> dict:
+        """A new training client `model_id` (the client names it: session and sequence number): its own trainer on
+        the base model."""
         if base_model != self.cfg.model:
             raise Refused(f"unknown base model {base_model!r}: this server serves {self.cfg.model!r}; pass that name")
         if rank is not None and self.cfg.lora_rank and rank != self.cfg.lora_rank:
@@ -62,11 +63,12 @@ class Training:
             )
         if len(self.models) >= self.cfg.max_training_clients:
             raise Refused(f"this server holds {len(self.models)} training clients, its max_training_clients")
-        model_id = f"model-{next(self._ids)}"
-        tcfg = trainer_config(self.cfg, self.model_dir, f"{self.cfg.output_dir}/{model_id}", seed or self.cfg.seed)
-        trainer = await TinkerTrainer.options(procs=self.cfg.trainer_procs, spmd=True, mesh_name=model_id).as_actor(
-            tcfg
-        )
+        if model_id in self.models:
+            raise Refused(f"a training client {model_id!r} exists already: create a new one from a new session")
+        name = f"trainer-{next(self._ids)}"  # its procs and checkpoints: the client's id holds ':'
+        tcfg = trainer_config(self.cfg, self.model_dir, f"{self.cfg.output_dir}/{name}", seed or self.cfg.seed)
+        options = dict(procs=self.cfg.trainer_procs, spmd=True, mesh_name=name)
+        trainer = await TinkerTrainer.options(**options).as_actor(tcfg)
         self.models[model_id] = TrainingModel(model_id, owner, trainer)
         return {"model_id": model_id, "type": "create_model"}
 

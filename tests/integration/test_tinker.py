@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import numpy as np
 import pytest
 
@@ -27,7 +28,7 @@ def service(tmp_path_factory):
     log = open(out / "service.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "apps.tinker.main", "--config", "configs/tinker/tiny.yaml", f"output_dir={out}"]
-        + [f"max_batch_datums={MAX_DATUMS}", "max_sequence_tokens=64"],
+        + [f"max_batch_datums={MAX_DATUMS}", "max_sequence_tokens=64", "extra_users=1"],
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -143,6 +144,40 @@ def test_rl_step_with_importance_sampling(training):
     assert np.abs(after[len(prompt) - 1 :] - res.sequences[0].logprobs).max() > 1e-4
 
 
+def test_a_saved_state_resumes_bitwise(client, training):
+    """save_state, two more steps; a new client from that state (weights, Adam's moments, the step) takes the same
+    two steps to the same losses, bit for bit."""
+    data = sft_data(training.get_tokenizer())
+    path = training.save_state("resume").result().path
+
+    def two_steps(trainer) -> list[float]:
+        losses = []
+        for _ in range(2):
+            losses.append(trainer.forward_backward(data, "cross_entropy").result().metrics["loss:sum"])
+            trainer.optim_step(types.AdamParams(learning_rate=5e-3)).result()
+        return losses
+
+    first = two_steps(training)
+    resumed = client.create_training_client_from_state_with_optimizer(path).result()
+    assert two_steps(resumed) == first
+    with pytest.raises(tinker.RequestFailedError, match="no saved state at 'tinker://nowhere/weights/x'"):
+        client.create_training_client_from_state("tinker://nowhere/weights/x").result()
+
+
+def test_another_users_key_sees_nothing_of_this_user(service, training):
+    """The second user's key is a key of the service, but this user's models, saved weights and requests are
+    as unknown to it as ones that do not exist."""
+    other = tinker.ServiceClient(base_url=service["base_url"], api_key=service["other_users"][0])
+    path = training.save_weights_for_sampler("mine").result().path
+    with pytest.raises(tinker.BadRequestError, match="no saved weights at"):
+        other.create_sampling_client(model_path=path).result()
+    headers = {"X-API-Key": service["other_users"][0]}
+    body = {"model_id": training.model_id, "adam_params": {"learning_rate": 1.0}}
+    promise = httpx.post(f"{service['base_url']}/api/v1/optim_step", json=body, headers=headers).json()
+    answer = httpx.post(f"{service['base_url']}/api/v1/retrieve_future", json=promise, headers=headers).json()
+    assert "no training client" in answer["error"] and answer["category"] == "user"
+
+
 def test_a_wrong_key_is_refused_by_the_clients_auth_error(service):
     wrong = tinker.ServiceClient(base_url=service["base_url"], api_key="tml-not-the-key")
     with pytest.raises(tinker.AuthenticationError, match="invalid API key"):
@@ -176,6 +211,15 @@ def test_bad_inputs_are_one_line_and_the_service_keeps_serving(client, training)
         assert np.isfinite(result.metrics["loss:sum"])
 
 
+def test_a_stale_sampling_client_is_refused_and_the_newer_one_samples(training):
+    older = training.save_weights_and_get_sampling_client().result()
+    newer = training.save_weights_and_get_sampling_client().result()
+    prompt, params = types.ModelInput.from_ints([21, 22, 15]), types.SamplingParams(max_tokens=2)
+    with pytest.raises(tinker.RequestFailedError, match="stale sampling client"):
+        older.sample(prompt, num_samples=1, sampling_params=params).result()
+    assert len(newer.sample(prompt, num_samples=2, sampling_params=params).result().sequences) == 2
+
+
 def test_an_operation_not_served_is_refused_by_name(training):
-    with pytest.raises(tinker.NotFoundError, match="not served by forge_rl's Tinker service"):
-        training.save_state("first").result()
+    with pytest.raises(tinker.NotFoundError, match="/api/v1/save_weights_external is not served by forge_rl"):
+        training.save_weights_external("first").result()

@@ -1,0 +1,54 @@
+"""Training state (save_state, and a training client created from it): forge_rl's trainer checkpoints. A state is a
+committed checkpoint of the client's trainer (DCP shards written by every rank, hashed where written, a manifest,
+then one rename: a state is whole or absent), named tinker://<model>/weights/<name>. Loading verifies it first, and
+restores the weights, the optimizer's state and the step (or the weights alone), so training resumes exactly.
+States live as long as the service (they are looked up by path in its memory; the files stay in output_dir)."""
+
+import itertools
+from pathlib import Path
+
+from forge_rl.runtime.manifest import verify
+from forge_rl.tinker.errors import Refused
+from forge_rl.tinker.training import Training
+
+
+class States:
+    def __init__(self, training: Training):
+        self.training = training
+        self.saved: dict[str, tuple[str, str]] = {}  # tinker path -> (owner, checkpoint directory)
+        self._labels = itertools.count(1)
+
+    async def save(self, owner: str, model_id: str, name: str | None, overwrite: bool) -> dict:
+        model = self.training.model(owner, model_id)
+        name = name or f"state-{model.steps:06d}"
+        path = f"tinker://{model_id}/weights/{name}"
+        if path in self.saved and not overwrite:
+            raise Refused(f"a state named {name!r} exists for {model_id}: choose another name or pass overwrite=True")
+        async with model.lock:
+            results = await model.trainer.save.call(next(self._labels))
+            written = next(iter(results.values()))
+        self.saved[path] = (owner, written)
+        return {"path": path, "type": "save_weights"}
+
+    def _checkpoint(self, owner: str, path: str) -> str:
+        found = self.saved.get(path)
+        if found is None or found[0] != owner:
+            raise Refused(f"no saved state at {path!r} for this key: save_state(name) gives the path to load")
+        problem = verify(Path(found[1]))
+        if problem is not None:
+            raise Refused(f"the state at {path} is damaged ({problem}); load an earlier one")
+        return found[1]
+
+    async def load(self, owner: str, model_id: str, path: str, optimizer: bool, new: str | None) -> dict:
+        """Into the training client `model_id`; with `new` (create_training_client_from_state), into a new one of
+        that id."""
+        checkpoint = self._checkpoint(owner, path)
+        if new is not None:
+            await self.training.create(owner, new, self.training.cfg.model, None, None)
+        model = self.training.model(owner, model_id)
+        async with model.lock:
+            steps = await model.trainer.load.call(checkpoint)
+            if not optimizer:
+                await model.trainer.forget_optimizer_state.call()
+            model.steps = int(next(iter(steps.values())))
+        return {"path": path, "model_id": model_id, "type": "load_weights"}
