@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from forge_rl.recipes.grpo_report import console_line, shown_reward
+from forge_rl.recipes.rl_step import rl_step
 from forge_rl.recipes.roles import Roles
 from forge_rl.recipes.step_state import StepState
 from forge_rl.runtime.timeouts import within
@@ -51,10 +53,16 @@ def _none(cfg) -> None:
     return None
 
 
+def rl_postfix(run, line: dict) -> dict:
+    """The progress bar's end for an RL step: the reward a person reads, and the latest held-out accuracy."""
+    return dict(reward=shown_reward(line), acc=f"{run.evals[-1][2]:.0%}")
+
+
 def _groups(cfg) -> bool:
     return True
 
 
+Step = Callable[[Any, Any, "Algorithm"], Awaitable[dict]]
 Score = Callable[[Roles, StepState, list, int], Awaitable[tuple[list, dict]]]
 TrainBeside = Callable[[Roles, StepState, list, int], Awaitable[dict]]
 StartBeside = Callable[[Any, Roles, Any, list[str]], Awaitable[Roles]]
@@ -62,7 +70,11 @@ StartBeside = Callable[[Any, Roles, Any, list[str]], Awaitable[Roles]]
 
 @dataclass(frozen=True)
 class Algorithm:
-    name: str  # on the console, in the plots and the output's run.json: GRPO, PPO, Distill
+    name: str  # on the console, in the plots and the output's run.json: GRPO, PPO, Distill, SFT
+    # one step of the run: step(run.roles, run.step_state, algorithm) -> the step's metrics line (train.py calls it)
+    step: Step = rl_step
+    console_line: Callable[[int, dict], str | None] = console_line  # a step's line on the console; None: none
+    postfix: Callable[[Any, dict], dict] = rl_postfix  # the progress bar's end after a step: postfix(run, line)
     # the algorithm's own config checks, before any actor (a ConfigError in one line)
     check: Callable[[Any], None] = _none
     # whose logprobs fill TrainBatch.ref_logprobs every step: the KL's reference, a teacher, or None

@@ -155,6 +155,20 @@ class RLRun(RecipeRun):
 
     # ---- the step (forge_rl/recipes/rl_step.py) ----------------------------------------------------
 
+    async def before_steps(self) -> None:
+        """What `train` does before the first step: the held-out accuracy at the start, then the rollout tasks,
+        which generate, score and buffer groups beside every step."""
+        if self.held_out:
+            self.console.print(f"evaluating step {self.step} on {len(self.held_out)} held-out prompts ...")
+        accuracy = (await self.evaluate())["eval/accuracy"]
+        if self.held_out:  # none: said at start, and not as "nan%"
+            self.console.print(
+                f"held-out greedy accuracy at step {self.step}: {accuracy:.1%} "
+                f"({len(self.held_out)} prompts, {self.eval_reward_name()})"
+            )
+        if self.step < self.cfg.steps:
+            await self.start_rollouts()
+
     async def rl_step(self) -> dict[str, float]:
         """One step, for a notebook: `rl_step` on this run's roles and state (the rollouts start with the first)."""
         if not self.rollouts:

@@ -14,7 +14,6 @@ import time
 
 from forge_rl.loop.train_loop import batch_staleness, wait_for_batch
 from forge_rl.observability.step_time import StepClock
-from forge_rl.recipes.algorithm import Algorithm
 from forge_rl.recipes.grpo_report import step_line
 from forge_rl.recipes.roles import Roles
 from forge_rl.recipes.step_state import StepState
@@ -22,10 +21,11 @@ from forge_rl.runtime.interrupt_safe import InterruptSafe
 from forge_rl.runtime.timeouts import within
 
 
-async def rl_step(roles: Roles, state: StepState, algorithm: Algorithm) -> dict[str, float]:
+async def rl_step(roles: Roles, state: StepState, algorithm) -> dict[str, float]:
     """Collect a batch at the policy version, score it, train on it and publish version + 1, train what trains
-    beside, swap the generators to the new version. Returns the step's metrics line, also logged, with where the
-    step's wall time went on its critical path (step_time/<part>, forge_rl/observability/step_time.py)."""
+    beside, swap the generators to the new version; `algorithm` (an Algorithm, forge_rl/recipes/algorithm.py)
+    scores and trains beside. Returns the step's metrics line, also logged, with where the step's wall time went on
+    its critical path (step_time/<part>, forge_rl/observability/step_time.py)."""
     s, cfg, version = state.shared, state.cfg, state.version + 1
     clock = StepClock(state.timeline, step=version)
     step_start, tokens_before = time.perf_counter(), s.rollouts.generated_tokens

@@ -2,9 +2,10 @@
 TorchTitan trainer actor (FSDP2 / TP over the procs given), with greedy held-out evaluation of a task through
 a vLLM generator service, scored by the task's rewards as GRPO scores it.
 
-    run = SFTRun(cfg)             # cfg: SFTConfig
+    summary = await train(SFTRun(cfg))    # forge_rl/recipes/train.py: the loop every run shares
+    run = SFTRun(cfg)             # or step by step: cfg is an SFTConfig
     await run.start()             # trainer (and resume)
-    metrics = await run.sft_step()
+    metrics = await sft_step(run.roles, run.step_state, SFT)    # forge_rl/recipes/sft_step.py
     await run.evaluate()          # the first one starts a generator on an export; later ones push weights into it
     await run.checkpoint()
     summary = await run.finish()
@@ -34,7 +35,7 @@ from forge_rl.actors.trainer import Trainer
 from forge_rl.config import ConfigError
 from forge_rl.launch.launcher import weight_server
 from forge_rl.runtime.provisioner import visible_gpus
-from forge_rl.data.sft_sources import make_source, train_batches
+from forge_rl.data.sft_sources import make_source
 from forge_rl.data.task import TaskRows, check_prompts_fit, render
 from forge_rl.deps.vllm import check_engine_args
 from forge_rl.errors import UserError
@@ -47,6 +48,10 @@ from forge_rl.recipes import run_config
 from forge_rl.recipes.run import RecipeRun
 from forge_rl.recipes.grpo_config import GeneratorConfig
 from forge_rl.recipes.sft_config import SFTConfig, eval_max_tokens
+from forge_rl.recipes.sft_step import SFTRoles, SFTState, sft_step
+from forge_rl.recipes.train import train
+from forge_rl.loop.ranks import Ranks
+from forge_rl.recipes.algorithm import Algorithm
 
 
 def dp_size(cfg: SFTConfig) -> int:
@@ -89,13 +94,28 @@ def check_config(cfg: SFTConfig) -> None:
         raise ConfigError(f"task.eval_reward={cfg.task.eval_reward!r} is not one of the rewards {names}")
 
 
+def _sft_postfix(run, line: dict) -> dict:
+    return dict(loss=f"{line['train/loss']:.4f}")
+
+
+def _no_line(step: int, line: dict) -> None:
+    return None  # the progress bar's loss says it; metrics.jsonl has every step
+
+
+SFT = Algorithm("SFT", step=sft_step, console_line=_no_line, postfix=_sft_postfix)
+
+
 class SFTRun(RecipeRun):
-    """One SFT run: the trainer, the evaluation's generator and reward actor (started on first use), its steps."""
+    """One SFT run: the trainer, the evaluation's generator and reward actor (started on first use), what happens
+    between steps; each step is `sft_step` (forge_rl/recipes/sft_step.py)."""
 
     def __init__(self, cfg: SFTConfig):
         super().__init__(cfg)
-        self.step = self.start_step = 0
-        self.losses: list[float] = []
+        self.algorithm = SFT
+        self.start_step = 0
+        self.roles: SFTRoles | None = None  # from start() on
+        self.step_state: SFTState | None = None  # from start() on
+        self.checkpoint_dir = Path(cfg.trainer.checkpoint_dir)
         self.summary: dict[str, Any] = dict(model=cfg.model, dataset=cfg.dataset)
         self.trainer = self.generator = self.reward = None
         self.exported: str | None = None  # the export the evaluation generator was started from
@@ -165,56 +185,38 @@ class SFTRun(RecipeRun):
         ).as_actor(self.trainer_cfg)
         path = self.claim.resume_from  # chosen and verified by claim_output_dir
         if path is not None:
-            self.step = self.start_step = self.saved_at = (await self.trainer.load.call(str(path))).get(0)
+            self.start_step = self.saved_at = (await self.trainer.load.call(str(path))).get(0)
             self.console.print(f"resumed run {self.claim.run_id} from {path}")
         self.summary.update(run_id=self.claim.run_id, start_step=self.start_step)
         self.log = MetricsLogger(self.out, resume_step=self.start_step if path is not None else None)
         self.t_train = time.perf_counter()
-
-    async def sft_step(self) -> dict[str, float]:
-        """One optimizer step on batch `step` (one TrainBatch per data-parallel rank); logged and returned. An
-        interrupt lets the step in flight finish and logs it before the CancelledError goes on."""
-        with self.timeline.span("controller", "batch", step=self.step + 1):
-            batches = train_batches(self.source, self.step, self.cfg.batch_size, self.dp, self.tokenizer.pad_token_id)
-        call = asyncio.ensure_future(
-            self._timed("trainer", "train step", self.trainer.step.call(batches), step=self.step + 1)
+        self.roles = SFTRoles(await Ranks.of(self.trainer))
+        pad_id = self.tokenizer.pad_token_id
+        self.step_state = SFTState(
+            self.source, cfg.batch_size, self.dp, pad_id, self.timeline, self.log, self.t_train, self.start_step
         )
-        try:
-            m = (await asyncio.shield(call)).get(0)
-        except asyncio.CancelledError:
-            self._log_step((await call).get(0))
-            raise
-        return self._log_step(m)
 
-    async def _timed(self, lane: str, name: str, work, **args):
-        with self.timeline.span(lane, name, **args):
-            return await work
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (a resumed run starts at its checkpoint's)."""
+        return self.step_state.step if self.step_state else self.start_step
 
-    def _log_step(self, m: dict) -> dict[str, float]:
-        self.step = int(m["step"])
-        self.losses.append(m["loss"])
-        line = {
-            "train/loss": m["loss"],
-            "train/grad_norm": m["grad_norm"],
-            "train/lr": m["lr"],
-            "train/tokens_per_s": m["tokens_per_s"],
-            "train/step_s": m["step_s"],
-            "train/mfu": m["mfu"],
-            "train/elapsed_s": time.perf_counter() - self.t_train,
-        }
-        self.log.log(self.step, line)
-        self.timeline.mark(f"step {self.step}")
-        if "profile/summary" in m:  # trainer.profile_steps: the window's top operators, rank 0's
-            tqdm.write(m["profile/summary"])
-        return line
+    @property
+    def losses(self) -> list[float]:
+        return self.step_state.losses if self.step_state else []
+
+    async def before_steps(self) -> None:
+        """Nothing before the first step: the evaluation's engine starts with the first evaluation (~30 s on CPU)."""
 
     async def evaluate(self, final: bool = False) -> dict[str, Any]:
         """Greedy held-out accuracy of the current weights. The first evaluation starts a generator on an HF
         export of them (export_dir when it is the final one); later ones push the weights into it (the GRPO
-        weight-sync path)."""
+        weight-sync path). No held-out set: nothing to do (an empty record)."""
         from forge_rl.actors.generator import Generator
 
         cfg, t0 = self.cfg, time.perf_counter()
+        if not self.held_out:
+            return {}
         if self.generator is None:
             eval_dir = cfg.export_dir if final and cfg.export_dir else str(self.out / "eval_model")
             await self.trainer.export_hf.call(eval_dir)
@@ -239,6 +241,8 @@ class SFTRun(RecipeRun):
             )
         record = dict(**result, eval_s=time.perf_counter() - t0)
         self.log.log(self.step, {f"eval/{k}": v for k, v in record.items()})
+        if not final:
+            tqdm.write(f"step {self.step}: held-out greedy accuracy {record['accuracy']:.3f} (n={record['n']})")
         return record
 
     async def checkpoint(self) -> str:
@@ -258,8 +262,7 @@ class SFTRun(RecipeRun):
         summary.json and loss.png."""
         cfg = self.cfg
         self.train_s = time.perf_counter() - self.t_train
-        if interrupted:
-            self.step = (await self.trainer.version.call()).get(0)  # in case a step was in flight
+        if interrupted:  # the step in flight has finished (sft_step is interrupt-safe)
             self.console.print(f"[yellow]interrupted at step {self.step}: saving a checkpoint[/yellow]")
         checkpoint = (
             await self.checkpoint()
@@ -275,6 +278,10 @@ class SFTRun(RecipeRun):
             if cfg.export_dir and self.exported != cfg.export_dir:
                 await self.trainer.export_hf.call(cfg.export_dir)
         return self._write_summary(checkpoint, interrupted)
+
+    async def save_on_interrupt(self) -> dict[str, Any]:
+        """SIGTERM, Ctrl-C: a checkpoint of the last step and the summary (interrupted=true), no evaluation."""
+        return await self.finish(interrupted=True)
 
     def _write_summary(self, checkpoint: str, interrupted: bool) -> dict[str, Any]:
         cfg, done = self.cfg, self.step - self.start_step
@@ -310,29 +317,8 @@ class SFTRun(RecipeRun):
         return self.summary
 
 
-async def train(run: SFTRun) -> dict[str, Any]:
-    """The SFT loop: steps with checkpoints and evaluations on their schedule, then finish. Ctrl-C (or SIGTERM)
-    finishes the step in flight, saves a checkpoint and returns a summary with interrupted=true."""
-    cfg = run.cfg
-    async with run:
-        interrupted = False
-        with tqdm(total=cfg.steps, initial=run.step, desc="sft", unit="step", dynamic_ncols=True) as bar:
-            try:
-                while run.step < cfg.steps:
-                    line = await run.sft_step()
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{line['train/loss']:.4f}")
-                    if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
-                        await run.checkpoint()
-                    if run.held_out and cfg.eval_every and run.step % cfg.eval_every == 0 and run.step < cfg.steps:
-                        r = await run.evaluate()
-                        bar.write(f"step {run.step}: held-out greedy accuracy {r['accuracy']:.3f} (n={r['n']})")
-            except (asyncio.CancelledError, KeyboardInterrupt):
-                interrupted = True  # Ctrl-C: asyncio cancels this task; save what we have and leave
-        return await run.finish(interrupted)
-
-
 CONFIG = SFTConfig
+ALGORITHM = SFT
 
 
 async def main(cfg: SFTConfig) -> dict[str, Any]:

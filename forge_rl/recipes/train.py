@@ -1,11 +1,13 @@
-"""The loop every RL run shares, over a run's steps: evaluate, then step until `steps` with evaluations and
-checkpoints on their schedule, then finish; an interrupt saves a final checkpoint, and a dead role becomes one line
-naming it.
+"""The loop every run shares, over its algorithm's steps: what comes before the first step, then steps until
+`steps` with evaluations and checkpoints on their schedule, then finish; an interrupt saves a final checkpoint, and
+a dead role becomes one line naming it.
 
     summary = await train(RLRun(cfg, GRPO))     # PPO, DISTILL: the same loop, another algorithm
+    summary = await train(SFTRun(cfg))          # SFT: the same loop over sft_step
 
-`run` is an RLRun (forge_rl/recipes/rl_run.py); each step is `rl_step` (forge_rl/recipes/rl_step.py). A notebook
-calls the same steps one at a time instead.
+Each step is `run.algorithm.step(run.roles, run.step_state, run.algorithm)`: `rl_step` (forge_rl/recipes/rl_step.py)
+for the RL algorithms, `sft_step` (forge_rl/recipes/sft_step.py) for SFT. A notebook calls the same steps one at a
+time instead.
 """
 
 import asyncio
@@ -15,8 +17,6 @@ from tqdm import tqdm
 from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.loop.train_loop import RoleDied, resume_hint, role_died
-from forge_rl.recipes.grpo_report import console_line, shown_reward
-from forge_rl.recipes.rl_step import rl_step
 from forge_rl.runtime.faults import RoleStartFailed
 
 
@@ -27,10 +27,8 @@ async def train(run) -> dict:
     try:
         async with run:
             try:
-                await _first_evaluation(run)
-                cfg = run.cfg
-                if run.step < cfg.steps:  # generating, scoring and buffering groups beside every step
-                    await run.start_rollouts()
+                await run.before_steps()  # RL: the first evaluation, then the rollouts start
+                cfg, algorithm = run.cfg, run.algorithm
                 # no bar without a terminal (nohup, CI, a batch step): the step lines say it all
                 with tqdm(
                     total=cfg.steps,
@@ -41,14 +39,15 @@ async def train(run) -> dict:
                     disable=None,
                 ) as bar:
                     while run.step < cfg.steps:
-                        line = await rl_step(run.roles, run.step_state, run.algorithm)
+                        line = await algorithm.step(run.roles, run.step_state, algorithm)
                         if cfg.eval_every and run.step % cfg.eval_every == 0 and run.step != cfg.steps:
                             line.update(await run.evaluate())
                         if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
                             await run.checkpoint()
                         bar.update(1)
-                        bar.set_postfix(reward=shown_reward(line), acc=f"{run.evals[-1][2]:.0%}")
-                        tqdm.write(console_line(run.step, line))
+                        bar.set_postfix(algorithm.postfix(run, line))
+                        if (shown := algorithm.console_line(run.step, line)) is not None:
+                            tqdm.write(shown)
                         if "profile/summary" in line:  # trainer.profile_steps: the window's top operators, rank 0's
                             tqdm.write(line["profile/summary"])
             except (KeyboardInterrupt, asyncio.CancelledError):
@@ -64,14 +63,3 @@ async def train(run) -> dict:
 
 def _run_id(run) -> str | None:
     return run.claim.run_id if run.claim else None
-
-
-async def _first_evaluation(run) -> None:
-    if run.held_out:
-        run.console.print(f"evaluating step {run.step} on {len(run.held_out)} held-out prompts ...")
-    accuracy = (await run.evaluate())["eval/accuracy"]
-    if run.held_out:  # none: said at start, and not as "nan%"
-        run.console.print(
-            f"held-out greedy accuracy at step {run.step}: {accuracy:.1%} "
-            f"({len(run.held_out)} prompts, {run.eval_reward_name()})"
-        )
