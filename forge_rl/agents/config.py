@@ -2,6 +2,8 @@
 OpenAI-compatible endpoint (forge_rl/agents/server.py). Torch-free and vLLM-free, so a config is read and checked
 in a moment; what is checked against the rest of the run is forge_rl/agents/checks.py."""
 
+import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +40,11 @@ class AgentConfig:
     # "package.module:function", called once per episode as fn(example, client) -> float reward or None (the run's
     # reward functions then score the episode's final assistant text). null: no agent, no endpoint
     entry: str | None = None
+    # a program run once per episode instead of agent.entry, as [program, arg, ...]: OPENAI_BASE_URL and
+    # OPENAI_API_KEY name its episode, the task row comes as JSON on stdin, and the last line of its stdout is its
+    # reward as JSON (nothing, or null: the run's rewards score its last reply) (forge_rl/agents/command.py)
+    command: list[str] | None = None
+    max_output_bytes: int = 1_000_000  # an agent.command program's stdout at most; more fails its episode
     port: int = 0  # the endpoint's loopback port; 0: a free one, chosen at start
     episode_timeout_s: float = 300.0  # an episode still running after this long fails, and its group is dropped
     max_concurrent_episodes: int = 64  # episodes running at once, the run's training and evaluation together
@@ -53,11 +60,12 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if isinstance(self.verifiers, dict):
             self.verifiers = VerifiersConfig(**self.verifiers)
-        if self.entry is not None and self.verifiers.env is not None:
-            raise ValueError(
-                f"agent.entry={self.entry!r} and agent.verifiers.env={self.verifiers.env!r}: a run trains one agent; "
-                "set one of them to null"
-            )
+        given = {"agent.entry": self.entry, "agent.command": self.command, "agent.verifiers.env": self.verifiers.env}
+        given = {key: value for key, value in given.items() if value is not None}
+        if len(given) > 1:
+            both = " and ".join(f"{key}={value!r}" for key, value in given.items())
+            raise ValueError(f"{both}: a run trains one agent; set all but one of them to null")
+        self._check_command()
         if self.entry is not None and (not isinstance(self.entry, str) or ":" not in self.entry):
             raise ValueError(f"agent.entry={self.entry!r}: give 'package.module:function'")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port < 65536:
@@ -71,11 +79,35 @@ class AgentConfig:
         if self.tool_parser not in (None, "hermes"):
             raise ValueError(f"agent.tool_parser={self.tool_parser!r}; choose 'hermes' (Qwen3's format) or null")
 
+    def _check_command(self) -> None:
+        if isinstance(self.max_output_bytes, bool) or not isinstance(self.max_output_bytes, int):
+            raise ValueError(f"agent.max_output_bytes={self.max_output_bytes!r}: give a number of bytes")
+        if self.max_output_bytes < 1:
+            raise ValueError(f"agent.max_output_bytes must be >= 1, got {self.max_output_bytes}")
+        if self.command is None:
+            return
+        if not isinstance(self.command, list) or not self.command or not all(isinstance(a, str) for a in self.command):
+            raise ValueError(
+                f"agent.command={self.command!r}: give the program and its arguments as a list of strings, "
+                "e.g. [python, examples/agents/http_agent.py]"
+            )
+        program = self.command[0]
+        if shutil.which(program) is None and not (os.sep in program and os.access(program, os.X_OK)):
+            raise ValueError(
+                f"agent.command[0]={program!r}: no such program on PATH, nor an executable file; give the program's "
+                "name or path"
+            )
+
     @property
     def enabled(self) -> bool:
-        return self.entry is not None or self.verifiers.env is not None
+        return self.entry is not None or self.command is not None or self.verifiers.env is not None
 
     @property
     def name(self) -> str:
-        """What runs the episodes, for messages: the entry, or the verifiers environment."""
-        return self.entry if self.entry is not None else f"verifiers:{self.verifiers.env}"
+        """What runs the episodes, for messages: the entry, the command, or the verifiers environment."""
+        if self.entry is not None:
+            return self.entry
+        if self.command is not None:
+            line = " ".join(self.command).replace("\n", "\\n")
+            return f"command {line if len(line) <= 120 else line[:117] + '...'}"
+        return f"verifiers:{self.verifiers.env}"

@@ -35,7 +35,15 @@ from forge_rl.runtime.replies import replies
 from forge_rl.types import Episode, Group
 
 # drop reasons that are the agent's own (a reward function's and the generator's have theirs)
-AGENT_REASONS = ("agent_error", "agent_timeout", "agent_reward", "agent_no_calls", "agent_request", "agent_non_prefix")
+AGENT_REASONS = (
+    "agent_error",
+    "agent_timeout",
+    "agent_reward",
+    "agent_no_calls",
+    "agent_request",
+    "agent_non_prefix",
+    "agent_output",  # an agent.command program's stdout over agent.max_output_bytes
+)
 
 
 class AgentFailing(RunStopped):

@@ -60,7 +60,9 @@ def plugin_id(name: str, key: str) -> str:
 def load_environment(spec: VerifiersConfig, held_out: bool = False, fresh: bool = False):
     """The vf.Env of `spec` (its held-out taskset when `held_out`), with forge_rl's harness on a local runtime. The
     start-up checks and the task's rows share one load; `fresh`: one of its own (the episodes', whose serving
-    resources it holds)."""
+    resources it holds). None without a verifiers environment (spec.env null: another kind of agent)."""
+    if spec.env is None:
+        return None
     key = json.dumps([spec.env, spec.args, spec.held_out_args, spec.harness, held_out], sort_keys=True, default=str)
     if fresh or key not in _LOADED:
         env = _load(spec, held_out)

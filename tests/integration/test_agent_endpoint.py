@@ -3,18 +3,25 @@ TorchTitan: one synchronous fp32 GRPO run on tiny-warm whose agent (`two_turns` 
 again." and answers again, driven step by step and shared by every test here. Its second call continues the
 first call's sampled tokens exactly; the trainer's logprobs of its episodes' tokens match the engine's within the
 bound the synchronous fp32 runs hold (tests/integration/test_mismatch.py); an edited history is split or refused;
-tool calls come back as tool_calls; a different sampler is refused by name; and every bad agent ends in one line."""
+tool calls come back as tool_calls; a different sampler is refused by name; a call without its episode's key is
+refused; text sent back continues exactly; a program runs as an agent (agent.command); and every bad agent (a
+function or a program) ends in one line."""
 
 import asyncio
 import json
 import math
 import socket
+import sys
+import time
+import uuid
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import torch
 
+from forge_rl.agents.command import LOG_NAME, CommandAgent
 from forge_rl.agents.entry import AgentEntry
 from forge_rl.config import load_config
 from forge_rl.loop.rollout import DropLog, RolloutStats
@@ -350,17 +357,111 @@ def test_text_sent_back_continues_the_recorded_tokens_exactly(run):
     ],
 )
 def test_a_bad_agent_costs_its_group_in_one_line(run, agent, reason, says):
+    group, stats, lines = _one_group(run, AgentEntry(f"{HERE}:{agent}", timeout_s=2, max_threads=4))
+    runner = run[1].agents
+    assert group is None and stats.drops[reason] == (1 if reason == "prompt_too_long" else 2)
+    assert len(lines) == 1 and "\n" not in lines[0] and says in lines[0] and f"({reason})" in lines[0], lines
+    assert not runner.server.episodes  # every episode of the group closed
+
+
+def _one_group(run, entry: AgentEntry):
+    """A group of the dataset's next example played by `entry` in place of the run's agent: (the Group or None,
+    its RolloutStats, the drop lines it printed)."""
     loop, grpo, _ = run
     runner = grpo.agents
     lines: list[str] = []
     stats = RolloutStats(drop_log=DropLog(write=lines.append))
-    entry, runner.entry = runner.entry, AgentEntry(f"{HERE}:{agent}", timeout_s=2, max_threads=4)
+    kept, runner.entry = runner.entry, entry
     try:
         example = loop.run_until_complete(grpo.roles.dataset.next.call_one())
-        group = loop.run_until_complete(runner.group(example, 2, grpo.roles.reward, stats))
+        return loop.run_until_complete(runner.group(example, 2, grpo.roles.reward, stats)), stats, lines
     finally:
-        loop.run_until_complete(runner.entry.close())
-        runner.entry = entry
-    assert group is None and stats.drops[reason] == (1 if reason == "prompt_too_long" else 2)
+        loop.run_until_complete(entry.close())
+        runner.entry = kept
+
+
+def _program(code: str, timeout_s: float = 30, max_output_bytes: int = 10_000) -> AgentEntry:
+    command = [sys.executable, "-c", code]
+    return AgentEntry("command", timeout_s, 4, fn=CommandAgent(command, max_output_bytes))
+
+
+MARK = f"forge-rl-test-{uuid.uuid4().hex}"  # in every test program's command line: none may outlive its episode
+CALL = (  # one chat call of its episode, with the standard library only
+    f"# {MARK}\nimport json, os, subprocess, sys, time, urllib.request\nrow = json.load(sys.stdin)\n"
+    "request = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', "
+    "data=json.dumps({'model': 'm', 'messages': row['messages']}).encode(), headers={'Content-Type': "
+    "'application/json', 'Authorization': 'Bearer ' + os.environ.get('OPENAI_API_KEY', '')})\n"
+    "reply = json.load(urllib.request.urlopen(request))['choices'][0]['message']['content']\n"
+)
+
+
+def _left_running() -> list[str]:
+    """The test programs still running, once a SIGKILL sent to them has had a moment to land."""
+    for _ in range(20):
+        left = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _has_mark(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return left
+
+
+def _has_mark(proc: Path) -> bool:
+    try:
+        return MARK.encode() in (proc / "cmdline").read_bytes()
+    except OSError:  # it ended meanwhile
+        return False
+
+
+def test_a_program_is_an_agent(run):
+    """examples/agents/http_agent.py, plain HTTP: its episodes' calls, its reward from stdout, its stderr in the
+    run's log. A program that prints nothing on stdout is scored by the run's rewards."""
+    _, grpo, _ = run
+    entry = AgentEntry("command", 60, 4, fn=CommandAgent([sys.executable, "examples/agents/http_agent.py"], 10_000))
+    group, stats, lines = _one_group(run, entry)
+    assert group is not None and not lines and not any(stats.drops.values())
+    assert {e.reward for e in group.episodes} <= {0.0, 0.5, 1.0} and all(
+        e.metadata["calls"] >= 1 for e in group.episodes
+    )
+    assert "answered" in (Path(grpo.log_dir) / LOG_NAME).read_text()
+    group, stats, lines = _one_group(run, _program(CALL))  # no reward printed: exact_match scores its reply
+    assert group is not None and not lines and all(e.rewards == {"agent": e.reward} for e in group.episodes)
+
+
+@pytest.mark.parametrize(
+    "code, reason, says, limits",
+    [
+        (
+            "print('no sandbox here', file=sys.stderr)\nsys.exit(3)",
+            "agent_error",
+            "status 3; its last stderr line: no sandbox here",
+            {},
+        ),
+        ("print('the answer is', reply)", "agent_reward", "last on stdout, not JSON", {}),
+        ("print(json.dumps({'reward': 'high'}))", "agent_reward", '{"reward": "high"}', {}),
+        (
+            "sys.stdout.write('x' * 100000)",
+            "agent_output",
+            "more than agent.max_output_bytes=1000 bytes",
+            {"max_output_bytes": 1000},
+        ),
+        (
+            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600) # {MARK}'])\ntime.sleep(600)",
+            "agent_timeout",
+            "did not return within agent.episode_timeout_s=3",
+            {"timeout_s": 3},
+        ),
+    ],
+    ids=["exits-3", "no-json", "not-a-number", "floods-stdout", "hangs-with-a-child"],
+)
+def test_a_bad_program_costs_its_group_in_one_line(run, code, reason, says, limits):
+    group, stats, lines = _one_group(run, _program(CALL + code, **limits))
+    assert group is None and stats.drops[reason] == 2
     assert len(lines) == 1 and "\n" not in lines[0] and says in lines[0] and f"({reason})" in lines[0], lines
-    assert not runner.server.episodes  # every episode of the group closed
+    assert not run[1].agents.server.episodes and not _left_running()  # nothing it started outlives it
+
+
+def test_a_program_with_another_key_is_refused(run):
+    """OPENAI_API_KEY is its episode's; a program that calls with another key gets a 401 and its group is dropped."""
+    code = CALL.replace("os.environ.get('OPENAI_API_KEY', '')", "'forge-rl-episode-t0-guessed'")
+    group, stats, lines = _one_group(run, _program(code))
+    assert group is None and stats.drops["agent_error"] == 2 and "HTTP Error 401" in lines[0], lines

@@ -89,6 +89,15 @@ def test_a_bad_agent_value_is_refused_when_read(override, names):
     assert all(name in str(e.value) for name in names) and "\n" not in str(e.value)
 
 
+def test_a_command_agent_passes_the_checks_and_is_read_from_the_command_line():
+    cfg = _config("agent.command=[python3, examples/agents/http_agent.py]")
+    assert cfg.agent.command == ["python3", "examples/agents/http_agent.py"] and cfg.agent.enabled
+    check_agent(cfg)
+    with pytest.raises(ConfigError) as e:
+        _config("agent.command=[no-such-program-here]")
+    assert "agent.command[0]='no-such-program-here'" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_without_the_openai_package_the_line_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "openai", None)  # a fault: the package not installed
     line = _refused(f"agent.entry={AGENT}")
