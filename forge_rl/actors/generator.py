@@ -43,8 +43,10 @@ from forge_rl.actors.generator_engine import (
     watch_engine,
 )
 from forge_rl.actors.generator_outputs import Child, completion_of, completion_routes, filler_completion
+from forge_rl.actors.generator_images import image_inputs
 from forge_rl.actors.generator_stats import GeneratorStats
 from forge_rl.actors.generator_weights import GeneratorWeights
+from forge_rl.data.vision import image_token_id, model_config
 from forge_rl.deps.vllm import WORKER_EXTENSION, engine_dead_error
 from forge_rl.deps.vllm_routes import routes_from_rpc
 from forge_rl.loop.sampling import top_k_over_cap, truncation
@@ -158,6 +160,7 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         # logprobs to ask for under truncation: cap + 1, or the whole vocabulary when it is smaller
         self._kept_logprobs = min(self.max_kept_tokens + 1, self.engine.vllm_config.model_config.get_vocab_size())
         self.tokenizer = auto_tokenizer(self.model)
+        self.image_token = image_token_id(model_config(self.model))  # None: a text-only model
         self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source) if self.policy_weights else None
         # A replica (re)started mid-run must not serve the base weights: it takes the newest version the
         # trainer has published before it takes any call.
@@ -173,6 +176,7 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         timeout_s: float | None = None,
         max_age: int | None = None,
         filler_after_eos: bool = False,
+        images: list[Any] | None = None,
         **sampling: Any,
     ) -> list[Completion]:
         """Sample `n` completions of `prompt` (text, or token ids). `sampling` overrides the config's
@@ -186,8 +190,13 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
 
         `filler_after_eos`: every completion runs to max_tokens (ignore_eos); its text ends at the first
         end-of-sequence token, and the tokens after it are filler, marked in `env_mask` (no loss; see
-        `filler_completion`). A workload of given response lengths (forge_rl/loop/lengths.py)."""
+        `filler_completion`). A workload of given response lengths (forge_rl/loop/lengths.py).
+
+        `images`: the prompt's images (bytes, paths or PIL images), one per image placeholder of the prompt
+        (forge_rl/actors/generator_images.py); the Completions' prompt_ids are then the engine's, each
+        placeholder expanded to its image's tokens."""
         prompt_ids = self._prompt_ids(prompt)
+        images = image_inputs(prompt_ids, images, self.image_token, self.model) if images else None
         if filler_after_eos:
             sampling = {**sampling, "ignore_eos": True}
         params = self._sampling_params(len(prompt_ids), n, sampling)
@@ -200,7 +209,9 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         adapter = self._use_adapter(version)
         self._enter(n)
         self._in_flight[request_id] = (len(prompt_ids), children)
-        stream = asyncio.ensure_future(self._stream(prompt_ids, params, request_id, adapter, children, timeout_s))
+        stream = asyncio.ensure_future(
+            self._stream(prompt_ids, params, request_id, adapter, children, timeout_s, images)
+        )
         if max_age is not None:
             self._too_old[request_id] = (version + max_age, stream)
         try:
@@ -221,6 +232,8 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         if self.lora is not None:
             for child in children:
                 child.versions = [version] * len(child.ids)
+        if images is not None:  # the prompt as the engine ran it: each image placeholder expanded
+            prompt_ids = images["prompt_ids"]
         completions = [self._completion(prompt, prompt_ids, child, drawn_with) for child in children]
         if filler_after_eos:
             completions = [filler_completion(c, self._eos_ids(), self.tokenizer) for c in completions]
@@ -243,17 +256,28 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         await self._done_with_adapter(version)
 
     async def _stream(
-        self, prompt_ids: list[int], params, request_id: str, adapter, children: list["Child"], timeout_s: float | None
+        self,
+        prompt_ids: list[int],
+        params,
+        request_id: str,
+        adapter,
+        children: list["Child"],
+        timeout_s: float | None,
+        images: dict[str, Any] | None = None,
     ) -> None:
         """Run one request in the engine, its deltas into `children`. Cancelled, it aborts the request in the
-        engine (cancelling vLLM's stream does)."""
+        engine (cancelling vLLM's stream does). `images`: vLLM's multimodal input of the prompt, to which the
+        engine's expanded prompt ids are added (as "prompt_ids")."""
         from vllm.inputs import TokensPrompt
 
+        prompt = TokensPrompt(prompt_token_ids=prompt_ids)
+        if images is not None:
+            prompt["multi_modal_data"] = {"image": images["image"]}
         try:
             async with asyncio.timeout(timeout_s):
-                async for out in self.engine.generate(
-                    TokensPrompt(prompt_token_ids=prompt_ids), params, request_id, lora_request=adapter
-                ):
+                async for out in self.engine.generate(prompt, params, request_id, lora_request=adapter):
+                    if images is not None and "prompt_ids" not in images and out.prompt_token_ids:
+                        images["prompt_ids"] = list(out.prompt_token_ids)
                     for c in out.outputs:
                         children[c.index].extend(c)
                         if c.finish_reason is not None:

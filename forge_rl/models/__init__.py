@@ -6,13 +6,12 @@ from pathlib import Path
 from forge_rl.errors import ConfigError
 
 TINY_MODEL_DIR = Path(__file__).parent / "tiny"
-EMBEDDED = ("tiny", "tiny-warm", "tiny-teacher", "tiny-rm", "tiny-moe")
+EMBEDDED = ("tiny", "tiny-warm", "tiny-teacher", "tiny-rm", "tiny-moe", "tiny-vlm")
 
 
 def resolve_model_path(model: str) -> str:
-    """ "tiny", "tiny-warm", "tiny-teacher", "tiny-rm", "tiny-moe" -> the embedded models; anything else must be a
-    local HF model
-    directory (nothing is downloaded at run time)."""
+    """ "tiny", "tiny-warm", "tiny-teacher", "tiny-rm", "tiny-moe", "tiny-vlm" -> the embedded models; anything
+    else must be a local HF model directory (nothing is downloaded at run time)."""
     if model == "tiny":
         return str(TINY_MODEL_DIR)
     if model == "tiny-warm":  # the tiny model after SFT on arithmetic (configs/sft/tiny_warm.yaml)
@@ -21,6 +20,8 @@ def resolve_model_path(model: str) -> str:
         return str(Path(__file__).parent / "tiny_rm")
     if model == "tiny-moe":  # tiny-warm made a Qwen3-MoE (4 experts, top 2): forge_rl/models/build_tiny_moe.py
         return str(Path(__file__).parent / "tiny_moe")
+    if model == "tiny-vlm":  # an Idefics3 vision-language model of the tiny model's size: build_tiny_vlm.py
+        return str(Path(__file__).parent / "tiny_vlm")
     if model == "tiny-teacher":  # tiny-warm after `make demo`'s GRPO run: a stronger teacher for apps/distill
         return str(Path(__file__).parent / "tiny_teacher")
     path = Path(model).expanduser()

@@ -1,0 +1,28 @@
+"""A Generator's image prompts: the images of one `generate` call checked against its prompt and the model, and
+turned into vLLM's multimodal input.
+
+A prompt holds the model's image token once per image (the chat template's placeholder, e.g. Idefics3's
+`<image>`); the engine's processor expands each into the image's tokens, so the prompt ids the Completion records
+are the engine's expanded ids, the ones the trainer must score. Refused here, in one line, before the engine sees
+the request: images given to a text-only model, and a placeholder count that is not the number of images.
+"""
+
+from typing import Any
+
+from forge_rl.data.images import load_image
+
+
+def image_inputs(prompt_ids: list[int], images: list[Any], image_token: int | None, model: str) -> dict[str, Any]:
+    """vLLM's `multi_modal_data` of a prompt and its images (PNG or other image bytes, paths, PIL images)."""
+    if image_token is None:
+        raise ValueError(
+            f"generate was given {len(images)} images, but the generator's model {model} is text-only "
+            "(its config.json has no image token); give a vision-language model"
+        )
+    found = prompt_ids.count(image_token)
+    if found != len(images):
+        more = "more" if found > len(images) else "fewer"
+        raise ValueError(
+            f"the prompt holds {found} image placeholders (token {image_token}), {more} than its {len(images)} images"
+        )
+    return {"image": [load_image(image, f"image {i} of the prompt") for i, image in enumerate(images)]}

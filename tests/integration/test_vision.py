@@ -1,0 +1,103 @@
+"""Image prompts through a Generator on a real vLLM CPU engine and the embedded tiny VLM (tiny-vlm, Idefics3): the
+digit-sum task's rows rendered by the model's processor, sampled with per-token logprobs; the image conditions the
+output; a group of G samples of one image; two images in one prompt; a placeholder count the images do not match
+refused in one line while the engine keeps serving. One engine for the module."""
+
+import asyncio
+import itertools
+
+import pytest
+
+from forge_rl.data import digit_sum
+from forge_rl.data.vision import load_processor, render_image_prompt, with_images
+from forge_rl.models import resolve_model_path
+
+MAX_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return load_processor(resolve_model_path("tiny-vlm"))
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return list(itertools.islice(digit_sum.training_rows(seed=0), 3))
+
+
+def prompt_of(processor, text: str, n_images: int) -> str:
+    messages = with_images([{"role": "user", "content": text}], n_images, "test")
+    return render_image_prompt(processor, messages, n_images, "test")
+
+
+@pytest.fixture(scope="module")
+def generator():
+    from forge_rl.actors.generator import Generator
+    from forge_rl.runtime import provisioned
+
+    loop = asyncio.new_event_loop()
+    ctx = provisioned()
+    loop.run_until_complete(ctx.__aenter__())
+    svc = loop.run_until_complete(
+        Generator.options(replicas=1).as_service(resolve_model_path("tiny-vlm"), engine_args=dict(max_model_len=256))
+    )
+    yield loop, svc
+    loop.run_until_complete(ctx.__aexit__(None, None, None))
+    loop.close()
+
+
+def generate(generator, prompt, images, **kwargs):
+    loop, svc = generator
+    kwargs = dict(temperature=1.0, max_tokens=MAX_TOKENS) | kwargs
+    return loop.run_until_complete(svc.generate.route(prompt, images=images, **kwargs))
+
+
+def test_an_image_prompt_samples_a_group_with_logprobs_and_versions(generator, processor, rows):
+    from forge_rl.models.build_tiny_vlm import IMAGE_TOKEN_ID, IMAGE_TOKENS
+
+    prompt = prompt_of(processor, rows[0]["prompt"], 1)
+    unexpanded = processor.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    group = generate(generator, prompt, [rows[0]["image"]], n=8)
+    assert len(group) == 8
+    for c in group:
+        assert c.finish_reason in ("stop", "length") and 1 <= len(c.response_ids) <= MAX_TOKENS
+        assert len(c.logprobs) == len(c.response_ids) and (c.logprobs <= 0).all() and (c.policy_versions == 0).all()
+        # the engine's prompt: the one placeholder expanded to the image's tokens, the same for the whole group
+        assert (c.prompt_ids == IMAGE_TOKEN_ID).sum() == IMAGE_TOKENS
+        assert len(c.prompt_ids) > len(unexpanded) and c.prompt_ids.tolist() == group[0].prompt_ids.tolist()
+    assert len({tuple(c.response_ids.tolist()) for c in group}) > 1  # a group of samples, not one sample repeated
+
+
+def test_the_image_conditions_the_output(generator, processor, rows):
+    """Same prompt text and sampling seed: the same image gives the same tokens and logprobs, another image
+    other logprobs."""
+    prompt = prompt_of(processor, rows[0]["prompt"], 1)
+    first, again = (generate(generator, prompt, [rows[0]["image"]], seed=7)[0] for _ in range(2))
+    other = generate(generator, prompt, [rows[1]["image"]], seed=7)[0]
+    assert first.response_ids.tolist() == again.response_ids.tolist()
+    assert (first.logprobs - again.logprobs).abs().max() < 1e-5
+    # the first token is drawn with the same random number from each image's distribution
+    assert first.response_ids.tolist() != other.response_ids.tolist() or (first.logprobs != other.logprobs).any()
+    assert abs(first.logprobs[0] - other.logprobs[0]) > 1e-6 or first.response_ids[0] != other.response_ids[0]
+
+
+def test_two_images_in_one_prompt(generator, processor, rows):
+    from forge_rl.models.build_tiny_vlm import IMAGE_TOKEN_ID, IMAGE_TOKENS
+
+    prompt = prompt_of(processor, "Add <image> and <image>.", 2)
+    (c,) = generate(generator, prompt, [rows[0]["image"], rows[2]["image"]])
+    assert (c.prompt_ids == IMAGE_TOKEN_ID).sum() == 2 * IMAGE_TOKENS and len(c.logprobs) == len(c.response_ids)
+
+
+def test_placeholders_the_images_do_not_match_are_refused_and_the_engine_keeps_serving(generator, processor, rows):
+    from monarch.actor import ActorError
+
+    loop, svc = generator
+    two = prompt_of(processor, "Add <image> and <image>.", 2)
+    with pytest.raises(ActorError, match="2 image placeholders .*, more than its 1 images"):
+        generate(generator, two, [rows[0]["image"]])
+    with pytest.raises(ActorError, match="is not an image PIL can read"):
+        generate(generator, prompt_of(processor, rows[0]["prompt"], 1), [b"not an image"])
+    (c,) = generate(generator, prompt_of(processor, rows[0]["prompt"], 1), [rows[0]["image"]])
+    assert len(c.response_ids) >= 1
+    assert svc.service_stats.retries == 0 and svc.healthy_replicas == 1
