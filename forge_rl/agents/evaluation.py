@@ -19,22 +19,23 @@ from forge_rl.runtime.replies import replies
 
 async def evaluate_agent(agents: AgentRunner, examples: list, reward, eval_reward: str) -> dict[str, float]:
     """{"accuracy": fraction solved, "reward": mean reward, "n", "failures": [(example id, reason, message)] of
-    the episodes that failed} over `examples`."""
+    the episodes that failed, in the examples' order} over `examples`."""
     if not examples:
         raise ValueError("evaluate_agent: no held-out examples")
 
-    failures: list[tuple[str, str, str]] = []
+    failed: dict[int, tuple[str, str, str]] = {}
 
-    async def one(example):
+    async def one(i, example):
         try:
             return await agents.episode(example, trained=False)
         except SupervisionError:
             raise
         except EpisodeFailed as e:
-            failures.append((example.id, e.reason, str(e)))
+            failed[i] = (example.id, e.reason, str(e))
             return None, None
 
-    done = await asyncio.gather(*(one(e) for e in examples))
+    done = await asyncio.gather(*(one(i, e) for i, e in enumerate(examples)))
+    failures = [failed[i] for i in sorted(failed)]  # in the examples' order, whichever failed first
     solved = [0.0 if record is None else float(r > 0) for record, r in done]
     rewards = [0.0 if r is None else r for _, r in done]
     unscored = [i for i, (record, r) in enumerate(done) if record is not None and r is None]

@@ -220,9 +220,9 @@ async def evaluate_env_summarised(
     solved, and its failure is reported with the others of its cause in one line."""
     if not examples:
         raise ValueError("evaluate_env_summarised: no held-out examples")
-    slots, failures = asyncio.Semaphore(concurrency), EvalFailures(len(examples))
+    slots, failed = asyncio.Semaphore(concurrency), {}
 
-    async def one(example) -> Trajectory:
+    async def one(i, example) -> Trajectory:
         async with slots:
             prompt_ids = renderer.tokenizer(example.text, add_special_tokens=False)["input_ids"]
             try:
@@ -233,10 +233,13 @@ async def evaluate_env_summarised(
             except SupervisionError:
                 raise
             except Exception as e:  # an evaluation goes on: this example counts as not solved
-                failures.add(example.id, drop_reason(e), f"{type(e).__name__}: {e}")
+                failed[i] = (example.id, drop_reason(e), f"{type(e).__name__}: {e}")
                 return Trajectory(None, 0.0, False, 0)
 
-    done = await asyncio.gather(*(one(e) for e in examples))
+    done = await asyncio.gather(*(one(i, e) for i, e in enumerate(examples)))
+    failures = EvalFailures(len(examples))
+    for i in sorted(failed):  # in the examples' order, whichever failed first
+        failures.add(*failed[i])
     failures.report()
     n = len(done)
     return {
