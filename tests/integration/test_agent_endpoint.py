@@ -78,6 +78,11 @@ async def unknown_episode(example, client):
     await wrong.chat.completions.create(model="m", messages=example.messages)
 
 
+async def wrong_key(example, client):
+    guessed = openai.AsyncOpenAI(base_url=client.base_url, api_key="forge-rl-episode-t0-guessed", max_retries=0)
+    await guessed.chat.completions.create(model="m", messages=example.messages)
+
+
 async def too_long(example, client):
     await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1=" * 100}])
 
@@ -352,6 +357,7 @@ def test_text_sent_back_continues_the_recorded_tokens_exactly(run):
         ("returns_nan", "agent_reward", "returned nan; return a finite number or None"),
         ("returns_text", "agent_reward", "returned '1.0'; return a finite number or None"),
         ("unknown_episode", "agent_error", "no open episode"),
+        ("wrong_key", "agent_error", "AuthenticationError: Error code: 401"),
         ("too_long", "prompt_too_long", "max_model_len"),
         ("hotter", "agent_request", "temperature=0.5 differs"),
     ],
