@@ -116,6 +116,8 @@ class Sampling:
         if model is None:
             raise Refused("prompt logprobs of the base model are not served; save weights of a training client first")
         async with model.lock:
+            if model.closed:
+                raise Refused("the training client that saved these weights has been closed with its session")
             if model.steps != sampler.step:
                 raise Refused(
                     "stale sampling client: its training client has taken an optimizer step since these weights "

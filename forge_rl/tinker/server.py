@@ -60,7 +60,7 @@ def make_app(backend, keys: dict[str, str]):
     async def refused(request: Request, error: Refused):
         return JSONResponse({"detail": str(error)}, 404 if isinstance(error, NotServed) else 400)
 
-    _session_routes(app)
+    _session_routes(app, backend)
     _future_routes(app, futures)
     _model_routes(app, backend, futures)
     _sampling_routes(app, backend, futures)
@@ -73,7 +73,9 @@ def make_app(backend, keys: dict[str, str]):
     return app
 
 
-def _session_routes(app) -> None:
+def _session_routes(app, backend) -> None:
+    from fastapi import Request
+
     @app.post("/api/v1/client/config")
     async def client_config():
         return CLIENT_CONFIG
@@ -87,11 +89,14 @@ def _session_routes(app) -> None:
         return {"status": "ok"}
 
     @app.post("/api/v1/create_session")
-    async def create_session():
-        return {"type": "create_session", "session_id": f"session-{uuid.uuid4().hex[:12]}"}
+    async def create_session(request: Request):
+        session_id = f"session-{uuid.uuid4().hex[:12]}"
+        backend.sessions.touch(request.state.owner, session_id)
+        return {"type": "create_session", "session_id": session_id}
 
     @app.post("/api/v1/session_heartbeat")
-    async def heartbeat():
+    async def heartbeat(request: Request):
+        backend.sessions.touch(request.state.owner, (await request.json()).get("session_id", ""))
         return {"type": "session_heartbeat"}
 
     @app.post("/api/v1/telemetry")
@@ -99,7 +104,8 @@ def _session_routes(app) -> None:
         return {"status": "accepted"}
 
     @app.post("/api/v1/sessions/{session_id}/finish")
-    async def finish(session_id: str):
+    async def finish(session_id: str, request: Request):
+        await backend.sessions.finish(request.state.owner, session_id)
         return None
 
 

@@ -20,6 +20,7 @@ from forge_rl.errors import ConfigError
 from forge_rl.models import resolve_model_path
 from forge_rl.tinker.config import TinkerConfig
 from forge_rl.tinker.sampling import Sampling
+from forge_rl.tinker.sessions import Sessions
 from forge_rl.tinker.states import States
 from forge_rl.tinker.training import Training
 
@@ -32,7 +33,8 @@ class TinkerService:
         self.keys.update({f"tml-forge-rl-{secrets.token_urlsafe(24)}": f"user-{i + 1}" for i in range(cfg.extra_users)})
         self.port: int | None = None
         self.model_dir = ""
-        self.generator = self.training = self.sampling = self.states = None
+        self.generator = self.training = self.sampling = self.states = self.sessions = None
+        self._reaper = None
         self._stack = contextlib.AsyncExitStack()
         self._server = self._task = None
 
@@ -80,6 +82,7 @@ class TinkerService:
             self.training = Training(self.cfg, self.model_dir, vocab)
             self.sampling = Sampling(self.cfg, self.training, self.generator)
             self.states = States(self.training)
+            self.sessions = Sessions(self.training)
             await self._serve()
         except BaseException:
             await self.stop()
@@ -120,9 +123,13 @@ class TinkerService:
             if self._task.done():
                 await self._task  # its start-up error
             await asyncio.sleep(0.02)
+        self._reaper = asyncio.create_task(self.sessions.reap())
 
     async def stop(self) -> None:
         """Stop serving, then every actor; safe to call twice."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         if self._server is not None:
             self._server.should_exit = True
             with contextlib.suppress(Exception):

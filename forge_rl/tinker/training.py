@@ -25,6 +25,7 @@ class TrainingModel:
     trainer: object  # the TinkerTrainer actor mesh
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     steps: int = 0  # optimizer steps taken
+    closed: bool = False  # its session finished: its trainer is stopped
 
 
 def trainer_config(cfg: TinkerConfig, model_dir: str, checkpoint_dir: str, seed: int) -> TrainerConfig:
@@ -62,7 +63,10 @@ class Training:
                 f"LoRA rank {rank}: this server trains rank {self.cfg.lora_rank}; pass rank={self.cfg.lora_rank}"
             )
         if len(self.models) >= self.cfg.max_training_clients:
-            raise Refused(f"this server holds {len(self.models)} training clients, its max_training_clients")
+            raise Refused(
+                f"this server holds {len(self.models)} training clients, its max_training_clients: close a "
+                "ServiceClient (service_client.close(...)) to free its own, or start the server with more"
+            )
         if model_id in self.models:
             raise Refused(f"a training client {model_id!r} exists already: create a new one from a new session")
         name = f"trainer-{next(self._ids)}"  # its procs and checkpoints: the client's id holds ':'
@@ -132,6 +136,16 @@ class Training:
             results = await model.trainer.optim_step.call(adam)
             model.steps += 1
         return {"metrics": next(iter(results.values()))}
+
+    async def release(self, owner: str, session_id: str) -> None:
+        """A finished session's training clients: their trainers stopped, their slots free."""
+        from forge_rl.runtime.actor import stop_actor
+
+        for model_id in [m for m, model in self.models.items() if model.owner == owner and m.startswith(session_id)]:
+            model = self.models.pop(model_id)
+            async with model.lock:
+                model.closed = True
+                await stop_actor(model.trainer)
 
     async def stop(self) -> None:
         from forge_rl.runtime.actor import stop_actor
