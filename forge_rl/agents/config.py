@@ -92,10 +92,10 @@ class AgentConfig:
                 "e.g. [python, examples/agents/http_agent.py]"
             )
         program = self.command[0]
-        if shutil.which(program) is None and not (os.sep in program and os.access(program, os.X_OK)):
+        if not _runnable(program):
             raise ValueError(
-                f"agent.command[0]={program!r}: no such program on PATH, nor an executable file; give the program's "
-                "name or path"
+                f"agent.command[0]={program!r:.100}: no such program on PATH, nor an executable file; give the "
+                "program's name or path"
             )
 
     @property
@@ -111,3 +111,11 @@ class AgentConfig:
             line = " ".join(self.command).replace("\n", "\\n")
             return f"command {line if len(line) <= 120 else line[:117] + '...'}"
         return f"verifiers:{self.verifiers.env}"
+
+
+def _runnable(program: str) -> bool:
+    """Whether `program` names a program on PATH or an executable file (a name no file can have is neither)."""
+    try:
+        return shutil.which(program) is not None or (os.sep in program and os.access(program, os.X_OK))
+    except (ValueError, OSError):  # a NUL in the name, a name too long
+        return False
