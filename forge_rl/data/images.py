@@ -25,6 +25,7 @@ IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 # The limit for a processor that declares none (those that resize every image to a fixed size): a larger image
 # only costs decoding and resizing time in the dataset and generator processes, for pixels the model never sees.
 DEFAULT_MAX_PIXELS = 4096 * 4096
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def max_image_pixels(processor: Any) -> int:
@@ -102,3 +103,34 @@ def encode_png(image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def row_images(row: dict, where: str, column: str | None, base_dir: Path | None) -> tuple[bytes, ...]:
+    """The images of a task row's `column` (task.image_column: one image or a list), each checked and PNG-encoded;
+    () when the task has no image column."""
+    if column is None:
+        return ()
+    if column not in row:
+        raise DataError(f"{where}: no column {column!r} (task.image_column); the row has {sorted(row)}")
+    values = row[column]
+    values = list(values) if isinstance(values, (list, tuple)) else [values]
+    if not values:
+        raise DataError(f"{where}: column {column!r} (task.image_column) holds no image")
+    where_each = (lambda i: f"{where} {column}[{i}]") if len(values) > 1 else (lambda i: f"{where} {column}")
+    return tuple(_png(v, where_each(i), base_dir) for i, v in enumerate(values))
+
+
+def _png(value: Any, where: str, base_dir: Path | None) -> bytes:
+    """A row's image as PNG bytes: PNG files and bytes as they are once checked, anything else re-encoded."""
+    image = load_image(value, where, base_dir=base_dir)
+    if isinstance(value, (bytes, bytearray)) and bytes(value[:8]) == PNG_SIGNATURE:
+        return bytes(value)
+    return encode_png(image)
+
+
+def image_base_dir(source: str) -> Path | None:
+    """Where a row's relative image paths start: the data file's folder, or the dataset directory."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        return path.parent
+    return path if path.is_dir() else None

@@ -28,14 +28,22 @@ from typing import Any
 
 import jinja2
 
+from forge_rl.data.images import image_base_dir, row_images
 from forge_rl.data.reasoning_gym import ReasoningGymConfig, reasoning_gym_splits
 from forge_rl.data.sources import DataError, is_callable_source, is_reasoning_gym_source, read_rows
+from forge_rl.data.vision import with_images
 
 # Built-in tasks: a name in `task.source` stands for these settings.
 TASKS = {
     "arithmetic": dict(
         source="forge_rl.data.arithmetic:training_rows", held_out="forge_rl.data.arithmetic:held_out_rows"
-    )
+    ),
+    # two digits drawn into an image, the answer their sum (a vision-language model's task: docs/vision.md)
+    "digit_sum": dict(
+        source="forge_rl.data.digit_sum:training_rows",
+        held_out="forge_rl.data.digit_sum:held_out_rows",
+        image_column="image",
+    ),
 }
 ROLES = ("system", "user", "assistant", "tool")
 # keyword arguments reward functions get from forge_rl itself; a column may not take these names
@@ -58,6 +66,8 @@ class TaskConfig:
     held_out_fraction: float = 0.0  # or: hold out this fraction of `source`'s rows
     split_seed: int = 0  # which rows held_out_fraction takes (independent of the run's seed)
     eval_reward: str | None = None  # the reward whose held-out mean is eval/accuracy; default: the first reward
+    # a column of images (one, or a list) the prompt shows, at its "<image>" markers: docs/vision.md
+    image_column: str | None = None
     # source reasoning_gym:NAME: the task's config, prompt template and split sizes (split_seed is its seed)
     reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
 
@@ -106,6 +116,7 @@ class TaskExample:
     # the sampling seed of the group drawn from it (the dataset actor's, per draw: forge_rl/data/seeds.py);
     # None: the engine samples unseeded
     seed: int | None = None
+    images: tuple[bytes, ...] = ()  # task.image_column's images, checked and PNG-encoded (forge_rl/data/images.py)
 
 
 def to_example(row: dict, where: str, index: int, cfg: TaskConfig) -> TaskExample:
@@ -114,6 +125,9 @@ def to_example(row: dict, where: str, index: int, cfg: TaskConfig) -> TaskExampl
         raise DataError(f"{where}: no column {cfg.prompt_column!r} (task.prompt_column); the row has {sorted(row)}")
     prompt = row[cfg.prompt_column]
     messages = _prompt_messages(prompt, where, cfg)
+    images = row_images(row, where, cfg.image_column, image_base_dir(cfg.source))
+    if images:
+        messages = with_images(messages, len(images), where)
     answer = None
     if cfg.answer_column is not None:
         if cfg.answer_column not in row:
@@ -131,7 +145,7 @@ def to_example(row: dict, where: str, index: int, cfg: TaskConfig) -> TaskExampl
     for name in RESERVED_COLUMNS:
         if name in row:
             raise DataError(f"{where}: column {name!r} would clash with the reward argument of that name; rename it")
-    columns = {k: v for k, v in row.items() if k != cfg.prompt_column}
+    columns = {k: v for k, v in row.items() if k not in (cfg.prompt_column, cfg.image_column)}
     for column, name in cfg.columns.items():  # the reward's parameter name for a column of the data
         if column not in row:
             raise DataError(
@@ -148,7 +162,7 @@ def to_example(row: dict, where: str, index: int, cfg: TaskConfig) -> TaskExampl
         example_id = str(row[cfg.id_column])
     else:
         example_id = str(row.get("id", index))
-    return TaskExample(example_id, prompt, messages, answer, columns, where)
+    return TaskExample(example_id, prompt, messages, answer, columns, where, images=images)
 
 
 def _prompt_messages(prompt: Any, where: str, cfg: TaskConfig) -> list[dict[str, str]]:
