@@ -186,6 +186,10 @@ def _state_routes(app, backend, futures: Futures) -> None:
         work = backend.states.save(request.state.owner, body.model_id, body.path, body.overwrite)
         return {"request_id": futures.submit(request.state.owner, work), "model_id": body.model_id}
 
+    @app.get("/api/v1/training_runs/{model_id}/checkpoints")
+    async def list_checkpoints(model_id: str, request: Request):
+        return backend.states.listing(request.state.owner, model_id, backend.sampling.paths)
+
     @app.post("/api/v1/load_weights")
     async def load_state(request: Request):
         body = _parsed(types.LoadWeightsRequest, await request.json())

@@ -5,6 +5,8 @@ restores the weights, the optimizer's state and the step (or the weights alone),
 States live as long as the service (they are looked up by path in its memory; the files stay in output_dir)."""
 
 import itertools
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from forge_rl.runtime.manifest import verify
@@ -16,6 +18,7 @@ class States:
     def __init__(self, training: Training):
         self.training = training
         self.saved: dict[str, tuple[str, str]] = {}  # tinker path -> (owner, checkpoint directory)
+        self.saved_at: dict[str, float] = {}  # tinker path (states and named sampler weights) -> when, epoch s
         self._labels = itertools.count(1)
 
     async def save(self, owner: str, model_id: str, name: str | None, overwrite: bool) -> dict:
@@ -28,6 +31,7 @@ class States:
             results = await model.trainer.save.call(next(self._labels))
             written = next(iter(results.values()))
         self.saved[path] = (owner, written)
+        self.saved_at[path] = time.time()
         return {"path": path, "type": "save_weights"}
 
     def _checkpoint(self, owner: str, path: str) -> str:
@@ -52,3 +56,27 @@ class States:
                 await model.trainer.forget_optimizer_state.call()
             model.steps = int(next(iter(steps.values())))
         return {"path": path, "model_id": model_id, "type": "load_weights"}
+
+    def listing(self, owner: str, model_id: str, sampler_paths: dict) -> dict:
+        """The REST listing of a training client's checkpoints: its states and its named sampler weights."""
+        self.training.model(owner, model_id)  # another key's model is unknown
+        rows = []
+        for path, (holder, directory) in self.saved.items():
+            if holder == owner and path.startswith(f"tinker://{model_id}/"):
+                size = sum(f.stat().st_size for f in Path(directory).rglob("*") if f.is_file())
+                rows.append(_row(path, "training", self.saved_at[path], size))
+        for path, sampler in sampler_paths.items():
+            if sampler.owner == owner and path.startswith(f"tinker://{model_id}/"):
+                rows.append(_row(path, "sampler", self.saved_at.setdefault(path, time.time()), None))
+        return {"checkpoints": rows, "cursor": None}
+
+
+def _row(path: str, kind: str, when: float, size: int | None) -> dict:
+    stamp = datetime.fromtimestamp(when, UTC).isoformat()
+    return {
+        "checkpoint_id": path.split("/", 3)[3],
+        "checkpoint_type": kind,
+        "time": stamp,
+        "tinker_path": path,
+        "size_bytes": size,
+    }

@@ -157,6 +157,8 @@ def test_a_saved_state_resumes_bitwise(client, training):
             trainer.optim_step(types.AdamParams(learning_rate=5e-3)).result()
         return losses
 
+    listed = tinker.RestClient(base_url=client._base_url, api_key=client._api_key).list_checkpoints(training.model_id)
+    assert path in [c.tinker_path for c in listed.result().checkpoints]
     first = two_steps(training)
     resumed = client.create_training_client_from_state_with_optimizer(path).result()
     assert two_steps(resumed) == first
