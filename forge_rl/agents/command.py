@@ -94,9 +94,9 @@ async def read_capped(stream, cap: int) -> tuple[bytes, bool]:
 def run_log_dir() -> Path | None:
     """The running run's log folder (output_dir/logs), or None (--verbose, or no run): the provisioner's, read
     without starting one."""
-    from forge_rl.runtime import provisioner
+    from forge_rl.runtime.provisioner import running_provisioner
 
-    current = provisioner._provisioner  # get_provisioner() would start a run's provisioner where there is none
+    current = running_provisioner()
     return None if current is None else current.log_dir
 
 

@@ -137,18 +137,17 @@ def check_single_turn_options(cfg: GRPOConfig) -> None:
 
 
 def check_agent(cfg: GRPOConfig) -> None:
-    """agent.entry: the openai package installed, the function importable and taking (example, client), and no
-    setting that the agent's episodes cannot honour."""
+    """An agent (agent.entry, agent.command or a verifiers environment): the openai package installed, the agent
+    loading before any engine starts, and no setting that the agent's episodes cannot honour."""
     if not cfg.agent.enabled:
         return
     require_openai()
+    key, value = _agent_key(cfg)
     if cfg.agent.entry is not None:
         load_entry(cfg.agent.entry)
-    else:  # a verifiers environment: installed, found and loading, before any engine starts
+    elif cfg.agent.verifiers.env is not None:  # a verifiers environment: installed, found and loading
         load_environment(cfg.agent.verifiers)
     if cfg.env.name is not None:
-        key = "agent.entry" if cfg.agent.entry is not None else "agent.verifiers.env"
-        value = cfg.agent.entry if cfg.agent.entry is not None else cfg.agent.verifiers.env
         raise ConfigError(
             f"{key}={value!r} and env.name={cfg.env.name!r}: a run trains one task, an agent or an "
             "environment; set one of them to null"
@@ -162,9 +161,21 @@ def check_agent(cfg: GRPOConfig) -> None:
     for name, on in refused.items():
         if on:
             raise ConfigError(
-                f"{name} is not supported with agent.entry (it acts on one engine request per group, and an "
+                f"{name} is not supported with {key} (it acts on one engine request per group, and an "
                 "agent's episodes make their own calls); turn it off"
             )
+
+
+def _agent_key(cfg: GRPOConfig) -> tuple[str, object]:
+    """The agent setting the run was given, and its value, for a message."""
+    for key, value in (
+        ("agent.entry", cfg.agent.entry),
+        ("agent.command", cfg.agent.command),
+        ("agent.verifiers.env", cfg.agent.verifiers.env),
+    ):
+        if value is not None:
+            return key, value
+    return "agent.verifiers.env", None
 
 
 def check_sampling(cfg: GRPOConfig) -> None:

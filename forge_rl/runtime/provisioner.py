@@ -303,6 +303,11 @@ def get_provisioner() -> Provisioner:
     return _provisioner
 
 
+def running_provisioner() -> Provisioner | None:
+    """The current run's provisioner, or None when no run is up; unlike `get_provisioner()`, it starts none."""
+    return _provisioner if _provisioner is not None and not _provisioner._stopped else None
+
+
 async def stop_proc_mesh(mesh: ProcMesh) -> None:
     """Stop a proc mesh of the current run. Starts no provisioner: this is called while a run shuts down (its
     services stop their replicas) and after (an actor stopped late), when `get_provisioner()` would start a new run

@@ -67,6 +67,8 @@ def test_the_demo_agent_passes_and_no_agent_is_the_default():
         ([f"agent.entry={AGENT}", "trainer.keep_routing=true"], ["trainer.keep_routing=true", "agent.entry"]),
         ([f"agent.entry={AGENT}", "overlong.filter=true"], ["overlong.*", "agent.entry"]),
         ([f"agent.entry={AGENT}", "stale_in_flight=requeue"], ["stale_in_flight=requeue", "agent.entry"]),
+        (["agent.command=[python3, examples/agents/http_agent.py]", "env.name=retry"], ["agent.command", "env.name"]),
+        (["agent.command=[python3, examples/agents/http_agent.py]", "overlong.filter=true"], ["with agent.command"]),
     ],
 )
 def test_a_bad_agent_setting_is_one_line_naming_it(overrides, names):

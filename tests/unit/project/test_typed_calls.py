@@ -9,15 +9,7 @@ from pathlib import Path
 FORGE_RL = Path(__file__).resolve().parents[3] / "forge_rl"
 CALLERS = ("recipes", "loop", "agents", "envs")
 DECORATORS = {"endpoint", "concurrent_endpoint"}
-CALLS = {
-    "call",
-    "call_one",
-    "call_all",
-    "route",
-    "broadcast",
-    "choose",
-    "getattr",
-}
+CALLS = {"call", "call_one", "call_all", "route", "broadcast", "choose", "getattr"}
 
 
 def endpoint_names() -> set[str]:
