@@ -12,6 +12,7 @@ Refused, each in one line: a model without a vision tower given images (`check_v
 placeholders than images, or fewer (`with_images`, `check_placeholders`).
 """
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,11 @@ def model_config(model_dir: str | Path) -> dict:
 
 def is_vision_model(model_dir: str | Path) -> bool:
     """Whether the model has a vision tower (HF configs of vision-language models carry a `vision_config`)."""
+    return _has_vision_config(str(model_dir))
+
+
+@functools.lru_cache(maxsize=16)  # asked once per prompt rendered (forge_rl/data/task.py: render)
+def _has_vision_config(model_dir: str) -> bool:
     return "vision_config" in model_config(model_dir)
 
 

@@ -83,3 +83,15 @@ def test_a_text_only_model_given_images_is_refused_in_one_line():
         check_vision_model(tiny)
     with pytest.raises(ConfigError, match="is a text-only model"):
         load_processor(tiny)
+
+
+def test_a_task_with_images_rendered_for_a_text_only_model_is_refused_before_any_engine():
+    """What a run's start-up checks do with the first prompts (forge_rl/recipes/grpo_checks.py renders them)."""
+    from forge_rl.data.task import TaskConfig, TaskRows, render
+    from forge_rl.deps.transformers import auto_tokenizer
+
+    task = TaskConfig(source="digit_sum")
+    example = TaskRows(task).next()
+    with pytest.raises(ConfigError, match="is a text-only model .*, but the prompts have images"):
+        render(auto_tokenizer(resolve_model_path("tiny")), example, task)
+    assert render(auto_tokenizer(VLM), example, task).count("<image>") == 1
