@@ -283,10 +283,10 @@ async def probe_step(run, shifts: list[float]) -> dict[str, float]:
     mask = torch.zeros(B, P + R, dtype=torch.bool)
     mask[:, P:] = True
     batch = TrainBatch(tokens, mask, torch.zeros(B, P + R), torch.where(mask, 0, -1), torch.ones(B))
-    logprobs = (await run.roles.trainer.logprobs.call(batch)).get(0)
+    logprobs = (await run.roles.trainer.mesh.logprobs.call(batch)).get(0)
     log_ratio = torch.tensor(shifts * (R // len(shifts)))
     batch.behaviour_logprobs[:, P:] = (logprobs[:, P:] - log_ratio).float()
-    return (await run.roles.trainer.step.call([batch])).get(0)
+    return (await run.roles.trainer.mesh.step.call([batch])).get(0)
 
 
 # What only the chosen loss does, on a batch whose ratios are known (probe_step), with advantages +1:
