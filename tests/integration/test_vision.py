@@ -1,7 +1,8 @@
 """Image prompts through a Generator on a real vLLM CPU engine and the embedded tiny VLM (tiny-vlm, Idefics3): the
 digit-sum task's rows rendered by the model's processor, sampled with per-token logprobs; the image conditions the
 output; a group of G samples of one image; two images in one prompt; a placeholder count the images do not match
-refused in one line while the engine keeps serving. One engine for the module."""
+refused in one line while the engine keeps serving; transformers computing the engine's logprobs from the same pixels.
+One engine for the module."""
 
 import asyncio
 import itertools
@@ -101,3 +102,32 @@ def test_placeholders_the_images_do_not_match_are_refused_and_the_engine_keeps_s
     (c,) = generate(generator, prompt_of(processor, rows[0]["prompt"], 1), [rows[0]["image"]])
     assert len(c.response_ids) >= 1
     assert svc.service_stats.retries == 0 and svc.healthy_replicas == 1
+
+
+def test_the_engines_logprobs_are_transformers_on_the_same_pixels(generator, processor, rows):
+    """The reference a trainer must reproduce: transformers' Idefics3 on the processor's pixels and the engine's
+    expanded prompt ids gives the engine's behaviour logprobs (fp32 on both sides)."""
+    import torch
+    from transformers import Idefics3ForConditionalGeneration
+
+    from forge_rl.data.images import load_image
+
+    prompt = prompt_of(processor, "Add <image> and <image>.", 2)
+    images = [rows[0]["image"], rows[1]["image"]]
+    group = generate(generator, prompt, images, n=4)
+    encoded = processor(text=[prompt], images=[[load_image(i, "test") for i in images]], return_tensors="pt")
+    assert encoded["input_ids"][0].tolist() == group[0].prompt_ids.tolist()  # the same expansion
+    model = Idefics3ForConditionalGeneration.from_pretrained(resolve_model_path("tiny-vlm"), dtype=torch.float32)
+    gaps = []
+    for c in group:
+        ids = torch.cat([c.prompt_ids, c.response_ids])[None]
+        with torch.no_grad():
+            logits = model.eval()(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                pixel_values=encoded["pixel_values"],
+                pixel_attention_mask=encoded["pixel_attention_mask"],
+            ).logits[0]
+        reference = torch.log_softmax(logits, dim=-1)[len(c.prompt_ids) - 1 : -1].gather(-1, c.response_ids[:, None])
+        gaps.append((reference[:, 0] - c.logprobs).abs().max().item())
+    assert max(gaps) < 1e-4
