@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forge_rl.tinker.config import TinkerConfig
-from forge_rl.tinker.errors import Refused
+from forge_rl.tinker.errors import NotServed, Refused
 from forge_rl.tinker.trainer import Row
 from forge_rl.tinker.training import Training, TrainingModel
 from forge_rl.tinker.wire import Sequence, sample_response
@@ -86,6 +86,7 @@ class Sampling:
     async def sample(self, owner: str, request) -> bytes:
         """`num_samples` completions of the prompt, each token with its logprob; and prompt logprobs if asked."""
         sampler = self.sampler(owner, request.sampling_session_id)
+        _refuse_unserved(request)
         prompt = [t for chunk in request.prompt.chunks for t in _text_tokens(chunk)]
         params = request.sampling_params
         max_tokens = params.max_tokens or 16
@@ -107,6 +108,9 @@ class Sampling:
             Sequence(c.response_ids.tolist(), c.logprobs.tolist(), c.finish_reason == "stop") for c in completions
         ]
         scored = await self.prompt_logprobs(sampler, prompt) if request.prompt_logprobs else None
+        if scored is not None and request.prompt_logprobs_last_n:  # only the last n scored, as asked
+            keep = request.prompt_logprobs_last_n
+            scored = [float("nan")] * (len(scored) - keep) + scored[len(scored) - keep :]
         return sample_response(sequences, scored)
 
     async def prompt_logprobs(self, sampler: SamplerWeights, prompt: list[int]) -> list[float]:
@@ -131,6 +135,20 @@ class Sampling:
             results = await model.trainer.forward_backward.call([row] if row else [], "cross_entropy", {}, True)
         logprobs = next((lp for index, lps, _ in results.values() for lp in lps), np.zeros(0, np.float32))
         return [float("nan")] + logprobs.tolist()
+
+
+def _refuse_unserved(request) -> None:
+    """The sampling options this service does not serve, refused by name rather than ignored."""
+    asked = {
+        "topk_prompt_logprobs": request.topk_prompt_logprobs,
+        "topk_sample_logprobs": request.topk_sample_logprobs,
+        "prompt_alt_tokens_k": request.prompt_alt_tokens_k,
+        "target_prompt_logprobs": request.target_prompt_logprobs is not None,
+        "record_stability_info": bool(request.record_stability_info),
+    }
+    for name, value in asked.items():
+        if value:
+            raise NotServed(f"sampling with {name}", "sample without it (per-token logprobs of samples are served)")
 
 
 def _text_tokens(chunk) -> list[int]:

@@ -117,6 +117,12 @@ def test_sampled_logprobs_equal_the_trainers(training):
     assert max(gaps) < 1e-4, gaps
     scored = sampler.compute_logprobs(types.ModelInput.from_ints(prompt + res.sequences[0].tokens)).result()
     assert scored[0] is None and np.abs(np.asarray(scored[len(prompt) :]) - res.sequences[0].logprobs).max() < 1e-4
+    last = sampler.compute_logprobs(types.ModelInput.from_ints(prompt + res.sequences[0].tokens), 2).result()
+    assert last[:-2] == [None] * (len(last) - 2) and last[-2:] == pytest.approx(scored[-2:], abs=1e-6)
+    with pytest.raises(tinker.RequestFailedError, match="sampling with topk_sample_logprobs is not served"):
+        sampler.sample(
+            types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=2), topk_sample_logprobs=3
+        ).result()
 
 
 def test_rl_step_with_importance_sampling(training):
