@@ -46,6 +46,7 @@ from forge_rl.actors.generator_outputs import Child, completion_of, completion_r
 from forge_rl.actors.generator_images import image_inputs
 from forge_rl.actors.generator_stats import GeneratorStats
 from forge_rl.actors.generator_weights import GeneratorWeights
+from forge_rl.data.images import model_max_pixels
 from forge_rl.data.vision import image_token_id, model_config
 from forge_rl.deps.vllm import WORKER_EXTENSION, engine_dead_error
 from forge_rl.deps.vllm_routes import routes_from_rpc
@@ -161,6 +162,7 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         self._kept_logprobs = min(self.max_kept_tokens + 1, self.engine.vllm_config.model_config.get_vocab_size())
         self.tokenizer = auto_tokenizer(self.model)
         self.image_token = image_token_id(model_config(self.model))  # None: a text-only model
+        self.max_image_pixels = model_max_pixels(self.model)
         self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source) if self.policy_weights else None
         # A replica (re)started mid-run must not serve the base weights: it takes the newest version the
         # trainer has published before it takes any call.
@@ -196,7 +198,9 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         (forge_rl/actors/generator_images.py); the Completions' prompt_ids are then the engine's, each
         placeholder expanded to its image's tokens."""
         prompt_ids = self._prompt_ids(prompt)
-        images = image_inputs(prompt_ids, images, self.image_token, self.model) if images else None
+        if images:  # vLLM's multimodal input; none for an empty list
+            images = image_inputs(prompt_ids, images, self.image_token, self.model, self.max_image_pixels)
+        images = images or None
         if filler_after_eos:
             sampling = {**sampling, "ignore_eos": True}
         params = self._sampling_params(len(prompt_ids), n, sampling)

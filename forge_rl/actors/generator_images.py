@@ -9,11 +9,14 @@ the request: images given to a text-only model, and a placeholder count that is 
 
 from typing import Any
 
-from forge_rl.data.images import load_image
+from forge_rl.data.images import DEFAULT_MAX_PIXELS, load_image
 
 
-def image_inputs(prompt_ids: list[int], images: list[Any], image_token: int | None, model: str) -> dict[str, Any]:
-    """vLLM's `multi_modal_data` of a prompt and its images (PNG or other image bytes, paths, PIL images)."""
+def image_inputs(
+    prompt_ids: list[int], images: list[Any], image_token: int | None, model: str, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> dict[str, Any]:
+    """vLLM's `multi_modal_data` of a prompt and its images (PNG or other image bytes, paths, PIL images), each at
+    most `max_pixels` (the model's processor's limit)."""
     if image_token is None:
         raise ValueError(
             f"generate was given {len(images)} images, but the generator's model {model} is text-only "
@@ -25,4 +28,4 @@ def image_inputs(prompt_ids: list[int], images: list[Any], image_token: int | No
         raise ValueError(
             f"the prompt holds {found} image placeholders (token {image_token}), {more} than its {len(images)} images"
         )
-    return {"image": [load_image(image, f"image {i} of the prompt") for i, image in enumerate(images)]}
+    return {"image": [load_image(image, f"image {i} of the prompt", max_pixels) for i, image in enumerate(images)]}

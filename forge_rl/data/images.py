@@ -15,6 +15,7 @@ nothing to refuse.
 """
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,29 @@ def max_image_pixels(processor: Any) -> int:
     if declared is None and "Qwen2VL" in type(image_processor).__name__:
         declared = (getattr(image_processor, "size", None) or {}).get("longest_edge")
     return int(declared) if declared else DEFAULT_MAX_PIXELS
+
+
+def model_max_pixels(model_dir: str | Path) -> int:
+    """`max_image_pixels` of the model's processor, read from its preprocessor_config.json without loading it."""
+    try:
+        config = json.loads((Path(model_dir) / "preprocessor_config.json").read_text())
+    except (OSError, ValueError):
+        return DEFAULT_MAX_PIXELS
+    if not isinstance(config, dict):
+        return DEFAULT_MAX_PIXELS
+    declared = config.get("max_pixels")
+    if declared is None and str(config.get("image_processor_type", "")).startswith("Qwen2VL"):
+        declared = (config.get("size") or {}).get("longest_edge")
+    return int(declared) if isinstance(declared, (int, float)) and declared > 0 else DEFAULT_MAX_PIXELS
+
+
+def check_image_sizes(images: tuple[bytes, ...], max_pixels: int, where: str) -> None:
+    """A DataError when one of a row's (already loaded) images has more than `max_pixels` pixels: the header only."""
+    from PIL import Image
+
+    for i, data in enumerate(images):
+        with Image.open(io.BytesIO(data)) as image:
+            _check_size(image, f"{where} image {i}" if len(images) > 1 else f"{where} image", max_pixels)
 
 
 def load_image(value: Any, where: str, max_pixels: int = DEFAULT_MAX_PIXELS, base_dir: Path | None = None):

@@ -28,7 +28,7 @@ from typing import Any
 
 import jinja2
 
-from forge_rl.data.images import image_base_dir, row_images
+from forge_rl.data.images import check_image_sizes, image_base_dir, model_max_pixels, row_images
 from forge_rl.data.reasoning_gym import ReasoningGymConfig, reasoning_gym_splits
 from forge_rl.data.sources import DataError, is_callable_source, is_reasoning_gym_source, read_rows
 from forge_rl.data.vision import check_vision_model, with_images
@@ -200,9 +200,12 @@ def _prompt_messages(prompt: Any, where: str, cfg: TaskConfig) -> list[dict[str,
 def render(tokenizer, example: TaskExample, cfg: TaskConfig, **chat_template_kwargs) -> str:
     """The prompt text the generator continues: the chat template with the generation prompt appended, or
     (task.chat_template: false) the system prompt, few-shot pairs and prompt as plain text. An example with images
-    needs a vision-language model: the tokenizer's model is checked (a ConfigError for a text-only one)."""
+    needs a vision-language model: the tokenizer's model is checked (a ConfigError for a text-only one), and its
+    images against the model's processor's pixel limit."""
     if example.images:
-        check_vision_model(getattr(tokenizer, "name_or_path", ""))
+        model_dir = getattr(tokenizer, "name_or_path", "")
+        check_vision_model(model_dir)
+        check_image_sizes(example.images, model_max_pixels(model_dir), example.where)
     if cfg.chat_template:
         if not getattr(tokenizer, "chat_template", None):
             raise DataError(

@@ -129,3 +129,19 @@ def test_an_hf_dataset_with_an_image_column(tmp_path):
     (example,) = TaskRows(TaskConfig(source=str(tmp_path / "ds"), image_column="image")).examples
     assert Image.open(io.BytesIO(example.images[0])).getpixel((0, 0)) == (0, 0, 255)
     assert example.messages[0]["content"][0] == {"type": "image"}  # no marker: the image starts the user turn
+
+
+def test_the_models_limit_is_read_from_its_processor_config(tmp_path):
+    from forge_rl.data.images import check_image_sizes, model_max_pixels
+    from forge_rl.models import resolve_model_path
+
+    assert model_max_pixels(resolve_model_path("tiny-vlm")) == DEFAULT_MAX_PIXELS  # it resizes every image
+    assert model_max_pixels(resolve_model_path("tiny")) == DEFAULT_MAX_PIXELS  # no processor at all
+    qwen = dict(image_processor_type="Qwen2VLImageProcessor", size={"shortest_edge": 3136, "longest_edge": 150})
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(qwen))
+    assert model_max_pixels(tmp_path) == 150
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"max_pixels": 300}))
+    assert model_max_pixels(tmp_path) == 300
+    check_image_sizes((png(),), 200, "row 0")
+    with pytest.raises(DataError, match=r"row 0 image 1 is 20x10 = 200 pixels, over the processor's limit of 150"):
+        check_image_sizes((png((5, 5)), png()), 150, "row 0")
