@@ -8,9 +8,14 @@ Only what the service serves is read: text chunks (an image or audio chunk is re
 from dataclasses import dataclass, field
 
 import numpy as np
-from tinker.proto import tinker_public_pb2 as pb
 
+from forge_rl.errors import ConfigError
 from forge_rl.tinker.errors import Refused
+
+try:
+    from tinker.proto import tinker_public_pb2 as pb
+except ImportError:  # the optional extra: say how to get it, in one line
+    raise ConfigError("the Tinker service needs the tinker client: pip install -e '.[tinker]'") from None
 
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 

@@ -168,6 +168,8 @@ def test_a_saved_state_resumes_bitwise(client, training):
     first = two_steps(training)
     resumed = client.create_training_client_from_state_with_optimizer(path).result()
     assert two_steps(resumed) == first
+    weights_only = client.create_training_client_from_state(path).result()  # Adam's moments start again
+    assert weights_only.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(first[0], rel=1e-6)
     with pytest.raises(tinker.RequestFailedError, match="no saved state at 'tinker://nowhere/weights/x'"):
         client.create_training_client_from_state("tinker://nowhere/weights/x").result()
 
