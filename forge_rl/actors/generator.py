@@ -198,9 +198,9 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         (forge_rl/actors/generator_images.py); the Completions' prompt_ids are then the engine's, each
         placeholder expanded to its image's tokens."""
         prompt_ids = self._prompt_ids(prompt)
-        if images:  # vLLM's multimodal input; none for an empty list
-            images = image_inputs(prompt_ids, images, self.image_token, self.model, self.max_image_pixels)
-        images = images or None
+        if images or self.image_token in prompt_ids:  # a placeholder without its image is refused too
+            images = image_inputs(prompt_ids, list(images or ()), self.image_token, self.model, self.max_image_pixels)
+        images = images or None  # vLLM's multimodal input, or none
         if filler_after_eos:
             sampling = {**sampling, "ignore_eos": True}
         params = self._sampling_params(len(prompt_ids), n, sampling)

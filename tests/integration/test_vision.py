@@ -97,6 +97,8 @@ def test_placeholders_the_images_do_not_match_are_refused_and_the_engine_keeps_s
     two = prompt_of(processor, "Add <image> and <image>.", 2)
     with pytest.raises(ActorError, match="2 image placeholders .*, more than its 1 images"):
         generate(generator, two, [rows[0]["image"]])
+    with pytest.raises(ActorError, match="1 image placeholders .*, more than its 0 images"):
+        generate(generator, prompt_of(processor, rows[0]["prompt"], 1), None)
     with pytest.raises(ActorError, match="is not an image PIL can read"):
         generate(generator, prompt_of(processor, rows[0]["prompt"], 1), [b"not an image"])
     (c,) = generate(generator, prompt_of(processor, rows[0]["prompt"], 1), [rows[0]["image"]])

@@ -27,9 +27,10 @@ def test_one_image_per_placeholder_becomes_vllms_multimodal_input():
         ([1, 5, 2], [png()], None, "given 1 images, but the generator's model m is text-only"),
         ([1, IMAGE_TOKEN, IMAGE_TOKEN, 2], [png()], IMAGE_TOKEN, "holds 2 image placeholders .*, more than its 1"),
         ([1, IMAGE_TOKEN, 2], [png(), png()], IMAGE_TOKEN, "holds 1 image placeholders .*, fewer than its 2"),
+        ([1, IMAGE_TOKEN, 2], [], IMAGE_TOKEN, "holds 1 image placeholders .*, more than its 0 images"),
         ([1, IMAGE_TOKEN, 2], [b"junk"], IMAGE_TOKEN, "image 0 of the prompt: image bytes is not an image"),
     ],
-    ids=["text-only model", "more placeholders", "fewer placeholders", "not an image"],
+    ids=["text-only model", "more placeholders", "fewer placeholders", "no images", "not an image"],
 )
 def test_what_the_engine_could_not_take_is_refused(ids, images, token, message):
     with pytest.raises(ValueError, match=message):
