@@ -60,13 +60,16 @@ class TinkerService:
         script reads to connect."""
         others = [key for key in self.keys if key != self.api_key]
         info = {"base_url": self.base_url, "api_key": self.api_key, "other_users": others, "model": self.cfg.model}
-        path = Path(self.cfg.output_dir) / "service.json"
+        path = self._info_file()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(mode=0o600)
         path.write_text(json.dumps(info) + "\n")
         print(f"forge_rl tinker: serving {self.cfg.model} at {self.base_url} api_key={self.api_key}", flush=True)
         for i, key in enumerate(others, start=1):
             print(f"forge_rl tinker: user-{i} api_key={key}", flush=True)
+
+    def _info_file(self) -> Path:
+        return Path(self.cfg.output_dir) / "service.json"
 
     async def start(self) -> "TinkerService":
         from forge_rl.runtime import provisioned
@@ -75,6 +78,7 @@ class TinkerService:
             self.model_dir = resolve_model_path(self.cfg.model)
         except FileNotFoundError as e:
             raise ConfigError(f"model={self.cfg.model!r}: {e}") from None
+        self._info_file().unlink(missing_ok=True)  # a script must never find the key and port of a stopped run
         try:
             await self._stack.enter_async_context(provisioned(log_dir=Path(self.cfg.output_dir) / "logs"))
             self.generator = await self._start_generator()
@@ -127,6 +131,7 @@ class TinkerService:
 
     async def stop(self) -> None:
         """Stop serving, then every actor; safe to call twice."""
+        self._info_file().unlink(missing_ok=True)
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None

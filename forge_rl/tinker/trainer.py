@@ -17,7 +17,7 @@ import torch
 from monarch.actor import endpoint
 
 from forge_rl.actors.trainer import Trainer
-from forge_rl.tinker.losses import token_loss
+from forge_rl.tinker.losses import INPUTS, token_loss
 
 
 @dataclass
@@ -57,15 +57,24 @@ class TinkerTrainer(Trainer):
         self.model.train(not forward_only)
         with torch.set_grad_enabled(not forward_only):
             logprobs, _ = self._forward(tokens, "none", mask)
-            loss = logprobs.new_zeros(())
-            for b, r in enumerate(mine if index else []):
-                lp = logprobs[b, 1 : lengths[b] + 1]
-                inputs = {k: torch.as_tensor(v, dtype=lp.dtype, device=lp.device) for k, v in r.inputs.items()}
-                loss = loss + token_loss(loss_fn, lp, inputs, settings).sum()
+            targets = logprobs[:, 1:]  # [B, T]: target i's logprob at column i
+            loss = logprobs.new_zeros(()) + 0.0 * logprobs.sum()  # every rank's backward reaches every parameter
+            if index:  # the whole share's loss at once: one graph, not one per row
+                inputs = {k: self._padded(mine, k, targets) for k in INPUTS[loss_fn] if k != "target_tokens"}
+                per_token = token_loss(loss_fn, targets, inputs, settings)
+                loss = loss + per_token.where(mask[:, 1:].to(per_token.device), 0.0).sum()
             if not forward_only:
-                (loss if index else loss + 0.0 * logprobs.sum()).backward()
+                loss.backward()
         outputs = [logprobs[b, 1 : lengths[b] + 1].detach().float().cpu().numpy() for b in range(len(index))]
         return index, outputs, float(loss.detach())
+
+    @staticmethod
+    def _padded(rows: list[Row], key: str, like: torch.Tensor) -> torch.Tensor:
+        """Each row's loss input `key`, right-padded with zeros into one [B, T] tensor of `like`'s dtype and device."""
+        padded = np.zeros(tuple(like.shape), dtype=np.float32)
+        for b, r in enumerate(rows):
+            padded[b, : len(r.inputs[key])] = r.inputs[key]
+        return torch.from_numpy(padded).to(like.device, like.dtype)
 
     @endpoint
     async def optim_step(self, adam: AdamStep) -> dict[str, float]:
