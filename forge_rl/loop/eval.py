@@ -20,7 +20,7 @@ from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.agents.evaluation import evaluate_agent
 from forge_rl.envs import env_factory
 from forge_rl.envs.environment import EVAL_TRAJECTORIES
-from forge_rl.loop.multiturn import Trajectory, TurnRenderer, drop_reason, play_group
+from forge_rl.loop.multiturn import Trajectory, TurnRenderer, drop_reason, play_group, trajectory_scores
 from forge_rl.deps.monarch import SupervisionError
 
 RETRY_PROBE = 8  # examples a failed eval reward is retried on alone before the rest are tried too
@@ -241,12 +241,4 @@ async def evaluate_env_summarised(
     for i in sorted(failed):  # in the examples' order, whichever failed first
         failures.add(*failed[i])
     failures.report()
-    n = len(done)
-    return {
-        "accuracy": sum(t.solved for t in done) / n,
-        "first_turn": sum(t.solved and t.turns == 1 for t in done) / n,
-        "reward": sum(t.reward for t in done) / n,
-        "turns": sum(t.turns for t in done) / n,
-        "n": n,
-        "failures": failures,
-    }
+    return {**trajectory_scores(done), "failures": failures}

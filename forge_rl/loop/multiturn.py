@@ -470,7 +470,12 @@ async def evaluate_env(
                 )
                 return Trajectory(None, 0.0, False, 0)
 
-    done = await asyncio.gather(*(one(e) for e in examples))
+    return trajectory_scores(await asyncio.gather(*(one(e) for e in examples)))
+
+
+def trajectory_scores(done: list[Trajectory]) -> dict:
+    """What an evaluation reports of its trajectories: the fraction solved (within env.max_turns) and solved on the
+    first turn, the mean reward and turns, and how many."""
     n = len(done)
     return {
         "accuracy": sum(t.solved for t in done) / n,
