@@ -1,6 +1,6 @@
 """The runs, one module per algorithm: each holds `CONFIG` (its config dataclass) and `main(cfg)` (the run from
-start to summary). GRPO's run is an object whose steps can be called one at a time (forge_rl/recipes/grpo.py);
-PPO and distillation subclass it; SFT is a sibling on the same actors.
+start to summary). The RL run is an object whose steps can be called one at a time (forge_rl/recipes/rl_run.py);
+GRPO, PPO and distillation are `Algorithm` values it runs; SFT's run is a sibling on the same actors and loop.
 
     python -m forge_rl.recipes grpo --config configs/grpo/tiny.yaml [key=value ...]
 

@@ -1,6 +1,6 @@
 """The GRPO run's config: what the run reads (PPO's and distillation's configs derive from it). Torch-free, so that
 a config is read and checked in a moment; the start-up checks of settings that only make sense together are
-forge_rl/recipes/grpo_checks.py. The run itself is forge_rl/recipes/grpo.py."""
+forge_rl/recipes/grpo_checks.py. The run itself is forge_rl/recipes/rl_run.py."""
 
 from dataclasses import dataclass, field
 from typing import Any

@@ -132,18 +132,15 @@ def steps_per_rank(loop, trainer, n_dp: int, seeds, shared_prompt: int = 0) -> l
 def one_rank_rejects_its_batch(loop, trainer) -> None:
     """Rank 1's batch is malformed and only rank 1 sees it: both ranks raise (neither waits in a collective for
     the other) and nothing changes."""
-    from forge_rl.loop.train_loop import batches_for_ranks, data_shards
+    from forge_rl.loop.ranks import Ranks
 
     version = loop.run_until_complete(trainer.version.call()).item(procs=0)
     batches = split(make_batch(7), 2)
     batches[1].advantages[0] = float("nan")
-    sent = batches_for_ranks(batches, loop.run_until_complete(data_shards(trainer)))
-    flat = trainer.flatten("rank")
+    sent = loop.run_until_complete(Ranks.of(trainer)).sending(batches)
 
     async def both():  # each rank's call on its own, so one's error does not hide the other's
-        return await asyncio.gather(
-            *(flat.slice(rank=r).step.call_one(sent[r]) for r in range(2)), return_exceptions=True
-        )
+        return await asyncio.gather(*(rank.step.call_one(b) for rank, b in sent), return_exceptions=True)
 
     results = loop.run_until_complete(asyncio.wait_for(both(), 60))
     assert "another trainer rank rejected its batch" in str(results[0])

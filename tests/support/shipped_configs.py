@@ -25,8 +25,10 @@ def app_schema(path: Path):
     from forge_rl.recipes.grpo_config import GRPOConfig
     from forge_rl.recipes.ppo_config import PPOConfig
     from forge_rl.recipes.sft_config import SFTConfig
+    from forge_rl.tinker.config import TinkerConfig
 
-    return {"grpo": GRPOConfig, "sft": SFTConfig, "distill": DistillConfig, "ppo": PPOConfig}[path.parent.name]
+    schemas = {"grpo": GRPOConfig, "sft": SFTConfig, "distill": DistillConfig, "ppo": PPOConfig, "tinker": TinkerConfig}
+    return schemas[path.parent.name]
 
 
 def check_shipped_config(path: Path) -> None:

@@ -299,7 +299,7 @@ def test_every_shipped_config_loads_and_validates(path):
 
 
 def test_shipped_configs_cover_every_app():
-    assert {p.parent.name for p in SHIPPED} == {"grpo", "sft", "distill", "ppo"}
+    assert {p.parent.name for p in SHIPPED} == {"grpo", "sft", "distill", "ppo", "tinker"}
 
 
 def test_max_policy_age_is_one_key():
