@@ -28,11 +28,16 @@ def critic(loop, tmp_path, procs: int = 1, epochs: int = 2, **parallel):
     return loop.run_until_complete(Critic.options(procs=procs, spmd=True).as_actor(cfg, value_clip=0.2, epochs=epochs))
 
 
+async def each_rank(calls) -> list:
+    """The calls' results in rank order, gathered in the loop that runs this (the test's own loop)."""
+    return list(await asyncio.gather(*calls))
+
+
 def valued(loop, actor, batches):
     """Each batch with its values from `actor` (each rank values its own) and GAE's returns; a row's reward is 1
     when its first token is even (a property of the row, so a split batch gets the same rewards)."""
     ranks = loop.run_until_complete(Ranks.of(actor))
-    got = loop.run_until_complete(asyncio.gather(*(rank.values.call_one(b) for rank, b in ranks.sending(batches))))
+    got = loop.run_until_complete(each_rank(rank.values.call_one(b) for rank, b in ranks.sending(batches)))
     out = []
     for b, v in zip(batches, ranks.per_batch(got)):
         rewards = (b.tokens[:, 0] % 2 == 0).float()
@@ -46,8 +51,7 @@ def steps(loop, actor, n_dp: int, seeds) -> list[dict]:
     out = []
     for s in seeds:
         batches = valued(loop, actor, split(make_batch(s), n_dp))
-        steps = asyncio.gather(*(rank.step.call_one(b) for rank, b in ranks.sending(batches)))
-        out.append(loop.run_until_complete(steps)[0])
+        out.append(loop.run_until_complete(each_rank(rank.step.call_one(b) for rank, b in ranks.sending(batches)))[0])
     return out
 
 
