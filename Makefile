@@ -69,7 +69,7 @@ test: setup-extras lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 test-fast: setup-extras lint  # unit tests only (no procs, engines or ranks): what to run while developing (CONTRIBUTING.md)
-	$(PY) -m pytest tests/unit $(ARGS)  # the folder, not the marker: integration modules are not even imported
+	$(PY) -m pytest -n $(TEST_WORKERS) tests/unit $(ARGS)  # the folder, not the marker: integration modules are not even imported
 
 lint: setup  # the formatter's check and the linter (ruff, configured in pyproject.toml); `make format` fixes the first
 	$(PY) -m ruff format --check --quiet . || { echo "make lint: run 'make format' to format the files above"; exit 1; }
