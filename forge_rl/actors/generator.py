@@ -179,6 +179,7 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         max_age: int | None = None,
         filler_after_eos: bool = False,
         images: list[Any] | None = None,
+        adapter_version: int | None = None,
         **sampling: Any,
     ) -> list[Completion]:
         """Sample `n` completions of `prompt` (text, or token ids). `sampling` overrides the config's
@@ -196,7 +197,10 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
 
         `images`: the prompt's images (bytes, paths or PIL images), one per image placeholder of the prompt
         (forge_rl/actors/generator_images.py); the Completions' prompt_ids are then the engine's, each
-        placeholder expanded to its image's tokens."""
+        placeholder expanded to its image's tokens.
+
+        `adapter_version` (LoRA): sample that loaded adapter, kept by `keep_adapters`, instead of the newest: one
+        engine serves several clients' adapters at once (forge_rl/tinker/sampling.py)."""
         prompt_ids = self._prompt_ids(prompt)
         if images or self.image_token in prompt_ids:  # a placeholder without its image is refused too
             images = image_inputs(prompt_ids, list(images or ()), self.image_token, self.model, self.max_image_pixels)
@@ -209,7 +213,7 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         request_id = f"{os.getpid()}-{next(self._request_ids)}"
         # LoRA: a request runs to its end on the adapter it started with (vLLM cannot switch a running
         # request's adapter), so every token of it is that version's. None = version 0, the base model.
-        version = self.policy_version
+        version = self.policy_version if adapter_version is None else self._loaded_adapter(adapter_version)
         adapter = self._use_adapter(version)
         self._enter(n)
         self._in_flight[request_id] = (len(prompt_ids), children)
@@ -381,6 +385,12 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
     async def release(self) -> float:
         """Undo hold(): wake the engine and resume stepping. Returns the seconds it took."""
         return await self._release()
+
+    @endpoint
+    async def keep_adapters(self, versions: list[int]) -> None:
+        """LoRA: keep these adapter versions loaded beside the newest, for generate(adapter_version=...); any
+        other older adapter is dropped once no request uses it."""
+        await self._keep_adapters(versions)
 
     @endpoint
     async def version(self) -> int:

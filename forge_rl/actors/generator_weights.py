@@ -31,6 +31,7 @@ class GeneratorWeights:
         self._held_since: float | None = None  # paused by hold() (colocated placement)
         self._adapters: dict[int, Any] = {}  # version -> its vLLM LoRARequest (LoRA mode)
         self._adapter_users: dict[int, int] = {}  # version -> requests in flight on it
+        self._kept_adapters: set[int] = set()  # older versions kept loaded (keep_adapters)
 
     async def _update_weights(self, version: int, mode: str) -> dict[str, float]:
         """update_weights' work, `mode` checked: prefetch, then swap between two engine steps (or add the adapter)."""
@@ -155,11 +156,22 @@ class GeneratorWeights:
             await self._drop_unused_adapters()
 
     async def _drop_unused_adapters(self) -> None:
-        """Remove adapters older than the current version once no request in flight uses them."""
-        for version in [v for v in self._adapters if v < self.policy_version and not self._adapter_users.get(v)]:
+        """Remove adapters older than the current version, and not kept, once no request in flight uses them."""
+        old = [v for v in self._adapters if v < self.policy_version and v not in self._kept_adapters]
+        for version in [v for v in old if not self._adapter_users.get(v)]:
             request = self._adapters.pop(version)
             await self.engine.remove_lora(request.lora_int_id)
             shutil.rmtree(request.lora_path, ignore_errors=True)
+
+    async def _keep_adapters(self, versions: list[int]) -> None:
+        self._kept_adapters = set(versions)
+        await self._drop_unused_adapters()
+
+    def _loaded_adapter(self, version: int) -> int:
+        """`version` if its adapter is loaded (0: the base model), for a request that names it."""
+        if version and (self.lora is None or version not in self._adapters):
+            raise ValueError(f"adapter_version={version} is not loaded on this generator (keep_adapters keeps one)")
+        return version
 
     def _adapter_root(self):
         # Under the run's shared-memory prefix: the run's cleanup removes it whatever way this proc ends.
