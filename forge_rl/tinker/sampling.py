@@ -1,12 +1,17 @@
-"""Sampling clients: weights a training client saved, served by the service's generator (a vLLM engine in
-forge_rl's Generator actor). Saving publishes the trainer's weights as a new version of the weight store (the
-adapter alone under LoRA) and swaps the generator to it; a sampling client samples that version.
+"""Sampling clients: weights a training client saved, served by the service's one generator (a vLLM engine in
+forge_rl's Generator actor) whichever user or training client saved them. Saving publishes the trainer's weights
+as a new version of the weight store (the adapter alone under LoRA) and loads it into the generator; a sampling
+client samples that version.
 
-The generator holds one version at a time, the newest saved: a sampling client of an older version is stale and
-its calls are refused, naming what to do (save again). Prompt logprobs (compute_logprobs) come from the trainer
-that saved the weights, which holds them until its next optimizer step.
+Under LoRA the engine serves several adapters at once: the newest saved adapter of every training client stays
+loaded (keep_adapters) and each request names its own (generate's adapter_version), so one user's saving never
+disturbs another's sampling. A sampling client of an older save of the same training client is stale and refused,
+naming what to do (save again). With every weight trained (lora_rank 0) the generator holds one version at a time,
+the newest saved by anyone. Prompt logprobs (compute_logprobs) come from the trainer that saved the weights, which
+holds them until its next optimizer step.
 """
 
+import asyncio
 import itertools
 from dataclasses import dataclass
 
@@ -34,7 +39,9 @@ class Sampling:
         self.cfg, self.training, self.generator = cfg, training, generator
         self.samplers: dict[str, SamplerWeights] = {}
         self.paths: dict[str, SamplerWeights] = {}
-        self.current = 0  # the generator's version
+        self.current = 0  # the generator's newest version
+        self.newest: dict[str, int] = {}  # LoRA: training client -> its newest saved version, kept on the generator
+        self._publishing = asyncio.Lock()  # versions reach the generator in the order they are numbered
         self._versions = itertools.count(1)
         self._ids = itertools.count(1)
 
@@ -53,9 +60,14 @@ class Sampling:
         """Publish the training client's weights, swap the generator to them; a sampling session of them (and with
         `name`, a tinker:// path another sampling client can name)."""
         model = self.training.model(owner, model_id)
-        async with model.lock:
+        async with model.lock, self._publishing:
             version = next(self._versions)
             await model.trainer.push_weights.call(version)
+            if self.cfg.lora_rank:  # every open training client's newest adapter stays, this one's older ones go
+                open_ids = set(self.training.models)
+                kept = {m: v for m, v in self.newest.items() if m in open_ids and m != model_id}
+                await self.generator.keep_adapters.call_all(sorted(kept.values()) + [version])
+                self.newest = {**kept, model_id: version}
             await self.generator.update_weights.call_all(version)
             self.current = version
         path = f"tinker://{model_id}/sampler_weights/{name}" if name else None
@@ -76,11 +88,13 @@ class Sampling:
         return self._new(owner, 0, None).sampler_id
 
     def _check_current(self, sampler: SamplerWeights) -> None:
-        if sampler.version != self.current:
+        if self.cfg.lora_rank and (sampler.version == 0 or sampler.version in self.newest.values()):
+            return
+        if sampler.version != self.current or self.cfg.lora_rank:
+            newer = "its training client saved newer weights" if self.cfg.lora_rank else "newer saved weights"
             raise Refused(
-                f"stale sampling client: it samples weights version {sampler.version}, which newer saved weights "
-                f"(version {self.current}) replaced on this server's generator; call "
-                "save_weights_and_get_sampling_client again"
+                f"stale sampling client: it samples weights version {sampler.version}, which {newer} replaced on "
+                "this server's generator; call save_weights_and_get_sampling_client again"
             )
 
     async def sample(self, owner: str, request) -> bytes:
@@ -101,7 +115,13 @@ class Sampling:
             raise Refused(f"a prompt token id outside the vocabulary [0, {self.training.vocab_size})")
         self._check_current(sampler)
         options = _options(params, max_tokens)
-        completions = await self.generator.generate.route(prompt, n=request.num_samples, **options)
+        if self.cfg.lora_rank:  # this client's own adapter, whatever others saved since
+            options["adapter_version"] = sampler.version
+        try:
+            completions = await self.generator.generate.route(prompt, n=request.num_samples, **options)
+        except Exception:
+            self._check_current(sampler)  # its adapter was replaced while the call was on its way: say so
+            raise
         if any(bool(c.policy_versions.ne(sampler.version).any()) for c in completions):
             self._check_current(sampler)  # newer weights were saved while the call was on its way
         sequences = [

@@ -86,7 +86,7 @@ def _session_routes(app, backend) -> None:
 
     @app.get("/api/v1/healthz")
     async def health():
-        return {"status": "ok"}
+        return {"status": "ok", **backend.health()}
 
     @app.post("/api/v1/create_session")
     async def create_session(request: Request):

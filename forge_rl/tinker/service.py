@@ -4,7 +4,8 @@
         client = tinker.ServiceClient(base_url=service.base_url, api_key=service.api_key)
 
 `python -m apps.tinker.main --config configs/tinker/tiny.yaml` runs one until Ctrl-C; a notebook starts it with
-top-level await. Start-up starts the generator (vLLM in forge_rl's Generator actor, serving adapters under LoRA);
+top-level await. Start-up starts the one generator every sampling client shares (vLLM in forge_rl's Generator actor,
+serving every training client's adapter at once under LoRA);
 each training client starts a trainer of its own (forge_rl/tinker/training.py). The HTTP server runs on this event
 loop, and the client's calls run as its tasks while the actors do the work in their processes.
 """
@@ -45,6 +46,14 @@ class TinkerService:
     def capabilities(self) -> dict:
         model = {"model_name": self.cfg.model, "max_context_length": self.cfg.max_sequence_tokens}
         return {"supported_models": [{**model, "trainable": True, "sampleable": True}]}
+
+    def health(self) -> dict:
+        """What the service holds: its clients, the adapters its one generator serves, its processes and memory."""
+        from forge_rl.tinker.usage import process_usage
+
+        clients = len(self.training.models) if self.training else 0
+        adapters = sum(m in self.training.models for m in self.sampling.newest) if self.sampling else 0
+        return {"training_clients": clients, "adapters_served": adapters, **process_usage()}
 
     def info(self, model_id: str) -> dict:
         return {
@@ -98,7 +107,11 @@ class TinkerService:
         from forge_rl.models.lora_config import LoRAConfig
 
         lora = LoRAConfig(rank=self.cfg.lora_rank, alpha=self.cfg.lora_alpha) if self.cfg.lora_rank else None
-        engine_args = {"max_model_len": self.cfg.max_sequence_tokens, **self.cfg.engine_args}
+        engine_args: dict = {"max_model_len": self.cfg.max_sequence_tokens}
+        if lora is not None:  # every training client's adapter in one batch, and an older one each still finishing
+            clients = self.cfg.max_training_clients
+            engine_args.update(max_loras=clients, max_cpu_loras=2 * clients)
+        engine_args.update(self.cfg.engine_args)
         return await Generator.options(replicas=1).as_service(
             self.model_dir, engine_args=engine_args, seed=self.cfg.seed, lora=lora
         )

@@ -188,6 +188,38 @@ def test_another_users_key_sees_nothing_of_this_user(service, training):
     assert "no training client" in answer["error"] and answer["category"] == "user"
 
 
+def test_two_users_sample_their_own_adapters_on_one_generator(service, training):
+    """Every training client's newest adapter stays on the service's one generator: another user's saved weights
+    neither make this user's sampling client stale nor change what it samples, and that user's failing call, made
+    at the same time, leaves this user's sample running. /healthz counts one vLLM engine for both."""
+    other = tinker.ServiceClient(base_url=service["base_url"], api_key=service["other_users"][0])
+    theirs = other.create_lora_training_client(base_model="tiny", rank=8).result()
+    tokenizer = training.get_tokenizer()
+    prompt = types.ModelInput.from_ints(tokenizer.encode("12+34=")[:5])
+    greedy = types.SamplingParams(max_tokens=4, temperature=0.0)
+    mine = training.save_weights_and_get_sampling_client().result()
+    before = mine.sample(prompt, num_samples=1, sampling_params=greedy).result().sequences[0]
+    theirs.forward_backward(sft_data(tokenizer), "cross_entropy").result()
+    theirs.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    their_sampler = theirs.save_weights_and_get_sampling_client().result()
+    failing = theirs.forward_backward(sft_data(tokenizer) * MAX_DATUMS, "cross_entropy")
+    after = mine.sample(prompt, num_samples=1, sampling_params=greedy)
+    their_sample = their_sampler.sample(prompt, num_samples=1, sampling_params=greedy)
+    with pytest.raises(tinker.RequestFailedError, match="max_batch_datums"):
+        failing.result()
+    after, their_sample = after.result().sequences[0], their_sample.result().sequences[0]
+    assert after.tokens == before.tokens
+    np.testing.assert_allclose(after.logprobs, before.logprobs, atol=1e-5)
+    assert (
+        their_sample.tokens != before.tokens or np.abs(np.subtract(their_sample.logprobs, before.logprobs)).max() > 1e-3
+    )
+    health = httpx.get(f"{service['base_url']}/api/v1/healthz", headers={"X-API-Key": service["api_key"]}).json()
+    assert health["by_name"]["VLLM::EngineCore"]["processes"] == 1 and health["adapters_served"] >= 2
+    trainers = sum(e["processes"] for name, e in health["by_name"].items() if name.startswith("forge:trainer"))
+    assert trainers == health["training_clients"] >= 2 and health["processes"] > trainers
+    other.close("success").result()  # its trainer stopped, its slot free
+
+
 def test_a_wrong_key_is_refused_by_the_clients_auth_error(service):
     wrong = tinker.ServiceClient(base_url=service["base_url"], api_key="tml-not-the-key")
     with pytest.raises(tinker.AuthenticationError, match="invalid API key"):
