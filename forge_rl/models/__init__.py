@@ -78,6 +78,12 @@ def check_role(config: dict, where: str, role: str) -> None:
     policy, a model type the trainer does not build)."""
     heads = ROLE_HEADS[role]
     architectures = config.get("architectures") or []
+    if "vision_config" in config and role not in ("reward model", "judge"):  # docs/vision.md: not trained yet
+        raise ConfigError(
+            f"{where} is a vision-language model ({', '.join(architectures) or config.get('model_type')}): forge_rl "
+            f"samples image prompts with one but does not train one yet, so it cannot be the {role}; give a "
+            "text-only Qwen3 checkpoint (docs/vision.md)"
+        )
     if architectures and not any(a.endswith(head) for a in architectures for head in heads):
         wanted = " or ".join(f"a *{head} checkpoint" for head in heads)
         raise ConfigError(
