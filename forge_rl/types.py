@@ -18,6 +18,11 @@ Mixture-of-experts models under Keep Routing: the completion records the top-k e
 of `prompt_ids + response_ids` to in every MoE layer (`routes`: positions 0 .. P + R - 2, the ones the engine ran;
 the last sampled token was never fed back), and the TrainBatch carries them aligned with its tokens (`routes`), so
 the trainer's routers use the same experts (docs/algorithms.md, "Keep Routing").
+
+Image prompts (a vision-language model): `prompt_ids` are the engine's, each image placeholder expanded to its
+image's tokens, and the completion keeps the images those tokens stand for, in order (`images`, encoded image
+bytes); the TrainBatch carries each row's (`images`), so a trainer scores the same tokens with the same pixels.
+A group's completions share one tuple of images: pickled together, its bytes cross once.
 """
 
 from dataclasses import dataclass, field
@@ -84,6 +89,9 @@ class Completion(_NumpyOnTheWire):
     # Keep Routing: the experts the engine routed each position to, uint8 (or int16 past 256 experts)
     # [P + R - 1, MoE layers, top-k]; None: not recorded (a dense model, or a generator that does not record)
     routes: torch.Tensor | None = None
+    # the images its image tokens stand for, in the order of those tokens (the prompt's, then for a multi-turn
+    # trajectory those of the environment's turns): encoded image bytes (PNG). (): a text prompt
+    images: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -186,6 +194,9 @@ class TrainBatch(_NumpyOnTheWire):
     rewards: torch.Tensor | None = None  # float32 [B], each episode's total reward (PPO's terminal reward)
     values: torch.Tensor | None = None  # float32 [B, T], PPO: the critic's value of each token before its update
     returns: torch.Tensor | None = None  # float32 [B, T], PPO: the critic's targets (GAE advantage + value)
+    # row b's images (Completion.images: the pixels of its image tokens, in order), () for a text row. None: no
+    # row has any
+    images: list[tuple[bytes, ...]] | None = None
 
     @property
     def num_sequences(self) -> int:
@@ -234,6 +245,7 @@ class TrainBatch(_NumpyOnTheWire):
             kept=collate_kept(episodes, T),
             routes=collate_routes(episodes, T),
             rewards=torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32),
+            images=[ep.completion.images for ep in episodes] if any(ep.completion.images for ep in episodes) else None,
         )
 
 

@@ -197,7 +197,7 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
 
         `images`: the prompt's images (bytes, paths or PIL images), one per image placeholder of the prompt
         (forge_rl/actors/generator_images.py); the Completions' prompt_ids are then the engine's, each
-        placeholder expanded to its image's tokens.
+        placeholder expanded to its image's tokens, and their `images` the images as encoded bytes.
 
         `adapter_version` (LoRA): sample that loaded adapter, kept by `keep_adapters`, instead of the newest: one
         engine serves several clients' adapters at once (forge_rl/tinker/sampling.py)."""
@@ -243,6 +243,9 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         if images is not None:  # the prompt as the engine ran it: each image placeholder expanded
             prompt_ids = images["prompt_ids"]
         completions = [self._completion(prompt, prompt_ids, child, drawn_with) for child in children]
+        if images is not None:  # one tuple for the group: its bytes cross once
+            for c in completions:
+                c.images = images["recorded"]
         if filler_after_eos:
             completions = [filler_completion(c, self._eos_ids(), self.tokenizer) for c in completions]
         return completions

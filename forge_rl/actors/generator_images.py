@@ -5,18 +5,22 @@ A prompt holds the model's image token once per image (the chat template's place
 `<image>`); the engine's processor expands each into the image's tokens, so the prompt ids the Completion records
 are the engine's expanded ids, the ones the trainer must score. Refused here, in one line, before the engine sees
 the request: images given to a text-only model, and a placeholder count that is not the number of images.
+
+Each Completion keeps the images as encoded bytes (`Completion.images`, what a trainer scores its image tokens
+with): image bytes as given, anything else (a path, a PIL image) encoded as PNG once here.
 """
 
 from typing import Any
 
-from forge_rl.data.images import DEFAULT_MAX_PIXELS, load_image
+from forge_rl.data.images import DEFAULT_MAX_PIXELS, encode_png, load_image
 
 
 def image_inputs(
     prompt_ids: list[int], images: list[Any], image_token: int | None, model: str, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> dict[str, Any]:
     """vLLM's `multi_modal_data` of a prompt and its images (PNG or other image bytes, paths, PIL images), each at
-    most `max_pixels` (the model's processor's limit)."""
+    most `max_pixels` (the model's processor's limit), with the images as the Completions record them ("recorded":
+    a tuple of encoded bytes)."""
     if image_token is None:
         raise ValueError(
             f"generate was given {len(images)} images, but the generator's model {model} is text-only "
@@ -28,4 +32,6 @@ def image_inputs(
         raise ValueError(
             f"the prompt holds {found} image placeholders (token {image_token}), {more} than its {len(images)} images"
         )
-    return {"image": [load_image(image, f"image {i} of the prompt", max_pixels) for i, image in enumerate(images)]}
+    loaded = [load_image(image, f"image {i} of the prompt", max_pixels) for i, image in enumerate(images)]
+    recorded = tuple(bytes(i) if isinstance(i, (bytes, bytearray)) else encode_png(p) for i, p in zip(images, loaded))
+    return {"image": loaded, "recorded": recorded}

@@ -115,6 +115,13 @@ def render_image_prompt(processor, messages: list[dict], n_images: int, where: s
     return text
 
 
+def image_args(example) -> dict[str, Any]:
+    """The `Generator.generate` keyword argument that gives a task example's images with its prompt (`images`),
+    or none for a text example."""
+    images = getattr(example, "images", ())
+    return {"images": list(images)} if images else {}
+
+
 def check_placeholders(text: str, n_images: int, processor, where: str) -> None:
     """A DataError when the rendered prompt holds more (or fewer) of the model's image tokens than images."""
     token = getattr(processor, "image_token", None)

@@ -15,6 +15,7 @@ import asyncio
 from typing import Any
 
 from forge_rl.data.arithmetic import Problem, chat_prompt
+from forge_rl.data.vision import image_args
 from forge_rl.rewards.exact_match import exact_match
 from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.agents.evaluation import evaluate_agent
@@ -115,7 +116,11 @@ async def evaluate_task(
 
     async def one(example):
         async with slots:
-            return (await generator.generate.route(example.text, n=1, temperature=0.0, max_tokens=max_tokens))[0]
+            return (
+                await generator.generate.route(
+                    example.text, n=1, temperature=0.0, max_tokens=max_tokens, **image_args(example)
+                )
+            )[0]
 
     completions = await asyncio.gather(*(one(e) for e in examples))
     names = sorted({k for e in examples for k in e.columns})

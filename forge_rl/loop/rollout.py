@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from forge_rl.actors.dataset import PromptDataset
 from forge_rl.actors.replay_buffer import ReplayBuffer
 from forge_rl.actors.reward import RewardActor, RewardRoleDied
+from forge_rl.data.vision import image_args
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.errors import RunStopped
 from forge_rl.runtime.replies import replies
@@ -366,7 +367,8 @@ async def rollout_from_dataset(
     completions, the reward actor's scores with the example's columns, advantages, the buffer. True if stored.
     A prompt the engine refuses as too long is counted (drops["prompt_too_long"]) and skipped. `lengths`: the
     group's response length is drawn (forge_rl/loop/lengths.py). `max_age` (stale_in_flight "requeue"): a group
-    the generators abort as too old is counted and its example queued to be generated again."""
+    the generators abort as too old is counted and its example queued to be generated again. An example with
+    images (task.image_column) is sampled with them, and its completions keep them (`Completion.images`)."""
     from forge_rl.actors.generator import PromptTooLong, SequenceTooOld
 
     calls = replies()  # not call_one: Monarch never frees a call_one's reply port (runtime/replies.py)
@@ -387,6 +389,7 @@ async def rollout_from_dataset(
         **(lengths.sampling(example.id) if lengths is not None else {}),
         **({"max_age": max_age} if max_age is not None else {}),
         **({"seed": example.seed} if getattr(example, "seed", None) is not None else {}),  # the dataset's, per draw
+        **image_args(example),  # the row's images (task.image_column): the group shares them, one engine request
     }
     try:
         group = await rollout_group(

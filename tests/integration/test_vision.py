@@ -1,10 +1,12 @@
 """Image prompts through a Generator on a real vLLM CPU engine and the embedded tiny VLM (tiny-vlm, Idefics3): the
 digit-sum task's rows rendered by the model's processor, sampled with per-token logprobs; the image conditions the
 output; a group of G samples of one image; two images in one prompt; a placeholder count the images do not match
-refused in one line while the engine keeps serving; transformers computing the engine's logprobs from the same pixels.
-One engine for the module."""
+refused in one line while the engine keeps serving; transformers computing the engine's logprobs from the same pixels;
+the run's task rollout and held-out evaluation sampling each row with its images, the batch recording them. One
+engine for the module."""
 
 import asyncio
+import dataclasses
 import itertools
 
 import pytest
@@ -133,3 +135,68 @@ def test_the_engines_logprobs_are_transformers_on_the_same_pixels(generator, pro
         reference = torch.log_softmax(logits, dim=-1)[len(c.prompt_ids) - 1 : -1].gather(-1, c.response_ids[:, None])
         gaps.append((reference[:, 0] - c.logprobs).abs().max().item())
     assert max(gaps) < 1e-4
+
+
+def test_a_task_rollout_samples_its_group_with_the_rows_image_and_the_batch_records_it(generator):
+    """The run's rollout of a task with an image column (`rollout_from_dataset`): the dataset's example, rendered
+    by the model's own template, is sampled with its image on the real engine; every completion of the group keeps
+    the image, and the TrainBatch collated from the group records it for each of its rows."""
+    from types import SimpleNamespace
+
+    from forge_rl.data.task import TaskConfig, TaskRows, render, to_example
+    from forge_rl.deps.transformers import auto_tokenizer
+    from forge_rl.loop.eval import evaluate_task
+    from forge_rl.loop.rollout import RolloutStats, rollout_from_dataset
+    from forge_rl.models.build_tiny_vlm import IMAGE_TOKEN_ID, IMAGE_TOKENS
+    from forge_rl.rewards.exact_match import exact_match
+    from forge_rl.types import TrainBatch
+
+    task = TaskConfig(source="digit_sum").resolved()
+    example = TaskRows(task, seed=0).next()
+    tokenizer = auto_tokenizer(resolve_model_path("tiny-vlm"))
+    example = dataclasses.replace(example, text=render(tokenizer, example, task))
+    stored = []
+
+    async def score(prompts, completions, finish_reasons, columns):
+        values = exact_match(prompts, completions, **columns)
+        return values, {"exact_match": values}
+
+    async def add(group):
+        stored.append(group)
+        return True
+
+    def call(fn):
+        return SimpleNamespace(call_one=fn)
+
+    loop, svc = generator
+    once = rollout_from_dataset(
+        dataset=SimpleNamespace(next=call(lambda: asyncio.sleep(0, example))),
+        generator=svc,
+        reward=SimpleNamespace(score=call(score)),
+        buffer=SimpleNamespace(add=call(add)),
+        group_size=4,
+        stats=RolloutStats(),
+    )
+    assert loop.run_until_complete(once) is True
+    (group,) = stored
+    assert len(example.images) == 1 and len(group) == 4
+    for episode in group.episodes:
+        c = episode.completion
+        assert (c.prompt_ids == IMAGE_TOKEN_ID).sum() == IMAGE_TOKENS and len(c.logprobs) == len(c.response_ids)
+        assert c.images == example.images  # the row's PNG bytes, as the trainer will decode them
+    batch = TrainBatch.collate(group.episodes, pad_id=0)
+    assert batch.images == [example.images] * 4
+    text = [dataclasses.replace(e, completion=dataclasses.replace(e.completion, images=())) for e in group.episodes]
+    assert TrainBatch.collate(text, pad_id=0).images is None  # a text batch carries none
+    # held-out evaluation samples each example with its images too (greedy, scored by the run's reward)
+    held_out = [to_example(r, f"held-out {i}", i, task) for i, r in enumerate(digit_sum.held_out_rows(3))]
+    held_out = [dataclasses.replace(e, text=render(tokenizer, e, task)) for e in held_out]
+
+    async def score_each_reward(prompts, completions, finish_reasons, columns, only):
+        return {"exact_match": exact_match(prompts, completions, **columns)}
+
+    reward = SimpleNamespace(
+        score_each_reward=call(score_each_reward), weights=call(lambda: asyncio.sleep(0, {"exact_match": 1.0}))
+    )
+    scores = loop.run_until_complete(evaluate_task(svc, reward, held_out, "exact_match", max_tokens=MAX_TOKENS))
+    assert scores["n"] == 3 and 0.0 <= scores["accuracy"] <= 1.0
