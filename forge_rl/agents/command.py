@@ -104,8 +104,9 @@ class CommandAgent:
     """fn(example, client) of agent.command for AgentEntry: one program per episode, with the client's URL and key;
     its reward, or None, or EpisodeFailed. Cancelled (the episode's time limit), it kills the program's session."""
 
-    def __init__(self, command: list[str], max_output_bytes: int):
+    def __init__(self, command: list[str], max_output_bytes: int, log_dir: str | None = None):
         self.command, self.max_output_bytes = list(command), max_output_bytes
+        self.log_dir = log_dir  # where its stderr goes (an agent worker's run); None: the running run's log folder
         self.name = f"agent command {command_line(command)}"
         self._log = None
 
@@ -169,7 +170,7 @@ class CommandAgent:
 
     def _write(self, line: str) -> None:
         if self._log is None:
-            folder = run_log_dir()
+            folder = Path(self.log_dir) if self.log_dir is not None else run_log_dir()
             self._log = open(folder / LOG_NAME, "a", buffering=1) if folder is not None else sys.stderr  # noqa: SIM115
         print(line, file=self._log)
 

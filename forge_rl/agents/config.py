@@ -48,6 +48,10 @@ class AgentConfig:
     port: int = 0  # the endpoint's loopback port; 0: a free one, chosen at start
     episode_timeout_s: float = 300.0  # an episode still running after this long fails, and its group is dropped
     max_concurrent_episodes: int = 64  # episodes running at once, the run's training and evaluation together
+    # agent-worker processes that play the episodes (forge_rl/agents/worker.py), off the run's controller; a worker
+    # that dies is replaced and its episodes' groups dropped. 0: the episodes run in the controller's process
+    workers: int = 2
+    episodes_per_worker: int = 64  # episodes one worker plays at once
     # a call whose messages do not continue an earlier call's conversation token for token (history edited, context
     # compacted, a template that re-renders earlier turns): "split" the episode into trajectories that each train on
     # their own tokens, or "refuse" the call (HTTP 400) and drop the group
@@ -74,6 +78,10 @@ class AgentConfig:
             raise ValueError(f"agent.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
         if self.max_concurrent_episodes < 1:
             raise ValueError(f"agent.max_concurrent_episodes must be >= 1, got {self.max_concurrent_episodes}")
+        for key, least in (("workers", 0), ("episodes_per_worker", 1)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"agent.{key}={value!r}: give a whole number >= {least}")
         if self.non_prefix not in NON_PREFIX:
             raise ValueError(f"agent.non_prefix={self.non_prefix!r}; choose one of {NON_PREFIX}")
         if self.tool_parser not in (None, "hermes"):

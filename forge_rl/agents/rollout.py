@@ -25,6 +25,7 @@ from forge_rl.actors.reward import RewardActor
 from forge_rl.agents.entry import AgentEntry, AgentReward, EpisodeFailed
 from forge_rl.agents.episodes import EpisodeRecord, shared_prompt_len, trajectory_completion
 from forge_rl.agents.server import AgentServer
+from forge_rl.agents.workers import AgentWorkers
 from forge_rl.actors.dataset import PromptDataset
 from forge_rl.actors.replay_buffer import ReplayBuffer
 from forge_rl.deps.monarch import SupervisionError
@@ -43,6 +44,7 @@ AGENT_REASONS = (
     "agent_request",
     "agent_non_prefix",
     "agent_output",  # an agent.command program's stdout over agent.max_output_bytes
+    "agent_worker_lost",  # the agent worker playing an episode died (forge_rl/agents/workers.py)
 )
 
 
@@ -51,9 +53,10 @@ class AgentFailing(RunStopped):
 
 
 class AgentRunner:
-    """The run's agent: its endpoint, its function, and how many of its episodes may run at once."""
+    """The run's agent: its endpoint, what plays its episodes (its agent workers, AgentWorkers, or its function
+    in this process, AgentEntry: the same `run`), and how many of its episodes may run at once."""
 
-    def __init__(self, server: AgentServer, entry: AgentEntry, max_concurrent_episodes: int):
+    def __init__(self, server: AgentServer, entry: AgentEntry | AgentWorkers, max_concurrent_episodes: int):
         self.server, self.entry = server, entry
         # an agent whose episodes share one client of the root URL (verifiers') calls it with the run's key
         if (use_run_key := getattr(entry.fn, "use_run_key", None)) is not None:

@@ -20,6 +20,7 @@ from forge_rl.actors.trainer import Trainer
 from forge_rl.agents.factory import agent_entry
 from forge_rl.agents.rollout import AgentRunner
 from forge_rl.agents.server import AgentServer, EndpointSettings
+from forge_rl.agents.workers import AgentWorkers
 from forge_rl.launch.launcher import weight_server
 from forge_rl.launch.launcher_config import LauncherConfig
 from forge_rl.loop.checkpoint import resume_from_checkpoint
@@ -129,8 +130,8 @@ async def start_actors(run, hosts: dict, gpus: list[str]) -> Roles:
 
 
 async def start_agents(run, generator) -> AgentRunner | None:
-    """The agent's OpenAI-compatible endpoint, served from this process on the run's generators, and its function
-    (agent.entry); None without an agent."""
+    """The agent's OpenAI-compatible endpoint, served from this process on the run's generators, and what plays its
+    episodes: agent.workers worker processes, or (0) its function in this process; None without an agent."""
     cfg = run.cfg
     if not cfg.agent.enabled:
         return None
@@ -144,11 +145,16 @@ async def start_agents(run, generator) -> AgentRunner | None:
         chat_template_kwargs=dict(cfg.chat_template_kwargs),
     )
     server = AgentServer(run.tokenizer, generator, settings)
-    entry = agent_entry(cfg.agent, cfg.model)
+    if cfg.agent.workers:  # the episodes played in worker processes of their own, off this one
+        say = lambda line: run.console.print(line, markup=False, highlight=False)  # noqa: E731
+        entry = await AgentWorkers(cfg.agent, cfg.model, server.run_key, run.log_dir, say).start()
+    else:
+        entry = agent_entry(cfg.agent, cfg.model)
     await server.start()
+    where = f"{cfg.agent.workers} agent workers" if cfg.agent.workers else "this process"
     run.console.print(
-        f"agent {cfg.agent.name}: OpenAI-compatible endpoint at {server.base_url()} (each episode's client: "
-        f"http://127.0.0.1:{server.port}/episodes/<id>/v1)"
+        f"agent {cfg.agent.name} ({where}): OpenAI-compatible endpoint at {server.base_url()} (each episode's "
+        f"client: http://127.0.0.1:{server.port}/episodes/<id>/v1)"
     )
     return AgentRunner(server, entry, cfg.agent.max_concurrent_episodes)
 

@@ -102,6 +102,7 @@ def run(tmp_path_factory):
         [
             f"output_dir={out}",
             f"agent.entry={HERE}:two_turns",
+            "agent.workers=0",  # two_turns in this process, which reads what it saw (agent workers: test_agent_workers)
             "batch_groups=2",
             "group_size=2",
             "rollout_tasks=2",

@@ -83,6 +83,9 @@ def test_a_bad_agent_setting_is_one_line_naming_it(overrides, names):
         ("agent.non_prefix=merge", ["agent.non_prefix", "'split', 'refuse'"]),
         ("agent.episode_timeout_s=0", ["agent.episode_timeout_s", "> 0"]),
         ("agent.port=70000", ["agent.port"]),
+        ("agent.workers=-1", ["agent.workers=-1", ">= 0"]),
+        ("agent.episodes_per_worker=0", ["agent.episodes_per_worker=0", ">= 1"]),
+        ("agent.workers=two", ["agent.workers"]),
     ],
 )
 def test_a_bad_agent_value_is_refused_when_read(override, names):
