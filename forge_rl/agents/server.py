@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from forge_rl.agents.access import Unauthorised, admitted, episode_key, refusal, run_key
 from forge_rl.agents.conversation import ChatContinuation, template_message
 from forge_rl.agents.episodes import EpisodeRecord, Plan, Refused, assistant_message, reply_of
+from forge_rl.agents.images import ImageParts
 from forge_rl.agents.requests import generate_options, max_tokens, refuse
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.errors import ConfigError
@@ -106,6 +107,7 @@ class AgentServer:
         self.protocol = openai_protocol()
         self.chat = ChatContinuation(tokenizer, **settings.chat_template_kwargs)
         self.eos_ids = {tokenizer.eos_token_id} - {None}
+        self.images = ImageParts(tokenizer)  # image_url parts, for a vision-language model (agents/images.py)
         self.episodes: dict[str, EpisodeRecord] = {}
         self.stats = EndpointStats()
         self.port: int | None = None
@@ -286,9 +288,8 @@ class AgentServer:
         p, started = self.protocol, time.perf_counter()
         request = p.ChatCompletionRequest.model_validate(body)
         options = self._checked(record, lambda: self._chat_options(record, request))
-        messages = self._checked(
-            record, lambda: [template_message(m, f"messages[{i}]") for i, m in enumerate(request.messages)]
-        )
+        sent, images = self._checked(record, lambda: self.images.take(request.messages))
+        messages = self._checked(record, lambda: [template_message(m, f"messages[{i}]") for i, m in enumerate(sent)])
         tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
         kwargs = request.chat_template_kwargs or {}
         plan = self._checked(
@@ -300,7 +301,8 @@ class AgentServer:
             ),
         )
         asked = request.max_completion_tokens or request.max_tokens
-        completions = await self._generate(record, plan.prompt_ids, request.n or 1, asked, options)
+        generate = {**options, "images": images} if images else options
+        completions = await self._generate(record, plan.prompt_ids, request.n or 1, asked, generate)
         replies, choices = zip(*(self.chat_choice(i, c, request, options) for i, c in enumerate(completions)))
         if record is not None:
             record.record(plan, list(replies), "chat", messages)
