@@ -200,3 +200,37 @@ def test_a_task_rollout_samples_its_group_with_the_rows_image_and_the_batch_reco
     )
     scores = loop.run_until_complete(evaluate_task(svc, reward, held_out, "exact_match", max_tokens=MAX_TOKENS))
     assert scores["n"] == 3 and 0.0 <= scores["accuracy"] <= 1.0
+
+
+def test_the_agent_endpoint_takes_an_image_part(generator, processor, rows):
+    """/v1/chat/completions with an OpenAI `image_url` part (a data: URL) samples the image on the engine: the
+    same tokens and logprobs as the Generator given the processor's prompt and the image, with the same seed."""
+    import base64
+
+    from forge_rl.agents.server import AgentServer, EndpointSettings
+    from forge_rl.deps.transformers import auto_tokenizer
+
+    loop, svc = generator
+    tokenizer = auto_tokenizer(resolve_model_path("tiny-vlm"))
+    server = AgentServer(tokenizer, svc, EndpointSettings("tiny-vlm", {"max_tokens": MAX_TOKENS}, max_model_len=256))
+    url = "data:image/png;base64," + base64.b64encode(rows[0]["image"]).decode()
+    text = rows[0]["prompt"].replace("<image>", "")  # the image comes as its own part
+    body = {
+        "model": "tiny-vlm",
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}],
+            }
+        ],
+        "seed": 7,
+        "temperature": 1.0,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
+    response = loop.run_until_complete(server.chat_completion(None, body))
+    (direct,) = generate(generator, prompt_of(processor, rows[0]["prompt"], 1), [rows[0]["image"]], seed=7)
+    (choice,) = response.choices
+    assert choice.token_ids == direct.response_ids.tolist()
+    assert [t.logprob for t in choice.logprobs.content] == pytest.approx(direct.logprobs.tolist(), abs=1e-5)
+    assert response.usage.prompt_tokens == len(response.prompt_token_ids)  # the prompt as sent: one placeholder
