@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from forge_rl.actors.trainer import Trainer, _peak_rss_mb
+from forge_rl.actors.trainer import Trainer, peak_rss_mb
 from forge_rl.actors.trainer_config import OptimizerConfig, TrainerConfig
 from forge_rl.observability.mfu import device_peak_flops, mfu
 from forge_rl.runtime import provisioned, stop_actor
@@ -158,7 +158,7 @@ class PlainLoop:
     def peak_gb(self) -> float:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_reserved(self.device) / 2**30
-        return _peak_rss_mb() / 1024  # this process's
+        return peak_rss_mb() / 1024  # this process's
 
     async def close(self) -> None:
         del self.model, self.opt

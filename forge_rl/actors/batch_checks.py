@@ -18,7 +18,7 @@ def validate_batches(
     """Reject a malformed input before anything changes (no forward, no optimizer step, no step count).
     Whole-tensor checks only, no per-token Python loops. The message names the rank's batch, the field,
     what was expected and what came. Entries other than this rank's (`own`) may be BatchShapes (their counts
-    only: the run sends each rank its own batch); the trainer then agrees over ranks (`_validate_everywhere`).
+    only: the run sends each rank its own batch); the trainer then agrees over ranks (`TrainModel.validate_everywhere`).
     `routing` (Keep Routing: MoE layers, top-k, experts): every batch must carry routes of that model."""
     if not isinstance(batches, (list, tuple)) or len(batches) != dp_size:
         got = len(batches) if isinstance(batches, (list, tuple)) else type(batches).__name__

@@ -4,10 +4,9 @@
     batches = (await reference.fill_ref_logprobs.call(batches)).get(0)
     await reference.follow.call(version)      # optional: become the policy's `version`, from the weight store
 
-It builds exactly the trainer's TorchTitan model (same checkpoint, parallelism, compute dtype and
-temperature) on its own proc mesh and only ever runs forward passes, so the reference logprobs are of
-the same distribution family as the trainer's. The optimizer it inherits never steps (AdamW allocates
-no state before its first step).
+It builds exactly the trainer's TorchTitan model (`build_train_model`: same checkpoint, parallelism, compute dtype
+and temperature) on its own proc mesh and only ever runs forward passes, so the reference logprobs are of the same
+distribution family as the trainer's. It holds no optimizer.
 
 Frozen by default. A reference that follows the policy (reference.follow_every, the run's) loads an earlier
 version of the policy from the weight store every few steps: a KL to a moving anchor, self-distillation, reference
@@ -21,20 +20,30 @@ import dataclasses
 import torch
 from monarch.actor import endpoint
 
-from forge_rl.actors.trainer import Trainer
+from forge_rl.actors.train_model import TrainModel
+from forge_rl.actors.train_model_build import build_train_model
 from forge_rl.actors.trainer_config import TrainerConfig
 from forge_rl.models.sharded_load import load_sharded
+from forge_rl.runtime import ForgeActor
 from forge_rl.types import BatchShape, TrainBatch
 from forge_rl.weights import ShmWeightStore, WeightStoreConfig
 
 
-class Reference(Trainer):
+class Reference(ForgeActor):
+    model: TrainModel
+
     def __init__(
         self, cfg: TrainerConfig | None = None, weight_store: WeightStoreConfig | None = None, weight_source=None
     ):
-        super().__init__(cfg, weight_store)
+        self.cfg = cfg or TrainerConfig()
+        self.store_cfg = weight_store
+        self.store: ShmWeightStore | None = None  # opened at the first `follow`
         self.weight_source = weight_source  # the weight server, for ranks on another host than the trainer's rank 0
         self.policy_version = 0  # the policy version these weights are: 0, the model it was built from
+
+    @endpoint
+    async def setup(self) -> None:
+        self.model = build_train_model(self.cfg)
 
     @endpoint
     async def fill_ref_logprobs(self, batches: list[TrainBatch | BatchShape]) -> list[TrainBatch | BatchShape]:
@@ -42,7 +51,7 @@ class Reference(Trainer):
         token (0 elsewhere); BatchShapes (other ranks' batches, counts only) come back as they are. The run sends
         each rank its own batch, so every rank runs one forward (FSDP ranks gather parameters together: they
         must run as many). Given every batch, every rank runs every batch and any rank's result is whole."""
-        self.model.eval()
+        self.model.module.eval()
         out = []
         with torch.no_grad():
             for batch in batches:
@@ -51,11 +60,11 @@ class Reference(Trainer):
                     continue
                 # over the kept sets the tokens were drawn from, as the trainer's: the KL is over the same set;
                 # through the engine's experts too under Keep Routing (trainer.keep_routing, the trainer's config)
-                logprobs, _ = self._forward(
+                logprobs, _ = self.model.logprobs(
                     batch.tokens, response_mask=batch.response_mask, kept=batch.kept, routes=batch.routes
                 )
                 out.append(dataclasses.replace(batch, ref_logprobs=logprobs.cpu()))
-        reshard(self.model)
+        reshard(self.model.module)
         return out
 
     @endpoint
@@ -66,7 +75,7 @@ class Reference(Trainer):
             self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source)
         await self.store.prefetch(version, timeout=timeout_s)  # another host's: copied here first
         with self.store.pinned(version) as path:
-            load_sharded(self.model, self.adapter, path)
+            load_sharded(self.model.module, self.model.adapter, path)
         self.policy_version = version
         return version
 
@@ -76,8 +85,18 @@ class Reference(Trainer):
         return self.policy_version
 
     @endpoint
-    async def step(self, batches: list[TrainBatch], version: int | None = None) -> dict[str, float]:
-        raise RuntimeError("the reference policy is frozen: step is the Trainer's")
+    async def data_shard(self) -> int:
+        """This rank's data-parallel shard: the index of the batch it scores."""
+        return self.model.dp_rank
+
+    @endpoint
+    async def load_stats(self) -> dict[str, int]:
+        """What this rank read of the checkpoint at start: bytes_read, largest_read, checkpoint_bytes."""
+        return dict(self.model.checkpoint_read)
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        if self.store is not None:
+            self.store.close()
 
 
 def reshard(model: torch.nn.Module) -> None:

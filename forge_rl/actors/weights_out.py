@@ -1,11 +1,15 @@
-"""The trainer's weights going out: publishing versions to the generators, exporting an HF model directory, and the
-tensors of a checkpoint. A mixin of Trainer (forge_rl/actors/trainer.py), which holds the model and its ranks.
+"""A trained model's weights going out: versions published to the generators through the weight store, an HF model
+directory exported, LoRA's adapters as a PEFT directory.
 
-Nothing here gathers a sharded parameter whole. Every path works from each rank's own block of each parameter
-(forge_rl/weights/sharded_publish.py): on one host every rank writes its blocks into the version's shared memory;
-across hosts, and for the export, every rank streams its blocks to rank 0 a block of rows at a time; a checkpoint
-saves the parameters themselves (DCP writes each rank's shards). TorchTitan's `model.state_dict()` is not used: its
-hook turns every layer's fused q/k/v into whole q, k and v tensors on every rank.
+    weights = WeightsOut(model, store_cfg)
+    metrics = weights.publish(version)        # every rank calls it: its blocks, straight into the version
+    weights.export_hf(out_dir)
+
+The Trainer holds one (forge_rl/actors/trainer.py). Nothing here gathers a sharded parameter whole. Every path works
+from each rank's own block of each parameter (forge_rl/weights/sharded_publish.py): on one host every rank writes its
+blocks into the version's shared memory; across hosts, and for the export, every rank streams its blocks to rank 0 a
+block of rows at a time. TorchTitan's `model.state_dict()` is not used: its hook turns every layer's fused q/k/v into
+whole q, k and v tensors on every rank.
 """
 
 import contextlib
@@ -13,13 +17,15 @@ import math
 import os
 import socket
 import time
+from pathlib import Path
 
 import torch
 
+from forge_rl.actors.train_model import TrainModel
 from forge_rl.deps.pytorch import state_dict_name
 from forge_rl.models import fused_qkv, lora
 from forge_rl.models.lora import is_adapter_key
-from forge_rl.weights import ShmWeightStore, sharded_publish, spec_of
+from forge_rl.weights import ShmWeightStore, WeightStoreConfig, sharded_publish, spec_of
 from forge_rl.weights.hf_export import HFExportWriter
 
 HF_ASSETS = (
@@ -34,17 +40,21 @@ HF_ASSETS = (
 )
 
 
-class TrainerWeights:
-    """Trainer's weights-out half: needs self.model, adapter, rank, world, cfg, store, store_cfg, device, tied,
-    heads_per_kv, head_dim, model_dir."""
-
-    _publish_plan: sharded_publish.Plan | None = None  # who writes which block: the boxes never change
-    _ranks_share_host: bool | None = None
-    publish_largest_held = 0
+class WeightsOut:
+    def __init__(self, model: TrainModel, store_cfg: WeightStoreConfig | None = None):
+        self.model, self.cfg, self.store_cfg = model, model.cfg, store_cfg
+        self.store: ShmWeightStore | None = None  # opened at the first publish
+        self._publish_plan: sharded_publish.Plan | None = None  # who writes which block: the boxes never change
+        self._ranks_share_host: bool | None = None
+        self.largest_held = 0  # the largest piece any publish held: one block of rows at most, on any rank
 
     # ---- publishing -----------------------------------------------------------------------------
 
-    def _publish(self, version: int) -> dict[str, float]:
+    def publish(self, version: int) -> dict[str, float]:
+        """The current weights as `version` (HF names) in the weight store: every rank writes its own blocks of
+        each parameter straight into the version's shared-memory file at their global offsets (ranks on several
+        hosts: streams them to rank 0), so no rank gathers a tensor; the last rank to finish makes the version
+        visible. Returns its timing and bytes."""
         start = time.perf_counter()
         if self.store is None:
             self.store = ShmWeightStore(cfg=self.store_cfg)
@@ -59,18 +69,18 @@ class TrainerWeights:
             )
         else:
             targets, plan = self._hf_targets(), self._plan()
-            spec = sharded_publish.spec(self.model, targets, dtype, self.heads_per_kv, self.head_dim)
-            with self.store.writer(version, spec, rank=self.rank, world_size=self.world) as writer:
-                self.publish_largest_held = sharded_publish.write_own(
-                    self.model,
+            spec = sharded_publish.spec(self.model.module, targets, dtype, self.model.heads_per_kv, self.model.head_dim)
+            with self.store.writer(version, spec, rank=self.model.rank, world_size=self.model.world) as writer:
+                self.largest_held = sharded_publish.write_own(
+                    self.model.module,
                     plan,
                     targets,
                     writer,
-                    self.rank,
+                    self.model.rank,
                     dtype,
                     self._block_bytes(),
-                    self.heads_per_kv,
-                    self.head_dim,
+                    self.model.heads_per_kv,
+                    self.model.head_dim,
                 )
             nbytes = _spec_bytes(spec)
         elapsed = time.perf_counter() - start
@@ -79,8 +89,18 @@ class TrainerWeights:
             push_s=elapsed,
             bytes=nbytes,
             gb_per_s=nbytes / elapsed / 1e9,
-            largest_held_bytes=self.publish_largest_held,
-        )  # one block of rows at most, on any rank
+            largest_held_bytes=self.largest_held,
+        )
+
+    def release_step_memory(self) -> None:
+        """A trainer sharing its GPU gives the step's cached blocks back before the engine wakes up: the caching
+        allocator would otherwise keep the step's peak (trainer.release_memory_after_step)."""
+        if self.cfg.release_memory_after_step and self.model.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
 
     def _publish_dtype(self) -> torch.dtype:
         return getattr(torch, self.cfg.publish_dtype or self.cfg.dtype)  # fp32 masters -> the generators' dtype
@@ -90,7 +110,7 @@ class TrainerWeights:
 
     def _plan(self) -> sharded_publish.Plan:
         if self._publish_plan is None:  # a collective: every rank's boxes, once for the run
-            self._publish_plan = sharded_publish.plan(self.model, self.world)
+            self._publish_plan = sharded_publish.plan(self.model.module, self.model.world)
         return self._publish_plan
 
     def _on_one_host(self) -> bool:
@@ -100,7 +120,7 @@ class TrainerWeights:
         import torch.distributed as dist
 
         if self._ranks_share_host is None:
-            names: list[str] = [None] * self.world  # type: ignore[list-item]
+            names: list[str] = [None] * self.model.world  # type: ignore[list-item]
             dist.all_gather_object(names, os.environ.get("FORGE_RL_HOST_ID") or socket.gethostname())
             self._ranks_share_host = len(set(names)) == 1
         return self._ranks_share_host
@@ -111,9 +131,9 @@ class TrainerWeights:
         import torch.distributed as dist
 
         targets, plan = self._hf_targets(), self._plan()
-        spec = sharded_publish.spec(self.model, targets, dtype, self.heads_per_kv, self.head_dim)
+        spec = sharded_publish.spec(self.model.module, targets, dtype, self.model.heads_per_kv, self.model.head_dim)
         writer, error = contextlib.nullcontext(), None
-        if self.rank == 0:
+        if self.model.rank == 0:
             try:
                 writer = open_writer(spec)
             except Exception as e:  # e.g. WeightStoreFull: tell the other ranks, who would wait to send
@@ -125,21 +145,23 @@ class TrainerWeights:
         if said[0] is not None:
             raise RuntimeError(f"rank 0 could not open {what} for writing: {said[0]}")
         with writer as w:
-            if self.rank == 0 and self.cfg.lora.enabled:  # the export of a LoRA run: W + alpha/r B A, block by block
+            if (
+                self.model.rank == 0 and self.cfg.lora.enabled
+            ):  # the export of a LoRA run: W + alpha/r B A, block by block
                 w = lora.MergingWriter(w, self._peft(self._adapter_tensors()), self.cfg.lora)
             elif self.cfg.lora.enabled:
                 self._adapter_tensors()  # the same collective as rank 0's
-            self.publish_largest_held = sharded_publish.stream_to_rank0(
-                self.model,
+            self.largest_held = sharded_publish.stream_to_rank0(
+                self.model.module,
                 plan,
                 targets,
                 w,
-                self.rank,
+                self.model.rank,
                 dtype,
-                self.device,
+                self.model.device,
                 self._block_bytes(),
-                self.heads_per_kv,
-                self.head_dim,
+                self.model.heads_per_kv,
+                self.model.head_dim,
             )
         return _spec_bytes(spec)
 
@@ -150,7 +172,7 @@ class TrainerWeights:
         from forge_rl.models import qwen3_moe  # TorchTitan's MoE: imported where a model is, not by the app's CLI
 
         targets = {}
-        for name, param in self.model.named_parameters():  # a tied weight once
+        for name, param in self.model.module.named_parameters():  # a tied weight once
             if is_adapter_key(name):
                 continue
             sd_name = state_dict_name(name)  # the adapter's and the checkpoint's name (activation checkpointing)
@@ -163,12 +185,12 @@ class TrainerWeights:
             else:
                 parts = {None: sd_name}
             meta = torch.empty(0, device="meta")
-            targets[name] = {part: list(self.adapter.to_hf({tt_name: meta})) for part, tt_name in parts.items()}
+            targets[name] = {part: list(self.model.adapter.to_hf({tt_name: meta})) for part, tt_name in parts.items()}
             if unnamed := [parts[part] for part, names in targets[name].items() if not names]:
                 # a weight the generators would never receive: they would serve the checkpoint's forever
                 raise RuntimeError(f"publish: trainer parameter {unnamed[0]} has no Hugging Face name")
             for names in targets[name].values():
-                if self.tied and names[0] == "model.embed_tokens.weight":
+                if self.model.tied and names[0] == "model.embed_tokens.weight":
                     names.append("lm_head.weight")
         return targets
 
@@ -181,18 +203,18 @@ class TrainerWeights:
 
         return {
             state_dict_name(k): (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
-            for k, v in self.model.named_parameters()
+            for k, v in self.model.module.named_parameters()
             if is_adapter_key(k)
         }
 
     def _peft(self, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return lora.to_peft(adapters, self.head_dim, self.heads_per_kv)
+        return lora.to_peft(adapters, self.model.head_dim, self.model.heads_per_kv)
 
     def _push_adapter(self, version: int, dtype: torch.dtype, start: float) -> dict[str, float]:
         """LoRA: publish the adapters alone (PEFT names), whole, from rank 0. They are small, so gathering beats a
         sharded write; the base never changes and is never sent."""
         peft = {k: v.to(dtype).contiguous() for k, v in self._peft(self._adapter_tensors()).items()}
-        if self.rank == 0:
+        if self.model.rank == 0:
             with self.store.writer(version, spec_of(peft)) as writer:
                 for name, tensor in peft.items():
                     writer.write(name, tensor)
@@ -202,42 +224,41 @@ class TrainerWeights:
 
     # ---- export ---------------------------------------------------------------------------------
 
-    def _export_hf(self, out_dir: str, dtype: str | None = None) -> str:
+    def export_adapter(self, out_dir: str) -> str:
+        """LoRA: the adapters as a PEFT adapter directory (adapter_model.safetensors + adapter_config.json), which
+        `peft.PeftModel.from_pretrained(base, out_dir)` and vLLM load. Every rank calls it; rank 0 writes."""
+        import json
+
+        import torch.distributed as dist
+        from safetensors.torch import save_file
+
+        if not self.cfg.lora.enabled:
+            raise ValueError("export_adapter: the trainer has no LoRA adapters (trainer.lora.rank is 0)")
+        peft = {k: v.contiguous() for k, v in self._peft(self._adapter_tensors()).items()}
+        out = Path(out_dir)
+        if self.model.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            save_file(peft, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+            config = self.cfg.lora.peft_config(self.model.model_dir.resolve())
+            (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        dist.barrier()
+        return str(out)
+
+    def export_hf(self, out_dir: str, dtype: str | None = None) -> str:
         """An HF model directory in `dtype` (default: the publish dtype) of sharded safetensors + config + tokenizer,
         streamed to rank 0 a block at a time; with LoRA the adapters merged in."""
         if dtype is not None and dtype not in ("float32", "bfloat16"):
             raise ValueError(f"export_hf: dtype={dtype!r}; choose 'float32' or 'bfloat16' (or leave it unset)")
         self._stream_to_rank0(
-            lambda spec: self._open_export(out_dir, spec),
+            lambda spec: self.open_export(out_dir, spec),
             getattr(torch, dtype) if dtype else self._publish_dtype(),
             f"the HF export {out_dir}",
         )
         return str(out_dir)
 
-    def _open_export(self, out_dir: str, spec) -> HFExportWriter:
-        return HFExportWriter(out_dir, spec, assets_from=self.model_dir, assets=HF_ASSETS)
-
-    # ---- checkpoints ----------------------------------------------------------------------------
-
-    def _model_tensors(self) -> dict[str, torch.Tensor]:
-        """The model's state for a checkpoint: the parameters themselves (each rank's shards; DCP loads into them in
-        place) and persistent buffers, by their own names; with LoRA the adapters alone (the frozen base comes from
-        trainer.model on every start). Not model.state_dict(): its hook gathers every fused q/k/v whole."""
-        tensors = {name: p.detach() for name, p in self.model.named_parameters()}
-        tensors.update(_persistent_buffers(self.model))
-        if self.cfg.lora.enabled:
-            tensors = {k: v for k, v in tensors.items() if is_adapter_key(k)}
-        return tensors
-
-
-def _persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The buffers a state dict would hold (TorchTitan's RoPE caches are not among them: every start rebuilds them)."""
-    out = {}
-    for prefix, module in model.named_modules():
-        for name, buf in module.named_buffers(recurse=False):
-            if buf is not None and name not in module._non_persistent_buffers_set:
-                out[f"{prefix}.{name}" if prefix else name] = buf.detach()
-    return out
+    def open_export(self, out_dir: str, spec) -> HFExportWriter:
+        """The export's writer (the rehearsal records through its own instead)."""
+        return HFExportWriter(out_dir, spec, assets_from=self.model.model_dir, assets=HF_ASSETS)
 
 
 def _spec_bytes(spec) -> int:

@@ -27,7 +27,7 @@ class Ranks(Generic[A]):
 
     @classmethod
     async def of(cls, mesh: ActorMesh[A]) -> "Ranks[A]":
-        """The ranks of a mesh whose actors answer `data_shard` (Trainer and the roles built on it)."""
+        """The ranks of a mesh whose actors answer `data_shard` (Trainer, Critic, Reference)."""
         flat = mesh.flatten("rank")
         found = await flat.data_shard.call()
         shards = tuple(shard for _, shard in sorted(found.items(), key=lambda item: item[0]["rank"]))

@@ -98,13 +98,14 @@ def batches_for(trainer, micro_batch: int, seq_len: int, critic: bool = False) -
     makes floating-point tensors made out of nothing fake."""
     import numpy as np
 
-    rng = np.random.default_rng(trainer.dp_rank)
+    model = trainer.model
+    rng = np.random.default_rng(model.dp_rank)
     mask = np.zeros((micro_batch, seq_len), dtype=bool)
     mask[:, seq_len // 2 :] = True
     per_token = (rng.standard_normal((micro_batch, seq_len)) * mask).astype(np.float32)
     t = torch.from_numpy
     batch = TrainBatch(
-        t(rng.integers(3, trainer.vocab_size, (micro_batch, seq_len))),
+        t(rng.integers(3, model.vocab_size, (micro_batch, seq_len))),
         t(mask),
         t((-rng.random((micro_batch, seq_len)) * mask).astype(np.float32)),
         t(np.where(mask, 0, -1).astype(np.int64)),
@@ -112,7 +113,7 @@ def batches_for(trainer, micro_batch: int, seq_len: int, critic: bool = False) -
         values=t(per_token) if critic else None,
         returns=t(per_token.copy()) if critic else None,
     )
-    return [batch if r == trainer.dp_rank else batch.shape_only() for r in range(trainer.dp_size)]
+    return [batch if r == model.dp_rank else batch.shape_only() for r in range(model.dp_size)]
 
 
 class _Run:
@@ -135,7 +136,9 @@ class _Run:
             memory,
         ):
             trainer = self._trainer()
-            trainer.store = RecordingStore(memory, published=self.spec.model_dir)
+            store = RecordingStore(memory, published=self.spec.model_dir)
+            if self.spec.role == "reference":  # `follow` reads through it
+                trainer.store = store
             out = {}
             for phase in phases:
                 self.exchange.start(rank, phase)
@@ -151,8 +154,10 @@ class _Run:
                 out[phase] = PhaseMemory(
                     before, memory.peak_bytes, memory.live_bytes, memory.largest, memory.host_block
                 )
+                if phase == "load" and self.spec.role == "trainer":  # the publishes write into it
+                    trainer.weights.store = store
                 if phase == "load" and measure:
-                    self.result.shard_bytes[rank] = _largest_shard(trainer.model)
+                    self.result.shard_bytes[rank] = _largest_shard(trainer.model.module)
             del trainer
         if measure:
             self.result.ranks[rank] = out
@@ -188,8 +193,8 @@ class _Run:
             trainer.cfg.publish_from = "auto" if phase == "publish_shm" else "rank0"
             version = 1 if phase == "publish_shm" else 2
             call(trainer, "push_weights", version)
-            if version in trainer.store.versions:
-                coverage[phase] = _merged(coverage.get(phase), trainer.store.versions.pop(version))
+            if version in trainer.weights.store.versions:
+                coverage[phase] = _merged(coverage.get(phase), trainer.weights.store.versions.pop(version))
         elif phase == "save":
             call(trainer, "save", 1, str(self.scratch / "ckpt" / "step-1"))
         elif phase == "restore":
@@ -244,24 +249,19 @@ def _dcp_through(memory: FakeMemory):
 @contextlib.contextmanager
 def _export_through(coverage: dict, memory: FakeMemory):
     """The HF export's writes recorded: safetensors' save_file (an export that writes whole tensors) and the
-    Trainer's `_open_export` writer (one that streams blocks), whichever the trainer uses."""
+    trainer's `WeightsOut.open_export` writer (one that streams blocks), whichever the trainer uses."""
     import safetensors.torch
 
-    from forge_rl.actors.trainer import Trainer
+    from forge_rl.actors.weights_out import WeightsOut
 
     exported = coverage.setdefault("export", Coverage()) if coverage is not None else Coverage()
-    real_save_file = safetensors.torch.save_file
-    own = Trainer.__dict__.get("_open_export")  # else inherited (or absent: an export through save_file)
+    real_save_file, real_open_export = safetensors.torch.save_file, WeightsOut.open_export
     safetensors.torch.save_file = recorded_save_file(exported, memory)
-    Trainer._open_export = lambda self, out_dir, spec: RecordingWriter(exported, spec, memory)
+    WeightsOut.open_export = lambda self, out_dir, spec: RecordingWriter(exported, spec, memory)
     try:
         yield
     finally:
-        safetensors.torch.save_file = real_save_file
-        if own is None:
-            del Trainer._open_export
-        else:
-            Trainer._open_export = own
+        safetensors.torch.save_file, WeightsOut.open_export = real_save_file, real_open_export
 
 
 def rehearse(spec: Rehearsal, progress=None) -> Result:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from monarch.actor import endpoint
 
+from forge_rl.actors.train_optimizer import apply_gradients
 from forge_rl.actors.trainer import Trainer
 from forge_rl.tinker.losses import INPUTS, token_loss
 
@@ -46,7 +47,7 @@ class TinkerTrainer(Trainer):
     ) -> tuple[list[int], list[np.ndarray], float]:
         """This rank's share of `rows`: (their indices, each row's logprob per target token, their summed loss).
         Without `forward_only` the loss's gradients are added to the parameters' (no optimizer step)."""
-        index = list(range(self.dp_rank, len(rows), self.dp_size))
+        index = list(range(self.model.dp_rank, len(rows), self.model.dp_size))
         mine = [rows[i] for i in index] or [Row([0], [0], {})]  # a rank with no row still runs the collectives
         lengths = [len(r.tokens) for r in mine]
         tokens = torch.zeros(len(mine), max(lengths) + 1, dtype=torch.long)
@@ -54,9 +55,9 @@ class TinkerTrainer(Trainer):
         for b, r in enumerate(mine):
             tokens[b, : lengths[b] + 1] = torch.tensor(r.tokens + r.targets[-1:])
             mask[b, 1 : lengths[b] + 1] = True  # the logprob of target i sits at position i + 1
-        self.model.train(not forward_only)
+        self.model.module.train(not forward_only)
         with torch.set_grad_enabled(not forward_only):
-            logprobs, _ = self._forward(tokens, "none", mask)
+            logprobs, _ = self.model.logprobs(tokens, "none", mask)
             targets = logprobs[:, 1:]  # [B, T]: target i's logprob at column i
             loss = logprobs.new_zeros(()) + 0.0 * logprobs.sum()  # every rank's backward reaches every parameter
             if index:  # the whole share's loss at once: one graph, not one per row
@@ -85,14 +86,9 @@ class TinkerTrainer(Trainer):
             group.update(
                 lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=adam.weight_decay
             )
-        configured = self.cfg.optim.max_grad_norm
-        if adam.grad_clip_norm:
-            self.cfg.optim.max_grad_norm = adam.grad_clip_norm
-        try:
-            grad_norm, finite = self._apply_gradients(0.0)
-        finally:
-            self.cfg.optim.max_grad_norm = configured
-        return {"grad_norm:mean": grad_norm, "skipped:sum": float(not finite), "step:max": float(self.steps_taken)}
+        max_norm = adam.grad_clip_norm or self.cfg.optim.max_grad_norm
+        grad_norm, finite = apply_gradients(self.model, self.optimizer, self.scheduler, self.counts, max_norm)
+        return {"grad_norm:mean": grad_norm, "skipped:sum": float(not finite), "step:max": float(self.counts.taken)}
 
     @endpoint
     async def forget_optimizer_state(self) -> None:

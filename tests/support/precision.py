@@ -7,9 +7,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from forge_rl.actors.trainer_config import TrainerConfig
-from forge_rl.actors.trainer_step import TrainerStep
+from forge_rl.actors.train_model import TrainModel
 from forge_rl.models import qwen3, resolve_model_path
-from forge_rl.models.qwen3_config import attention_pair_cost
 
 MATMULS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
 
@@ -44,18 +43,27 @@ class MatmulDtypes(TorchDispatchMode):
         return out
 
 
-def trainer_step(dtype: str, share_prompts: bool, device: str = "cpu", model: str = "tiny-warm") -> TrainerStep:
-    """The trainer's step code over `model`, with what Trainer._build sets for one rank without FSDP."""
+def trainer_step(dtype: str, share_prompts: bool, device: str = "cpu", model: str = "tiny-warm") -> TrainModel:
+    """The trainer's model and logprob forward over `model`, as build_train_model sets them for one rank without
+    FSDP."""
     model_dir = resolve_model_path(model)
-    model, _ = qwen3.build_model(model_dir, device)  # fp32 master weights
-    model._skip_lm_head = True  # the fused head, as the Trainer sets it
-    step = TrainerStep()
-    step.cfg = TrainerConfig(model=str(model_dir), dtype=dtype, share_prompts=share_prompts)
-    step.model, step.device, step.route_replay = model, torch.device(device), None
-    step.autocast = dtype != "float32"  # Trainer._build: no FSDP2 mixed-precision policy on one rank
-    step.fused_lm_head, step.head_memory_bytes, step.loss_parallel = True, 2**20, False
-    step.attention_pair_cost = attention_pair_cost(qwen3.read_hf_config(model_dir))
-    return step
+    module, _ = qwen3.build_model(model_dir, device)  # fp32 master weights
+    module._skip_lm_head = True  # the fused head, as the Trainer sets it
+    hf = qwen3.read_hf_config(model_dir)
+    return TrainModel(
+        cfg=TrainerConfig(model=str(model_dir), dtype=dtype, share_prompts=share_prompts),
+        module=module,
+        adapter=None,
+        parallel_dims=None,
+        device=torch.device(device),
+        model_dir=model_dir,
+        hf_config=hf,
+        max_seq_len=hf["max_position_embeddings"],
+        vocab_size=hf["vocab_size"],
+        autocast=dtype != "float32",  # no FSDP2 mixed-precision policy on one rank
+        fused_lm_head=True,
+        head_memory_bytes=2**20,
+    )
 
 
 def group_batch(prompt_len: int = 12, response_len: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,9 +77,9 @@ def group_batch(prompt_len: int = 12, response_len: int = 20) -> tuple[torch.Ten
     return tokens, mask
 
 
-def bf16_step_dtypes(step: TrainerStep, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[list, list]:
+def bf16_step_dtypes(step: TrainModel, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[list, list]:
     """(norm dtype pairs, matmul dtype pairs) of one forward and backward of `step`, the entropy taking gradient."""
     with NormDtypes() as norms, MatmulDtypes() as matmuls:
-        logprobs, entropy = step._forward(tokens, "grad", mask)
+        logprobs, entropy = step.logprobs(tokens, "grad", mask)
         (logprobs.sum() + entropy.sum()).backward()
     return norms.seen, matmuls.seen

@@ -3,7 +3,7 @@ autocast), on the embedded tiny model in this process: what dtypes reach the nor
 
 On a GPU, an fp32 norm weight meeting a bf16 input takes torch's unfused RMSNorm, and an fp32 hidden state reaching
 the fused head makes the step's largest matmul an fp32 one: both are checked here, on the CPU, by the dtypes the
-trainer's own step code hands them (TrainerStep, with the model, config and flags the Trainer sets up).
+trainer's own forward hands them (TrainModel, with the model, config and flags build_train_model sets up).
 """
 
 import pytest
@@ -19,13 +19,13 @@ def test_bf16_step_runs_every_norm_and_matmul_in_bf16(share_prompts):
     forward and backward, the head's over the vocabulary included, runs bf16 x bf16; the logprobs stay fp32."""
     step = trainer_step("bfloat16", share_prompts)
     tokens, mask = group_batch()
-    vocab = step.model.lm_head.weight.shape[0]
+    vocab = step.module.lm_head.weight.shape[0]
     norms, matmuls = bf16_step_dtypes(step, tokens, mask)
     assert norms and all(x == w for x, w in norms), f"norm (input, weight) dtypes: {set(norms)}"
     assert any(cols == vocab for _, cols in matmuls), "the head's matmul over the vocabulary did not run"
     fp32 = {(dtypes, cols) for dtypes, cols in matmuls if dtypes != (torch.bfloat16, torch.bfloat16)}
     assert not fp32, f"matmuls not in bf16 (operand dtypes, output columns): {fp32}"
-    assert step.model.lm_head.weight.grad.dtype == torch.float32  # the master weight's gradient
+    assert step.module.lm_head.weight.grad.dtype == torch.float32  # the master weight's gradient
 
 
 def test_bf16_head_logprobs_within_the_stated_bound_of_fp32():

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from forge_rl.actors.generator_engine import engine_start_method
-from forge_rl.actors.trainer import process_group_backend
+from forge_rl.actors.train_model_build import process_group_backend
 
 
 def _all_reduce_cpu_metrics(backend: str) -> torch.Tensor:

@@ -26,7 +26,7 @@ def test_main_to_the_optimizer_step_is_four_hops():
     assert "algorithm.step" in _calls(_function("forge_rl/recipes/train.py", "train"))  # = rl_step for RL
     assert "rank.step.call_one" in _calls(_function("forge_rl/recipes/rl_step.py", "rl_step"))  # Trainer.step
     trainer_step = _calls(_function("forge_rl/actors/trainer.py", "step", cls="Trainer"))
-    assert {"self.optimizer.step", "self._publish"} <= trainer_step
+    assert {"self.optimizer.step", "self.weights.publish"} <= trainer_step
 
 
 def test_the_rl_algorithms_step_with_rl_step():
