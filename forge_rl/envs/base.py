@@ -20,6 +20,10 @@ Environments are named in config (`env.name`): a key of `ENVIRONMENTS` or "packa
 
 `reset` may return chat messages: they replace the task's prompt (an environment that poses its own task, as
 an OpenEnv one's first observation does). `close` is called when the trajectory ends, however it ends.
+
+For a vision-language model a step's observation may show images: `EnvStep(messages=[{"role": "user", "content":
+"Now: <image>"}], images=[png_bytes])`. The model's next turn sees them and every earlier image of the trajectory
+(the task row's too), and the trajectory keeps them for the trainer (forge_rl/loop/turn_images.py).
 """
 
 import importlib

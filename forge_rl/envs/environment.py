@@ -20,6 +20,9 @@ class EnvStep:
     reward: float = 0.0  # added to the trajectory's reward
     done: bool = False
     solved: bool = False  # the task was solved (what held-out evaluation counts)
+    # images the messages show (bytes, paths or PIL images), at their "<image>" markers, for a vision-language
+    # model (forge_rl/loop/turn_images.py)
+    images: list[Any] = field(default_factory=list)
 
 
 class Environment:

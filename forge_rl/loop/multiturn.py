@@ -38,6 +38,7 @@ from forge_rl.envs.base import EnvConfig, Environment
 from forge_rl.envs.environment import EVAL_TRAJECTORIES, EnvError
 from forge_rl.errors import RunStopped
 from forge_rl.loop.rollout import FAIL_FAST_GROUPS, KEPT_OVER_CAP
+from forge_rl.loop.turn_images import TurnImages
 from forge_rl.losses.advantages import group_advantages
 from forge_rl.rewards.workers import RewardError
 from forge_rl.runtime.replies import replies
@@ -138,6 +139,12 @@ async def generate(generator, prompt_ids: list[int], **kwargs) -> list[Completio
         raise GenerationError(f"{type(getattr(e, 'exception', e)).__name__}: {e}") from e
 
 
+async def next_turn(generator, prompt_ids: list[int], pictures: TurnImages, max_tokens: int, sampling: dict):
+    """The model's turn after the environment's: one sample of the conversation as sent, with its images."""
+    turn = await generate(generator, prompt_ids, n=1, max_tokens=max_tokens, **pictures.generate_args(), **sampling)
+    return turn[0]
+
+
 def drop_reason(error: Exception) -> str:
     """The counted reason a multi-turn group is dropped for (RolloutStats.drops, drops/<reason>)."""
     from forge_rl.actors.generator import PromptTooLong
@@ -221,10 +228,13 @@ async def play(
     renderer: TurnRenderer,
     env_cfg: EnvConfig,
     max_tokens: int,
+    images=(),
     **sampling,
 ) -> Trajectory:
-    """Continue one trajectory from its first model turn until the environment is done or a limit is hit."""
-    ids: list[int] = []
+    """Continue one trajectory from its first model turn until the environment is done or a limit is hit.
+    `images`: the prompt's (forge_rl/loop/turn_images.py: those of the environment's steps join them)."""
+    ids: list[int] = []  # the response as the engine ran it (an environment's image placeholders expanded)
+    sent, pictures = [], TurnImages(images)  # the response as sent to the generator (placeholders unexpanded)
     logprobs: list[float] = []
     versions: list[int] = []
     from_env: list[bool] = []
@@ -237,6 +247,7 @@ async def play(
     while True:
         turns += 1
         ids += turn.response_ids.tolist()
+        sent += turn.response_ids.tolist()
         logprobs += turn.logprobs.tolist()
         versions += turn.policy_versions.tolist()
         from_env += [False] * len(turn.response_ids)
@@ -248,20 +259,23 @@ async def play(
         solved = solved or step.solved
         if step.done or turns >= env_cfg.max_turns or not step.messages:
             break
+        messages = pictures.messages(step, f"environment step {turns}")
         inserted = renderer.between(
-            step.messages, model_stopped=turn.finish_reason == "stop", reply=turn.text, earlier=history
+            messages, model_stopped=turn.finish_reason == "stop", reply=turn.text, earlier=history
         )
-        history += [{"role": "assistant", "content": turn.text}, *step.messages]
+        history += [{"role": "assistant", "content": turn.text}, *messages]
         room = env_cfg.max_total_tokens - len(ids) - len(inserted)
         if room < 1:  # no room for the environment's turn and a reply to it
             finish = "length"
             break
+        sent += inserted
+        turn = await next_turn(generator, prompt_ids + sent, pictures, min(max_tokens, room), sampling)
+        inserted = pictures.expanded(inserted, turn, len(first.prompt_ids) + len(ids))
         ids += inserted
         logprobs += [0.0] * len(inserted)
         versions += [versions[-1] if versions else 0] * len(inserted)
         from_env += [True] * len(inserted)
         kept.add_inserted(len(inserted))
-        turn = (await generate(generator, prompt_ids + ids, n=1, max_tokens=min(max_tokens, room), **sampling))[0]
     completion = Completion(
         prompt_ids=first.prompt_ids,
         response_ids=torch.tensor(ids, dtype=torch.long),
@@ -274,6 +288,7 @@ async def play(
         sampling=first.sampling,
         **kept.fields(),
         **routes.fields(),
+        images=tuple(pictures.images),
     )
     return Trajectory(completion, sum(step_rewards), solved, turns, tuple(step_rewards))
 
@@ -295,13 +310,17 @@ async def play_group(
     try:
         envs += [make_env() for _ in range(n)]
         posed = await asyncio.gather(*(env.reset(example) for env in envs))
-        prompt_ids = posed_prompt(posed, renderer, example) or prompt_ids
+        posed_ids = posed_prompt(posed, renderer, example)
+        prompt_ids = posed_ids or prompt_ids
+        images = () if posed_ids else tuple(getattr(example, "images", ()))  # a posed prompt has none
         budget = min(max_tokens, env_cfg.max_total_tokens)
-        first = await generate(generator, prompt_ids, n=n, max_tokens=budget, **sampling)
+        first = await generate(
+            generator, prompt_ids, n=n, max_tokens=budget, **TurnImages(images).generate_args(), **sampling
+        )
         return list(
             await asyncio.gather(
                 *(
-                    play(env, c, prompt_ids, generator, renderer, env_cfg, max_tokens, **sampling)
+                    play(env, c, prompt_ids, generator, renderer, env_cfg, max_tokens, images, **sampling)
                     for env, c in zip(envs, first)
                 )
             )

@@ -28,6 +28,15 @@ def rows():
     return list(itertools.islice(digit_sum.training_rows(seed=0), 3))
 
 
+@pytest.fixture(scope="module")
+def transformers_model():
+    """transformers' Idefics3 of tiny-vlm in fp32: the reference the engine's logprobs are checked against."""
+    import torch
+    from transformers import Idefics3ForConditionalGeneration
+
+    return Idefics3ForConditionalGeneration.from_pretrained(resolve_model_path("tiny-vlm"), dtype=torch.float32).eval()
+
+
 def prompt_of(processor, text: str, n_images: int) -> str:
     messages = with_images([{"role": "user", "content": text}], n_images, "test")
     return render_image_prompt(processor, messages, n_images, "test")
@@ -108,11 +117,10 @@ def test_placeholders_the_images_do_not_match_are_refused_and_the_engine_keeps_s
     assert svc.service_stats.retries == 0 and svc.healthy_replicas == 1
 
 
-def test_the_engines_logprobs_are_transformers_on_the_same_pixels(generator, processor, rows):
+def test_the_engines_logprobs_are_transformers_on_the_same_pixels(generator, processor, rows, transformers_model):
     """The reference a trainer must reproduce: transformers' Idefics3 on the processor's pixels and the engine's
     expanded prompt ids gives the engine's behaviour logprobs (fp32 on both sides)."""
     import torch
-    from transformers import Idefics3ForConditionalGeneration
 
     from forge_rl.data.images import load_image
 
@@ -121,7 +129,7 @@ def test_the_engines_logprobs_are_transformers_on_the_same_pixels(generator, pro
     group = generate(generator, prompt, images, n=4)
     encoded = processor(text=[prompt], images=[[load_image(i, "test") for i in images]], return_tensors="pt")
     assert encoded["input_ids"][0].tolist() == group[0].prompt_ids.tolist()  # the same expansion
-    model = Idefics3ForConditionalGeneration.from_pretrained(resolve_model_path("tiny-vlm"), dtype=torch.float32)
+    model = transformers_model
     gaps = []
     for c in group:
         ids = torch.cat([c.prompt_ids, c.response_ids])[None]
@@ -234,3 +242,62 @@ def test_the_agent_endpoint_takes_an_image_part(generator, processor, rows):
     assert choice.token_ids == direct.response_ids.tolist()
     assert [t.logprob for t in choice.logprobs.content] == pytest.approx(direct.logprobs.tolist(), abs=1e-5)
     assert response.usage.prompt_tokens == len(response.prompt_token_ids)  # the prompt as sent: one placeholder
+
+
+def test_a_multi_turn_environment_shows_an_image_and_the_trajectory_keeps_exact_tokens(
+    generator, processor, rows, transformers_model
+):
+    """An environment whose step shows an image (`EnvStep.images`): the model's next turn is sampled with the
+    row's image and the environment's; the trajectory holds the engine's ids (both images expanded, the
+    environment's masked) and both images, and transformers on those ids and pixels computes the behaviour logprobs
+    of every model token of both turns."""
+    import torch
+
+    from forge_rl.data.images import load_image
+    from forge_rl.data.task import TaskConfig, TaskRows, render
+    from forge_rl.deps.transformers import auto_tokenizer
+    from forge_rl.envs.base import EnvConfig, Environment, EnvStep
+    from forge_rl.loop.multiturn import TurnRenderer, play_group
+    from forge_rl.models.build_tiny_vlm import IMAGE_TOKEN_ID, IMAGE_TOKENS
+
+    class ShowsAnImage(Environment):
+        shown = False
+
+        async def step(self, reply):
+            if self.shown:
+                return EnvStep(reward=1.0, done=True, solved=True)
+            self.shown = True
+            return EnvStep(messages=[{"role": "user", "content": "And this one? <image>"}], images=[rows[2]["image"]])
+
+    loop, svc = generator
+    tokenizer = auto_tokenizer(resolve_model_path("tiny-vlm"))
+    task = TaskConfig(source="digit_sum").resolved()
+    example = TaskRows(task, seed=0).next()
+    example = dataclasses.replace(example, text=render(tokenizer, example, task))
+    prompt_ids = tokenizer(example.text, add_special_tokens=False)["input_ids"]
+    env_cfg = EnvConfig(max_turns=2, max_total_tokens=128)
+    played = play_group(
+        example, prompt_ids, svc, ShowsAnImage, TurnRenderer(tokenizer), env_cfg, 2, MAX_TOKENS, temperature=1.0
+    )
+    for trajectory in loop.run_until_complete(played):
+        c = trajectory.completion
+        assert trajectory.turns == 2 and c.images == (example.images[0], rows[2]["image"])
+        ids = torch.cat([c.prompt_ids, c.response_ids])
+        assert (ids == IMAGE_TOKEN_ID).sum() == 2 * IMAGE_TOKENS
+        assert c.env_mask[c.response_ids == IMAGE_TOKEN_ID].all()  # the environment's image: context, not actions
+        pixels = processor(
+            text=[prompt_of(processor, "<image><image>", 2)],
+            images=[[load_image(i, "test") for i in c.images]],
+            return_tensors="pt",
+        )
+        with torch.no_grad():
+            logits = transformers_model(
+                input_ids=ids[None],
+                attention_mask=torch.ones_like(ids[None]),
+                pixel_values=pixels["pixel_values"],
+                pixel_attention_mask=pixels["pixel_attention_mask"],
+            ).logits[0]
+        P = len(c.prompt_ids)
+        reference = torch.log_softmax(logits, dim=-1)[P - 1 : -1].gather(-1, c.response_ids[:, None])[:, 0]
+        model = ~c.env_mask
+        assert model.sum() >= 2 and (reference[model] - c.logprobs[model]).abs().max() < 1e-4  # both turns
