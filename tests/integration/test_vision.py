@@ -242,6 +242,17 @@ def test_the_agent_endpoint_takes_an_image_part(generator, processor, rows):
     assert choice.token_ids == direct.response_ids.tolist()
     assert [t.logprob for t in choice.logprobs.content] == pytest.approx(direct.logprobs.tolist(), abs=1e-5)
     assert response.usage.prompt_tokens == len(response.prompt_token_ids)  # the prompt as sent: one placeholder
+    # an episode's second call sends the conversation again, image included: it continues the first call's tokens
+    record = server.open_episode(None, trained=False)
+    # plain letters only: the random model's special tokens are not in the text a reply returns, so sent back they
+    # would not continue its tokens
+    body["allowed_token_ids"] = tokenizer.convert_tokens_to_ids(list("abcdefgh ")) + [tokenizer.eos_token_id]
+    first = loop.run_until_complete(server.chat_completion(record, body))
+    again = [*body["messages"], {"role": "assistant", "content": first.choices[0].message.content}]
+    again.append({"role": "user", "content": "Are you sure?"})
+    second = loop.run_until_complete(server.chat_completion(record, {**body, "messages": again}))
+    assert record.calls == 2 and record.splits == 0 and record.failure is None
+    assert second.prompt_token_ids[: len(first.prompt_token_ids)] == first.prompt_token_ids
 
 
 def test_a_multi_turn_environment_shows_an_image_and_the_trajectory_keeps_exact_tokens(
