@@ -15,4 +15,4 @@ for _ in $(seq 600); do
     kill -0 $SERVICE 2>/dev/null || { echo "make demo-tinker: the service did not start (its output is above)"; exit 1; }
     sleep 0.5
 done
-"$PY" examples/tinker/rl_addition.py --service-json "$OUT/service.json" --out outputs/tinker_demo "$@"
+"$PY" examples/tinker/rl_addition.py --service-json "$OUT/service.json" --out outputs/tinker_demo --pipelined "$@"

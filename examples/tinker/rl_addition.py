@@ -42,18 +42,28 @@ def reward(tokenizer, tokens: list[int], answer: str) -> float:
     return float(tokenizer.decode(tokens, skip_special_tokens=True).strip() == answer)
 
 
-def rollouts(sampler, tokenizer, batch, group_size: int, max_tokens: int):
-    """A group of sampled answers per problem: (prompt tokens, sequences, rewards) per problem."""
+def start_rollouts(sampler, tokenizer, batch, group_size: int, max_tokens: int):
+    """Send a group's sample request per problem at once (the service batches them); collect with `rollouts`."""
     params = types.SamplingParams(max_tokens=max_tokens, temperature=1.0)
     prompts = [prompt_tokens(tokenizer, q) for q, _ in batch]
     futures = [
         sampler.sample(types.ModelInput.from_ints(p), num_samples=group_size, sampling_params=params) for p in prompts
     ]
+    return batch, prompts, futures
+
+
+def collect(tokenizer, started):
+    """The answers of `start_rollouts`' requests: (prompt tokens, sequences, rewards) per problem."""
     groups = []
-    for (_, answer), prompt, future in zip(batch, prompts, futures):
+    for (_, answer), prompt, future in zip(*started):
         sequences = future.result().sequences
         groups.append((prompt, sequences, [reward(tokenizer, s.tokens, answer) for s in sequences]))
     return groups
+
+
+def rollouts(sampler, tokenizer, batch, group_size: int, max_tokens: int):
+    """A group of sampled answers per problem: (prompt tokens, sequences, rewards) per problem."""
+    return collect(tokenizer, start_rollouts(sampler, tokenizer, batch, group_size, max_tokens))
 
 
 def datums(groups) -> list[types.Datum]:
@@ -110,31 +120,66 @@ def plot(records: list[dict], out: Path) -> None:
     fig.savefig(out / "curves.png", dpi=100)
 
 
+class Phases:
+    """Seconds of each phase of a step, for the step's record."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def done(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = round(self.seconds.get(phase, 0.0) + now - self._last, 4)
+        self._last = now
+
+
+def train_on(training, tokenizer, groups, args, adam, record: dict, phases: Phases) -> None:
+    """The informative groups of a step's rollouts, trained on with importance_sampling, then one Adam step."""
+    record["reward"] = float(np.mean([r for _, _, rewards in groups for r in rewards]))
+    informative = [g for g in groups if max(g[2]) > min(g[2])][: args.batch]
+    record["groups_trained"] = len(informative)
+    data = datums(informative)
+    if data:
+        training.forward_backward(data, "importance_sampling").result()
+    phases.done("forward_backward")
+    training.optim_step(adam).result()
+    phases.done("optim_step")
+
+
 def train(args) -> list[dict]:
+    """The loop. Synchronous, as tinker-cookbook's default: each step samples with the weights it trains. With
+    --pipelined, as the cookbook's asynchronous form with one step off policy (and `make demo`'s max_policy_age 1):
+    the next step's answers are sampled with this step's weights while this step trains, and importance_sampling
+    corrects for the step between them."""
     service = tinker.ServiceClient(base_url=args.base_url, api_key=args.api_key)
     training = service.create_lora_training_client(base_model=args.base_model, rank=args.rank).result()
     tokenizer = training.get_tokenizer()
     held_out = problems(args.eval_size, seed=20261202)
-    # twice the batch is sampled each step and the groups whose answers all scored the same are left out (they carry
-    # no advantage), as tinker-cookbook's remove_constant_reward_groups does
-    stream = problems(2 * args.steps * args.batch, seed=args.seed, exclude=frozenset(q for q, _ in held_out))
+    # more problems than the batch are sampled each step (--sample-factor) and the groups whose answers all scored the
+    # same are left out (they carry no advantage), as tinker-cookbook's remove_constant_reward_groups does
+    per_step = round(args.sample_factor * args.batch)
+    stream = problems(per_step * args.steps, seed=args.seed, exclude=frozenset(q for q, _ in held_out))
+    batches = [stream[step * per_step : (step + 1) * per_step] for step in range(args.steps)]
     adam = types.AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.999, eps=1e-8, grad_clip_norm=1.0)
-    records, started = [], time.perf_counter()
+    records, started, pending = [], time.perf_counter(), None
     for step in range(args.steps + 1):
+        phases = Phases()
+        groups = collect(tokenizer, pending) if pending else None  # sampled with the previous step's weights
+        phases.done("wait_for_samples")
         sampler = training.save_weights_and_get_sampling_client().result()
+        phases.done("save_for_sampler")
         record = {"step": step, "time_s": time.perf_counter() - started}
-        if step % args.eval_every == 0 or step == args.steps:
+        if held_out and (step % args.eval_every == 0 or step == args.steps):
             record["held_out"] = evaluate(sampler, tokenizer, held_out, args.max_tokens)
+            phases.done("evaluate")
         if step < args.steps:
-            problems_now = stream[2 * step * args.batch : 2 * (step + 1) * args.batch]
-            groups = rollouts(sampler, tokenizer, problems_now, args.group, args.max_tokens)
-            record["reward"] = float(np.mean([r for _, _, rewards in groups for r in rewards]))
-            informative = [g for g in groups if max(g[2]) > min(g[2])][: args.batch]
-            record["groups_trained"] = len(informative)
-            data = datums(informative)
-            if data:
-                training.forward_backward(data, "importance_sampling").result()
-            training.optim_step(adam).result()
+            following = batches[step + 1] if args.pipelined and step + 1 < args.steps else None
+            if groups is None:  # synchronous, or the first step
+                groups = rollouts(sampler, tokenizer, batches[step], args.group, args.max_tokens)
+                phases.done("sample")
+            pending = following and start_rollouts(sampler, tokenizer, following, args.group, args.max_tokens)
+            train_on(training, tokenizer, groups, args, adam, record, phases)
+        record["phases"] = phases.seconds
         records.append(record)
         print(json.dumps(record), flush=True)
     service.close("success").result()  # frees the service's trainer for this client
@@ -156,6 +201,13 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--eval-size", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sample-factor", type=float, default=1.5, help="problems sampled per step, in batches")
+    parser.add_argument(
+        "--pipelined",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="sample the next step while this one trains",
+    )
     parser.add_argument("--out", default="outputs/tinker_demo")
     args = parser.parse_args()
     if args.service_json:
