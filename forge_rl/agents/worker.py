@@ -23,6 +23,7 @@ from forge_rl.agents.config import AgentConfig
 from forge_rl.agents.entry import AgentReward, EpisodeFailed
 from forge_rl.agents.factory import agent_entry
 from forge_rl.runtime import ForgeActor
+from forge_rl.runtime.reaper import reap_descendants_on_exit
 
 
 class Outcome(NamedTuple):
@@ -42,11 +43,14 @@ class AgentWorker(ForgeActor):
 
     def __init__(self, agent: AgentConfig, model: str, run_key: str | None = None, log_dir: str | None = None):
         self.agent, self.model, self.run_key, self.log_dir = agent, model, run_key, log_dir
-        self.entry = None
+        self.entry = self._reaper = None
         self.running: dict[str, asyncio.Task] = {}
 
     @endpoint
     async def setup(self) -> None:
+        # what the agent starts (agent.command's programs, in sessions of their own) is stopped when this process
+        # dies, however it dies: a SIGKILLed worker leaves nothing running
+        self._reaper = reap_descendants_on_exit()
         self.entry = agent_entry(self.agent, self.model, self.log_dir)
         # an agent whose episodes share one client of the root URL (verifiers') calls it with the run's key
         if self.run_key is not None and (use_run_key := getattr(self.entry.fn, "use_run_key", None)) is not None:
@@ -89,3 +93,6 @@ class AgentWorker(ForgeActor):
         """The agent's own resources: its connection pool, its threads, verifiers' serving."""
         if self.entry is not None:
             await self.entry.close()
+        if self._reaper is not None:  # nothing left to watch
+            self._reaper.terminate()
+            self._reaper.wait()

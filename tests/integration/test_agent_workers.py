@@ -1,18 +1,21 @@
 """Agent episodes played by agent-worker processes (forge_rl/agents/worker.py, workers.py), off the controller: one
-synchronous GRPO run on tiny-warm whose agent (`scripted` below) is played by two workers, shared by every test
-here. Its step trains on episodes none of which ran in the controller; a failure in a worker comes back as its one
-line; a worker SIGKILLed in the middle of its episodes is named in one line and replaced, its group dropped and
-counted (never trained on half-recorded), and the next group trains."""
+synchronous GRPO run on tiny-warm whose agent is a program (agent.command, `PROGRAM` below: plain HTTP, one call)
+played by two workers, shared by every test here. Its step trains on episodes none of which ran in the
+controller; a program's failure in a worker comes back as its one line; a worker SIGKILLed in the middle of its
+episodes is named in one line and replaced, its group dropped and counted (never trained on half-recorded), the
+programs it ran stopped, and the next group trains."""
 
 import asyncio
 import dataclasses
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from forge_rl.agents.command import LOG_NAME
 from forge_rl.agents.workers import LOST, AgentWorkers
 from forge_rl.config import load_config
 from forge_rl.loop.rollout import DropLog, RolloutStats
@@ -20,29 +23,36 @@ from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.rl_run import RLRun
 from tests.conftest import REPO
 
-HERE = "tests.integration.test_agent_workers"
-
-
-async def scripted(example, client) -> float:
-    """One call, then what the row's `script` column asks: sleep that long, or raise."""
-    await client.chat.completions.create(model="tiny-warm", messages=example.messages)
-    script = example.columns.get("script", 0)
-    if script == "raise":
-        raise ValueError("the agent's own bug, in its worker")
-    await asyncio.sleep(float(script))
-    return float(os.getpid() != example.columns.get("controller", 0))  # 1.0: not played in the controller
+# the run's agent: one chat call, then what the row's `script` column asks (sleep that long, or exit 3); its reward
+# says whether its parent, the process that ran it, is not the controller
+PROGRAM = """import json, os, sys, time, urllib.request
+row = json.load(sys.stdin)
+request = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions',
+    data=json.dumps({'model': 'm', 'messages': row['messages']}).encode(),
+    headers={'Content-Type': 'application/json', 'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})
+json.load(urllib.request.urlopen(request))
+script = row['columns'].get('script', 0)
+if script == 'exit':
+    print('no sandbox here', file=sys.stderr)
+    sys.exit(3)
+time.sleep(float(script))
+print(json.dumps(float(os.getppid() != row['columns'].get('controller', 0))))
+"""
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """The shared run: started with two agent workers, one synchronous step taken. Yields (loop, run, line)."""
+    """The shared run: started with two agent workers, one synchronous step taken. Yields (loop, run, line,
+    the program's path)."""
     out = tmp_path_factory.mktemp("agent_workers")
+    program = out / "agent_program.py"
+    program.write_text(PROGRAM)
     cfg = load_config(
         GRPOConfig,
         REPO / "configs/grpo/tiny.yaml",
         [
             f"output_dir={out}",
-            f"agent.entry={HERE}:scripted",
+            f"agent.command=[{sys.executable}, {program}]",
             "agent.workers=2",
             "agent.episodes_per_worker=4",
             "batch_groups=2",
@@ -64,7 +74,7 @@ def run(tmp_path_factory):
     loop.run_until_complete(grpo.start())
     try:
         line = loop.run_until_complete(grpo.rl_step())
-        yield loop, grpo, line
+        yield loop, grpo, line, program
     finally:
         pids = [slot.pid for slot in grpo.agents.entry.slots] if grpo.agents else []
         loop.run_until_complete(grpo.stop())
@@ -72,9 +82,9 @@ def run(tmp_path_factory):
         assert not _alive(pids)  # the workers stop with the run
 
 
-def _alive(pids: list[int]) -> list[int]:
-    """Those of `pids` still running (not zombies) after a moment to end."""
-    for _ in range(50):
+def _alive(pids: list[int], wait_s: float = 10) -> list[int]:
+    """Those of `pids` still running (not zombies) after `wait_s` seconds at most to end."""
+    for _ in range(int(wait_s * 10)):
         left = [p for p in pids if _running(p)]
         if not left:
             return []
@@ -89,20 +99,33 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_the_steps_train_on_episodes_played_by_the_workers(run):
-    _, grpo, line = run
+def _programs(program: Path) -> list[int]:
+    """The pids of the agent programs running now."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and str(program).encode() in (p / "cmdline").read_bytes():
+                found.append(int(p.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_the_step_trains_on_episodes_played_by_the_workers(run):
+    _, grpo, line, _ = run
     workers = grpo.agents.entry
     assert isinstance(workers, AgentWorkers) and len(workers.slots) == 2
     pids = {slot.pid for slot in workers.slots}
     assert os.getpid() not in pids and len(pids) == 2 and all(_running(p) for p in pids)
     assert set(workers.played) <= pids and sum(workers.played.values()) >= 4  # batch_groups x group_size
-    assert line["reward/agent_calls"] >= 1 and not grpo.agents.server.episodes
+    assert line["reward/agent_calls"] >= 1 and line["reward/mean"] == 1.0  # no program's parent is the controller
+    assert not grpo.agents.server.episodes
 
 
-def _group(run, workers: AgentWorkers, script, kill=None):
-    """A group of 2 episodes of the dataset's next example, its row's `script` set, played by `workers` in place
-    of the run's; `kill(workers)` called once both episodes have made their call. (Group or None, stats, lines)."""
-    loop, grpo, _ = run
+def _group(run, script, kill=None):
+    """A group of 2 episodes of the dataset's next example, its row's `script` set; `kill(workers)` called once
+    both episodes have made their call. (Group or None, stats, lines)."""
+    loop, grpo, _, _ = run
     runner = grpo.agents
     example = loop.run_until_complete(grpo.roles.dataset.next.call_one())
     example = dataclasses.replace(example, columns={**example.columns, "script": script, "controller": os.getpid()})
@@ -114,39 +137,36 @@ def _group(run, workers: AgentWorkers, script, kill=None):
         while kill is not None and sum(r.calls for r in runner.server.episodes.values()) < 2:
             await asyncio.sleep(0.05)
         if kill is not None:
-            kill(workers)
+            await asyncio.sleep(1.0)  # the worker's reaper has seen its programs (it looks every 0.5 s)
+            kill(runner.entry)
         return await task
 
-    kept, runner.entry = runner.entry, workers
-    try:
-        return loop.run_until_complete(play()), stats, lines
-    finally:
-        runner.entry = kept
+    return loop.run_until_complete(play()), stats, lines
 
 
-def test_an_agents_failure_in_its_worker_is_one_line(run):
-    workers = run[1].agents.entry
-    group, stats, lines = _group(run, workers, "raise")
+def test_a_programs_failure_in_its_worker_is_one_line(run):
+    group, stats, lines = _group(run, "exit")
     assert group is None and stats.drops["agent_error"] == 2
-    assert len(lines) == 1 and "raised ValueError: the agent's own bug, in its worker" in lines[0], lines
-    group, stats, lines = _group(run, workers, 0)
-    assert group is not None and [e.reward for e in group.episodes] == [1.0, 1.0] and not lines
+    assert len(lines) == 1 and "status 3; its last stderr line: no sandbox here" in lines[0], lines
+    assert "no sandbox here" in (Path(run[1].log_dir) / LOG_NAME).read_text()  # its stderr in the run's logs
 
 
 def test_a_killed_worker_is_named_replaced_and_its_group_dropped(run):
-    loop, grpo, _ = run
+    loop, grpo, _, program = run
     workers, said = grpo.agents.entry, []
     workers.write = said.append
     killed = workers.slots[0].pid
-    group, stats, lines = _group(run, workers, 30, kill=lambda w: os.kill(killed, signal.SIGKILL))
+    group, stats, lines = _group(run, 60, kill=lambda w: os.kill(killed, signal.SIGKILL))
     assert group is None and stats.drops[LOST] == 2 and workers.lost == 1  # half-recorded: never trained on
     assert len(lines) == 1 and f"({LOST})" in lines[0], lines
     assert len(said) == 1 and f"agent worker 0 (pid {killed}) died" in said[0] and "\n" not in said[0], said
     assert not grpo.agents.server.episodes and not _alive([killed])
+    left = _alive(_programs(program), wait_s=30)  # the killed worker's program, and the other's, cancelled
+    assert not left, [Path(f"/proc/{p}/status").read_text().splitlines()[:8] for p in left]
     deadline = time.monotonic() + 120
     while not workers.slots[0].healthy and time.monotonic() < deadline:
         loop.run_until_complete(asyncio.sleep(0.2))
     assert workers.slots[0].healthy and workers.slots[0].pid not in (killed, 0)
     played = workers.played[workers.slots[0].pid]
-    group, stats, lines = _group(run, workers, 0)  # the new worker plays its part of the next group
+    group, stats, lines = _group(run, 0)  # the new worker plays its part of the next group
     assert group is not None and not lines and workers.played[workers.slots[0].pid] == played + 1
