@@ -5,6 +5,8 @@ the generator's settings. Torch-free, so a config is checked before any actor st
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge_rl.runtime.placement import ResourcesConfig
+
 
 @dataclass
 class TinkerConfig:
@@ -28,6 +30,9 @@ class TinkerConfig:
     trainer_dtype: str = "float32"
     max_grad_norm: float = 0.0  # the server's clip when the client's grad_clip_norm is 0; 0: none
     seed: int = 0
+    # cores of the generator and of the trainers on a CPU machine, as forge_rl's runs place them (auto: apart when
+    # the machine has a core for each; forge_rl/runtime/placement.py); the trainers of all clients share theirs
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     # vLLM engine arguments of the generator (max_model_len follows max_sequence_tokens unless set)
     engine_args: dict[str, Any] = field(default_factory=dict)
     output_dir: str = "outputs/tinker"  # checkpoints (save_state) and the service's logs

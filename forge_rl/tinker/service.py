@@ -90,9 +90,10 @@ class TinkerService:
         self._info_file().unlink(missing_ok=True)  # a script must never find the key and port of a stopped run
         try:
             await self._stack.enter_async_context(provisioned(log_dir=Path(self.cfg.output_dir) / "logs"))
-            self.generator = await self._start_generator()
+            generator_cores, trainer_cores = cpu_options(self.cfg)
+            self.generator = await self._start_generator(generator_cores)
             vocab = json.loads((Path(self.model_dir) / "config.json").read_text())["vocab_size"]
-            self.training = Training(self.cfg, self.model_dir, vocab)
+            self.training = Training(self.cfg, self.model_dir, vocab, trainer_cores)
             self.sampling = Sampling(self.cfg, self.training, self.generator)
             self.states = States(self.training)
             self.sessions = Sessions(self.training)
@@ -102,7 +103,7 @@ class TinkerService:
             raise
         return self
 
-    async def _start_generator(self):
+    async def _start_generator(self, cores: dict):
         from forge_rl.actors.generator import Generator
         from forge_rl.models.lora_config import LoRAConfig
 
@@ -112,7 +113,7 @@ class TinkerService:
             clients = self.cfg.max_training_clients
             engine_args.update(max_loras=clients, max_cpu_loras=2 * clients)
         engine_args.update(self.cfg.engine_args)
-        return await Generator.options(replicas=1).as_service(
+        return await Generator.options(replicas=1, **cores).as_service(
             self.model_dir, engine_args=engine_args, seed=self.cfg.seed, lora=lora
         )
 
@@ -168,6 +169,24 @@ class TinkerService:
 
     async def __aexit__(self, *exc) -> None:
         await self.stop()
+
+
+def cpu_options(cfg: TinkerConfig) -> tuple[dict, dict]:
+    """The generator's and every trainer's cores on a CPU machine (actor options), as forge_rl's runs place them
+    (forge_rl/runtime/placement.py, `resources` of the config): apart when the machine has a core for each, so a
+    loop that samples while it trains does not have vLLM's and torch's threads fight over the same cores. Trainers
+    of several clients share the trainer's cores. Nothing is pinned on GPUs, or where the roles must share cores."""
+    from forge_rl.runtime.placement import plan_placement
+    from forge_rl.runtime.provisioner import visible_gpus
+
+    if visible_gpus():
+        return {}, {}
+    placement = plan_placement(cfg.resources, cfg.trainer_procs, 1, 0)
+    if placement.colocated:
+        return {}, {}
+    generator = dict(cpus=tuple(tuple(c) for c in placement.generator_cpus))
+    trainer = dict(cpus=tuple(tuple(c) for c in placement.trainer_cpus), threads=placement.trainer_threads)
+    return generator, trainer
 
 
 def _server_without_signals(config):

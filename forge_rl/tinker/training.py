@@ -41,8 +41,9 @@ def trainer_config(cfg: TinkerConfig, model_dir: str, checkpoint_dir: str, seed:
 
 
 class Training:
-    def __init__(self, cfg: TinkerConfig, model_dir: str, vocab_size: int):
+    def __init__(self, cfg: TinkerConfig, model_dir: str, vocab_size: int, cores: dict | None = None):
         self.cfg, self.model_dir, self.vocab_size = cfg, model_dir, vocab_size
+        self.cores = cores or {}  # every trainer's cores and threads (actor options; forge_rl/tinker/service.py)
         self.models: dict[str, TrainingModel] = {}
         self._ids = itertools.count(1)
 
@@ -71,7 +72,7 @@ class Training:
             raise Refused(f"a training client {model_id!r} exists already: create a new one from a new session")
         name = f"trainer-{next(self._ids)}"  # its procs and checkpoints: the client's id holds ':'
         tcfg = trainer_config(self.cfg, self.model_dir, f"{self.cfg.output_dir}/{name}", seed or self.cfg.seed)
-        options = dict(procs=self.cfg.trainer_procs, spmd=True, mesh_name=name)
+        options = dict(procs=self.cfg.trainer_procs, spmd=True, mesh_name=name, **self.cores)
         trainer = await TinkerTrainer.options(**options).as_actor(tcfg)
         self.models[model_id] = TrainingModel(model_id, owner, trainer)
         return {"model_id": model_id, "type": "create_model"}
