@@ -281,7 +281,7 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         engine's expanded prompt ids are added (as "prompt_ids")."""
         from vllm.inputs import TokensPrompt
 
-        prompt = TokensPrompt(prompt_token_ids=prompt_ids)
+        prompt, started = TokensPrompt(prompt_token_ids=prompt_ids), set()
         if images is not None:
             prompt["multi_modal_data"] = {"image": images["image"]}
         try:
@@ -290,6 +290,9 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
                     if images is not None and "prompt_ids" not in images and out.prompt_token_ids:
                         images["prompt_ids"] = list(out.prompt_token_ids)
                     for c in out.outputs:
+                        if c.index not in started:  # its first output: the prefix cache's share of its prompt
+                            started.add(c.index)
+                            self._count_prompt(len(out.prompt_token_ids or prompt_ids), out.num_cached_tokens)
                         children[c.index].extend(c)
                         if c.finish_reason is not None:
                             self._sequence_done()

@@ -1,6 +1,6 @@
-"""What a Generator counts and reports (its `stats` endpoint): tokens generated, the time it generated, how full its
-engine's batches were, its weight updates' costs, and the bytes of what it records per token. A mixin of Generator
-(forge_rl/actors/generator.py).
+"""What a Generator counts and reports (its `stats` endpoint): tokens generated, prompt tokens and those the engine's
+prefix cache held, the time it generated, how full its engine's batches were, its weight updates' costs, and the
+bytes of what it records per token. A mixin of Generator (forge_rl/actors/generator.py).
 
 Time is accounted at every change of state (`_tick`): a request entering or leaving the engine, a sequence finishing,
 a hold or a release. The generator is busy while requests are in the engine and it is not held; held time with
@@ -19,6 +19,9 @@ class GeneratorStats:
         self._kept_bytes = self._kept_tokens = 0  # recorded kept sets, and the response tokens they are of
         self._routes_bytes = self._routes_positions = 0  # recorded routes, and the positions they are of
         self._generated_tokens = 0
+        # prompt tokens of every sequence started (a group of G counts its prompt G times), and of those the ones
+        # the engine's prefix cache held (the full blocks of a prompt run before, its images in the blocks' keys)
+        self._prompt_tokens = self._prompt_tokens_cached = 0
         self._busy_s = 0.0  # wall time with at least one request in the engine, not held for another role
         self._active = 0
         self._max_active = 0  # most requests in the engine at once (shows that calls overlap)
@@ -32,6 +35,8 @@ class GeneratorStats:
         self._tick()
         return dict(
             generated_tokens=self._generated_tokens,
+            prompt_tokens=self._prompt_tokens,
+            prompt_tokens_cached=self._prompt_tokens_cached,
             busy_s=self._busy_s,  # requests in the engine and not held: the time it generated
             held_s=self._held_s,  # paused for another role (colocated)
             max_concurrent_requests=self._max_active,
@@ -65,6 +70,11 @@ class GeneratorStats:
         if child.cap is not None and not child.over_cap:
             self._kept_bytes += 4 * (len(child.kept_ids) + len(child.kept_offsets))
             self._kept_tokens += len(child.ids)
+
+    def _count_prompt(self, prompt_len: int, cached: int | None) -> None:
+        """A sequence's prompt, as the engine started it: its length and the tokens its prefix cache held."""
+        self._prompt_tokens += prompt_len
+        self._prompt_tokens_cached += cached or 0
 
     def _count_routes(self, routes) -> None:
         """Keep Routing: the bytes of a completion's recorded experts, and the positions they are of."""

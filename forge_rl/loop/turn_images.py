@@ -7,7 +7,8 @@ appends as the environment's tokens; the next model turn is generated with every
 in order. The engine expands each placeholder to its image's tokens, and the trajectory keeps the engine's ids (the
 expanded environment tokens, masked like the rest of the environment's turn), so `prompt_ids + response_ids` is what
 the engine ran, and the Completion's `images` are its image tokens' pixels, in order. A text-only model given an
-environment's images is refused by the generator in one line (the group is dropped as a generation error).
+environment's images is refused by the generator in one line (the group is dropped as a generation error), and so
+is a next turn after a model turn that sampled the image token itself (more placeholders than images).
 
 An image counts as its placeholder's tokens in `env.max_total_tokens` (the expansion is known once the engine has
 run the turn).
