@@ -113,7 +113,7 @@ class AgentRunner:
         except EpisodeFailed as e:
             self._failed(example.id, e, group_size, stats)
             return None
-        except SupervisionError:
+        except (SupervisionError, RunStopped):  # a dead role, or no agent worker left: the run's, not the group's
             raise
         except Exception as e:  # a reward function failed on the last replies: as for any task's group
             failure = getattr(e, "exception", e)
