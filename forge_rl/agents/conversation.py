@@ -4,7 +4,7 @@ An agent sends its whole conversation on every call. When its messages repeat an
 messages, then the reply it got), the engine's recorded tokens stand for that part; only what comes after the reply
 is rendered by the tokenizer's chat template and tokenised: the end of the model's turn, the new messages (tool
 results, user turns) and the opening of the model's next turn. The conversation is rendered whole with each model
-turn as a placeholder, and the text after the latest one is the continuation (forge_rl/loop/multiturn.py's
+turn as a placeholder, and the text after the latest one is the continuation (forge_rl/loop/turn_renderer.py's
 TurnRenderer does the same for an environment's turns).
 
 That is only token for token when the template renders every model turn as the model wrote it once more messages

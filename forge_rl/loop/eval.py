@@ -21,7 +21,8 @@ from forge_rl.actors.reward import RewardRoleDied
 from forge_rl.agents.evaluation import evaluate_agent
 from forge_rl.envs import env_factory
 from forge_rl.envs.environment import EVAL_TRAJECTORIES
-from forge_rl.loop.multiturn import Trajectory, TurnRenderer, drop_reason, play_group, trajectory_scores
+from forge_rl.loop.multiturn import Trajectory, drop_reason, play_group, trajectory_scores
+from forge_rl.loop.turn_renderer import TurnRenderer
 from forge_rl.deps.monarch import SupervisionError
 
 RETRY_PROBE = 8  # examples a failed eval reward is retried on alone before the rest are tried too

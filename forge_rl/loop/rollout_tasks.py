@@ -9,7 +9,8 @@ from collections.abc import Awaitable, Callable
 from forge_rl.agents.rollout import rollout_agent_from_dataset
 from forge_rl.envs import env_factory
 from forge_rl.loop.lengths import LengthDraws
-from forge_rl.loop.multiturn import TurnRenderer, rollout_env_from_dataset
+from forge_rl.loop.multiturn import rollout_env_from_dataset
+from forge_rl.loop.turn_renderer import TurnRenderer
 from forge_rl.loop.rollout import rollout_from_dataset, rollout_loop
 from forge_rl.loop.train_loop import RunState, raise_if_failed
 from forge_rl.observability.timeline import Timeline, rollout_lane

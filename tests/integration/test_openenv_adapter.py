@@ -16,7 +16,8 @@ from forge_rl.envs import EnvConfig, env_factory
 from forge_rl.envs.openenv import example_seed
 from forge_rl.envs.openenv_config import EXTRA_MISSING, OpenEnvConfig
 from forge_rl.errors import ConfigError
-from forge_rl.loop.multiturn import EnvFailing, TurnRenderer, evaluate_env, rollout_env_group
+from forge_rl.loop.multiturn import EnvFailing, evaluate_env, rollout_env_group
+from forge_rl.loop.turn_renderer import TurnRenderer
 from forge_rl.loop.rollout import FAIL_FAST_GROUPS, RolloutStats
 from forge_rl.models import TINY_MODEL_DIR
 from forge_rl.types import Completion

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from forge_rl.envs.tools import ToolEnv
-from forge_rl.loop.multiturn import TurnRenderer
+from forge_rl.loop.turn_renderer import TurnRenderer
 from tests.support.qwen3_fixture import FIXTURE, IM_END, qwen3_model_dir, qwen3_tokenizer  # noqa: F401 (a fixture)
 
 THINK = "<think>\n\n</think>\n\n"

@@ -293,7 +293,8 @@ def test_a_multi_turn_environment_shows_an_image_and_the_trajectory_keeps_exact_
     from forge_rl.data.task import TaskConfig, TaskRows, render
     from forge_rl.deps.transformers import auto_tokenizer
     from forge_rl.envs.base import EnvConfig, Environment, EnvStep
-    from forge_rl.loop.multiturn import TurnRenderer, play_group
+    from forge_rl.loop.multiturn import play_group
+    from forge_rl.loop.turn_renderer import TurnRenderer
     from forge_rl.models.build_tiny_vlm import IMAGE_TOKEN_ID, IMAGE_TOKENS
 
     class ShowsAnImage(Environment):

@@ -14,7 +14,7 @@ from forge_rl.data.task import TaskExample
 from forge_rl.envs.base import EnvConfig
 from forge_rl.envs.environment import EnvError, Environment
 from forge_rl.loop.eval import EvalFailures, evaluate_env_summarised, evaluate_held_out
-from forge_rl.loop.multiturn import TurnRenderer
+from forge_rl.loop.turn_renderer import TurnRenderer
 from forge_rl.models import model_path
 
 N = 50

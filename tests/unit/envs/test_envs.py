@@ -12,7 +12,8 @@ from forge_rl.data.task import TaskExample
 from forge_rl.envs import EnvConfig, env_factory
 from forge_rl.envs.tools import ToolEnv, calculator
 from forge_rl.models import TINY_MODEL_DIR
-from forge_rl.loop.multiturn import TurnRenderer, rollout_env_group
+from forge_rl.loop.multiturn import rollout_env_group
+from forge_rl.loop.turn_renderer import TurnRenderer
 from forge_rl.loop.rollout import RolloutStats
 from forge_rl.rewards.workers import RewardTimeout
 from forge_rl.types import Completion, Episode, TrainBatch

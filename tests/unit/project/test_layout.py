@@ -1,6 +1,7 @@
 """The layout rules of CONTRIBUTING.md and docs/design.md, checked: dependencies point one way (docs/design.md,
 "Dependencies") and no module imports itself through others, nothing imports `apps`, the apps only read the
-command line, and no function in forge_rl/ or apps/ runs over ~60 lines."""
+command line, no function in forge_rl/ or apps/ runs over ~60 lines, and no forge_rl module over 500 (past that a
+file usually holds two ideas)."""
 
 import ast
 from pathlib import Path
@@ -9,6 +10,7 @@ from tests.conftest import REPO
 
 MAX_FUNCTION_LINES = 60
 MAX_APP_LINES = 60
+MAX_MODULE_LINES = 500
 
 # docs/design.md, "Dependencies": top to bottom; a package imports its own layer and the layers below it, and
 # the bottom layer imports nothing of forge_rl.
@@ -223,6 +225,11 @@ def test_benchmarks_and_apps_leave_the_import_path_alone():
 def test_apps_are_thin():
     sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in _python_files("apps")}
     assert {p: n for p, n in sizes.items() if n > MAX_APP_LINES} == {}
+
+
+def test_no_module_holds_two_ideas_by_its_length():
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in _python_files("forge_rl")}
+    assert {p: n for p, n in sizes.items() if n > MAX_MODULE_LINES} == {}
 
 
 def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
