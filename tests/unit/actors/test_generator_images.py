@@ -16,9 +16,13 @@ def png() -> bytes:
     return buffer.getvalue()
 
 
-def test_one_image_per_placeholder_becomes_vllms_multimodal_input():
-    inputs = image_inputs([1, IMAGE_TOKEN, 5, IMAGE_TOKEN, 2], [png(), Image.new("L", (4, 4))], IMAGE_TOKEN, "m")
-    assert [image.mode for image in inputs["image"]] == ["RGB", "RGB"] and set(inputs) == {"image"}
+def test_one_image_per_placeholder_becomes_vllms_multimodal_input_and_is_recorded_as_bytes():
+    given = png()
+    inputs = image_inputs([1, IMAGE_TOKEN, 5, IMAGE_TOKEN, 2], [given, Image.new("L", (4, 4))], IMAGE_TOKEN, "m")
+    assert [image.mode for image in inputs["image"]] == ["RGB", "RGB"] and set(inputs) == {"image", "recorded"}
+    first, second = inputs["recorded"]
+    assert first == given  # image bytes are recorded as given
+    assert Image.open(io.BytesIO(second)).format == "PNG"  # a PIL image is encoded once
 
 
 @pytest.mark.parametrize(
