@@ -29,6 +29,7 @@ from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.rl_run import RLRun
 from forge_rl.types import Completion
 from tests.conftest import REPO
+from tests.support.agent_runs import SMALL_SYNC_RUN
 
 HERE = "tests.integration.test_agent_endpoint"
 SEEN: list[dict] = []  # what two_turns' calls got back: prompt ids and sampled ids of each call
@@ -103,18 +104,8 @@ def run(tmp_path_factory):
             f"output_dir={out}",
             f"agent.entry={HERE}:two_turns",
             "agent.workers=0",  # two_turns in this process, which reads what it saw (agent workers: test_agent_workers)
-            "batch_groups=2",
-            "group_size=2",
-            "rollout_tasks=2",
-            "eval_size=4",
-            "eval_every=0",
-            "buffer.capacity=4",
-            "buffer.drop_zero_advantage=false",
-            "generator.sampling.max_tokens=6",
-            "async_mode=false",
-            "max_policy_age=0",
             "steps=2",
-            "export_dir=null",
+            *SMALL_SYNC_RUN,
         ],
     )
     loop = asyncio.new_event_loop()

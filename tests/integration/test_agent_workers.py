@@ -22,6 +22,7 @@ from forge_rl.loop.rollout import DropLog, RolloutStats
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.rl_run import RLRun
 from tests.conftest import REPO
+from tests.support.agent_runs import SMALL_SYNC_RUN
 
 # the run's agent: one chat call, then what the row's `script` column asks (sleep that long, or exit 3); its reward
 # says whether its parent, the process that ran it, is not the controller
@@ -55,18 +56,8 @@ def run(tmp_path_factory):
             f"agent.command=[{sys.executable}, {program}]",
             "agent.workers=2",
             "agent.episodes_per_worker=4",
-            "batch_groups=2",
-            "group_size=2",
-            "rollout_tasks=2",
-            "eval_size=4",
-            "eval_every=0",
-            "buffer.capacity=4",
-            "buffer.drop_zero_advantage=false",
-            "generator.sampling.max_tokens=6",
-            "async_mode=false",
-            "max_policy_age=0",
             "steps=1",
-            "export_dir=null",
+            *SMALL_SYNC_RUN,
         ],
     )
     loop = asyncio.new_event_loop()

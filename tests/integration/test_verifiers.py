@@ -14,6 +14,7 @@ from forge_rl.config import load_config
 from forge_rl.recipes.grpo_config import GRPOConfig
 from forge_rl.recipes.rl_run import RLRun
 from tests.conftest import REPO
+from tests.support.agent_runs import SMALL_SYNC_RUN
 
 
 @pytest.fixture(scope="module")
@@ -29,18 +30,8 @@ def run(tmp_path_factory):
             "agent.verifiers.args.size=64",
             "agent.verifiers.held_out_args.split=test",
             "agent.verifiers.held_out_args.size=4",
-            "batch_groups=2",
-            "group_size=2",
-            "rollout_tasks=2",
-            "eval_size=4",
-            "eval_every=0",
-            "buffer.capacity=4",
-            "buffer.drop_zero_advantage=false",
-            "generator.sampling.max_tokens=6",
-            "async_mode=false",
-            "max_policy_age=0",
             "steps=2",
-            "export_dir=null",
+            *SMALL_SYNC_RUN,
         ],
     )
     loop = asyncio.new_event_loop()
