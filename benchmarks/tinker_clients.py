@@ -7,7 +7,7 @@ One service on the tiny model with LoRA (configs/tinker/tiny.yaml). A step is an
 examples/tinker/rl_addition.py at a small size: save the weights for sampling, sample a group of answers per
 problem, forward_backward with importance_sampling on the groups that scored differently, one Adam step. First one
 client alone, then `--clients` clients at once, each a thread with its own ServiceClient (as separate users' scripts
-would be). Sampling clients share the service's one generator; each training client is a trainer of its own.
+would be). Sampling clients share the service's one generator, training clients its one trainer (LoRA).
 """
 
 import argparse

@@ -22,7 +22,7 @@ class TinkerConfig:
     # LoRA rank of every training client's adapters (the client's rank must equal it); 0: full fine-tuning
     lora_rank: int = 8
     lora_alpha: float = 16.0
-    max_training_clients: int = 4  # each is a trainer of its own on the base model
+    max_training_clients: int = 4  # under LoRA all share one trainer; with every weight trained each has its own
     max_batch_datums: int = 256  # datums in one forward_backward
     max_sequence_tokens: int = 256  # tokens of one datum, and a sample's prompt plus max_tokens
     max_samples: int = 64  # num_samples of one sample call

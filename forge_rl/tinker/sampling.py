@@ -62,6 +62,7 @@ class Sampling:
         model = self.training.model(owner, model_id)
         async with model.lock, self._publishing:
             version = next(self._versions)
+            await model.use()
             await model.trainer.push_weights.call(version)
             if self.cfg.lora_rank:  # every open training client's newest adapter stays, this one's older ones go
                 open_ids = set(self.training.models)
@@ -152,6 +153,7 @@ class Sampling:
                 if len(prompt) > 1
                 else None
             )
+            await model.use()
             results = await model.trainer.forward_backward.call([row] if row else [], "cross_entropy", {}, True)
         logprobs = next((lp for index, lps, _ in results.values() for lp in lps), np.zeros(0, np.float32))
         return [float("nan")] + logprobs.tolist()

@@ -28,6 +28,7 @@ class States:
         if path in self.saved and not overwrite:
             raise Refused(f"a state named {name!r} exists for {model_id}: choose another name or pass overwrite=True")
         async with model.lock:
+            await model.use()
             results = await model.trainer.save.call(next(self._labels))
             written = next(iter(results.values()))
         self.saved[path] = (owner, written)
@@ -51,6 +52,7 @@ class States:
             await self.training.create(owner, new, self.training.cfg.model, None, None)
         model = self.training.model(owner, model_id)
         async with model.lock:
+            await model.use()
             steps = await model.trainer.load.call(checkpoint)
             if not optimizer:
                 await model.trainer.forget_optimizer_state.call()

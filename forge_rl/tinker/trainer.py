@@ -8,6 +8,9 @@ A Tinker step is the client's, not the trainer's: gradients accumulate over any 
 until optim_step, and the optimizer's learning rate and betas are the call's. Every rank runs each call; a rank
 forwards its data-parallel share of the rows (round robin), so every rank runs one forward and one backward and
 FSDP's collectives pair up; the gradients are summed over ranks, as the losses are sums.
+
+With LoRA, one trainer serves every training client of the base model: `activate(client)` before a client's calls
+makes its adapters, gradients and optimizer the trainer's (forge_rl/tinker/clients.py).
 """
 
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from monarch.actor import endpoint
 
 from forge_rl.actors.train_optimizer import apply_gradients
 from forge_rl.actors.trainer import Trainer
+from forge_rl.tinker.clients import TrainerClients
 from forge_rl.tinker.losses import INPUTS, token_loss
 
 
@@ -41,6 +45,21 @@ class AdamStep:
 
 
 class TinkerTrainer(Trainer):
+    clients: TrainerClients | None = None  # made at the first activate
+
+    @endpoint
+    async def activate(self, client: str) -> None:
+        """`client`'s adapters, gradients, optimizer and step count become the trainer's until another's are."""
+        if self.clients is None:
+            self.clients = TrainerClients(self)
+        self.clients.activate(client)
+
+    @endpoint
+    async def forget(self, client: str) -> None:
+        """A closed training client's adapters and optimizer state dropped."""
+        if self.clients is not None:
+            self.clients.forget(client)
+
     @endpoint
     async def forward_backward(
         self, rows: list[Row], loss_fn: str, settings: dict, forward_only: bool = False

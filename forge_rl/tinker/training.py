@@ -1,7 +1,8 @@
-"""Training clients: each is a TinkerTrainer (forge_rl/tinker/trainer.py) of its own on the service's base model,
-LoRA adapters of the service's rank (or every weight, with lora_rank 0). Its calls run one at a time in the order
-they arrived (its lock is first come, first served), and each checks its inputs before the trainer sees them, so
-a refused call changes nothing and the next one runs."""
+"""Training clients on the service's base model: LoRA adapters of the service's rank, every client on one shared
+TinkerTrainer (forge_rl/tinker/trainer.py) whose `activate` makes the client's adapters and optimizer its own; with
+every weight trained (lora_rank 0) each client has a trainer of its own. Calls to one trainer run one at a time in
+the order they arrived (its lock is first come, first served), and each checks its inputs before the trainer sees
+them, so a refused call changes nothing and the next one runs."""
 
 import asyncio
 import itertools
@@ -22,10 +23,16 @@ from forge_rl.tinker.wire import ForwardBackwardCall, forward_backward_output
 class TrainingModel:
     model_id: str
     owner: str
-    trainer: object  # the TinkerTrainer actor mesh
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    trainer: object  # the TinkerTrainer actor mesh: the shared one under LoRA
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # the trainer's: shared by the clients sharing it
+    shared: bool = False  # on the shared trainer: `use` before each call
     steps: int = 0  # optimizer steps taken
-    closed: bool = False  # its session finished: its trainer is stopped
+    closed: bool = False  # its session finished: its trainer is stopped, or its state on the shared one dropped
+
+    async def use(self) -> None:
+        """Make this client's adapters and optimizer the trainer's (holding `lock`, before calling the trainer)."""
+        if self.shared:
+            await self.trainer.activate.call(self.model_id)
 
 
 def trainer_config(cfg: TinkerConfig, model_dir: str, checkpoint_dir: str, seed: int) -> TrainerConfig:
@@ -45,6 +52,7 @@ class Training:
         self.cfg, self.model_dir, self.vocab_size = cfg, model_dir, vocab_size
         self.cores = cores or {}  # every trainer's cores and threads (actor options; forge_rl/tinker/service.py)
         self.models: dict[str, TrainingModel] = {}
+        self.shared: tuple[object, asyncio.Lock] | None = None  # LoRA: the trainer every client uses, and its lock
         self._ids = itertools.count(1)
 
     def model(self, owner: str, model_id: str) -> TrainingModel:
@@ -70,12 +78,20 @@ class Training:
             )
         if model_id in self.models:
             raise Refused(f"a training client {model_id!r} exists already: create a new one from a new session")
-        name = f"trainer-{next(self._ids)}"  # its procs and checkpoints: the client's id holds ':'
-        tcfg = trainer_config(self.cfg, self.model_dir, f"{self.cfg.output_dir}/{name}", seed or self.cfg.seed)
-        options = dict(procs=self.cfg.trainer_procs, spmd=True, mesh_name=name, **self.cores)
-        trainer = await TinkerTrainer.options(**options).as_actor(tcfg)
-        self.models[model_id] = TrainingModel(model_id, owner, trainer)
+        if not self.cfg.lora_rank:
+            self.models[model_id] = TrainingModel(model_id, owner, await self._trainer(seed or self.cfg.seed))
+        else:  # every client's adapters start from the service seed's (B = 0: at the base model)
+            if self.shared is None:
+                self.shared = (await self._trainer(self.cfg.seed), asyncio.Lock())
+            trainer, lock = self.shared
+            self.models[model_id] = TrainingModel(model_id, owner, trainer, lock, shared=True)
         return {"model_id": model_id, "type": "create_model"}
+
+    async def _trainer(self, seed: int) -> TinkerTrainer:
+        name = f"trainer-{next(self._ids)}"  # its procs and checkpoints: a client's id holds ':'
+        tcfg = trainer_config(self.cfg, self.model_dir, f"{self.cfg.output_dir}/{name}", seed)
+        options = dict(procs=self.cfg.trainer_procs, spmd=True, mesh_name=name, **self.cores)
+        return await TinkerTrainer.options(**options).as_actor(tcfg)
 
     def rows(self, call: ForwardBackwardCall, loss_fn: str) -> list[Row]:
         """The call's datums as trainer rows, each checked: one line names the first that is wrong."""
@@ -118,6 +134,7 @@ class Training:
         settings = check_loss(loss_fn, call.loss_config)
         rows = self.rows(call, loss_fn)
         async with model.lock:
+            await model.use()
             results = await model.trainer.forward_backward.call(rows, loss_fn, settings, call.forward_only)
         # ranks of one tensor-parallel group return the same rows: each data-parallel share counts once
         shares = {tuple(index): (index, logprobs, loss) for index, logprobs, loss in results.values()}
@@ -134,6 +151,7 @@ class Training:
         if not adam.learning_rate >= 0:
             raise Refused(f"learning_rate={adam.learning_rate}: give a finite learning rate >= 0")
         async with model.lock:
+            await model.use()
             results = await model.trainer.optim_step.call(adam)
             model.steps += 1
         return {"metrics": next(iter(results.values()))}
@@ -146,10 +164,16 @@ class Training:
             model = self.models.pop(model_id)
             async with model.lock:
                 model.closed = True
-                await stop_actor(model.trainer)
+                if model.shared:
+                    await model.trainer.forget.call(model_id)
+                else:
+                    await stop_actor(model.trainer)
 
     async def stop(self) -> None:
         from forge_rl.runtime.actor import stop_actor
 
         for model in self.models.values():
-            await stop_actor(model.trainer)
+            if not model.shared:
+                await stop_actor(model.trainer)
+        if self.shared is not None:
+            await stop_actor(self.shared[0])
