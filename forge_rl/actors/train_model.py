@@ -24,7 +24,6 @@ from forge_rl.data.prompt_packing import plan_packing
 from forge_rl.losses.fused_head import hidden_logprobs
 from forge_rl.losses.logprobs import VocabShard, selected_logprobs, token_logprobs
 from forge_rl.models.moe_aux import RouterStats, unpadded, unpadded_packed
-from forge_rl.models.qwen3_config import attention_pair_cost
 from forge_rl.models.route_replay import RouteReplay, packed_routes
 from forge_rl.types import BatchShape, TrainBatch
 
@@ -55,6 +54,8 @@ class TrainModel:
     last_forward_unpadded: torch.Tensor | None = None  # its tokens for the balancing loss
 
     def __post_init__(self):
+        from forge_rl.models.qwen3_config import attention_pair_cost  # TorchTitan's: imported in the role's process
+
         hf = self.hf_config
         self.tied = bool(hf.get("tie_word_embeddings", False))
         self.head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
