@@ -68,8 +68,8 @@ def build_train_model(
     """The process group (the spmd mesh option sets RANK, WORLD_SIZE and MASTER_*), then the model of `cfg.model` on
     this rank, built, parallelised and loaded. `not_loaded`: checkpoint tensors that are not this model's."""
     import torch.distributed as dist
-    from torchtitan.models.qwen3 import Qwen3StateDictAdapter
 
+    # through forge_rl/deps/torchtitan.py, which readies torch and the device type before TorchTitan's first import
     from forge_rl.models import qwen3, resolve_model_path
 
     model_dir = Path(resolve_model_path(cfg.model))
@@ -84,6 +84,8 @@ def build_train_model(
     if cfg.lora.enabled:  # after the TP plans: the adapters take their sharding from the base linears
         config = lora.convert(config, cfg.lora)
     module = _parallelised(cfg, config, parallelism, dims, device)
+    from torchtitan.models.qwen3 import Qwen3StateDictAdapter
+
     adapter = Qwen3StateDictAdapter(config, str(model_dir))
     # each rank reads only its shards of the checkpoint (forge_rl/models/sharded_load.py)
     read = load_sharded(module, adapter, model_dir, extra=initial_tensors(cfg, model_dir, module), ignore=not_loaded)
