@@ -243,7 +243,16 @@ def test_multi_turn_grpo_masks_the_environments_tokens(tmp_path):
     cfg = load_config(
         GRPOConfig,
         REPO / "configs/grpo/tiny_retry.yaml",
-        SMALL + ["steps=3", f"output_dir={tmp_path}", "checkpoint_every=1", "env.max_total_tokens=48"],
+        # Groups of equal rewards are kept (not dropped at the buffer's door) so that the checkpoints, which land
+        # the rollouts in flight, hold trajectories to read back whatever the tiny model's rewards were.
+        SMALL
+        + [
+            "steps=3",
+            f"output_dir={tmp_path}",
+            "checkpoint_every=1",
+            "env.max_total_tokens=48",
+            "buffer.drop_zero_advantage=false",
+        ],
     )
     summary = asyncio.run(main(cfg))
     assert summary["trainer_version"] == 3 and summary["max_staleness"] <= 1
