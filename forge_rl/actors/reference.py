@@ -61,7 +61,11 @@ class Reference(ForgeActor):
                 # over the kept sets the tokens were drawn from, as the trainer's: the KL is over the same set;
                 # through the engine's experts too under Keep Routing (trainer.keep_routing, the trainer's config)
                 logprobs, _ = self.model.logprobs(
-                    batch.tokens, response_mask=batch.response_mask, kept=batch.kept, routes=batch.routes
+                    batch.tokens,
+                    response_mask=batch.response_mask,
+                    kept=batch.kept,
+                    routes=batch.routes,
+                    images=batch.images,
                 )
                 out.append(dataclasses.replace(batch, ref_logprobs=logprobs.cpu()))
         reshard(self.model.module)

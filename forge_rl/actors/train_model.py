@@ -52,6 +52,7 @@ class TrainModel:
     loss_parallel: bool = False  # set once the model hands back vocabulary-sharded logits (TP)
     last_forward_tokens: int = 0  # what the last forward ran on (fewer than the batch's when prompts were packed)
     last_forward_unpadded: torch.Tensor | None = None  # its tokens for the balancing loss
+    image_processor: object = None  # a vision-language model's (transformers'): a batch's images -> its pixels
 
     def __post_init__(self):
         from forge_rl.models.qwen3_config import attention_pair_cost  # TorchTitan's: imported in the role's process
@@ -69,14 +70,22 @@ class TrainModel:
         response_mask: torch.Tensor | None = None,
         kept: torch.Tensor | None = None,
         routes: torch.Tensor | None = None,
+        images: list[tuple[bytes, ...]] | None = None,
+        sampled: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob (and entropy) [B, T] of every token, or with `response_mask` of its response tokens
         only (0 elsewhere), computed on shared-prompt packed rows when that saves tokens. `kept` [B, T, K]:
         each token's kept set (truncated sampling: TrainBatch.kept), the distribution renormalised over it.
         `routes` [B, T, layers, top-k]: the engine's experts (TrainBatch.routes), replayed under
-        trainer.keep_routing."""
+        trainer.keep_routing. `images`: each row's (TrainBatch.images), which a vision-language model's image
+        tokens stand for; such rows are not packed (a packed row would need its images' features moved too).
+        `sampled`: the model's own tokens, where an image token's id is text (default: `response_mask`)."""
+        if self.image_processor is not None:
+            self.show_images(images, sampled if sampled is not None else response_mask)
+        elif images and any(images):
+            raise ValueError(f"the batch has images and {self.model_dir} is a text-only model")
         packed = None
-        if response_mask is not None and self.cfg.share_prompts:
+        if response_mask is not None and self.cfg.share_prompts and not (images and any(images)):
             packed = plan_packing(
                 tokens, response_mask, self.cfg.pack_max_fraction, self.cfg.pack_max_len, self.attention_pair_cost
             )
@@ -111,6 +120,14 @@ class TrainModel:
         else:
             return self._every_position(*self._output(tokens), tokens, response_mask, entropy, kept)
         return self._at_positions(out, shard, pred, targets, where, tokens.shape, response_mask, entropy, kept)
+
+    def show_images(self, images: list[tuple[bytes, ...]] | None, sampled: torch.Tensor | None) -> None:
+        """The vision tower's images for the next forward: every row's, in order (none: a text batch); `sampled`:
+        the tokens the model sampled (VisionTower.show)."""
+        from forge_rl.models.vision_language import image_pixels
+
+        pixels = image_pixels(self.image_processor, images or []) or (None, None)
+        self.module.vision.show(*pixels, sampled=sampled)
 
     def _every_position(
         self,

@@ -28,6 +28,7 @@ from forge_rl.models.lora import is_adapter_key
 from forge_rl.models.moe_aux import RouterStats
 from forge_rl.models.route_replay import RouteReplay
 from forge_rl.models.sharded_load import load_sharded
+from forge_rl.deps.pytorch import state_dict_name
 
 # (cfg, model_dir, TorchTitan's ParallelismConfig) -> the TorchTitan model config, with its TP sharding plans
 ModelConfig = Callable[[TrainerConfig, Path, object], object]
@@ -44,9 +45,12 @@ def process_group_backend(device_type: str) -> str:
 
 def checkpoint_config(cfg: TrainerConfig, model_dir: Path, parallelism) -> object:
     """The TorchTitan config of the checkpoint's model, with its TP sharding plans."""
-    from forge_rl.models import qwen3
+    from forge_rl.models import qwen3, vision_language
 
-    config = qwen3.titan_config(model_dir)
+    if vision_language.is_vision_language(qwen3.read_hf_config(model_dir)):
+        config = vision_language.titan_config(model_dir)  # its language model; the tower is attached when built
+    else:
+        config = qwen3.titan_config(model_dir)
     config.update_from_config(config=_WithParallelism(parallelism))
     return config
 
@@ -70,9 +74,13 @@ def build_train_model(
     import torch.distributed as dist
 
     # through forge_rl/deps/torchtitan.py, which readies torch and the device type before TorchTitan's first import
-    from forge_rl.models import qwen3, resolve_model_path
+    from forge_rl.models import qwen3, resolve_model_path, vision_language
 
     model_dir = Path(resolve_model_path(cfg.model))
+    hf = qwen3.read_hf_config(model_dir)
+    vision = vision_language.is_vision_language(hf)
+    if vision and (why := cfg.vision_refusal()):
+        raise ValueError(why)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if not dist.is_initialized():
         dist.init_process_group(
@@ -83,12 +91,15 @@ def build_train_model(
     config = model_config(cfg, model_dir, parallelism)
     if cfg.lora.enabled:  # after the TP plans: the adapters take their sharding from the base linears
         config = lora.convert(config, cfg.lora)
-    module = _parallelised(cfg, config, parallelism, dims, device)
+    module = _parallelised(cfg, config, parallelism, dims, device, hf if vision else None)
     from torchtitan.models.qwen3 import Qwen3StateDictAdapter
 
     adapter = Qwen3StateDictAdapter(config, str(model_dir))
+    if vision:
+        adapter = vision_language.VisionLanguageAdapter(adapter)
     # each rank reads only its shards of the checkpoint (forge_rl/models/sharded_load.py)
     read = load_sharded(module, adapter, model_dir, extra=initial_tensors(cfg, model_dir, module), ignore=not_loaded)
+    freeze(module, cfg.freeze)
     # Under FSDP2 the lm_head's weight is whole on every rank between the decoder's forward and the end of its
     # backward (TorchTitan groups it with the final norm, which does not reshard after forward), and its gradient is
     # reduce-scattered with that group's: the fused logprobs use it then.
@@ -102,7 +113,7 @@ def build_train_model(
         parallel_dims=dims,
         device=device,
         model_dir=model_dir,
-        hf_config=qwen3.read_hf_config(model_dir),
+        hf_config=vision_language.text_config(hf) if vision else hf,
         max_seq_len=config.layers[0].attention.rope.max_seq_len,
         vocab_size=config.vocab_size,
         autocast=cfg.dtype != "float32" and dims.dp_shard == 1,
@@ -115,7 +126,30 @@ def build_train_model(
         checkpoint_read=read,
         router_stats=RouterStats(module) if cfg.moe_aux_loss_coef else None,
         route_replay=RouteReplay(module) if cfg.keep_routing else None,
+        image_processor=_image_processor(model_dir) if vision else None,
     )
+
+
+def freeze(module: torch.nn.Module, names: list[str]) -> None:
+    """trainer.freeze: the parameters under each of `names` (the module's own names) stop taking gradients, so
+    the optimizer (built after) leaves them out and the push skips them. A name that matches nothing is an error
+    naming the module's top-level parts."""
+    params = dict(module.named_parameters())
+    for name in names:
+        under = [
+            p for n, p in params.items() if state_dict_name(n) == name or state_dict_name(n).startswith(name + ".")
+        ]
+        if not under:
+            parts = sorted({state_dict_name(n).split(".")[0] for n in params})
+            raise ValueError(f"trainer.freeze: {name!r} names no parameter of the model; its parts are {parts}")
+        for param in under:
+            param.requires_grad_(False)
+
+
+def _image_processor(model_dir: Path):
+    from forge_rl.data.vision import load_processor
+
+    return load_processor(model_dir).image_processor
 
 
 def _parallel_dims(cfg: TrainerConfig, world: int):
@@ -142,18 +176,23 @@ def _parallel_dims(cfg: TrainerConfig, world: int):
     return parallelism, dims
 
 
-def _parallelised(cfg: TrainerConfig, config, parallelism, dims, device: torch.device) -> torch.nn.Module:
+def _parallelised(
+    cfg: TrainerConfig, config, parallelism, dims, device: torch.device, vision_hf: dict | None = None
+) -> torch.nn.Module:
     """The model built on the meta device, parallelised (FSDP2, TP, EP, compile, activation checkpointing as
-    trainer.parallel says) and materialised on `device` (one RoPE cache for all layers), not yet loaded."""
+    trainer.parallel says) and materialised on `device` (one RoPE cache for all layers), not yet loaded.
+    `vision_hf`: a vision-language model's HF config, whose vision tower joins the decoder's root FSDP group."""
     from torchtitan.config import CompileConfig, TrainingConfig
     from torchtitan.distributed.activation_checkpoint import FullAC
     from torchtitan.models.qwen3.parallelize import parallelize_qwen3
 
-    from forge_rl.models import qwen3
+    from forge_rl.models import qwen3, vision_language
 
     p = cfg.parallel
     with torch.device("meta"):
         module = config.build()
+        if vision_hf is not None:
+            vision_language.attach_vision(module, vision_hf)
     module = parallelize_qwen3(
         module,
         parallel_dims=dims,

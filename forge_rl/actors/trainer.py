@@ -157,7 +157,9 @@ class Trainer(ForgeActor):
         """Logprob [B, T] of every token of `batch` under the current weights (every rank, same batch)."""
         self.model.module.eval()
         with torch.no_grad():
-            logprobs, _ = self.model.logprobs(batch.tokens, kept=batch.kept, routes=batch.routes)
+            logprobs, _ = self.model.logprobs(
+                batch.tokens, kept=batch.kept, routes=batch.routes, images=batch.images, sampled=batch.response_mask
+            )
         return logprobs.cpu()
 
     @endpoint

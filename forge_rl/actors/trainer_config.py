@@ -85,6 +85,10 @@ class TrainerConfig:
     # LoRA (rank > 0): only adapters train; the base stays frozen, is never re-sent to generators, and
     # checkpoints hold the adapters and their optimizer state (forge_rl/models/lora.py).
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    # Parameters that do not train, by the trainer's module names (a name and everything under it): e.g. ["vision"]
+    # (a vision-language model's tower and connector) or ["vision.vision_model"] (the tower alone). They are left
+    # out of the optimizer and never re-sent to the generators, which keep the checkpoint's.
+    freeze: list[str] = field(default_factory=list)
     # Mixture of experts: weight of the load-balancing loss added to the policy loss (forge_rl/models/moe_aux.py,
     # HF Qwen3-MoE's router_aux_loss_coef; 0 = none, the default)
     moe_aux_loss_coef: float = 0.0
@@ -119,6 +123,18 @@ class TrainerConfig:
     # metrics["profile/summary"] (forge_rl/observability/profiler.py). A run sets profile_dir to output_dir/profile
     profile_steps: list[int] = field(default_factory=list)
     profile_dir: str = "profile"
+
+    def vision_refusal(self) -> str | None:
+        """What the vision-language path does not do yet (forge_rl/models/vision_language.py), naming the key."""
+        for key, used in (
+            ("trainer.parallel.tp", self.parallel.tp > 1),
+            ("trainer.parallel.compile", self.parallel.compile),
+            ("trainer.lora.rank", self.lora.enabled),
+            ("trainer.keep_routing", self.keep_routing),
+        ):
+            if used:
+                return f"{key}: not available for a vision-language model yet (FSDP2 over whole weights is); unset it"
+        return None
 
     def __post_init__(self) -> None:
         if self.objective not in ("rl", "sft"):

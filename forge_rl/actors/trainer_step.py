@@ -58,6 +58,7 @@ def accumulate_gradients(model: TrainModel, batches: list[TrainBatch]) -> tuple[
             batch.response_mask[rows],
             batch.kept[rows] if batch.kept is not None else None,
             batch.routes[rows] if batch.routes is not None else None,
+            batch.images[rows] if batch.images is not None else None,
         )
         if cfg.objective == "sft":
             token_loss, diag = sft_token_loss(logprobs), {"entropy": entropy.detach()}

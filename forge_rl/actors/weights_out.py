@@ -37,6 +37,8 @@ HF_ASSETS = (
     "vocab.json",
     "merges.txt",
     "chat_template.jinja",
+    "preprocessor_config.json",  # a vision-language model's processor
+    "processor_config.json",
 )
 
 
@@ -65,10 +67,10 @@ class WeightsOut:
             # Ranks on several hosts: a rank cannot write another host's shared memory. Rank 0 publishes on its
             # host (where the weight server hands versions to other hosts); the others send it their shards.
             nbytes = self._stream_to_rank0(
-                lambda spec: self.store.writer(version, spec), dtype, f"weights version {version}"
+                lambda spec: self.store.writer(version, spec), dtype, f"weights version {version}", frozen=False
             )
         else:
-            targets, plan = self._hf_targets(), self._plan()
+            targets, plan = self._hf_targets(frozen=False), self._plan()
             spec = sharded_publish.spec(self.model.module, targets, dtype, self.model.heads_per_kv, self.model.head_dim)
             with self.store.writer(version, spec, rank=self.model.rank, world_size=self.model.world) as writer:
                 self.largest_held = sharded_publish.write_own(
@@ -125,12 +127,13 @@ class WeightsOut:
             self._ranks_share_host = len(set(names)) == 1
         return self._ranks_share_host
 
-    def _stream_to_rank0(self, open_writer, dtype: torch.dtype, what: str) -> int:
+    def _stream_to_rank0(self, open_writer, dtype: torch.dtype, what: str, frozen: bool = True) -> int:
         """Rank 0 writes through `open_writer(spec)` what every rank sends it, a block of rows at a time
-        (forge_rl/weights/sharded_publish.py): no rank holds a whole tensor. Returns the bytes written."""
+        (forge_rl/weights/sharded_publish.py): no rank holds a whole tensor; `frozen`: trainer.freeze's parameters
+        too. Returns the bytes written."""
         import torch.distributed as dist
 
-        targets, plan = self._hf_targets(), self._plan()
+        targets, plan = self._hf_targets(frozen), self._plan()
         spec = sharded_publish.spec(self.model.module, targets, dtype, self.model.heads_per_kv, self.model.head_dim)
         writer, error = contextlib.nullcontext(), None
         if self.model.rank == 0:
@@ -165,15 +168,16 @@ class WeightsOut:
             )
         return _spec_bytes(spec)
 
-    def _hf_targets(self) -> sharded_publish.Targets:
+    def _hf_targets(self, frozen: bool = True) -> sharded_publish.Targets:
         """Each parameter's HF names: {None: [name]}, or {"wq": [...], "wk": [...], "wv": [...]} for a fused q/k/v;
         the tied embedding also names lm_head.weight (vLLM's reload wants the head even when tied). LoRA's
-        adapters are not HF weights: they are published on their own (_push_adapter) or merged (export)."""
+        adapters are not HF weights: they are published on their own (_push_adapter) or merged (export).
+        `frozen=False`: trainer.freeze's parameters are left out (a push: the generators keep the checkpoint's)."""
         from forge_rl.models import qwen3_moe  # TorchTitan's MoE: imported where a model is, not by the app's CLI
 
         targets = {}
         for name, param in self.model.module.named_parameters():  # a tied weight once
-            if is_adapter_key(name):
+            if is_adapter_key(name) or (not frozen and self.cfg.freeze and not param.requires_grad):
                 continue
             sd_name = state_dict_name(name)  # the adapter's and the checkpoint's name (activation checkpointing)
             if qwen3_moe.expert_param(sd_name) is not None:  # one HF tensor per expert
@@ -190,7 +194,7 @@ class WeightsOut:
                 # a weight the generators would never receive: they would serve the checkpoint's forever
                 raise RuntimeError(f"publish: trainer parameter {unnamed[0]} has no Hugging Face name")
             for names in targets[name].values():
-                if self.model.tied and names[0] == "model.embed_tokens.weight":
+                if self.model.tied and names[0].endswith("embed_tokens.weight"):  # a VLM's: model.text_model.
                     names.append("lm_head.weight")
         return targets
 

@@ -54,3 +54,15 @@ def auto_tokenizer(model_dir: str | Path, **kwargs):
 
     # _from_auto: what AutoTokenizer passes to the class it picked (the same warnings and defaults follow)
     return getattr(transformers, name).from_pretrained(str(model_dir), _from_auto=True, **kwargs)
+
+
+def idefics3_vision_modules(hf: dict):
+    """transformers' Idefics3 vision encoder and connector for the HF config `hf` (a dict of config.json), with no
+    weights loaded: (Idefics3VisionTransformer, Idefics3Connector). The trainer's vision-language model puts them in
+    front of TorchTitan's decoder (forge_rl/models/vision_language.py). Attention is SDPA, as the engine's."""
+    from transformers import Idefics3Config
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3Connector, Idefics3VisionTransformer
+
+    config = Idefics3Config(**{k: v for k, v in hf.items() if k not in ("architectures", "torch_dtype")})
+    config.vision_config._attn_implementation = "sdpa"
+    return Idefics3VisionTransformer(config.vision_config), Idefics3Connector(config)

@@ -36,6 +36,10 @@ def resolve_model_path(model: str) -> str:
 # What each role loads: the trainer trains Qwen3 (dense and MoE) as a causal LM; a reward model is a sequence
 # classifier (one score per sequence); a critic is built on either (its head is replaced by a value head).
 TRAINED_MODEL_TYPES = ("qwen3", "qwen3_moe")
+# vision-language models the trainer builds (forge_rl/models/vision_language.py), and their language models: a
+# decoder TorchTitan's Qwen3 builds (a Llama is one without the per-head q/k norms)
+VISION_ARCHITECTURES = ("idefics3",)
+TEXT_MODEL_TYPES = ("llama", "qwen3")
 ROLE_HEADS = {
     "policy": ("ForCausalLM",),
     "reference": ("ForCausalLM",),
@@ -78,12 +82,9 @@ def check_role(config: dict, where: str, role: str) -> None:
     policy, a model type the trainer does not build)."""
     heads = ROLE_HEADS[role]
     architectures = config.get("architectures") or []
-    if "vision_config" in config and role not in ("reward model", "judge"):  # docs/vision.md: not trained yet
-        raise ConfigError(
-            f"{where} is a vision-language model ({', '.join(architectures) or config.get('model_type')}): forge_rl "
-            f"samples image prompts with one but does not train one yet, so it cannot be the {role}; give a "
-            "text-only Qwen3 checkpoint (docs/vision.md)"
-        )
+    if "vision_config" in config and role not in ("reward model", "judge"):
+        _check_vision_role(config, where, role, architectures)
+        return
     if architectures and not any(a.endswith(head) for a in architectures for head in heads):
         wanted = " or ".join(f"a *{head} checkpoint" for head in heads)
         raise ConfigError(
@@ -99,6 +100,34 @@ def check_role(config: dict, where: str, role: str) -> None:
             f"{where}: model_type {config.get('model_type')!r} is not one forge_rl trains "
             f"({', '.join(TRAINED_MODEL_TYPES)}); give a Qwen3 checkpoint"
         )
+
+
+def _check_vision_role(config: dict, where: str, role: str, architectures: list[str]) -> None:
+    """A vision-language model trains as the policy (and scores as its reference) when the trainer builds its
+    architecture (forge_rl/models/vision_language.py); docs/vision.md."""
+    named = ", ".join(architectures) or config.get("model_type")
+    if role not in ("policy", "reference"):
+        raise ConfigError(
+            f"{where} is a vision-language model ({named}): it can be the policy and its reference, not the "
+            f"{role} yet; give a text-only Qwen3 checkpoint (docs/vision.md)"
+        )
+    if why := check_trainable(config, where):
+        raise ConfigError(f"{why} (docs/vision.md)")
+
+
+def check_trainable(hf: dict, where: str) -> str | None:
+    """Why the trainer cannot build this vision-language model (None: it can)."""
+    if hf.get("model_type") not in VISION_ARCHITECTURES:
+        return (
+            f"{where}: the trainer builds vision-language models of type {', '.join(VISION_ARCHITECTURES)}, not "
+            f"{hf.get('model_type')!r}"
+        )
+    text_type = hf.get("text_config", {}).get("model_type")
+    if text_type not in TEXT_MODEL_TYPES:
+        return f"{where}: its language model is {text_type!r}; the trainer builds {', '.join(TEXT_MODEL_TYPES)}"
+    if text_type == "llama" and (hf["text_config"].get("attention_bias") or hf["text_config"].get("mlp_bias")):
+        return f"{where}: its Llama language model has biases, which TorchTitan's decoder does not"
+    return None
 
 
 def load_tokenizer(model_dir: str, key: str = "model"):

@@ -278,6 +278,13 @@ def check_prompt_lengths(cfg: GRPOConfig, rows: TaskRows, tokenizer, model_dir: 
         )
 
 
+def check_vision(cfg: GRPOConfig, model_dir: str) -> None:
+    """A vision-language policy and the trainer settings its path does not take yet, before any actor starts."""
+    hf = json.loads((Path(model_dir) / "config.json").read_text())
+    if "vision_config" in hf and (why := cfg.trainer.vision_refusal()):
+        raise ConfigError(f"{why} ({cfg.model} is a vision-language model; docs/vision.md)")
+
+
 def check_moe(cfg: GRPOConfig, model_dir: str) -> None:
     """A mixture-of-experts model (HF model_type qwen3_moe) and the trainer settings that depend on it, before any
     actor starts: no tensor parallelism over the experts, no LoRA (adapters on the grouped experts are not built),

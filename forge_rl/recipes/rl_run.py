@@ -35,6 +35,7 @@ from forge_rl.recipes.grpo_checks import (
     check_config,
     check_group_size,
     check_moe,
+    check_vision,
     check_prompt_lengths,
     check_task,
     derive_settings,
@@ -130,6 +131,7 @@ class RLRun(RecipeRun):
             check_group_size(cfg, self.algorithm.name)
         self.model_dir = model_path(cfg.model)
         check_moe(cfg, self.model_dir)
+        check_vision(cfg, self.model_dir)
         cfg.trainer.model = self.model_dir
         cfg.trainer.profile_dir = str(self.out / "profile")  # trainer.profile_steps' traces, one per rank and window
         rows = check_task(cfg)  # before the tokenizer: importing transformers takes seconds

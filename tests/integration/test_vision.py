@@ -343,3 +343,57 @@ def test_a_multi_turn_environment_shows_an_image_and_the_trajectory_keeps_exact_
         reference = torch.log_softmax(logits, dim=-1)[P - 1 : -1].gather(-1, c.response_ids[:, None])[:, 0]
         model = ~c.env_mask
         assert model.sum() >= 2 and (reference[model] - c.logprobs[model]).abs().max() < 1e-4  # both turns
+
+
+def test_the_trainer_scores_image_rows_as_the_engine_and_a_frozen_tower_stays_out_of_the_push(
+    generator, processor, rows, tmp_path
+):
+    """The trainer's vision-language model (TorchTitan's decoder behind transformers' Idefics3 tower, FSDP2 over 2
+    ranks) computes the engine's behaviour logprobs of image rows (of two images and of one) within the fp32 bound.
+    A step with trainer.freeze=[vision] trains the language model only, and its push holds the language model's
+    tensors only: the engine updated to it keeps its tower, and scores as the trainer does again."""
+    from forge_rl.actors.trainer import Trainer
+    from forge_rl.actors.trainer_config import OptimizerConfig, ParallelConfig, TrainerConfig
+    from forge_rl.runtime.actor import stop_actor
+    from forge_rl.types import Episode, TrainBatch
+    from forge_rl.weights import ShmWeightStore
+
+    loop, svc = generator
+    two = prompt_of(processor, "Add <image> and <image>.", 2)
+    one = prompt_of(processor, rows[2]["prompt"], 1)
+
+    def sampled():
+        group = generate(generator, two, [rows[0]["image"], rows[1]["image"]], n=4, seed=3)
+        group += generate(generator, one, [rows[2]["image"]], n=4, seed=4)
+        episodes = [Episode(c, reward=0.0, advantage=(-1.0) ** i) for i, c in enumerate(group)]
+        return [TrainBatch.collate(episodes[r::2], pad_id=0) for r in range(2)]
+
+    def gap(trainer, batch):
+        logprobs = loop.run_until_complete(trainer.logprobs.call(batch)).item(procs=0)
+        return float(((logprobs - batch.behaviour_logprobs).abs() * batch.response_mask).max())
+
+    cfg = TrainerConfig(
+        model="tiny-vlm",
+        parallel=ParallelConfig(dp_shard=2),
+        optim=OptimizerConfig(lr=1e-2, warmup_steps=0),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        freeze=["vision"],
+    )
+    trainer = loop.run_until_complete(Trainer.options(procs=2, spmd=True).as_actor(cfg))
+    store = ShmWeightStore()
+    try:
+        batches = sampled()
+        assert all(b.images and len(b.images) == 4 for b in batches)
+        assert max(gap(trainer, b) for b in batches) < 1e-4
+        metrics = loop.run_until_complete(trainer.step.call(batches)).item(procs=0)
+        assert metrics["grad_norm"] > 0
+        assert gap(trainer, batches[0]) > 1e-3  # the step moved the language model
+        loop.run_until_complete(trainer.push_weights.call(1))
+        published = store.load(1)
+        assert "model.text_model.embed_tokens.weight" in published and "lm_head.weight" in published
+        assert not any(k.startswith(("model.vision_model.", "model.connector.")) for k in published)
+        loop.run_until_complete(svc.update_weights.call_all(1))
+        assert max(gap(trainer, b) for b in sampled()) < 1e-4  # the engine's tower is the checkpoint's: frozen
+    finally:
+        store.close()
+        loop.run_until_complete(stop_actor(trainer))
