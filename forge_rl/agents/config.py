@@ -36,6 +36,24 @@ class VerifiersConfig:
 
 
 @dataclass
+class GatewayConfig:
+    """Where the agent endpoint is served (forge_rl/agents/gateway.py)."""
+
+    # the address it listens on: 127.0.0.1 (this host only), or 0.0.0.0 / this host's address when agents on the
+    # run's other hosts call it (its URLs then name this host)
+    host: str = "127.0.0.1"
+    # true: a gateway process of its own in front of the generator replicas; false: the run's controller serves it
+    # (its event loop then also answers every agent call)
+    process: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host.strip() or any(c.isspace() for c in self.host):
+            raise ValueError(f"agent.gateway.host={self.host!r}: give an address, e.g. 127.0.0.1 or 0.0.0.0")
+        if not isinstance(self.process, bool):
+            raise ValueError(f"agent.gateway.process={self.process!r}: give true or false")
+
+
+@dataclass
 class AgentConfig:
     # "package.module:function", called once per episode as fn(example, client) -> float reward or None (the run's
     # reward functions then score the episode's final assistant text). null: no agent, no endpoint
@@ -45,7 +63,7 @@ class AgentConfig:
     # reward as JSON (nothing, or null: the run's rewards score its last reply) (forge_rl/agents/command.py)
     command: list[str] | None = None
     max_output_bytes: int = 1_000_000  # an agent.command program's stdout at most; more fails its episode
-    port: int = 0  # the endpoint's loopback port; 0: a free one, chosen at start
+    port: int = 0  # the endpoint's port (on agent.gateway.host); 0: a free one, chosen at start
     episode_timeout_s: float = 300.0  # an episode still running after this long fails, and its group is dropped
     max_concurrent_episodes: int = 64  # episodes running at once, the run's training and evaluation together
     # agent-worker processes that play the episodes (forge_rl/agents/worker.py), off the run's controller; a worker
@@ -60,10 +78,13 @@ class AgentConfig:
     # a verifiers environment instead of agent.entry: its taskset's rows are the task, verifiers plays each episode
     # against the episode's URL and its task's rewards are the episode's reward
     verifiers: VerifiersConfig = field(default_factory=VerifiersConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)  # where the endpoint is served
 
     def __post_init__(self) -> None:
         if isinstance(self.verifiers, dict):
             self.verifiers = VerifiersConfig(**self.verifiers)
+        if isinstance(self.gateway, dict):
+            self.gateway = GatewayConfig(**self.gateway)
         given = {"agent.entry": self.entry, "agent.command": self.command, "agent.verifiers.env": self.verifiers.env}
         given = {key: value for key, value in given.items() if value is not None}
         if len(given) > 1:

@@ -124,7 +124,13 @@ class EpisodeRecord:
         self.final_finish: str = "stop"
         self.failure: tuple[str, str] | None = None  # (reason, message): the first refusal or failure of a call
         self.reward_parts: dict[str, float] | None = None  # the agent's reward's parts (a verifiers rubric's)
+        self.replicas: set[int] = set()  # the generator replicas its calls went to (one, unless that one died)
         self.closed = False
+
+    def __getstate__(self) -> dict:
+        """A closed record as it travels from the gateway to the controller: its trajectories and counts, without
+        the tokenizer (`chat`) and the tips that only later calls of the episode would read."""
+        return {**self.__dict__, "chat": None, "tips": []}
 
     def fail(self, reason: str, message: str) -> None:
         if self.failure is None:

@@ -24,6 +24,7 @@ import asyncio
 from forge_rl.actors.reward import RewardActor
 from forge_rl.agents.entry import AgentEntry, AgentReward, EpisodeFailed
 from forge_rl.agents.episodes import EpisodeRecord, shared_prompt_len, trajectory_completion
+from forge_rl.agents.gateway_client import GatewayClient
 from forge_rl.agents.server import AgentServer
 from forge_rl.agents.workers import AgentWorkers
 from forge_rl.actors.dataset import PromptDataset
@@ -45,6 +46,7 @@ AGENT_REASONS = (
     "agent_non_prefix",
     "agent_output",  # an agent.command program's stdout over agent.max_output_bytes
     "agent_worker_lost",  # the agent worker playing an episode died (forge_rl/agents/workers.py)
+    "agent_gateway_lost",  # the gateway holding an episode's calls died (forge_rl/agents/gateway_client.py)
 )
 
 
@@ -53,10 +55,13 @@ class AgentFailing(RunStopped):
 
 
 class AgentRunner:
-    """The run's agent: its endpoint, what plays its episodes (its agent workers, AgentWorkers, or its function
+    """The run's agent: its endpoint (a gateway process's, GatewayClient, or served here, AgentServer: the same
+    `open`, `close` and `base_url`), what plays its episodes (its agent workers, AgentWorkers, or its function
     in this process, AgentEntry: the same `run`), and how many of its episodes may run at once."""
 
-    def __init__(self, server: AgentServer, entry: AgentEntry | AgentWorkers, max_concurrent_episodes: int):
+    def __init__(
+        self, server: AgentServer | GatewayClient, entry: AgentEntry | AgentWorkers, max_concurrent_episodes: int
+    ):
         self.server, self.entry = server, entry
         # an agent whose episodes share one client of the root URL (verifiers') calls it with the run's key
         if (use_run_key := getattr(entry.fn, "use_run_key", None)) is not None:
@@ -74,26 +79,48 @@ class AgentRunner:
         """Run one episode: its record and the agent's reward (None: the reward functions score it). Raises
         EpisodeFailed naming the failure (the first refused call's, if any, else the agent's)."""
         async with self.slots:
-            record = self.server.open_episode(example, trained)
+            episode = await self.server.open(example, trained)
+            url, failed = self.server.base_url(episode), None
             try:
-                reward = await self.entry.run(example, self.server.base_url(record), record.key)
+                reward = await self._played(example, url, episode)
             except EpisodeFailed as e:
+                failed = e
+            finally:  # the record of its calls, from wherever the endpoint runs (a gateway that died: its failure)
+                record = await asyncio.shield(self.server.close(episode))
+            if failed is not None:
                 if record.failure is not None:  # the refused call is why (the agent then raised on its 400)
-                    raise EpisodeFailed(*record.failure) from None
-                raise EpisodeFailed(e.reason, f"episode {record.id}: {e}") from None
-            finally:
-                self.server.close_episode(record)
+                    raise EpisodeFailed(*record.failure)
+                raise EpisodeFailed(failed.reason, f"episode {record.id}: {failed}")
             if record.failure is not None:  # a refused call the agent went on after
                 raise EpisodeFailed(*record.failure)
             if record.calls == 0:
                 raise EpisodeFailed(
                     "agent_no_calls",
-                    f"agent {self.entry.path} made no call through its episode's client (base URL "
-                    f"{self.server.base_url(record)}): nothing to train on",
+                    f"agent {self.entry.path} made no call through its episode's client (base URL {url}): nothing "
+                    "to train on",
                 )
             if isinstance(reward, AgentReward):  # the parts stay with the episode's record
                 reward, record.reward_parts = reward
             return record, reward
+
+    async def _played(self, example, url: str, episode):
+        """The agent's reward for `episode`; when the gateway holding its calls dies first, the agent is stopped
+        and the episode fails as that (what it recorded went with the gateway)."""
+        died = getattr(self.server, "died", None)
+        if died is None:  # an endpoint in this process: it ends with the run only
+            return await self.entry.run(example, url, episode.key)
+        play = asyncio.ensure_future(self.entry.run(example, url, episode.key))
+        lost = asyncio.ensure_future(died(episode).wait())
+        try:
+            await asyncio.wait({play, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (play, lost):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(play, lost, return_exceptions=True)
+        if play.done() and not play.cancelled():
+            return play.result()
+        raise EpisodeFailed("agent_gateway_lost", f"episode {episode.id}: the agent gateway holding its calls died")
 
     async def episodes(self, example, n: int, trained: bool) -> list[tuple[EpisodeRecord, float | None]]:
         """`n` episodes of `example` at once; the first failure cancels the others and is raised."""

@@ -1,6 +1,6 @@
-"""The run's OpenAI-compatible endpoint: /v1/chat/completions, /v1/completions and /v1/models on a loopback port,
-served from the controller's event loop and backed by the run's generator replicas (`generator.generate.route`, so
-routing, admission and weight swaps work as for the built-in rollouts).
+"""The run's OpenAI-compatible endpoint: /v1/chat/completions, /v1/completions and /v1/models, backed by the run's
+generator replicas. It runs in a gateway process of its own (forge_rl/agents/gateway.py, agent.gateway.process:
+true, the default) or in the run's controller; its HTTP side is forge_rl/agents/http.py.
 
     server = AgentServer(tokenizer, generator, settings)
     await server.start()                              # uvicorn in this event loop, on agent.port (0: a free one)
@@ -11,11 +11,13 @@ routing, admission and weight swaps work as for the built-in rollouts).
     await server.stop()                               # the port released, nothing left running
 
 Each episode has its own base URL, under which every call is recorded (forge_rl/agents/episodes.py) and checked
-against the run's sampling (forge_rl/agents/requests.py). The request and response bodies are vLLM's own models of
-the OpenAI API, and tool calls in a reply are parsed by the parser vLLM ships for Hermes-style calls (Qwen3's); the
-tokens come from the generator, never from vLLM's server. The root base URL (http://127.0.0.1:PORT/v1) serves the
-same model unrecorded and never trained on (a smoke test, a benchmark); a call to an episode that does not exist,
-or has ended, is refused (404). A client that cannot take a URL per episode (one connection pool shared by many
+against the run's sampling (forge_rl/agents/requests.py). Every call of an episode goes to one generator replica
+(`generator.generate.route(..., session=<episode id>)`, sticky while that replica lives), so the engine's prefix
+cache holds the episode's earlier turns. The request and response bodies are vLLM's own models of the OpenAI API,
+and tool calls in a reply are parsed by the parser vLLM ships for Hermes-style calls (Qwen3's); the tokens come
+from the generator, never from vLLM's server. The root base URL (http://HOST:PORT/v1) serves the same model
+unrecorded and never trained on (a smoke test, a benchmark); a call to an episode that does not exist, or has
+ended, is refused (404). A client that cannot take a URL per episode (one connection pool shared by many
 episodes, as verifiers' interception server keeps one per endpoint URL) calls the root URL and names its episode in
 the request's model instead: `<model>@episode/<id>` (`episode_model`).
 
@@ -23,45 +25,25 @@ Every call carries a bearer key: an episode's URL takes only that episode's key 
 the run's (`run_key`); a call without its key is refused (401) and never recorded (forge_rl/agents/access.py).
 """
 
-import asyncio
-import contextlib
 import itertools
-import socket
 import time
 from dataclasses import dataclass, field
 
-from forge_rl.agents.access import Unauthorised, admitted, episode_key, refusal, run_key
+from forge_rl.agents.access import admitted, episode_key, refusal, run_key
 from forge_rl.agents.conversation import ChatContinuation, template_message
 from forge_rl.agents.episodes import EpisodeRecord, Plan, Refused, assistant_message, reply_of
+from forge_rl.agents.http import (  # noqa: F401 - episode_model, episode_of_model: the endpoint's, for its callers
+    GenerationFailed,
+    Listener,
+    UnknownEpisode,
+    app,
+    episode_model,
+    episode_of_model,
+    url_host,
+)
 from forge_rl.agents.images import ImageParts
 from forge_rl.agents.requests import generate_options, max_tokens, refuse
 from forge_rl.deps.monarch import SupervisionError
-from forge_rl.errors import ConfigError
-
-
-KEEP_ALIVE_S = 600
-EPISODE_IN_MODEL = "@episode/"  # model "tiny-warm@episode/t12": a root-URL call of episode t12
-
-
-def episode_model(base_url: str, model: str) -> tuple[str, str]:
-    """(the root URL, the model name naming the episode) for a client of the episode whose base URL is `base_url`
-    (http://127.0.0.1:PORT/episodes/<id>/v1) that calls the root URL."""
-    root, _, rest = str(base_url).partition("/episodes/")
-    episode_id = rest.split("/", 1)[0]
-    if not episode_id:
-        raise ValueError(f"{base_url!r} is not an episode's base URL (http://HOST:PORT/episodes/<id>/v1)")
-    return f"{root}/v1", f"{model}{EPISODE_IN_MODEL}{episode_id}"
-
-
-def episode_of_model(model) -> str | None:
-    """The episode a root-URL call's model names (`episode_model`), or None."""
-    if isinstance(model, str) and EPISODE_IN_MODEL in model:
-        return model.rsplit(EPISODE_IN_MODEL, 1)[1] or None
-    return None
-
-
-class UnknownEpisode(LookupError):
-    """A call under an episode URL that names no open episode."""
 
 
 @dataclass
@@ -73,6 +55,7 @@ class EndpointSettings:
     max_model_len: int
     non_prefix: str = "split"
     port: int = 0
+    host: str = "127.0.0.1"  # the address it listens on (agent.gateway.host); 0.0.0.0: every interface
     tool_parser: str | None = "hermes"
     chat_template_kwargs: dict = field(default_factory=dict)
 
@@ -100,7 +83,7 @@ class EndpointStats:
 class AgentServer:
     """The endpoint of one run: its episodes, its uvicorn server, and what it counted."""
 
-    def __init__(self, tokenizer, generator, settings: EndpointSettings):
+    def __init__(self, tokenizer, generator, settings: EndpointSettings, key: str | None = None):
         from forge_rl.deps.vllm import openai_protocol
 
         self.tokenizer, self.generator, self.settings = tokenizer, generator, settings
@@ -111,9 +94,9 @@ class AgentServer:
         self.episodes: dict[str, EpisodeRecord] = {}
         self.stats = EndpointStats()
         self.port: int | None = None
-        self.run_key = run_key()  # the root URL's key: it stays in the run's process
+        self.run_key = key or run_key()  # the root URL's key: it stays in the run's processes
         self._ids = itertools.count()
-        self._server = self._task = self._socket = None
+        self._listener = Listener()
 
     # ---- episodes ---------------------------------------------------------------------------------------------
 
@@ -128,12 +111,27 @@ class AgentServer:
     def close_episode(self, record: EpisodeRecord) -> None:
         record.closed = True
         self.episodes.pop(record.id, None)
+        if (forget := getattr(self.generator, "forget_session", None)) is not None:
+            record.replicas = forget(record.id) or set()  # its replica is free for others
+
+    async def open(self, example, trained: bool) -> EpisodeRecord:
+        """`open_episode`, as a gateway process's endpoint is called (forge_rl/agents/gateway_client.py)."""
+        return self.open_episode(example, trained)
+
+    async def close(self, record: EpisodeRecord) -> EpisodeRecord:
+        """`close_episode`; the episode's record."""
+        self.close_episode(record)
+        return record
+
+    async def call_counts(self) -> tuple[EndpointStats, int]:
+        """What the endpoint counted, and the calls its open episodes made so far."""
+        return self.stats, sum(r.calls for r in self.episodes.values())
 
     def base_url(self, record: EpisodeRecord | None = None) -> str:
-        root = f"http://127.0.0.1:{self.port}"
+        root = f"http://{url_host(self.settings.host)}:{self.port}"
         return f"{root}/v1" if record is None else f"{root}/episodes/{record.id}/v1"
 
-    def _admitted(self, headers, url_episode: str | None, model_episode: str | None = None) -> EpisodeRecord | None:
+    def admit(self, headers, url_episode: str | None, model_episode: str | None = None) -> EpisodeRecord | None:
         """The episode a call is of (None: the root URL's, unrecorded), once its key is the one it takes:
         UnknownEpisode for an episode that is not open, Unauthorised for a call without its key."""
         record = self._episode(url_episode or model_episode)
@@ -157,124 +155,14 @@ class AgentServer:
     # ---- start and stop ---------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Serve on 127.0.0.1 (agent.port, or a free port) from this event loop."""
-        import uvicorn
-
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._socket.bind(("127.0.0.1", self.settings.port))
-        except OSError as e:
-            self._socket.close()
-            raise ConfigError(
-                f"agent.port={self.settings.port}: cannot listen on 127.0.0.1 ({e}); use 0 for a free port"
-            ) from None
-        self.port = self._socket.getsockname()[1]
-        # an episode's client keeps its connection between calls, however long the agent takes in between: closed by
-        # uvicorn's default 5 s keep-alive, a connection can be closed just as the client reuses it (a connection
-        # error on a busy machine)
-        config = uvicorn.Config(
-            self._app(),
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=2,
-            timeout_keep_alive=KEEP_ALIVE_S,
-        )
-        self._server = _ServerWithoutSignals(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
-        while not self._server.started:
-            if self._task.done():  # it failed to start: its error
-                await self._task
-            await asyncio.sleep(0.02)
+        """Serve on settings.host:settings.port (0: a free port) from this event loop."""
+        self.port = await self._listener.start(app(self), self.settings.host, self.settings.port)
 
     async def stop(self) -> None:
         """Stop serving (calls in flight get a moment to finish) and release the port (idempotent)."""
-        if self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(self._task), 10)
-            if not self._task.done():
-                self._task.cancel()
-                with contextlib.suppress(BaseException):
-                    await self._task
-            self._task = None
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
+        await self._listener.stop()
         for record in list(self.episodes.values()):
             self.close_episode(record)
-
-    def _app(self):
-        from fastapi import FastAPI, Request
-        from fastapi.responses import JSONResponse
-
-        app = FastAPI(title="forge_rl agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
-
-        answer = self._answer  # each route's call: admitted, served, its failure answered
-        for prefix, episode in (("/v1", None), ("/episodes/{episode_id}/v1", "episode_id")):
-
-            def routes(prefix=prefix, episode=episode):
-                @app.post(f"{prefix}/chat/completions")
-                async def chat(request: Request, episode_id: str | None = None):
-                    return await answer(episode_id if episode else None, request, self.chat_completion)
-
-                @app.post(f"{prefix}/completions")
-                async def completions(request: Request, episode_id: str | None = None):
-                    return await answer(episode_id if episode else None, request, self.completion)
-
-                @app.get(f"{prefix}/models")
-                async def models(request: Request, episode_id: str | None = None):
-                    try:
-                        self._admitted(request.headers, episode_id if episode else None)
-                    except UnknownEpisode as e:
-                        return self._error(str(e), "NotFoundError", 404)
-                    except Unauthorised as e:
-                        return self._error(str(e), "AuthenticationError", 401)
-                    return JSONResponse(self.models().model_dump(exclude_none=True))
-
-            routes()
-        return app
-
-    async def _answer(self, episode_id: str | None, request, serve):
-        """A POST's response: the call admitted (its episode open, its key the one it takes), served, and each
-        failure as the OpenAI API answers it (404, 401, 400, 500)."""
-        from fastapi.responses import JSONResponse
-
-        try:
-            # an episode URL's key is checked before its body is read; the root URL's once the body says whether
-            # the call names an episode in its model (a shared client's)
-            record = self._admitted(request.headers, episode_id) if episode_id else None
-            body = await request.json()
-            if episode_id is None:
-                episode_id = episode_of_model(body.get("model")) if isinstance(body, dict) else None
-                record = self._admitted(request.headers, None, episode_id)
-            return JSONResponse((await serve(record, body)).model_dump(exclude_none=True))
-        except UnknownEpisode as e:
-            return self._error(str(e), "NotFoundError", 404)
-        except Unauthorised as e:  # before anything of the call is read into its episode
-            return self._error(str(e), "AuthenticationError", 401)
-        except Refused as e:
-            return self._error(str(e), "BadRequestError", 400)
-        except (SupervisionError, asyncio.CancelledError):
-            raise
-        except ValueError as e:  # a body that is not JSON, or not the request's schema (pydantic says which field)
-            return self._error(" ".join(str(e).split())[:500], "BadRequestError", 400)
-        except _GenerationFailed as e:
-            return self._error(str(e), "InternalServerError", 500)
-        except Exception as e:  # a bug of the endpoint's: the episode fails, the run goes on
-            message = f"the endpoint failed on this call: {type(e).__name__}: {e}".splitlines()[0][:300]
-            if episode_id is not None and episode_id in self.episodes:
-                self.episodes[episode_id].fail("endpoint_error", message)
-            return self._error(message, "InternalServerError", 500)
-
-    def _error(self, message: str, kind: str, code: int):
-        from fastapi.responses import JSONResponse
-
-        p = self.protocol
-        body = p.ErrorResponse(error=p.ErrorInfo(message=message, type=kind, code=code))
-        headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
-        return JSONResponse(body.model_dump(exclude_none=True), status_code=code, headers=headers)
 
     # ---- the endpoints ----------------------------------------------------------------------------------------
 
@@ -421,7 +309,10 @@ class AgentServer:
         budget = self._checked(record, lambda: max_tokens(asked, s.max_tokens, len(prompt_ids), s.max_model_len))
         started = time.perf_counter()
         try:
-            completions = await self.generator.generate.route(prompt_ids, n=n, max_tokens=budget, **options)
+            session = None if record is None else record.id  # an episode's calls: one replica, its prefix cache
+            completions = await self.generator.generate.route(
+                prompt_ids, n=n, max_tokens=budget, session=session, **options
+            )
         except (Exception, SupervisionError) as e:
             failure = getattr(e, "exception", e)
             if isinstance(failure, PromptTooLong):
@@ -429,7 +320,7 @@ class AgentServer:
             message = f"generation failed: {type(failure).__name__}: {failure}".splitlines()[0][:300]
             if record is not None:
                 record.fail("generation_error", message)
-            raise _GenerationFailed(message) from None
+            raise GenerationFailed(message) from None
         finally:
             self.stats.generate_s += time.perf_counter() - started
         return completions
@@ -476,25 +367,5 @@ class AgentServer:
         self.stats.total_s += time.perf_counter() - started
 
 
-class _GenerationFailed(RuntimeError):
-    """The generator failed on a call (the episode's failure is recorded); the server answers 500."""
-
-
 def _raise(error: Exception):
     raise error
-
-
-def _server_class():
-    import uvicorn
-
-    class ServerWithoutSignals(uvicorn.Server):
-        """uvicorn's server without its SIGINT/SIGTERM handlers: the run's own (a final checkpoint) stay in place."""
-
-        def capture_signals(self):
-            return contextlib.nullcontext()
-
-    return ServerWithoutSignals
-
-
-def _ServerWithoutSignals(config):  # noqa: N802 - made like the class it returns, imported only when started
-    return _server_class()(config)

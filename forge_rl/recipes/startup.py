@@ -18,6 +18,7 @@ from forge_rl.actors.reward import RewardActor, judge_engine_args
 from forge_rl.actors.reward_model import RewardModel
 from forge_rl.actors.trainer import Trainer
 from forge_rl.agents.factory import agent_entry
+from forge_rl.agents.gateway_client import GatewayClient
 from forge_rl.agents.rollout import AgentRunner
 from forge_rl.agents.server import AgentServer, EndpointSettings
 from forge_rl.agents.workers import AgentWorkers
@@ -130,8 +131,9 @@ async def start_actors(run, hosts: dict, gpus: list[str]) -> Roles:
 
 
 async def start_agents(run, generator) -> AgentRunner | None:
-    """The agent's OpenAI-compatible endpoint, served from this process on the run's generators, and what plays its
-    episodes: agent.workers worker processes, or (0) its function in this process; None without an agent."""
+    """The agent's OpenAI-compatible endpoint, served from a gateway process of its own in front of the run's
+    generators (agent.gateway.process: false, from this process), and what plays its episodes: agent.workers
+    worker processes, or (0) its function in this process; None without an agent."""
     cfg = run.cfg
     if not cfg.agent.enabled:
         return None
@@ -141,20 +143,29 @@ async def start_agents(run, generator) -> AgentRunner | None:
         max_model_len=model_len_and_room(cfg, run.model_dir)[0],
         non_prefix=cfg.agent.non_prefix,
         port=cfg.agent.port,
+        host=cfg.agent.gateway.host,
         tool_parser=cfg.agent.tool_parser,
         chat_template_kwargs=dict(cfg.chat_template_kwargs),
     )
-    server = AgentServer(run.tokenizer, generator, settings)
-    if cfg.agent.workers:  # the episodes played in worker processes of their own, off this one
-        say = lambda line: run.console.print(line, markup=False, highlight=False)  # noqa: E731
-        entry = await AgentWorkers(cfg.agent, cfg.model, server.run_key, run.log_dir, say).start()
+    say = lambda line: run.console.print(line, markup=False, highlight=False)  # noqa: E731
+    if cfg.agent.gateway.process:
+        server = GatewayClient(run.model_dir, settings, generator, run.tokenizer, say)
     else:
-        entry = agent_entry(cfg.agent, cfg.model)
+        server = AgentServer(run.tokenizer, generator, settings)
     await server.start()
+    try:
+        if cfg.agent.workers:  # the episodes played in worker processes of their own, off this one
+            entry = await AgentWorkers(cfg.agent, cfg.model, server.run_key, run.log_dir, say).start()
+        else:
+            entry = agent_entry(cfg.agent, cfg.model)
+    except BaseException:
+        await server.stop()  # nothing of a start that failed is left running
+        raise
     where = f"{cfg.agent.workers} agent workers" if cfg.agent.workers else "this process"
+    served = f"gateway process, pid {server.pid}" if cfg.agent.gateway.process else "this process"
     run.console.print(
-        f"agent {cfg.agent.name} ({where}): OpenAI-compatible endpoint at {server.base_url()} (each episode's "
-        f"client: http://127.0.0.1:{server.port}/episodes/<id>/v1)"
+        f"agent {cfg.agent.name} ({where}): OpenAI-compatible endpoint ({served}) at {server.base_url()} (each "
+        f"episode's client: {server.base_url().removesuffix('/v1')}/episodes/<id>/v1)"
     )
     return AgentRunner(server, entry, cfg.agent.max_concurrent_episodes)
 

@@ -131,6 +131,14 @@ class Service:
                 await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 1.0))
         return True
 
+    def forget_session(self, session: str) -> None:
+        """Drop a `session`'s sticky replica (its last call is made): the map holds only sessions in use."""
+        self._sessions.pop(session, None)
+
+    def live_replicas(self) -> list[tuple[int, int, Any]]:
+        """(index, generation, actor) of each healthy replica, for a role that calls them itself."""
+        return [(r.index, r.generation, r.actor) for r in self._replicas if r.healthy]
+
     def replica_info(self) -> list[dict[str, Any]]:
         return [
             dict(index=r.index, generation=r.generation, healthy=r.healthy, inflight=r.inflight, calls=r.calls)

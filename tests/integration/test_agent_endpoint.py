@@ -104,6 +104,9 @@ def run(tmp_path_factory):
             f"output_dir={out}",
             f"agent.entry={HERE}:two_turns",
             "agent.workers=0",  # two_turns in this process, which reads what it saw (agent workers: test_agent_workers)
+            # the endpoint in this process too: the tests read each episode's record as its calls come (the gateway
+            # process that serves it by default hands a record over when the episode ends: test_agent_workers)
+            "agent.gateway.process=false",
             "steps=2",
             *SMALL_SYNC_RUN,
         ],

@@ -1,21 +1,26 @@
-"""Agent episodes played by agent-worker processes (forge_rl/agents/worker.py, workers.py), off the controller: one
-synchronous GRPO run on tiny-warm whose agent is a program (agent.command, `PROGRAM` below: plain HTTP, one call)
-played by two workers, shared by every test here. Its step trains on episodes none of which ran in the
-controller; a program's failure in a worker comes back as its one line; a worker SIGKILLed in the middle of its
-episodes is named in one line and replaced, its group dropped and counted (never trained on half-recorded), the
-programs it ran stopped, and the next group trains."""
+"""Agent episodes played by agent-worker processes (forge_rl/agents/worker.py, workers.py) against the endpoint's
+gateway process (forge_rl/agents/gateway.py), both off the controller: one synchronous GRPO run on tiny-warm whose
+agent is a program (agent.command, `PROGRAM` below: plain HTTP, one call) played by two workers, shared by every
+test here. Its step trains on episodes none of which ran, or was served, in the controller; a program's failure in
+a worker comes back as its one line; a worker SIGKILLed in the middle of its episodes is named in one line and
+replaced, its group dropped and counted (never trained on half-recorded), the programs it ran stopped, and the next
+group trains; the same for the gateway, whose port is released with it; the gateway takes each episode's key."""
 
 import asyncio
 import dataclasses
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from forge_rl.agents.command import LOG_NAME
+from forge_rl.agents.gateway_client import LOST as GATEWAY_LOST
+from forge_rl.agents.gateway_client import GatewayClient
 from forge_rl.agents.workers import LOST, AgentWorkers
 from forge_rl.config import load_config
 from forge_rl.loop.rollout import DropLog, RolloutStats
@@ -67,10 +72,21 @@ def run(tmp_path_factory):
         line = loop.run_until_complete(grpo.rl_step())
         yield loop, grpo, line, program
     finally:
-        pids = [slot.pid for slot in grpo.agents.entry.slots] if grpo.agents else []
+        pids = [slot.pid for slot in grpo.agents.entry.slots] + [grpo.agents.server.pid] if grpo.agents else []
+        port = grpo.agents.server.port if grpo.agents else None
         loop.run_until_complete(grpo.stop())
         loop.close()
-        assert not _alive(pids)  # the workers stop with the run
+        assert not _alive(pids)  # the workers and the gateway stop with the run
+        if port:
+            assert not _listening(port)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def _alive(pids: list[int], wait_s: float = 10) -> list[int]:
@@ -111,6 +127,10 @@ def test_the_step_trains_on_episodes_played_by_the_workers(run):
     assert set(workers.played) <= pids and sum(workers.played.values()) >= 4  # batch_groups x group_size
     assert line["reward/agent_calls"] >= 1 and line["reward/mean"] == 1.0  # no program's parent is the controller
     assert not grpo.agents.server.episodes
+    gateway = grpo.agents.server  # the endpoint: a process of its own, neither the controller nor a worker
+    assert isinstance(gateway, GatewayClient) and gateway.pid not in pids | {os.getpid(), 0} and _running(gateway.pid)
+    stats, _ = run[0].run_until_complete(gateway.call_counts())
+    assert stats.calls >= 4  # every call of the step's episodes answered there
 
 
 def _group(run, script, kill=None):
@@ -125,7 +145,7 @@ def _group(run, script, kill=None):
 
     async def play():
         task = asyncio.ensure_future(runner.group(example, 2, grpo.roles.reward, stats))
-        while kill is not None and sum(r.calls for r in runner.server.episodes.values()) < 2:
+        while kill is not None and (await runner.server.call_counts())[1] < 2:
             await asyncio.sleep(0.05)
         if kill is not None:
             await asyncio.sleep(1.0)  # the worker's reaper has seen its programs (it looks every 0.5 s)
@@ -161,3 +181,54 @@ def test_a_killed_worker_is_named_replaced_and_its_group_dropped(run):
     played = workers.played[workers.slots[0].pid]
     group, stats, lines = _group(run, 0)  # the new worker plays its part of the next group
     assert group is not None and not lines and workers.played[workers.slots[0].pid] == played + 1
+
+
+def test_the_gateway_takes_each_episodes_key_only(run):
+    """A call without its episode's key, or with another's, is a 401 and never recorded; the root URL takes the
+    run's key."""
+    loop, grpo, _, _ = run
+    gateway = grpo.agents.server
+    body = {"model": "m", "messages": [{"role": "user", "content": "12+34="}]}
+
+    async def calls():
+        mine, other = await gateway.open(None, True), await gateway.open(None, True)
+        url = gateway.base_url(mine)
+        async with httpx.AsyncClient(timeout=60) as http:
+            codes = [
+                (await http.post(f"{url}/chat/completions", json=body, headers=h)).status_code
+                for h in ({}, {"Authorization": f"Bearer {other.key}"}, {"Authorization": f"Bearer {gateway.run_key}"})
+            ]
+            refused = await http.get(f"{gateway.base_url()}/models", headers={"Authorization": f"Bearer {mine.key}"})
+            root = await http.get(
+                f"{gateway.base_url()}/models", headers={"Authorization": f"Bearer {gateway.run_key}"}
+            )
+            served = await http.post(
+                f"{url}/chat/completions", json=body, headers={"Authorization": f"Bearer {mine.key}"}
+            )
+        return codes, refused, root, served, await gateway.close(mine), await gateway.close(other)
+
+    codes, refused, root, served, mine, other = loop.run_until_complete(calls())
+    assert codes == [401, 401, 401] and refused.status_code == 401 and "run's key" in refused.text
+    assert root.status_code == 200 and served.status_code == 200
+    assert mine.calls == 1 and other.calls == 0 and mine.failure is None and mine.replicas == {0}
+
+
+def test_a_killed_gateway_is_named_replaced_and_its_group_dropped(run):
+    loop, grpo, _, program = run
+    gateway, said = grpo.agents.server, []
+    gateway.write = said.append
+    killed, port = gateway.pid, gateway.port
+    group, stats, lines = _group(run, 60, kill=lambda w: os.kill(killed, signal.SIGKILL))
+    assert group is None and stats.drops[GATEWAY_LOST] == 2 and gateway.lost == 1  # no half-recorded episode trains
+    assert len(lines) == 1 and f"({GATEWAY_LOST})" in lines[0], lines
+    assert len(said) == 1 and f"agent gateway (pid {killed}) died" in said[0] and "\n" not in said[0], said
+    assert not gateway.episodes and not _alive([killed])
+    deadline = time.monotonic() + 120
+    while not gateway.healthy and time.monotonic() < deadline:
+        loop.run_until_complete(asyncio.sleep(0.2))
+    assert gateway.healthy and gateway.pid not in (killed, 0)
+    assert port == gateway.port or not _listening(port)  # nothing of the killed one listens
+    left = _alive(_programs(program), wait_s=30)  # the programs of the dropped group are stopped
+    assert not left
+    group, stats, lines = _group(run, 0)  # the new gateway serves the next group
+    assert group is not None and not lines

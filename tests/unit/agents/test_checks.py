@@ -86,6 +86,8 @@ def test_a_bad_agent_setting_is_one_line_naming_it(overrides, names):
         ("agent.workers=-1", ["agent.workers=-1", ">= 0"]),
         ("agent.episodes_per_worker=0", ["agent.episodes_per_worker=0", ">= 1"]),
         ("agent.workers=two", ["agent.workers"]),
+        ("agent.gateway.host='my host'", ["agent.gateway.host='my host'", "0.0.0.0"]),
+        ("agent.gateway.process=sometimes", ["agent.gateway.process"]),
     ],
 )
 def test_a_bad_agent_value_is_refused_when_read(override, names):
