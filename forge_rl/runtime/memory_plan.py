@@ -54,7 +54,7 @@ import argparse
 import json
 import math
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from forge_rl.config import ConfigError
@@ -65,6 +65,17 @@ TRAINER_OVERHEAD_GB = 1.0
 ENGINE_OVERHEAD_GB = 2.0
 MARGIN_GB = 2.0
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "auto": 2}
+
+
+def vision_parameters(config: dict) -> int:
+    """An Idefics3 vision tower's parameters (SigLIP's: patch and position embeddings, pre-norm layers with biases, a
+    final LayerNorm) and its connector's (one linear from the pixel-shuffled width to the language model's)."""
+    v = config["vision_config"]
+    h, inner, patch = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    embeddings = 3 * patch * patch * h + h + (v["image_size"] // patch) ** 2 * h
+    layer = 4 * (h * h + h) + 2 * h * inner + inner + h + 4 * h
+    connector = h * config.get("scale_factor", 1) ** 2 * config["text_config"]["hidden_size"]
+    return embeddings + v["num_hidden_layers"] * layer + 2 * h + connector
 
 
 @dataclass(frozen=True)
@@ -86,15 +97,21 @@ class ModelShape:
     num_experts: int = 0  # mixture of experts (Qwen3-MoE): 0 = dense
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
+    vision_parameters: int = 0  # a vision-language model's vision tower and connector (`vision_parameters`)
 
     @classmethod
     def from_config(cls, config: str | Path | dict, name: str | None = None) -> "ModelShape":
-        """From a config.json path (or its directory, or the dict); a missing key is a ValueError naming it."""
+        """From a config.json path (or its directory, or the dict); a missing key is a ValueError naming it. A
+        vision-language model's (Idefics3) is its language model's, plus its vision tower's parameters."""
         if not isinstance(config, dict):
             path = Path(config)
             path = path / "config.json" if path.is_dir() else path
             name = name or path.parent.name
             config = json.loads(path.read_text())
+        if "vision_config" in config and "text_config" in config:
+            text = {"tie_word_embeddings": config.get("tie_word_embeddings", False), **config["text_config"]}
+            shape = cls.from_config(text, name or config.get("model_type", "model"))
+            return replace(shape, vision_parameters=vision_parameters(config))
         need = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_attention_heads")
         if missing := [k for k in need if k not in config]:
             raise ValueError(f"model config of {name} has no {missing}: no memory plan for it")
@@ -134,7 +151,8 @@ class ModelShape:
 
     def parameters(self) -> int:
         embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
-        return embeddings + self.hidden_size + self.num_hidden_layers * self.layer_parameters()
+        decoder = embeddings + self.hidden_size + self.num_hidden_layers * self.layer_parameters()
+        return decoder + self.vision_parameters
 
     def fsdp_unit_bytes(self, tp: int = 1, ep: int = 1) -> int:
         """FSDP2's largest unit made whole on a rank for its forward and backward (its TP shard): the parameters in

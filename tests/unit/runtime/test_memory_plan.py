@@ -270,3 +270,21 @@ def test_a_mixture_of_experts_counts_every_expert_and_a_layer_made_whole_holds_i
     assert shape.layer_activation_bytes() > replace(shape, num_experts=0).layer_activation_bytes()  # 8 routed copies
     tiny = ModelShape.from_config(resolve_model_path("tiny-moe"))
     assert (tiny.num_experts, tiny.num_experts_per_tok, tiny.moe_intermediate_size) == (4, 2, 384)
+
+
+def test_a_vision_language_models_shape_is_its_language_models_plus_its_vision_towers():
+    """tiny-vlm (Idefics3): the plan counts every parameter its checkpoint holds (the tied head once), the language
+    model's layers from text_config and the vision tower and connector from vision_config."""
+    import math
+
+    from safetensors import safe_open
+
+    from forge_rl.models import resolve_model_path
+
+    model_dir = resolve_model_path("tiny-vlm")
+    shape = ModelShape.from_config(model_dir)
+    with safe_open(f"{model_dir}/model.safetensors", "pt") as f:
+        sizes = {k: math.prod(f.get_slice(k).get_shape()) for k in f.keys() if k != "lm_head.weight"}
+    vision = sum(n for k, n in sizes.items() if k.startswith(("model.vision_model.", "model.connector.")))
+    assert (shape.parameters(), shape.vision_parameters) == (sum(sizes.values()), vision)
+    assert shape.num_hidden_layers == 4 and shape.hidden_size == 128 and not shape.qk_norm  # its Llama
