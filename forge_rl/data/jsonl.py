@@ -34,6 +34,7 @@ class DatasetFormatError(DataError):
 class SFTExample:
     prompt_ids: list[int]
     response_ids: list[int]  # ends with the EOS token
+    images: tuple[bytes, ...] = ()  # a vision-language model's: the images its prompt's image tokens stand for
 
 
 def _messages_of(record: Any, where: str) -> list[dict[str, str]]:

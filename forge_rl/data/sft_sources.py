@@ -52,10 +52,61 @@ class ListSource:
         return len(self.examples)
 
 
-def make_source(dataset: str, tokenizer, seed: int, max_len: int | None):
-    """`dataset`: "arithmetic" (generated in code) or a local .jsonl file / HF dataset directory."""
+class TaskSource:
+    """The run's task (`task:`, as GRPO draws it) as SFT data: example i = row i of its seeded training stream, the
+    prompt rendered by the model's chat template and the row's answer (task.answer_column) the target. A row's
+    images (a vision-language model) are expanded by the model's processor into the ids the engine gives them, and
+    kept beside the tokens for the trainer's vision tower."""
+
+    def __init__(self, task, tokenizer, seed: int, max_len: int | None):
+        from forge_rl.data.task import TaskRows
+
+        self.rows, self.tokenizer, self.max_len = TaskRows(task, seed), tokenizer, max_len
+        self.processor, self.examples = None, []
+
+    def example(self, i: int) -> SFTExample:
+        while len(self.examples) <= i:
+            self.examples.append(self._tokenised(self.rows.next()))
+        return self.examples[i]
+
+    def _tokenised(self, row) -> SFTExample:
+        from forge_rl.data.sources import DataError
+
+        if row.answer is None:
+            raise DataError(f"{row.where}: no answer to train on (task.answer_column is null); SFT needs one")
+        ex = tokenize_messages(self.tokenizer, [*row.messages, {"role": "assistant", "content": row.answer}])
+        if row.images:
+            ex = SFTExample(self._expanded(ex, row), ex.response_ids, row.images)
+        if self.max_len is not None and len(ex.prompt_ids) + len(ex.response_ids) > self.max_len:
+            raise DataError(
+                f"{row.where}: {len(ex.prompt_ids) + len(ex.response_ids)} tokens after the chat template; the "
+                f"limit (the model's max_seq_len) is {self.max_len}"
+            )
+        return ex
+
+    def _expanded(self, ex: SFTExample, row) -> list[int]:
+        """The prompt's ids with each image placeholder expanded to its image's tokens, by the model's processor."""
+        from forge_rl.data.images import load_image
+        from forge_rl.data.vision import load_processor
+
+        if self.processor is None:
+            self.processor = load_processor(self.tokenizer.name_or_path)
+        text = self.tokenizer.decode(ex.prompt_ids, skip_special_tokens=False)
+        images = [[load_image(image, row.where) for image in row.images]]
+        ids = self.processor(text=[text], images=images)["input_ids"][0]  # as the engine expands them
+        return list(map(int, ids))
+
+    def __len__(self) -> int:
+        return sys.maxsize if self.rows.streamed else len(self.rows.examples)
+
+
+def make_source(dataset: str, tokenizer, seed: int, max_len: int | None, task=None):
+    """`dataset`: "arithmetic" (generated in code), "task" (the run's `task:` rows and answers: `TaskSource`), or a
+    local .jsonl file / HF dataset directory."""
     if dataset == "arithmetic":
         return ArithmeticSource(tokenizer, seed)
+    if dataset == "task":
+        return TaskSource(task, tokenizer, seed, max_len)
     return ListSource(load_sft_dataset(dataset, tokenizer, max_len=max_len), seed)
 
 
@@ -72,6 +123,7 @@ def train_batches(source, step: int, batch_size: int, dp: int, pad_id: int) -> l
             logprobs=torch.zeros(R),
             policy_versions=torch.zeros(R, dtype=torch.long),
             finish_reason="stop",
+            images=ex.images,
         )
         episodes.append(Episode(c, advantage=0.0))
     return [TrainBatch.collate(episodes[r::dp], pad_id=pad_id) for r in range(dp)]

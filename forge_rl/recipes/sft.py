@@ -133,7 +133,7 @@ class SFTRun(RecipeRun):
         )  # trainer.profile_steps' traces
         self.tokenizer = load_tokenizer(self.model_dir)
         max_len = json.loads((Path(self.model_dir) / "config.json").read_text()).get("max_position_embeddings")
-        self.source = make_source(cfg.dataset, self.tokenizer, cfg.seed, max_len)
+        self.source = make_source(cfg.dataset, self.tokenizer, cfg.seed, max_len, task=cfg.task)
         self.held_out = self._held_out(max_len) if cfg.eval_size else []
         self.claim_output(Path(cfg.trainer.checkpoint_dir), "sft")
         self.t_start = time.perf_counter()

@@ -40,7 +40,9 @@ class SFTConfig(RunConfig):
     rewards: list[RewardConfig] = field(default_factory=lambda: [RewardConfig("exact_match", 1.0)])
     eval_every: int = 0  # greedy held-out evaluation every N steps; 0 = only at the end
     output_dir: str = "outputs/sft"
-    dataset: str = "arithmetic"  # "arithmetic" (generated in code) or a local .jsonl file / HF dataset directory
+    # "arithmetic" (generated in code), "task" (the `task:` below: its rows, their answers the targets, images
+    # included), or a local .jsonl file / HF dataset directory
+    dataset: str = "arithmetic"
     batch_size: int = 256  # sequences per step, over all data-parallel ranks
     # the evaluation's engine, under GRPO's keys: generator.engine_args (vLLM's) and generator.sampling.max_tokens
     generator: GeneratorConfig = field(default_factory=_default_generator)

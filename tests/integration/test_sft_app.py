@@ -229,3 +229,28 @@ def test_tiny_warm_greedy_accuracy_is_in_the_documented_band(tokenizer):
     result = asyncio.run(asyncio.wait_for(body(), 300))
     assert result["n"] == 100 and result["format_ok"] > 0.9
     assert WARM_BAND[0] <= result["accuracy"] <= WARM_BAND[1], result
+
+
+def test_sft_of_a_vision_language_model_on_its_tasks_images(tmp_path):
+    """`dataset: task` on the digit-sum task with tiny-vlm (configs/sft/tiny_vlm.yaml): each row's image goes with
+    its tokens to the trainer's vision tower, the loss falls, and the export is a whole Idefics3 (vision tower,
+    connector, processor files) that transformers loads with every weight."""
+    import torch
+    from transformers import Idefics3ForConditionalGeneration
+
+    cfg = load_config(
+        SFTConfig,
+        REPO / "configs/sft/tiny_vlm.yaml",
+        [f"output_dir={tmp_path}", "steps=4", "batch_size=16", "eval_size=0", f"export_dir={tmp_path}/hf"],
+    )
+    summary = asyncio.run(main(cfg))
+    losses = [r["train/loss"] for r in read_metrics(tmp_path) if "train/loss" in r]
+    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0], losses
+    assert {"preprocessor_config.json", "processor_config.json"} <= {p.name for p in (tmp_path / "hf").iterdir()}
+    model, info = Idefics3ForConditionalGeneration.from_pretrained(
+        summary["export_dir"], dtype=torch.float32, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    shipped = Idefics3ForConditionalGeneration.from_pretrained(REPO / "forge_rl/models/tiny_vlm", dtype=torch.float32)
+    tower = "model.vision_model.encoder.layers.0.mlp.fc1.weight"
+    assert not torch.equal(model.state_dict()[tower], shipped.state_dict()[tower])  # the tower trained too
