@@ -79,7 +79,8 @@ class Reference(ForgeActor):
             self.store = ShmWeightStore(cfg=self.store_cfg, source=self.weight_source)
         await self.store.prefetch(version, timeout=timeout_s)  # another host's: copied here first
         with self.store.pinned(version) as path:
-            load_sharded(self.model.module, self.model.adapter, path)
+            # trainer.freeze's parameters are not in a pushed version: they stay the checkpoint's, as the policy's
+            load_sharded(self.model.module, self.model.adapter, path, kept=tuple(self.model.cfg.freeze))
         self.policy_version = version
         return version
 

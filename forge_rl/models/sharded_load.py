@@ -96,11 +96,14 @@ def load_sharded(
     extra: dict[str, torch.Tensor] | None = None,
     ignore: tuple[str, ...] = (),
     block_bytes: int = 64 << 20,
+    kept: tuple[str, ...] = (),
 ) -> dict[str, int]:
     """Load `model_dir`'s checkpoint into `model`'s parameters, each parameter's local shard read alone and
     copied into place; `extra` holds full tensors for parameters the checkpoint does not have (LoRA adapters
-    at start); `ignore` names checkpoint tensors left unread. Returns the bytes read, the largest single read and
-    the checkpoint's bytes. Each shard is read `block_bytes` of rows at a time, so no read exceeds it.
+    at start); `ignore` names checkpoint tensors left unread; `kept`: names (and what is under them) whose
+    parameters keep their values where the checkpoint lacks them (trainer.freeze's: a pushed version leaves them
+    out). Returns the bytes read, the largest single read and the checkpoint's bytes. Each shard is read
+    `block_bytes` of rows at a time, so no read exceeds it.
 
     Parameters are written directly, not through `load_state_dict`: TorchTitan's fused q/k/v projection
     would gather whole q, k and v tensors on every rank in its state-dict hooks, so its rows are read here
@@ -111,10 +114,13 @@ def load_sharded(
         names["lm_head.weight"] = names["tok_embeddings.weight"]  # tied: HF checkpoints may omit the head
     experts = _expert_sources(model, checkpoint)
     extra = extra or {}
-    _check_names(model, names, extra, model_dir, experts, checkpoint)
+    kept_absent = {n for n in (state_dict_name(p) for p, _ in model.named_parameters()) if _under(n, kept)} - set(names)
+    _check_names(model, names, {**extra, **dict.fromkeys(kept_absent)}, model_dir, experts, checkpoint)
     with torch.no_grad():
         for module_path, param in model.named_parameters():  # a tied weight once
             name = state_dict_name(module_path)  # the checkpoint's names are the state dict's
+            if name in kept_absent:
+                continue
             shape, offset = _local_block(param)
             _check_shape(checkpoint, names, experts, extra, name, tuple(param.shape), model_dir)
             local = _local(param)
@@ -188,6 +194,10 @@ def _read_fused_qkv(
         for source, first, end in fused_qkv.rows(offset[0], offset[0] + shape[0], module.heads_per_kv, module.head_dim)
     ]
     return torch.cat(pieces) if pieces else torch.empty(shape)
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
 def _check_names(

@@ -97,3 +97,23 @@ def test_missing_and_extra_tensors_are_named(tmp_path):
         build_model(tmp_path / "m")
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors files"):
         SafetensorsCheckpoint(tmp_path)
+
+
+def test_kept_parameters_the_checkpoint_lacks_keep_their_values_and_the_others_load(tmp_path):
+    """trainer.freeze's parameters are not in a pushed version: a reference following the policy loads the rest
+    and keeps its own copy of them (`kept`); a parameter the checkpoint lacks and nobody keeps is still an error."""
+    from forge_rl.models.sharded_load import load_sharded
+
+    shutil.copytree(TINY_MODEL_DIR, tmp_path / "m")
+    (file,) = (tmp_path / "m").glob("*.safetensors")
+    tensors = {k: v + 1 if k.startswith("model.layers.") else v for k, v in load_file(file).items()}
+    frozen = tensors.pop("model.layers.0.mlp.up_proj.weight")
+    save_file(tensors, file, metadata={"format": "pt"})
+    model, adapter = build_model(TINY_MODEL_DIR)
+    before = model.layers["0"].feed_forward.w3.weight.detach().clone()
+    load_sharded(model, adapter, tmp_path / "m", kept=("layers.0.feed_forward",))
+    assert torch.equal(model.layers["0"].feed_forward.w3.weight, before)  # kept, not the popped (+1) tensor
+    assert torch.equal(model.layers["0"].feed_forward.w1.weight, tensors["model.layers.0.mlp.gate_proj.weight"])
+    assert not torch.equal(before, frozen)
+    with pytest.raises(ValueError, match=r"checkpoint lacks \['layers.0.feed_forward.w3.weight'\]"):
+        load_sharded(model, adapter, tmp_path / "m", kept=("layers.1",))
