@@ -378,6 +378,7 @@ def test_the_trainer_scores_image_rows_as_the_engine_and_a_frozen_tower_stays_ou
         optim=OptimizerConfig(lr=1e-2, warmup_steps=0),
         checkpoint_dir=str(tmp_path / "ckpt"),
         freeze=["vision"],
+        micro_batch_size=2,  # each rank's rows of two images, then its rows of one
     )
     trainer = loop.run_until_complete(Trainer.options(procs=2, spmd=True).as_actor(cfg))
     store = ShmWeightStore()
