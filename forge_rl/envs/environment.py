@@ -34,9 +34,10 @@ class Environment:
         environment), given the environment's `env.args`."""
         return {}
 
-    async def reset(self, example: Any) -> list[dict[str, str]] | None:
+    async def reset(self, example: Any) -> "list[dict[str, str]] | EnvStep | None":
         """Start on `example` (a forge_rl.data.task.TaskExample). None: the model answers the example's prompt;
-        chat messages: the model answers these instead (every trajectory of a group must get the same ones)."""
+        chat messages: the model answers these instead (every trajectory of a group must get the same ones); an
+        EnvStep: its messages, showing its images (a vision-language model), in place of the example's."""
 
     async def step(self, reply: str) -> EnvStep:
         raise NotImplementedError(f"{type(self).__name__} must override Environment.step(reply) -> EnvStep")

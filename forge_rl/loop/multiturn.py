@@ -35,7 +35,7 @@ from forge_rl.actors.dataset import PromptDataset
 from forge_rl.actors.replay_buffer import ReplayBuffer
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.envs.base import EnvConfig, Environment
-from forge_rl.envs.environment import EVAL_TRAJECTORIES, EnvError
+from forge_rl.envs.environment import EVAL_TRAJECTORIES, EnvError, EnvStep
 from forge_rl.errors import RunStopped
 from forge_rl.loop.rollout import FAIL_FAST_GROUPS, KEPT_OVER_CAP
 from forge_rl.loop.turn_renderer import TurnRenderer
@@ -234,10 +234,8 @@ async def play_group(
     envs: list[Environment] = []
     try:
         envs += [make_env() for _ in range(n)]
-        posed = await asyncio.gather(*(env.reset(example) for env in envs))
-        posed_ids = posed_prompt(posed, renderer, example)
-        prompt_ids = posed_ids or prompt_ids
-        images = () if posed_ids else tuple(getattr(example, "images", ()))  # a posed prompt has none
+        posed = posed_prompt(await asyncio.gather(*(env.reset(example) for env in envs)), renderer, example)
+        prompt_ids, images = posed or (prompt_ids, tuple(getattr(example, "images", ())))
         budget = min(max_tokens, env_cfg.max_total_tokens)
         first = await generate(
             generator, prompt_ids, n=n, max_tokens=budget, **TurnImages(images).generate_args(), **sampling
@@ -254,8 +252,9 @@ async def play_group(
         await close_all(envs)
 
 
-def posed_prompt(posed: list, renderer: TurnRenderer, example) -> list[int] | None:
-    """The prompt the environments posed at reset (one for the whole group), as token ids; None: the example's."""
+def posed_prompt(posed: list, renderer: TurnRenderer, example) -> tuple[list[int], tuple[bytes, ...]] | None:
+    """The prompt the environments posed at reset (one for the whole group), as token ids, with the images it shows
+    (an EnvStep's: forge_rl/loop/turn_images.py); None: the example's."""
     if all(p is None for p in posed):
         return None
     if any(p != posed[0] for p in posed):
@@ -263,7 +262,10 @@ def posed_prompt(posed: list, renderer: TurnRenderer, example) -> list[int] | No
             f"the environments of example {example.id}'s group posed different prompts at reset: every trajectory "
             "of a group must start on the same task (the same seed and reset arguments must give the same one)"
         )
-    return renderer.prompt(posed[0])
+    step = posed[0] if isinstance(posed[0], EnvStep) else EnvStep(messages=posed[0])
+    pictures = TurnImages()
+    messages = pictures.messages(step, f"example {example.id}'s reset")
+    return renderer.prompt(messages), tuple(pictures.images)
 
 
 async def close_all(envs: list[Environment]) -> None:

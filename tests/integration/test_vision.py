@@ -280,13 +280,14 @@ def test_the_agent_endpoint_takes_an_image_part(generator, processor, rows):
     assert second.prompt_token_ids[: len(first.prompt_token_ids)] == first.prompt_token_ids
 
 
+@pytest.mark.parametrize("posed", [False, True], ids=["row-image", "posed-at-reset"])
 def test_a_multi_turn_environment_shows_an_image_and_the_trajectory_keeps_exact_tokens(
-    generator, processor, rows, transformers_model
+    generator, processor, rows, transformers_model, posed
 ):
     """An environment whose step shows an image (`EnvStep.images`): the model's next turn is sampled with the
-    row's image and the environment's; the trajectory holds the engine's ids (both images expanded, the
-    environment's masked) and both images, and transformers on those ids and pixels computes the behaviour logprobs
-    of every model token of both turns."""
+    prompt's image (the row's, or one the environment posed at reset with its own question) and the environment's;
+    the trajectory holds the engine's ids (both images expanded, the environment's masked) and both images, and
+    transformers on those ids and pixels computes the behaviour logprobs of every model token of both turns."""
     import torch
 
     from forge_rl.data.images import load_image
@@ -299,6 +300,11 @@ def test_a_multi_turn_environment_shows_an_image_and_the_trajectory_keeps_exact_
 
     class ShowsAnImage(Environment):
         shown = False
+
+        async def reset(self, example):
+            if posed:  # the environment's own question about its own image, in place of the row's
+                return EnvStep(messages=[{"role": "user", "content": "Add <image>."}], images=[rows[1]["image"]])
+            return None
 
         async def step(self, reply):
             if self.shown:
@@ -318,7 +324,8 @@ def test_a_multi_turn_environment_shows_an_image_and_the_trajectory_keeps_exact_
     )
     for trajectory in loop.run_until_complete(played):
         c = trajectory.completion
-        assert trajectory.turns == 2 and c.images == (example.images[0], rows[2]["image"])
+        first_image = rows[1]["image"] if posed else example.images[0]
+        assert trajectory.turns == 2 and c.images == (first_image, rows[2]["image"])
         ids = torch.cat([c.prompt_ids, c.response_ids])
         # the row's image in the prompt, the environment's in its (masked) tokens; the random model's own turns are
         # seeded to hold no image token (transformers would take one for a third image)
