@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from forge_rl.agents.http import Listener
+from forge_rl.agents.http import Listener, url_host
 
 
 def _app():
@@ -41,3 +41,20 @@ def test_a_call_on_a_kept_connection_takes_no_delayed_ack():
     assert median < 0.02, f"{median * 1e3:.1f} ms a call"  # 40 ms and more when a response waits for an ACK
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
+
+
+def test_bound_to_every_interface_its_urls_name_this_host():
+    """agent.gateway.host: 0.0.0.0 (agents on the run's other hosts): the URLs handed out name this host, and a call
+    to that name is answered."""
+
+    async def run():
+        listener = Listener()
+        port = await listener.start(_app(), "0.0.0.0", 0)
+        try:
+            async with httpx.AsyncClient() as http:
+                return (await http.get(f"http://{url_host('0.0.0.0')}:{port}/v1/models")).status_code
+        finally:
+            await listener.stop()
+
+    assert url_host("0.0.0.0") == socket.gethostname() and url_host("10.0.0.5") == "10.0.0.5"
+    assert asyncio.run(run()) == 200
