@@ -43,7 +43,7 @@ from forge_rl.actors.generator_engine import (
     watch_engine,
 )
 from forge_rl.actors.generator_outputs import Child, completion_of, completion_routes, filler_completion
-from forge_rl.actors.generator_images import image_inputs
+from forge_rl.actors.generator_images import image_inputs, prefill_once
 from forge_rl.actors.generator_stats import GeneratorStats
 from forge_rl.actors.generator_weights import GeneratorWeights
 from forge_rl.data.images import model_max_pixels
@@ -215,6 +215,10 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
         # request's adapter), so every token of it is that version's. None = version 0, the base model.
         version = self.policy_version if adapter_version is None else self._loaded_adapter(adapter_version)
         adapter = self._use_adapter(version)
+        if images is not None and n > 1:  # the group's samples then reuse the prompt's cached blocks
+            await asyncio.wait_for(
+                prefill_once(self.engine, prompt_ids, images, f"{request_id}-prefill", adapter), timeout_s
+            )
         self._enter(n)
         self._in_flight[request_id] = (len(prompt_ids), children)
         stream = asyncio.ensure_future(

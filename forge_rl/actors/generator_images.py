@@ -35,3 +35,17 @@ def image_inputs(
     loaded = [load_image(image, f"image {i} of the prompt", max_pixels) for i, image in enumerate(images)]
     recorded = tuple(bytes(i) if isinstance(i, (bytes, bytearray)) else encode_png(p) for i, p in zip(images, loaded))
     return {"image": loaded, "recorded": recorded}
+
+
+async def prefill_once(engine, prompt_ids: list[int], images: dict[str, Any], request_id: str, adapter) -> None:
+    """Run an image prompt once (one greedy token, thrown away) so that its full blocks are in the engine's prefix
+    cache before a group's samples start. vLLM schedules the prefills of a request's n samples in one engine step,
+    before any of their blocks is cached: without this, a group of an image not seen before computes its prompt,
+    and its image through the vision encoder, once per sample. A prompt already cached costs one decode step."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompt = TokensPrompt(prompt_token_ids=prompt_ids, multi_modal_data={"image": images["image"]})
+    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    async for _ in engine.generate(prompt, params, request_id, lora_request=adapter):
+        pass
