@@ -19,7 +19,8 @@ Environments are named in config (`env.name`): a key of `ENVIRONMENTS` or "packa
 `env.name` is then "openenv".
 
 `reset` may return chat messages: they replace the task's prompt (an environment that poses its own task, as
-an OpenEnv one's first observation does); or an EnvStep, whose messages may show its images. `close` is called when the trajectory ends, however it ends.
+an OpenEnv one's first observation does); or an EnvStep, whose messages may show its images. `close` is called
+when the trajectory ends, however it ends.
 
 For a vision-language model a step's observation may show images: `EnvStep(messages=[{"role": "user", "content":
 "Now: <image>"}], images=[png_bytes])`. The model's next turn sees them and every earlier image of the trajectory
