@@ -24,7 +24,7 @@ from forge_rl.agents.gateway import AgentGateway
 from forge_rl.agents.server import EndpointSettings
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.errors import RunStopped
-from forge_rl.runtime.actor import stop_actor
+from forge_rl.runtime.actor import respawn, stop_actor
 from forge_rl.runtime.faults import why_lost
 from forge_rl.runtime.replies import replies
 
@@ -169,18 +169,13 @@ class GatewayClient:
 
     async def _replace(self) -> None:
         old, self.actor = self.actor, None
-        with contextlib.suppress(Exception):
-            await stop_actor(old)
-        for attempt in range(1, RESPAWN_TRIES + 1):
+
+        async def spawn():
             self.generation += 1
-            try:
-                await self._spawn()
-                return
-            except Exception as e:
-                line = str(getattr(e, "exception", e)).strip().splitlines()
-                self.write(f"agent gateway did not start again (try {attempt}): {(line or ['?'])[-1][:300]}")
-                await asyncio.sleep(2.0)
-        self._gone = True
+            await self._spawn()
+
+        if not await respawn(old, spawn, "agent gateway", self.write, RESPAWN_TRIES):
+            self._gone = True
 
     def _keep(self, coroutine) -> None:
         task = asyncio.ensure_future(coroutine)

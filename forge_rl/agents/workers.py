@@ -26,7 +26,7 @@ from forge_rl.agents.entry import AgentReward, EpisodeFailed
 from forge_rl.agents.worker import AgentWorker
 from forge_rl.deps.monarch import SupervisionError
 from forge_rl.errors import RunStopped
-from forge_rl.runtime.actor import stop_actor
+from forge_rl.runtime.actor import respawn, stop_actor
 from forge_rl.runtime.faults import why_lost
 from forge_rl.runtime.replies import replies
 
@@ -162,18 +162,13 @@ class AgentWorkers:
 
     async def _replace(self, slot: WorkerSlot) -> None:
         old, slot.actor = slot.actor, None
-        with contextlib.suppress(Exception):
-            await stop_actor(old)
-        for attempt in range(1, RESPAWN_TRIES + 1):
+
+        async def spawn():
             slot.generation += 1
-            try:
-                await self._spawn(slot)
-                return
-            except Exception as e:
-                line = str(getattr(e, "exception", e)).strip().splitlines()
-                self.write(f"agent worker {slot.index} did not start again (try {attempt}): {(line or ['?'])[-1]}")
-                await asyncio.sleep(2.0)
-        self._changed.set()
+            await self._spawn(slot)
+
+        if not await respawn(old, spawn, f"agent worker {slot.index}", self.write, RESPAWN_TRIES):
+            self._changed.set()
 
     async def close(self) -> None:
         """Every worker: its agent's resources closed, its process stopped."""

@@ -35,6 +35,12 @@ def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
         raise ValueError(
             f"{model_dir}/config.json: model_type is {hf.get('model_type')!r}, expected 'qwen3' or 'qwen3_moe'"
         )
+    return dense_config(hf)
+
+
+def dense_config(hf: dict, qk_norm: bool = True) -> Qwen3Model.Config:
+    """TorchTitan's dense Qwen3 config of the HF config `hf`; without `qk_norm` (no per-head q/k RMSNorm) it is a
+    Llama's, whose weights have the same names and rotary convention (forge_rl/models/vision_language.py)."""
     head_dim, rope = attention_shape(hf)
     layers = build_qwen3_layers(
         n_layers=hf["num_hidden_layers"],
@@ -46,6 +52,9 @@ def titan_config(model_dir: str | Path) -> Qwen3Model.Config:
         attn_backend="flex",  # replaced below; the builder only accepts masked backends
         rope=rope,
     )
+    if not qk_norm:
+        for layer in layers:
+            layer.attention.qk_norm = None
     return model_config(hf, layers)
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-# first: it makes TorchTitan's device type "cpu" without an accelerator, before its model modules import
-from forge_rl.deps.torchtitan import build_qwen3_layers
-from forge_rl.models.qwen3_config import attention_shape, model_config, read_hf_config
+# first (through forge_rl/deps/torchtitan.py): TorchTitan's device type "cpu" without an accelerator
+from forge_rl.models.qwen3 import dense_config
+from forge_rl.models.qwen3_config import read_hf_config
 
 HF_PREFIXES = {"model.vision_model.": "vision.vision_model.", "model.connector.": "vision.connector."}
 TEXT_PREFIX = "model.text_model."
@@ -41,23 +41,8 @@ def text_config(hf: dict) -> dict:
 
 def titan_config(model_dir: str | Path):
     """TorchTitan's config of the language model of the vision-language checkpoint in `model_dir`."""
-    hf = read_hf_config(model_dir)
-    text = text_config(hf)
-    head_dim, rope = attention_shape(text)
-    layers = build_qwen3_layers(
-        n_layers=text["num_hidden_layers"],
-        dim=text["hidden_size"],
-        n_heads=text["num_attention_heads"],
-        n_kv_heads=text["num_key_value_heads"],
-        head_dim=head_dim,
-        hidden_dim=text["intermediate_size"],
-        attn_backend="flex",  # replaced by model_config; the builder only accepts masked backends
-        rope=rope,
-    )
-    if text["model_type"] == "llama":
-        for layer in layers:
-            layer.attention.qk_norm = None
-    return model_config(text, layers)
+    text = text_config(read_hf_config(model_dir))
+    return dense_config(text, qk_norm=text["model_type"] != "llama")
 
 
 class VisionTower(torch.nn.Module):

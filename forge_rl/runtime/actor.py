@@ -12,6 +12,8 @@ endpoints, and the base class defines `setup` as async). Blocking work inside an
 wrap it in `asyncio.to_thread` when the actor must stay responsive meanwhile.
 """
 
+import asyncio
+import contextlib
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -103,3 +105,20 @@ class _Launcher:
 async def stop_actor(actor: ActorMesh) -> None:
     """Stop an actor made by `as_actor` and its proc mesh."""
     await stop_proc_mesh(actor._forge_proc_mesh)
+
+
+async def respawn(old: ActorMesh | None, spawn, name: str, write, tries: int = 3, wait_s: float = 2.0) -> bool:
+    """Replace a dead actor: stop `old` (what stopping a dead one raises is moot), then `await spawn()` up to `tries`
+    times, a line naming `name` for each try that fails. Returns whether one started."""
+    if old is not None:
+        with contextlib.suppress(Exception):
+            await stop_actor(old)
+    for attempt in range(1, tries + 1):
+        try:
+            await spawn()
+            return True
+        except Exception as e:
+            line = str(getattr(e, "exception", e)).strip().splitlines()
+            write(f"{name} did not start again (try {attempt}): {(line or ['?'])[-1][:300]}")
+            await asyncio.sleep(wait_s)
+    return False
