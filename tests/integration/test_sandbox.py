@@ -94,10 +94,12 @@ def test_code_tests_reward_scores_solutions_by_the_rows_tests():
         "Here is the function:\n```python\ndef add(a, b):\n    return a + b\n```",
         "```python\ndef add(a, b):\n    return a - b\n```",
         "def add(a, b): return a + b",
-        "```python\nimport os\nwhile True: os.fork()\n```",
         "```python\nimport shutil; shutil.rmtree('/usr')\n```",
+        "```python\nwhile True: pass\n```",
     ]
-    rewards = code_tests([""] * 5, completions, tests=[tests] * 5, wall_s=3, cpu_s=1)
+    # A wall clock well above a solution's start-up on a loaded 2-core machine: the rows run two at a time, and
+    # a correct solution beside the busy loop must not time out (the fork bomb has tests of its own above).
+    rewards = code_tests([""] * 5, completions, tests=[tests] * 5, wall_s=20, cpu_s=1)
     assert rewards == [1.0, 0.0, 1.0, 0.0, 0.0]
     assert os.path.isdir("/usr/bin")
     assert extract_code("a\n```py\nx = 1\n```\nb\n```python\ny = 2\n```") == "y = 2\n"
