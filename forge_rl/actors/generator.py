@@ -43,7 +43,7 @@ from forge_rl.actors.generator_engine import (
     watch_engine,
 )
 from forge_rl.actors.generator_outputs import Child, completion_of, completion_routes, filler_completion
-from forge_rl.actors.generator_images import image_inputs, prefill_once
+from forge_rl.actors.generator_images import image_engine_args, image_inputs, prefill_once
 from forge_rl.actors.generator_stats import GeneratorStats
 from forge_rl.actors.generator_weights import GeneratorWeights
 from forge_rl.data.images import model_max_pixels
@@ -137,6 +137,7 @@ class Generator(GeneratorWeights, GeneratorStats, ForgeActor):
             args.update(CPU_ENGINE_DEFAULTS)
         if self.lora is not None:
             args.update(lora_engine_args(self.lora.rank))
+        args.update(image_engine_args(self.model))
         args.update(self.engine_args)
         if self.record_routes:
             args.update(route_engine_args(cuda, self.engine_args, self.engine_args_key))

@@ -13,6 +13,15 @@ with): image bytes as given, anything else (a path, a PIL image) encoded as PNG 
 from typing import Any
 
 from forge_rl.data.images import DEFAULT_MAX_PIXELS, encode_png, load_image
+from forge_rl.data.vision import image_token_id, model_config
+
+
+def image_engine_args(model: str) -> dict[str, Any]:
+    """The engine arguments a vision-language model's generator adds (none for a text model). A weight swap clears
+    vLLM's multimodal input cache on both sides of the engine, at two moments; a request added in between arrives
+    without its image and ends with no tokens. Prompts' images are small next to their decoding: none is cached
+    (the generator's engine_args can still set one)."""
+    return {"mm_processor_cache_gb": 0} if image_token_id(model_config(model)) is not None else {}
 
 
 def image_inputs(

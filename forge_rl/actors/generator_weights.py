@@ -22,8 +22,8 @@ from forge_rl.weights.shm import FILE, version_dir
 
 
 class GeneratorWeights:
-    """Generator's weights half: needs self.engine, store, lora, model, reload_method, policy_version, _in_flight,
-    _abort_too_old, _tick and _held_s (forge_rl/actors/generator_stats.py)."""
+    """Generator's weights half: needs self.engine, store, lora, model, image_token, reload_method, policy_version,
+    _in_flight, _abort_too_old, _tick and _held_s (forge_rl/actors/generator_stats.py)."""
 
     def _init_weights(self) -> None:
         self._swap_lock: asyncio.Lock | None = None
@@ -57,6 +57,7 @@ class GeneratorWeights:
                 )
             if self.lora is not None:  # no pause: requests in flight finish on their adapter, new ones take this one
                 return await self._add_adapter(version, prefetched - start)
+            mode = self._image_safe_mode(mode)
             pause_mode = {"keep_kv": "keep", "recompute_kv": "keep", "drain": "wait"}[mode]
             await self.engine.pause_generation(mode=pause_mode, clear_cache=mode != "keep_kv")
             paused = time.perf_counter()
@@ -100,6 +101,14 @@ class GeneratorWeights:
         )
         self.updates.append(record)
         return record
+
+    def _image_safe_mode(self, mode: str) -> str:
+        """The swap mode a vision-language model can take. vLLM 0.32 cannot recompute running requests that have
+        images after a swap: preempted with their KV cache (with or without its multimodal and encoder caches
+        cleared), they miss the encoder outputs they need ("Encoder cache miss") and the engine dies. Such a
+        generator drains instead: the requests in flight finish on the old weights, the caches are cleared while
+        none runs, and the next requests start on the new ones (their versions say which)."""
+        return "drain" if mode == "recompute_kv" and self.image_token is not None else mode
 
     async def _load(self, version: int) -> None:
         """Reload the engine's weights from the store's `version` (prefetched) and label what follows."""

@@ -358,7 +358,8 @@ def test_the_trainer_scores_image_rows_as_the_engine_and_a_frozen_tower_stays_ou
     """The trainer's vision-language model (TorchTitan's decoder behind transformers' Idefics3 tower, FSDP2 over 2
     ranks) computes the engine's behaviour logprobs of image rows (of two images and of one) within the fp32 bound.
     A step with trainer.freeze=[vision] trains the language model only, and its push holds the language model's
-    tensors only: the engine updated to it keeps its tower, and scores as the trainer does again."""
+    tensors only: the engine updated to it, with image requests in flight, keeps its tower and scores as the trainer
+    does again."""
     from forge_rl.actors.trainer import Trainer
     from forge_rl.actors.trainer_config import OptimizerConfig, ParallelConfig, TrainerConfig
     from forge_rl.runtime.actor import stop_actor
@@ -400,7 +401,16 @@ def test_the_trainer_scores_image_rows_as_the_engine_and_a_frozen_tower_stays_ou
         published = store.load(1)
         assert "model.text_model.embed_tokens.weight" in published and "lm_head.weight" in published
         assert not any(k.startswith(("model.vision_model.", "model.connector.")) for k in published)
-        loop.run_until_complete(svc.update_weights.call_all(1))
+        # the swap meets image requests in flight: a vision-language engine drains them (its recompute_kv swap
+        # loses their encoder outputs in vLLM 0.32) and none ends without tokens
+        in_flight = [
+            loop.create_task(svc.generate.route(one, images=[rows[2]["image"]], n=4, temperature=1.0, max_tokens=40))
+            for _ in range(3)
+        ]
+        record = loop.run_until_complete(svc.update_weights.call_all(1, mode="recompute_kv"))[0]
+        assert record["mode"] == "drain" and record["version"] == 1
+        groups = loop.run_until_complete(asyncio.gather(*in_flight))
+        assert all(len(c.response_ids) > 0 for group in groups for c in group)
         assert max(gap(trainer, b) for b in sampled()) < 1e-4  # the engine's tower is the checkpoint's: frozen
     finally:
         store.close()

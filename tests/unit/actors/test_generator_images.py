@@ -5,7 +5,8 @@ import io
 import pytest
 from PIL import Image
 
-from forge_rl.actors.generator_images import image_inputs
+from forge_rl.actors.generator_images import image_engine_args, image_inputs
+from forge_rl.models import resolve_model_path
 
 IMAGE_TOKEN = 100
 
@@ -39,3 +40,8 @@ def test_one_image_per_placeholder_becomes_vllms_multimodal_input_and_is_recorde
 def test_what_the_engine_could_not_take_is_refused(ids, images, token, message):
     with pytest.raises(ValueError, match=message):
         image_inputs(ids, images, token, "m")
+
+
+def test_a_vision_language_engine_runs_without_the_multimodal_input_cache_a_swap_would_desync():
+    assert image_engine_args(resolve_model_path("tiny-vlm")) == {"mm_processor_cache_gb": 0}
+    assert image_engine_args(resolve_model_path("tiny")) == {}
