@@ -1,7 +1,8 @@
-"""A procedural visual task: two digits drawn into a small image, the answer their sum.
+"""A procedural visual task: two digits drawn into a small image, the answer their sum (`digit_sum`), or the two
+digits read left to right (`digit_read`: the same images, a question that needs no arithmetic).
 
     task:
-      source: digit_sum        # training rows, endless; held-out rows: a fixed pool
+      source: digit_sum        # training rows, endless; held-out rows: a fixed pool (digit_read alike)
 
 Each image is IMAGE_SIZE pixels square, white, with the first digit somewhere in its left half and the second in
 its right half, each at a random size, position and grey level. The image is fully described by its `Layout`,
@@ -21,6 +22,7 @@ from forge_rl.data.vision import IMAGE_MARKER
 IMAGE_SIZE = 64
 DIGIT_SIZES = (14, 30)  # the font size range, in pixels
 QUESTION = f"{IMAGE_MARKER}Add the two digits."
+READ_QUESTION = f"{IMAGE_MARKER}Read the two digits."
 HELD_OUT_BUCKETS = 10  # one layout in HELD_OUT_BUCKETS is held out
 HELD_OUT_SEED = 20261202
 HELD_OUT_POOL = 500
@@ -43,6 +45,10 @@ class Layout:
     @property
     def answer(self) -> str:
         return str(self.left.value + self.right.value)
+
+    @property
+    def reading(self) -> str:
+        return f"{self.left.value}{self.right.value}"
 
     def held_out(self) -> bool:
         """Whether this layout belongs to the held-out split: a stable hash of everything that draws it."""
@@ -75,8 +81,14 @@ def draw(layout: Layout):
     return image
 
 
-def row(layout: Layout, row_id: str) -> dict:
-    return {"id": row_id, "prompt": QUESTION, "image": encode_png(draw(layout)), "answer": layout.answer}
+def row(layout: Layout, row_id: str, read: bool = False) -> dict:
+    answer = layout.reading if read else layout.answer
+    return {
+        "id": row_id,
+        "prompt": READ_QUESTION if read else QUESTION,
+        "image": encode_png(draw(layout)),
+        "answer": answer,
+    }
 
 
 def iter_layouts(seed: int, held_out: bool):
@@ -91,13 +103,25 @@ def iter_layouts(seed: int, held_out: bool):
 # ---- as a task (task.source: digit_sum) -------------------------------------------------------------------
 
 
-def training_rows(seed: int = 0):
+def training_rows(seed: int = 0, read: bool = False):
     """Training rows, endless: {"id", "prompt", "image" (PNG bytes), "answer"}; never a held-out layout."""
     for i, layout in enumerate(iter_layouts(seed, held_out=False)):
-        yield row(layout, f"digits-{seed}-{i}")
+        yield row(layout, f"digits-{seed}-{i}", read)
 
 
-def held_out_rows(n: int = HELD_OUT_POOL) -> list[dict]:
+def held_out_rows(n: int = HELD_OUT_POOL, read: bool = False) -> list[dict]:
     """The first `n` rows of the fixed held-out pool (the same for every run and seed)."""
     layouts = itertools.islice(iter_layouts(HELD_OUT_SEED, held_out=True), n)
-    return [row(layout, f"digits-heldout-{i}") for i, layout in enumerate(layouts)]
+    return [row(layout, f"digits-heldout-{i}", read) for i, layout in enumerate(layouts)]
+
+
+# ---- as a task (task.source: digit_read) ------------------------------------------------------------------
+
+
+def reading_rows(seed: int = 0):
+    """digit_read's training rows: training_rows' images, "Read the two digits.", the answer e.g. "37"."""
+    return training_rows(seed, read=True)
+
+
+def held_out_reading_rows() -> list[dict]:
+    return held_out_rows(read=True)

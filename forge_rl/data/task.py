@@ -44,6 +44,12 @@ TASKS = {
         held_out="forge_rl.data.digit_sum:held_out_rows",
         image_column="image",
     ),
+    # the same images, the answer the two digits read left to right
+    "digit_read": dict(
+        source="forge_rl.data.digit_sum:reading_rows",
+        held_out="forge_rl.data.digit_sum:held_out_reading_rows",
+        image_column="image",
+    ),
 }
 ROLES = ("system", "user", "assistant", "tool")
 # keyword arguments reward functions get from forge_rl itself; a column may not take these names

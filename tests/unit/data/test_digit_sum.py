@@ -48,3 +48,13 @@ def test_digit_sum_is_a_task_a_run_names():
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Add the two digits."}]}
     ]
     assert len(task.held_out()) == digit_sum.HELD_OUT_POOL
+
+
+def test_digit_read_asks_for_the_digits_of_the_same_images():
+    summed, read = TaskRows(TaskConfig(source="digit_sum"), seed=3), TaskRows(TaskConfig(source="digit_read"), seed=3)
+    for _ in range(20):
+        a, b = summed.next(), read.next()
+        assert a.images == b.images and len(b.answer) == 2
+        assert int(b.answer[0]) + int(b.answer[1]) == int(a.answer)
+    assert read.next().messages[0]["content"][1]["text"] == "Read the two digits."
+    assert [e.images for e in read.held_out()] == [e.images for e in summed.held_out()]
