@@ -66,10 +66,10 @@ class TaskSource:
 
     def example(self, i: int) -> SFTExample:
         while len(self.examples) <= i:
-            self.examples.append(self._tokenised(self.rows.next()))
+            self.examples.append(self.tokenised(self.rows.next()))
         return self.examples[i]
 
-    def _tokenised(self, row) -> SFTExample:
+    def tokenised(self, row) -> SFTExample:
         from forge_rl.data.sources import DataError
 
         if row.answer is None:
