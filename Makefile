@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge_rl-setup-done
 EXTRAS_STAMP := $(VENV)/.forge_rl-extras-done
 
-.PHONY: setup setup-extras setup-slurm demo demo-ppo demo-rm demo-multiturn demo-reasoning-gym demo-openenv demo-agent demo-verifiers demo-distill demo-lora demo-moe demo-tinker test test-fast lint format gpu-check wheelhouse clean
+.PHONY: setup setup-extras setup-slurm demo demo-ppo demo-rm demo-multiturn demo-reasoning-gym demo-openenv demo-agent demo-verifiers demo-distill demo-lora demo-moe demo-vlm demo-tinker test test-fast lint format gpu-check wheelhouse clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup_env.sh scripts/install.py
@@ -55,6 +55,9 @@ demo-lora: setup  # GRPO training LoRA adapters, adapter-only weight sync (confi
 
 demo-moe: setup  # GRPO on a mixture-of-experts model, tiny-moe (Qwen3-MoE in TorchTitan and vLLM; configs/grpo/tiny_moe.yaml)
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny_moe.yaml $(DEMO) $(ARGS)
+
+demo-vlm: setup  # GRPO on the embedded tiny vision-language model, tiny-vlm (Idefics3): two digits drawn into an image, the answer their sum (configs/grpo/tiny_vlm.yaml; docs/vision.md)
+	$(PY) -m apps.grpo.main --config configs/grpo/tiny_vlm.yaml $(DEMO) $(ARGS)
 
 demo-tinker: setup-extras  # RL on addition written only against the tinker client (examples/tinker/rl_addition.py), served by forge_rl's Tinker service on tiny-warm (configs/tinker/demo.yaml; docs/tinker.md)
 	PY=$(PY) bash examples/tinker/demo.sh $(ARGS)
