@@ -11,7 +11,9 @@ every run use this one count, whatever work an implementation saves (a fused hea
 shared-prompt packing), so a ratio of MFUs is a ratio of speeds at equal work.
 
 The peak is the device's dense bf16 tensor-core rate from its datasheet when the device is in the table (sparsity
-not counted); elsewhere (a CPU, an unknown GPU) it is the rate of a bf16 matmul measured once per process.
+not counted); elsewhere (a CPU, an unknown GPU) it is the rate of a bf16 matmul measured once per process, and on a
+CPU the faster of a bf16 and an fp32 one: a CPU without bf16 instructions emulates bf16 matmuls far below the fp32
+rate its bf16 autocast kernels reach.
 """
 
 import functools
@@ -51,16 +53,20 @@ def device_peak_flops(device: torch.device) -> tuple[float, str]:
         peak = table_peak(name)
         if peak is not None:
             return peak, f"datasheet {name}"
+    if device.type == "cpu":  # a CPU without bf16 instructions runs its bf16 kernels at its fp32 rate or below
+        return max(measured_matmul_flops(device), measured_matmul_flops(device, dtype=torch.float32)), "measured"
     return measured_matmul_flops(device), "measured"
 
 
-def measured_matmul_flops(device: torch.device, n: int | None = None, seconds: float = 0.2) -> float:
-    """The rate of an n x n x n bf16 matmul on `device` (n: 4,096 on a GPU, 1,024 on a CPU), the best of the
+def measured_matmul_flops(
+    device: torch.device, n: int | None = None, seconds: float = 0.2, dtype: torch.dtype = torch.bfloat16
+) -> float:
+    """The rate of an n x n x n matmul in `dtype` on `device` (n: 4,096 on a GPU, 1,024 on a CPU), the best of the
     repetitions that fit in about `seconds` after one warm-up."""
     n = n or (4096 if device.type == "cuda" else 1024)
     # constant operands: drawing random ones would move the process's RNG, which a seeded run's draws depend on
-    a = torch.full((n, n), 0.5, device=device, dtype=torch.bfloat16)
-    b = torch.full((n, n), 0.25, device=device, dtype=torch.bfloat16)
+    a = torch.full((n, n), 0.5, device=device, dtype=dtype)
+    b = torch.full((n, n), 0.25, device=device, dtype=dtype)
     torch.mm(a, b)  # warm-up: the kernel's choice and the first touch of the output
     _sync(device)
     best, deadline = float("inf"), time.perf_counter() + seconds
