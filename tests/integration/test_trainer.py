@@ -510,7 +510,7 @@ def test_bf16_compute_keeps_fp32_masters_so_tiny_updates_land(loop, tmp_path, pr
     before = masters("before")
     (metrics,) = steps(loop, trainer, procs, seeds=(0,))
     after = masters("after")
-    assert 0 < metrics["mfu"] < 1  # against the device's bf16 matmul rate, measured on a CPU
+    assert 0 < metrics["mfu"] < 1  # against the faster of bf16 and fp32 matmuls, measured on a CPU
     default = loop.run_until_complete(trainer.export_hf.call(str(tmp_path / "default"))).item(procs=0)
     assert all(t.dtype == torch.bfloat16 for t in load_file(default + "/model.safetensors").values())
     store = ShmWeightStore()
