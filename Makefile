@@ -56,7 +56,7 @@ demo-lora: setup  # GRPO training LoRA adapters, adapter-only weight sync (confi
 demo-moe: setup  # GRPO on a mixture-of-experts model, tiny-moe (Qwen3-MoE in TorchTitan and vLLM; configs/grpo/tiny_moe.yaml)
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny_moe.yaml $(DEMO) $(ARGS)
 
-demo-vlm: setup  # GRPO on the embedded tiny vision-language model, tiny-vlm (Idefics3): two digits drawn into an image, the answer their sum (configs/grpo/tiny_vlm.yaml; docs/vision.md)
+demo-vlm: setup  # GRPO on the embedded tiny vision-language model, tiny-vlm (Idefics3): two digits drawn into an image, the answer the two digits read (configs/grpo/tiny_vlm.yaml; docs/vision.md)
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny_vlm.yaml $(DEMO) $(ARGS)
 
 demo-tinker: setup-extras  # RL on addition written only against the tinker client (examples/tinker/rl_addition.py), served by forge_rl's Tinker service on tiny-warm (configs/tinker/demo.yaml; docs/tinker.md)

@@ -54,7 +54,7 @@ def pixels(processor, examples) -> dict:
     """The image processor's tensors for each example's one image."""
     from forge_rl.data.images import load_image
 
-    images = [[load_image(ex.images[0], "digit_sum")] for ex in examples]
+    images = [[load_image(ex.images[0], "warm_tiny_vlm")] for ex in examples]
     return dict(processor.image_processor(images, return_tensors="pt"))
 
 
