@@ -78,17 +78,24 @@ class TrainModel:
         each token's kept set (truncated sampling: TrainBatch.kept), the distribution renormalised over it.
         `routes` [B, T, layers, top-k]: the engine's experts (TrainBatch.routes), replayed under
         trainer.keep_routing. `images`: each row's (TrainBatch.images), which a vision-language model's image
-        tokens stand for; such rows are not packed (a packed row would need its images' features moved too).
+        tokens stand for; a group's rows are packed only with rows of the same images.
         `sampled`: the model's own tokens, where an image token's id is text (default: `response_mask`)."""
-        if self.image_processor is not None:
-            self.show_images(images, sampled if sampled is not None else response_mask)
-        elif images and any(images):
-            raise ValueError(f"the batch has images and {self.model_dir} is a text-only model")
+        shown = self.vision_inputs(tokens, images, sampled if sampled is not None else response_mask)
         packed = None
-        if response_mask is not None and self.cfg.share_prompts and not (images and any(images)):
+        if response_mask is not None and self.cfg.share_prompts:
             packed = plan_packing(
-                tokens, response_mask, self.cfg.pack_max_fraction, self.cfg.pack_max_len, self.attention_pair_cost
+                tokens,
+                response_mask,
+                self.cfg.pack_max_fraction,
+                self.cfg.pack_max_len,
+                self.attention_pair_cost,
+                row_keys=images if shown else None,  # rows of other images never share a prompt
             )
+        if shown:
+            image_batch, feature_at = shown
+            if packed is not None:  # each packed place takes its unpacked source's feature
+                feature_at = feature_at.flatten()[packed.source.clamp(min=0)].masked_fill(packed.source < 0, -1)
+            self.module.vision.show(image_batch, feature_at)
         self.last_forward_tokens = tokens.numel() if packed is None else packed.num_tokens
         self.last_forward_unpadded = (
             None
@@ -121,13 +128,22 @@ class TrainModel:
             return self._every_position(*self._output(tokens), tokens, response_mask, entropy, kept)
         return self._at_positions(out, shard, pred, targets, where, tokens.shape, response_mask, entropy, kept)
 
-    def show_images(self, images: list[tuple[bytes, ...]] | None, sampled: torch.Tensor | None) -> None:
-        """The vision tower's images for the next forward: every row's, in order (none: a text batch); `sampled`:
-        the tokens the model sampled (VisionTower.show)."""
-        from forge_rl.models.vision_language import image_pixels
+    def vision_inputs(
+        self, tokens: torch.Tensor, images: list[tuple[bytes, ...]] | None, sampled: torch.Tensor | None
+    ) -> tuple | None:
+        """A vision-language model's next forward's images, every row's in order, and the map of their features onto
+        `tokens` (vision_language.feature_map); None: a text model or a text batch. `sampled`: the tokens the model
+        sampled, whose image-token ids are text."""
+        from forge_rl.models.vision_language import feature_map, image_pixels
 
-        pixels = image_pixels(self.image_processor, images or []) or (None, None)
-        self.module.vision.show(*pixels, sampled=sampled)
+        if self.image_processor is None:
+            if images and any(images):
+                raise ValueError(f"the batch has images and {self.model_dir} is a text-only model")
+            return None
+        image_batch = image_pixels(self.image_processor, images or [])
+        feature_at = feature_map(tokens, image_batch, self.module.vision, sampled)  # raises on a count mismatch
+        self.module.vision.show(None)
+        return None if image_batch is None else (image_batch, feature_at)
 
     def _every_position(
         self,

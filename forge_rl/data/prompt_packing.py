@@ -57,13 +57,15 @@ def _spans(response_mask: torch.Tensor) -> list[tuple[int, int]]:
     return out
 
 
-def _groups(tokens: torch.Tensor, spans: list[tuple[int, int]]) -> list[list[int]]:
-    """Runs of consecutive rows with the same prompt (the buffer collates a group's rows together)."""
+def _groups(tokens: torch.Tensor, spans: list[tuple[int, int]], row_keys: list | None) -> list[list[int]]:
+    """Runs of consecutive rows with the same prompt (the buffer collates a group's rows together) and the same
+    key: a row's images, without which two prompts of other images but the same ids would be one."""
     groups: list[list[int]] = []
     for b, (p, _) in enumerate(spans):
         if groups:
             first = groups[-1][0]
-            if spans[first][0] == p and torch.equal(tokens[first, :p], tokens[b, :p]):
+            same_key = row_keys is None or row_keys[first] == row_keys[b]
+            if same_key and spans[first][0] == p and torch.equal(tokens[first, :p], tokens[b, :p]):
                 groups[-1].append(b)
                 continue
         groups.append([b])
@@ -76,11 +78,12 @@ def plan_packing(
     max_fraction: float = 0.9,
     max_len: int = 1024,
     pair_cost: float = 0.0,
+    row_keys: list | None = None,
 ) -> PromptPacked | None:
     """The packed form of these rows, or None when packing would not save enough (see the module doc).
-    `pair_cost` = 0 weighs tokens only."""
+    `pair_cost` = 0 weighs tokens only. `row_keys`: what else rows must share to share a prompt (their images)."""
     spans = _spans(response_mask)
-    groups = _groups(tokens, spans)
+    groups = _groups(tokens, spans, row_keys)
     lengths = [spans[g[0]][0] + sum(spans[b][1] for b in g) for g in groups]
     L = max(lengths)
     B, T = tokens.shape

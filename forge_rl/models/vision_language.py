@@ -4,7 +4,8 @@ tower and connector (transformers' own modules) in front of its token embedding.
     config = titan_config(model_dir)                 # the language model's TorchTitan config
     module = config.build(); attach_vision(module, read_hf_config(model_dir))
     adapter = VisionLanguageAdapter(Qwen3StateDictAdapter(config, model_dir))   # HF names <-> the module's
-    module.vision.show(pixel_values, pixel_attention_mask)   # the next forward's images (`image_pixels`)
+    images = image_pixels(image_processor, rows_images)    # each distinct image once
+    module.vision.show(images, feature_map(tokens, images, module.vision))   # the next forward's images
     logits = module(tokens)        # each image token's embedding replaced by its image's features, in order
 
 Idefics3 (SmolVLM's architecture; the embedded tiny-vlm): its language model is a Llama, which is TorchTitan's
@@ -16,6 +17,7 @@ decoder's forward and its parallelisation are TorchTitan's own. The engine (vLLM
 into the image's tokens; the trainer scores those same ids with the same pixels (docs/vision.md).
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -56,20 +58,15 @@ class VisionTower(torch.nn.Module):
         self.vision_model, self.connector = idefics3_vision_modules(hf)
         self.image_token_id = int(hf["image_token_id"])
         self.patch_size = int(hf["vision_config"]["patch_size"])
-        self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.sampled: torch.Tensor | None = None
+        patches = (int(hf["vision_config"]["image_size"]) // self.patch_size) ** 2
+        self.tokens_per_tile = patches // int(hf.get("scale_factor", 1)) ** 2  # the connector's pixel shuffle
+        self.pending: tuple[ImageBatch, torch.Tensor] | None = None
 
-    def show(
-        self,
-        pixel_values: torch.Tensor | None,
-        pixel_attention_mask: torch.Tensor | None = None,
-        sampled: torch.Tensor | None = None,
-    ) -> None:
-        """The images of the next forward's image tokens, in their order: [N, 3, H, W] and [N, H, W] (None: none).
-        `sampled` [B, T]: the tokens the model sampled, whose image-token ids are text (the engine embeds a sampled
-        id as text; only the placeholders it expanded are images)."""
-        self.pending = None if pixel_values is None else (pixel_values, pixel_attention_mask)
-        self.sampled = sampled
+    def show(self, images: "ImageBatch | None", feature_at: torch.Tensor | None = None) -> None:
+        """The next forward's images (None: none) and, for each of its token places, the row of their features
+        (flattened over tiles and tokens) that embeds it, -1 where the token's own embedding stays
+        (`feature_map`; packed with the forward's rows when they are)."""
+        self.pending = None if images is None else (images, feature_at)
 
     def forward(self, pixel_values: torch.Tensor, pixel_attention_mask: torch.Tensor) -> torch.Tensor:
         """[N, image tokens, language width]: the features of N images (tiles), as Idefics3 computes them: a patch
@@ -81,22 +78,18 @@ class VisionTower(torch.nn.Module):
         return self.connector(hidden)
 
     def embed_images(self, tokens: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
-        """`embeddings` of `tokens` with the image tokens' rows replaced by the shown images' features."""
-        at = tokens == self.image_token_id
-        if self.sampled is not None:
-            at &= ~self.sampled.to(at.device)
+        """`embeddings` of `tokens` with the shown images' features at the places `show` named."""
         if self.pending is None:
-            if at.any():
-                raise ValueError(f"{int(at.sum())} image tokens in the batch and no images shown to the vision tower")
             return embeddings
-        pixels, mask = (t.to(embeddings.device) for t in self.pending)
-        features = self(pixels.to(self.connector.modality_projection.proj.weight.dtype), mask)
-        if features.shape[0] * features.shape[1] != int(at.sum()):
-            raise ValueError(
-                f"the batch has {int(at.sum())} image tokens and its {features.shape[0]} images make "
-                f"{features.shape[0] * features.shape[1]}: the rows' ids are not the engine's expansion of them"
-            )
-        return embeddings.masked_scatter(at[..., None], features.to(embeddings.dtype))
+        images, feature_at = self.pending
+        if feature_at.shape != tokens.shape:
+            raise ValueError(f"the images' feature map is {tuple(feature_at.shape)} for tokens {tuple(tokens.shape)}")
+        weight = self.connector.modality_projection.proj.weight
+        features = self(images.pixels.to(weight.device, weight.dtype), images.attention_mask.to(weight.device))
+        at = feature_at.to(embeddings.device)
+        where = at >= 0
+        picked = features.flatten(0, 1)[at[where]]
+        return embeddings.masked_scatter(where[..., None], picked.to(embeddings.dtype))
 
 
 def attach_vision(module: torch.nn.Module, hf: dict) -> VisionTower:
@@ -148,16 +141,52 @@ def _inverse(prefixes: dict[str, str]) -> dict[str, str]:
     return {new: old for old, new in prefixes.items()}
 
 
-def image_pixels(image_processor, rows_images: list[tuple[bytes, ...]]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The pixels of every image of `rows_images` (each row's encoded images, in the order of its image tokens),
-    rows in order, as the model's image processor makes them for the engine: ([N, 3, H, W], [N, H, W]), one entry
-    per image (or tile) whose features fill the batch's image tokens in row-major order; None: no images."""
+@dataclass
+class ImageBatch:
+    """A batch's images as the vision tower takes them: each distinct image once."""
+
+    pixels: torch.Tensor  # [N, 3, H, W]: every distinct image's tiles, in the order first seen
+    attention_mask: torch.Tensor  # [N, H, W]: which pixels are the image's (not the processor's padding)
+    spans: list[tuple[int, int]]  # each image of the rows, rows in order: its tiles' [start, end) in `pixels`
+
+
+def image_pixels(image_processor, rows_images: list[tuple[bytes, ...]]) -> ImageBatch | None:
+    """The pixels of the images of `rows_images` (each row's encoded images, in the order of its image tokens), as
+    the model's image processor makes them for the engine; None: no images. A group's G rows carry one image,
+    which is decoded, processed and encoded once."""
     from forge_rl.data.images import load_image
 
-    images = [[load_image(image, "a batch row's image")] for row in rows_images for image in row]
-    if not images:
+    distinct: dict[bytes, int] = {}
+    order = [distinct.setdefault(image, len(distinct)) for row in rows_images for image in row]
+    if not order:
         return None
-    out = image_processor(images, return_tensors="pt")
+    out = image_processor([[load_image(image, "a batch row's image")] for image in distinct], return_tensors="pt")
     pixels, mask = out["pixel_values"], out["pixel_attention_mask"]
-    real = pixels.flatten(2).ne(0).any(-1)  # the processor pads each image's tiles with zero ones
-    return pixels[real], mask[real].bool()
+    real = pixels.flatten(2).ne(0).any(-1)  # [images, tiles]: the processor pads each image's tiles with zero ones
+    ends = real.sum(1).cumsum(0).tolist()
+    starts = [0, *ends[:-1]]
+    return ImageBatch(pixels[real], mask[real].bool(), [(starts[i], ends[i]) for i in order])
+
+
+def feature_map(tokens: torch.Tensor, images: ImageBatch | None, tower: VisionTower, sampled=None) -> torch.Tensor:
+    """[B, T]: for each image token of `tokens`, the row of the images' flattened features that embeds it (each row's
+    images fill its image tokens in order), -1 for every other token. `sampled` [B, T]: the tokens the model
+    sampled, whose image-token ids are text (the engine embeds a sampled id as text; only the placeholders it
+    expanded are images). A count the images do not make is an error naming both."""
+    at = tokens == tower.image_token_id
+    if sampled is not None:
+        at &= ~sampled.to(at.device).bool()
+    out = torch.full_like(tokens, -1)
+    if images is None:
+        if at.any():
+            raise ValueError(f"{int(at.sum())} image tokens in the batch and no images shown to the vision tower")
+        return out
+    k = tower.tokens_per_tile
+    index = torch.cat([torch.arange(start * k, end * k) for start, end in images.spans])
+    if len(index) != int(at.sum()):
+        raise ValueError(
+            f"the batch has {int(at.sum())} image tokens and its {len(images.spans)} images make {len(index)}: "
+            "the rows' ids are not the engine's expansion of them"
+        )
+    out[at] = index
+    return out

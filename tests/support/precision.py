@@ -66,6 +66,44 @@ def trainer_step(dtype: str, share_prompts: bool, device: str = "cpu", model: st
     )
 
 
+def vision_language_step(share_prompts: bool) -> TrainModel:
+    """The trainer's model and logprob forward over the embedded tiny-vlm (vision tower trainable), as
+    build_train_model sets them for one rank without FSDP."""
+    from torchtitan.models.qwen3 import Qwen3StateDictAdapter
+
+    from forge_rl.data.vision import load_processor
+    from forge_rl.models import vision_language
+    from forge_rl.models.sharded_load import load_sharded
+
+    model_dir = resolve_model_path("tiny-vlm")
+    hf = qwen3.read_hf_config(model_dir)
+    config = vision_language.titan_config(model_dir)
+    with torch.device("meta"):
+        module = config.build()
+        vision_language.attach_vision(module, hf)
+    qwen3.materialise(module, torch.device("cpu"))
+    load_sharded(
+        module, vision_language.VisionLanguageAdapter(Qwen3StateDictAdapter(config, str(model_dir))), model_dir
+    )
+    module._skip_lm_head = True
+    text = vision_language.text_config(hf)
+    return TrainModel(
+        cfg=TrainerConfig(model=str(model_dir), share_prompts=share_prompts),
+        module=module,
+        adapter=None,
+        parallel_dims=None,
+        device=torch.device("cpu"),
+        model_dir=model_dir,
+        hf_config=text,
+        max_seq_len=text["max_position_embeddings"],
+        vocab_size=text["vocab_size"],
+        autocast=False,
+        fused_lm_head=True,
+        head_memory_bytes=2**20,
+        image_processor=load_processor(model_dir).image_processor,
+    )
+
+
 def group_batch(prompt_len: int = 12, response_len: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
     """Four responses to one prompt: a group, which shared-prompt packing packs into one row."""
     g = torch.Generator().manual_seed(0)
