@@ -134,16 +134,41 @@ def freeze(module: torch.nn.Module, names: list[str]) -> None:
     """trainer.freeze: the parameters under each of `names` (the module's own names) stop taking gradients, so
     the optimizer (built after) leaves them out and the push skips them. A name that matches nothing is an error
     naming the module's top-level parts."""
-    params = dict(module.named_parameters())
+    params = {state_dict_name(n): p for n, p in module.named_parameters()}
+    if why := unmatched_freeze(list(params), names):
+        raise ValueError(why)
     for name in names:
-        under = [
-            p for n, p in params.items() if state_dict_name(n) == name or state_dict_name(n).startswith(name + ".")
-        ]
-        if not under:
-            parts = sorted({state_dict_name(n).split(".")[0] for n in params})
-            raise ValueError(f"trainer.freeze: {name!r} names no parameter of the model; its parts are {parts}")
-        for param in under:
+        for param in (p for n, p in params.items() if _under(n, name)):
             param.requires_grad_(False)
+
+
+def unmatched_freeze(parameter_names: list[str], names: list[str]) -> str | None:
+    """One line naming the first of trainer.freeze's `names` that matches none of `parameter_names` (the module's),
+    with the module's top-level parts to choose from; None when each matches."""
+    for name in names:
+        if not any(_under(n, name) for n in parameter_names):
+            parts = sorted({n.split(".")[0] for n in parameter_names})
+            return f"trainer.freeze: {name!r} names no parameter of the model; its parts are {parts}"
+    return None
+
+
+def parameter_names(model_dir: str | Path) -> list[str]:
+    """The names of the parameters of the trainer's model of the checkpoint in `model_dir` (unsharded, no LoRA),
+    built on the meta device: what trainer.freeze is checked against before any actor starts."""
+    from forge_rl.models import qwen3, vision_language
+
+    hf = qwen3.read_hf_config(model_dir)
+    vision = vision_language.is_vision_language(hf)
+    config = vision_language.titan_config(model_dir) if vision else qwen3.titan_config(model_dir)
+    with torch.device("meta"):
+        module = config.build()
+        if vision:
+            vision_language.attach_vision(module, hf)
+    return [name for name, _ in module.named_parameters()]
+
+
+def _under(parameter: str, name: str) -> bool:
+    return parameter == name or parameter.startswith(name + ".")
 
 
 def _image_processor(model_dir: Path):

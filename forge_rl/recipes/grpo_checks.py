@@ -279,10 +279,16 @@ def check_prompt_lengths(cfg: GRPOConfig, rows: TaskRows, tokenizer, model_dir: 
 
 
 def check_vision(cfg: GRPOConfig, model_dir: str) -> None:
-    """A vision-language policy and the trainer settings its path does not take yet, before any actor starts."""
+    """A vision-language policy and the trainer settings its path does not take yet, and trainer.freeze naming a
+    part the model has, before any actor starts."""
     hf = json.loads((Path(model_dir) / "config.json").read_text())
     if "vision_config" in hf and (why := cfg.trainer.vision_refusal()):
         raise ConfigError(f"{why} ({cfg.model} is a vision-language model; docs/vision.md)")
+    if cfg.trainer.freeze:  # the model built on the meta device: TorchTitan's import costs seconds, so only then
+        from forge_rl.actors.train_model_build import parameter_names, unmatched_freeze
+
+        if why := unmatched_freeze(parameter_names(model_dir), cfg.trainer.freeze):
+            raise ConfigError(f"{why} ({cfg.model}); fix or remove the name")
 
 
 def check_moe(cfg: GRPOConfig, model_dir: str) -> None:

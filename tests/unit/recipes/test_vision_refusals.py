@@ -1,6 +1,7 @@
 """What a run with a vision-language model refuses in one line before any actor starts (docs/vision.md): the
-trainer settings its vision path does not take yet, and the roles a vision-language model cannot fill (a critic,
-a teacher). Through the apps' own command line, in this process (tests/support/app_checks.py)."""
+trainer settings its vision path does not take yet, trainer.freeze naming no part of the model, and the roles a
+vision-language model cannot fill (a critic, a teacher). Through the apps' own command line, in this process
+(tests/support/app_checks.py)."""
 
 import pytest
 
@@ -16,8 +17,10 @@ VLM_GRPO = ["--config", "configs/grpo/tiny_vlm.yaml"]
         ("grpo", [*VLM_GRPO, "trainer.parallel.compile=true"], "trainer.parallel.compile: not available"),
         ("ppo", ["--config", "configs/ppo/tiny.yaml", "model=tiny-vlm"], "not the critic yet"),
         ("distill", ["--config", "configs/distill/tiny.yaml", "teacher=tiny-vlm"], "not the teacher yet"),
+        ("grpo", [*VLM_GRPO, "trainer.freeze=[vison]"], "trainer.freeze: 'vison' names no parameter of the model"),
+        ("grpo", ["--config", "configs/grpo/tiny.yaml", "trainer.freeze=[vision]"], "'vision' names no parameter"),
     ],
-    ids=["lora", "compile", "critic", "teacher"],
+    ids=["lora", "compile", "critic", "teacher", "freeze-typo", "freeze-text-model"],
 )
 def test_what_a_vision_language_run_cannot_do_is_refused_in_one_line(app, argv, says, monkeypatch, tmp_path):
     monkeypatch.delenv("FORGE_RL_DEBUG", raising=False)
