@@ -61,11 +61,11 @@ def check_vision_model(model_dir: str | Path, key: str = "model") -> None:
 def load_processor(model_dir: str | Path, key: str = "model"):
     """The model's transformers processor (tokenizer, image processor, chat template); a ConfigError for a
     text-only model or a directory without the processor's files."""
-    from transformers import AutoProcessor
+    from forge_rl.deps.transformers import auto_processor
 
     check_vision_model(model_dir, key)
     try:
-        processor = AutoProcessor.from_pretrained(str(model_dir))
+        processor = auto_processor(model_dir)
     except (OSError, ValueError, KeyError, TypeError, ImportError) as e:
         why = " ".join(str(e).split())[:200]
         raise ConfigError(

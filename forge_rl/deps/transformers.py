@@ -66,3 +66,22 @@ def idefics3_vision_modules(hf: dict):
     config = Idefics3Config(**{k: v for k, v in hf.items() if k not in ("architectures", "torch_dtype")})
     config.vision_config._attn_implementation = "sdpa"
     return Idefics3VisionTransformer(config.vision_config), Idefics3Connector(config)
+
+
+def auto_processor(model_dir: str | Path):
+    """`AutoProcessor.from_pretrained(model_dir)`, without the warning transformers 5.19 logs once per process while
+    loading an Idefics3 processor: on the way it builds a default Idefics3 config, whose default language model's
+    pad_token_id (128002) is outside that default's vocabulary. The model's own config is not the one checked."""
+    import logging
+
+    from transformers import AutoProcessor
+
+    def not_the_default_configs_warning(record: logging.LogRecord) -> bool:
+        return "must be `None` or an integer within the vocabulary" not in record.getMessage()
+
+    log = logging.getLogger("transformers.configuration_utils")
+    log.addFilter(not_the_default_configs_warning)
+    try:
+        return AutoProcessor.from_pretrained(str(model_dir))
+    finally:
+        log.removeFilter(not_the_default_configs_warning)

@@ -235,3 +235,14 @@ def test_a_qwen3_tokenizer_loads_without_importing_the_auto_classes():
     )
     out = subprocess.run([sys.executable, "-c", code, str(TINY_MODEL)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_tiny_vlm_processor_loads_without_transformers_default_config_warning():
+    """transformers 5.19 warns of its own default Idefics3 config's pad_token_id while loading the processor
+    (`AutoProcessor.from_pretrained` on tiny-vlm prints it); the load through forge_rl/deps/transformers.py says
+    nothing. A fresh process: transformers logs the warning once per process."""
+    from forge_rl.models import resolve_model_path
+
+    code = f"from forge_rl.data.vision import load_processor; load_processor({resolve_model_path('tiny-vlm')!r})"
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert said.stderr.strip() == "" and said.stdout.strip() == "", said.stderr
