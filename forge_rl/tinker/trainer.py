@@ -23,6 +23,7 @@ from forge_rl.actors.train_optimizer import apply_gradients
 from forge_rl.actors.trainer import Trainer
 from forge_rl.tinker.clients import TrainerClients
 from forge_rl.tinker.losses import INPUTS, token_loss
+from forge_rl.tinker.shared_prefixes import SharedPrefixes
 
 
 @dataclass
@@ -76,7 +77,11 @@ class TinkerTrainer(Trainer):
             mask[b, 1 : lengths[b] + 1] = True  # the logprob of target i sits at position i + 1
         self.model.module.train(not forward_only)
         with torch.set_grad_enabled(not forward_only):
-            logprobs, _ = self.model.logprobs(tokens, "none", mask)
+            if self.model.cfg.share_prompts:  # a sampled group's prompt forwarded once (tinker/shared_prefixes.py)
+                plan = SharedPrefixes.of(tokens, lengths)
+                logprobs = plan.per_row(self.model.logprobs(plan.tokens, "none", plan.mask)[0])
+            else:
+                logprobs, _ = self.model.logprobs(tokens, "none", mask)
             targets = logprobs[:, 1:]  # [B, T]: target i's logprob at column i
             loss = logprobs.new_zeros(()) + 0.0 * logprobs.sum()  # every rank's backward reaches every parameter
             if index:  # the whole share's loss at once: one graph, not one per row

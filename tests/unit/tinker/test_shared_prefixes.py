@@ -1,0 +1,53 @@
+"""A forward_backward's rows that share their first tokens (a sampled group's completions of one prompt) are
+forwarded with the prompt once (forge_rl/tinker/shared_prefixes.py): every target's logprob and the gradients are
+those of the rows forwarded whole, on the trainer's own logprob forward over the embedded tiny model."""
+
+import torch
+
+from forge_rl.tinker.shared_prefixes import SharedPrefixes
+from tests.support.precision import trainer_step
+
+
+def rows_of_two_prompts():
+    """Two groups (3 and 2 completions of different lengths) and a lone row; each row's token count - 1 targets."""
+    g = torch.Generator().manual_seed(0)
+    first, second = torch.randint(3, 100, (24,), generator=g), torch.randint(3, 100, (20,), generator=g)
+    rows = [torch.cat([first, torch.randint(3, 100, (n,), generator=g)]) for n in (4, 7, 2)]
+    rows += [torch.cat([second, torch.randint(3, 100, (n,), generator=g)]) for n in (5, 3)]
+    rows.append(torch.randint(3, 100, (8,), generator=g))
+    lengths = [len(r) - 1 for r in rows]
+    tokens = torch.zeros(len(rows), max(lengths) + 1, dtype=torch.long)
+    for b, r in enumerate(rows):
+        tokens[b, : len(r)] = r
+    return tokens, lengths
+
+
+def test_runs_of_a_shared_prefix_are_found_and_each_row_keeps_a_target_after_it():
+    tokens, lengths = rows_of_two_prompts()
+    plan = SharedPrefixes.of(tokens, lengths)
+    assert [rows for rows, _ in plan.runs] == [[0, 1, 2], [3, 4]]
+    assert plan.runs[0][1] >= 24 and plan.runs[1][1] >= 20
+    assert plan.tokens.shape[0] == len(lengths) + 2  # one prefix row per run
+    for b, length in enumerate(lengths):  # every target is computed once: in its row or in its run's prefix row
+        (run,) = [r for r, (rows, _) in enumerate(plan.runs) if b in rows] or [None]
+        prefix = plan.runs[run][1] if run is not None else 1
+        assert plan.mask[b, prefix : length + 1].all() and not plan.mask[b, :prefix].any()
+        assert plan.mask[b, length + 1 :].sum() == 0
+
+
+def test_logprobs_and_gradients_are_the_whole_rows_and_the_prompts_are_forwarded_once():
+    tokens, lengths = rows_of_two_prompts()
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    for b, length in enumerate(lengths):
+        mask[b, 1 : length + 1] = True
+    shared, whole = trainer_step("float32", share_prompts=True), trainer_step("float32", share_prompts=False)
+    weights = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(1))  # a loss on every target
+    plan = SharedPrefixes.of(tokens, lengths)
+    got = plan.per_row(shared.logprobs(plan.tokens, "none", plan.mask)[0])
+    assert shared.last_forward_tokens < tokens.numel()  # packed: fewer tokens than the rows forwarded whole
+    want, _ = whole.logprobs(tokens, "none", mask)
+    assert torch.allclose(got, want, atol=1e-5), float((got - want).abs().max())
+    assert (got[mask] != 0).all() and (got[~mask] == 0).all()
+    ((got * weights).sum() + (want * weights).sum()).backward()  # two models: each takes its own gradient
+    for (name, a), b in zip(shared.module.named_parameters(), whole.module.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-4, rtol=1e-3), name
