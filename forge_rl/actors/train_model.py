@@ -20,7 +20,7 @@ import torch
 
 from forge_rl.actors.batch_checks import validate_batches
 from forge_rl.actors.trainer_config import TrainerConfig
-from forge_rl.data.prompt_packing import plan_packing
+from forge_rl.data.prompt_packing import before_responses, plan_packing
 from forge_rl.losses.fused_head import hidden_logprobs
 from forge_rl.losses.logprobs import VocabShard, selected_logprobs, token_logprobs
 from forge_rl.models.moe_aux import RouterStats, unpadded, unpadded_packed
@@ -72,6 +72,7 @@ class TrainModel:
         routes: torch.Tensor | None = None,
         images: list[tuple[bytes, ...]] | None = None,
         sampled: torch.Tensor | None = None,
+        prompt_targets: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob (and entropy) [B, T] of every token, or with `response_mask` of its response tokens
         only (0 elsewhere), computed on shared-prompt packed rows when that saves tokens. `kept` [B, T, K]:
@@ -79,7 +80,9 @@ class TrainModel:
         `routes` [B, T, layers, top-k]: the engine's experts (TrainBatch.routes), replayed under
         trainer.keep_routing. `images`: each row's (TrainBatch.images), which a vision-language model's image
         tokens stand for; a group's rows are packed only with rows of the same images.
-        `sampled`: the model's own tokens, where an image token's id is text (default: `response_mask`)."""
+        `sampled`: the model's own tokens, where an image token's id is text (default: `response_mask`).
+        `prompt_targets`: each row's tokens before its response (after its first) are targets too; packed, a
+        group's are computed in its first row only, 0 in the others."""
         shown = self.vision_inputs(tokens, images, sampled if sampled is not None else response_mask)
         packed = None
         if response_mask is not None and self.cfg.share_prompts:
@@ -90,7 +93,10 @@ class TrainModel:
                 self.cfg.pack_max_len,
                 self.attention_pair_cost,
                 row_keys=images if shown else None,  # rows of other images never share a prompt
+                prompt_targets=prompt_targets,
             )
+        if prompt_targets:
+            response_mask = response_mask | before_responses(response_mask)
         if shown:
             image_batch, feature_at = shown
             if packed is not None:  # each packed place takes its unpacked source's feature

@@ -79,9 +79,12 @@ def plan_packing(
     max_len: int = 1024,
     pair_cost: float = 0.0,
     row_keys: list | None = None,
+    prompt_targets: bool = False,
 ) -> PromptPacked | None:
     """The packed form of these rows, or None when packing would not save enough (see the module doc).
-    `pair_cost` = 0 weighs tokens only. `row_keys`: what else rows must share to share a prompt (their images)."""
+    `pair_cost` = 0 weighs tokens only. `row_keys`: what else rows must share to share a prompt (their images).
+    `prompt_targets`: a prompt's own tokens after its first are targets too (a Tinker datum's), computed once per
+    group, in its first row (`before_responses`)."""
     spans = _spans(response_mask)
     groups = _groups(tokens, spans, row_keys)
     lengths = [spans[g[0]][0] + sum(spans[b][1] for b in g) for g in groups]
@@ -91,10 +94,19 @@ def plan_packing(
     unpacked_cost = B * T * (1 + pair_cost * T / 2)
     if L > max_len or packed_cost > max_fraction * unpacked_cost:
         return None
-    return pack(tokens, spans, groups, L)
+    return pack(tokens, spans, groups, L, prompt_targets)
 
 
-def pack(tokens: torch.Tensor, spans: list[tuple[int, int]], groups: list[list[int]], L: int) -> PromptPacked:
+def before_responses(response_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T]: each row's prompt tokens after its first, the places of a prompt's own targets."""
+    columns = torch.arange(response_mask.shape[1])
+    first = response_mask.long().argmax(1)  # each row's first response token
+    return (columns >= 1) & (columns < first[:, None])
+
+
+def pack(
+    tokens: torch.Tensor, spans: list[tuple[int, int]], groups: list[list[int]], L: int, prompt_targets: bool = False
+) -> PromptPacked:
     N = len(groups)
     packed = torch.zeros(N, L, dtype=torch.long)
     positions = torch.zeros(N, L, dtype=torch.long)
@@ -108,6 +120,11 @@ def pack(tokens: torch.Tensor, spans: list[tuple[int, int]], groups: list[list[i
         positions[n, :P] = torch.arange(P)
         segment[n, :P] = 0
         source[n, :P] = group[0] * T + torch.arange(P)
+        if prompt_targets and P > 1:  # token j of the prompt is predicted by token j - 1, for the group's first row
+            pred.append(n * L + torch.arange(P - 1))
+            targets.append(tokens[group[0], 1:P])
+            rows.append(torch.full((P - 1,), group[0]))
+            cols.append(torch.arange(1, P))
         at = P
         for i, b in enumerate(group, start=1):
             R = spans[b][1]

@@ -79,7 +79,7 @@ class TinkerTrainer(Trainer):
         with torch.set_grad_enabled(not forward_only):
             if self.model.cfg.share_prompts:  # a sampled group's prompt forwarded once (tinker/shared_prefixes.py)
                 plan = SharedPrefixes.of(tokens, lengths)
-                logprobs = plan.per_row(self.model.logprobs(plan.tokens, "none", plan.mask)[0])
+                logprobs = plan.per_row(self.model.logprobs(tokens, "none", plan.mask, prompt_targets=True)[0])
             else:
                 logprobs, _ = self.model.logprobs(tokens, "none", mask)
             targets = logprobs[:, 1:]  # [B, T]: target i's logprob at column i

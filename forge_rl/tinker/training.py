@@ -39,7 +39,7 @@ def trainer_config(cfg: TinkerConfig, model_dir: str, checkpoint_dir: str, seed:
     return TrainerConfig(
         model=model_dir,
         lora=LoRAConfig(rank=cfg.lora_rank, alpha=cfg.lora_alpha),
-        share_prompts=False,  # a Tinker batch's rows are independent sequences, not groups sharing a prompt
+        share_prompts=True,  # consecutive datums beginning alike (a group) forward it once (tinker/shared_prefixes.py)
         optim=OptimizerConfig(max_grad_norm=cfg.max_grad_norm),
         dtype=cfg.trainer_dtype,
         checkpoint_dir=checkpoint_dir,

@@ -27,7 +27,6 @@ def test_runs_of_a_shared_prefix_are_found_and_each_row_keeps_a_target_after_it(
     plan = SharedPrefixes.of(tokens, lengths)
     assert [rows for rows, _ in plan.runs] == [[0, 1, 2], [3, 4]]
     assert plan.runs[0][1] >= 24 and plan.runs[1][1] >= 20
-    assert plan.tokens.shape[0] == len(lengths) + 2  # one prefix row per run
     for b, length in enumerate(lengths):  # every target is computed once: in its row or in its run's prefix row
         (run,) = [r for r, (rows, _) in enumerate(plan.runs) if b in rows] or [None]
         prefix = plan.runs[run][1] if run is not None else 1
@@ -43,11 +42,13 @@ def test_logprobs_and_gradients_are_the_whole_rows_and_the_prompts_are_forwarded
     shared, whole = trainer_step("float32", share_prompts=True), trainer_step("float32", share_prompts=False)
     weights = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(1))  # a loss on every target
     plan = SharedPrefixes.of(tokens, lengths)
-    got = plan.per_row(shared.logprobs(plan.tokens, "none", plan.mask)[0])
-    assert shared.last_forward_tokens < tokens.numel()  # packed: fewer tokens than the rows forwarded whole
+    got = plan.per_row(shared.logprobs(tokens, "none", plan.mask, prompt_targets=True)[0])
+    assert shared.last_forward_tokens < 0.75 * tokens.numel()  # packed: the two prompts forwarded once each
     want, _ = whole.logprobs(tokens, "none", mask)
     assert torch.allclose(got, want, atol=1e-5), float((got - want).abs().max())
     assert (got[mask] != 0).all() and (got[~mask] == 0).all()
+    unpacked = plan.per_row(whole.logprobs(tokens, "none", plan.mask, prompt_targets=True)[0])  # no packing
+    assert torch.allclose(unpacked, want, atol=1e-5)
     ((got * weights).sum() + (want * weights).sum()).backward()  # two models: each takes its own gradient
     for (name, a), b in zip(shared.module.named_parameters(), whole.module.parameters()):
         assert torch.allclose(a.grad, b.grad, atol=1e-4, rtol=1e-3), name
