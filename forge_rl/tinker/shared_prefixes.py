@@ -26,17 +26,18 @@ class SharedPrefixes:
     def of(cls, tokens: torch.Tensor, lengths: list[int], min_prefix: int = 2) -> "SharedPrefixes":
         """Runs of consecutive rows sharing at least `min_prefix` first tokens. Row b's tokens are
         tokens[b, :lengths[b] + 1] and its targets sit at positions 1..lengths[b]; a row keeps at least one
-        target after its run's prefix."""
+        target after its run's prefix. Where some neighbours share more than others, the batch is split where
+        neighbours share the least: that is what every row has (a chat template's start), and a group's rows
+        share their prompt beyond it."""
+        shared = [_common(tokens[b - 1], tokens[b], min(lengths[b - 1], lengths[b])) for b in range(1, len(lengths))]
+        floor = min(shared, default=0) if min(shared, default=0) < max(shared, default=0) else -1
         runs: list[tuple[list[int], int]] = []
         for b, length in enumerate(lengths):
-            if runs:
+            if b and shared[b - 1] >= min_prefix and shared[b - 1] != floor:
                 rows, prefix = runs[-1]
-                n = min(prefix, length)
-                same = int((tokens[rows[0], :n] == tokens[b, :n]).long().cumprod(0).sum())
-                if same >= min_prefix:
-                    runs[-1] = (rows + [b], same)
-                    continue
-            runs.append(([b], length))
+                runs[-1] = (rows + [b], min(prefix, shared[b - 1]))
+            else:
+                runs.append(([b], length))
         runs = [(rows, prefix) for rows, prefix in runs if len(rows) > 1]
         mask = torch.zeros_like(tokens, dtype=torch.bool)
         for b, length in enumerate(lengths):
@@ -55,3 +56,8 @@ class SharedPrefixes:
         for rows, prefix in self.runs:
             source[rows] = torch.where(columns < prefix, rows[0], source[rows])
         return logprobs.gather(0, source.to(logprobs.device))
+
+
+def _common(a: torch.Tensor, b: torch.Tensor, n: int) -> int:
+    """How many first tokens of `a` and `b` are the same, at most `n`."""
+    return int((a[:n] == b[:n]).long().cumprod(0).sum())

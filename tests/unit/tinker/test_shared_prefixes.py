@@ -2,19 +2,23 @@
 forwarded with the prompt once (forge_rl/tinker/shared_prefixes.py): every target's logprob and the gradients are
 those of the rows forwarded whole, on the trainer's own logprob forward over the embedded tiny model."""
 
+import pytest
 import torch
 
 from forge_rl.tinker.shared_prefixes import SharedPrefixes
 from tests.support.precision import trainer_step
 
 
-def rows_of_two_prompts():
-    """Two groups (3 and 2 completions of different lengths) and a lone row; each row's token count - 1 targets."""
+def rows_of_two_prompts(template: int = 0):
+    """Two groups (3 and 2 completions of different lengths) and a lone row, every row starting with the same
+    `template` tokens (a chat template's start); each row's token count - 1 targets."""
     g = torch.Generator().manual_seed(0)
+    start = torch.randint(3, 100, (template,), generator=g)
     first, second = torch.randint(3, 100, (24,), generator=g), torch.randint(3, 100, (20,), generator=g)
     rows = [torch.cat([first, torch.randint(3, 100, (n,), generator=g)]) for n in (4, 7, 2)]
     rows += [torch.cat([second, torch.randint(3, 100, (n,), generator=g)]) for n in (5, 3)]
     rows.append(torch.randint(3, 100, (8,), generator=g))
+    rows = [torch.cat([start, r]) for r in rows]
     lengths = [len(r) - 1 for r in rows]
     tokens = torch.zeros(len(rows), max(lengths) + 1, dtype=torch.long)
     for b, r in enumerate(rows):
@@ -22,11 +26,13 @@ def rows_of_two_prompts():
     return tokens, lengths
 
 
-def test_runs_of_a_shared_prefix_are_found_and_each_row_keeps_a_target_after_it():
-    tokens, lengths = rows_of_two_prompts()
+@pytest.mark.parametrize("template", [0, 10])
+def test_runs_of_a_shared_prefix_are_found_and_each_row_keeps_a_target_after_it(template):
+    """With a start every row shares (a chat template's), the groups are still told apart where they part."""
+    tokens, lengths = rows_of_two_prompts(template)
     plan = SharedPrefixes.of(tokens, lengths)
     assert [rows for rows, _ in plan.runs] == [[0, 1, 2], [3, 4]]
-    assert plan.runs[0][1] >= 24 and plan.runs[1][1] >= 20
+    assert plan.runs[0][1] >= template + 24 and plan.runs[1][1] >= template + 20
     for b, length in enumerate(lengths):  # every target is computed once: in its row or in its run's prefix row
         (run,) = [r for r, (rows, _) in enumerate(plan.runs) if b in rows] or [None]
         prefix = plan.runs[run][1] if run is not None else 1
