@@ -26,14 +26,15 @@ class SharedPrefixes:
     def of(cls, tokens: torch.Tensor, lengths: list[int], min_prefix: int = 2) -> "SharedPrefixes":
         """Runs of consecutive rows sharing at least `min_prefix` first tokens. Row b's tokens are
         tokens[b, :lengths[b] + 1] and its targets sit at positions 1..lengths[b]; a row keeps at least one
-        target after its run's prefix. Where some neighbours share more than others, the batch is split where
-        neighbours share the least: that is what every row has (a chat template's start), and a group's rows
-        share their prompt beyond it."""
+        target after its run's prefix. Every row of a batch may start alike (a chat template's start): a group's
+        rows share their prompt beyond it, so two neighbours sharing under half of what either shares with its
+        other neighbour are in different runs."""
         shared = [_common(tokens[b - 1], tokens[b], min(lengths[b - 1], lengths[b])) for b in range(1, len(lengths))]
-        floor = min(shared, default=0) if min(shared, default=0) < max(shared, default=0) else -1
+        with_next = [*shared, 0]
+        best = [max(before, after) for before, after in zip([0, *shared], with_next)]  # the most a row shares
         runs: list[tuple[list[int], int]] = []
         for b, length in enumerate(lengths):
-            if b and shared[b - 1] >= min_prefix and shared[b - 1] != floor:
+            if b and shared[b - 1] >= min_prefix and 2 * shared[b - 1] >= max(best[b - 1], best[b]):
                 rows, prefix = runs[-1]
                 runs[-1] = (rows + [b], min(prefix, shared[b - 1]))
             else:

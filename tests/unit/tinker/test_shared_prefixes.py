@@ -15,6 +15,7 @@ def rows_of_two_prompts(template: int = 0):
     g = torch.Generator().manual_seed(0)
     start = torch.randint(3, 100, (template,), generator=g)
     first, second = torch.randint(3, 100, (24,), generator=g), torch.randint(3, 100, (20,), generator=g)
+    second[0] = first[0]  # the two prompts also share their first token: the groups part at different depths
     rows = [torch.cat([first, torch.randint(3, 100, (n,), generator=g)]) for n in (4, 7, 2)]
     rows += [torch.cat([second, torch.randint(3, 100, (n,), generator=g)]) for n in (5, 3)]
     rows.append(torch.randint(3, 100, (8,), generator=g))
