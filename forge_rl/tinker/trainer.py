@@ -7,7 +7,8 @@ publishing and checkpoints) with the two calls the Tinker API splits a step into
 A Tinker step is the client's, not the trainer's: gradients accumulate over any number of forward_backward calls
 until optim_step, and the optimizer's learning rate and betas are the call's. Every rank runs each call; a rank
 forwards its data-parallel share of the rows (round robin), so every rank runs one forward and one backward and
-FSDP's collectives pair up; the gradients are summed over ranks, as the losses are sums.
+FSDP's collectives pair up; the gradients are summed over ranks, as the losses are sums. A sampled group's datums,
+which begin alike, forward their prompt once (forge_rl/tinker/shared_prefixes.py).
 
 With LoRA, one trainer serves every training client of the base model: `activate(client)` before a client's calls
 makes its adapters, gradients and optimizer the trainer's (forge_rl/tinker/clients.py).
