@@ -3,6 +3,7 @@
 shared by the tests that train. An SFT loop whose loss falls, an RL step with importance_sampling, sampled
 logprobs equal to the trainer's, and each bad input refused in one line while the service keeps serving."""
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -50,8 +51,16 @@ def service(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client(service):
-    return tinker.ServiceClient(base_url=service["base_url"], api_key=service["api_key"])
+def connect(service):
+    """`connect(key)`: a ServiceClient of this module's service, closed (its session finished, its heartbeat thread
+    stopped) before the service stops, so no client keeps calling a service that is gone."""
+    with contextlib.ExitStack() as opened:
+        yield lambda key: opened.enter_context(tinker.ServiceClient(base_url=service["base_url"], api_key=key))
+
+
+@pytest.fixture(scope="module")
+def client(service, connect):
+    return connect(service["api_key"])
 
 
 @pytest.fixture(scope="module")
@@ -174,10 +183,10 @@ def test_a_saved_state_resumes_bitwise(client, training):
         client.create_training_client_from_state("tinker://nowhere/weights/x").result()
 
 
-def test_another_users_key_sees_nothing_of_this_user(service, training):
+def test_another_users_key_sees_nothing_of_this_user(service, connect, training):
     """The second user's key is a key of the service, but this user's models, saved weights and requests are
     as unknown to it as ones that do not exist."""
-    other = tinker.ServiceClient(base_url=service["base_url"], api_key=service["other_users"][0])
+    other = connect(service["other_users"][0])
     path = training.save_weights_for_sampler("mine").result().path
     with pytest.raises(tinker.BadRequestError, match="no saved weights at"):
         other.create_sampling_client(model_path=path).result()
@@ -188,11 +197,11 @@ def test_another_users_key_sees_nothing_of_this_user(service, training):
     assert "no training client" in answer["error"] and answer["category"] == "user"
 
 
-def test_two_users_sample_their_own_adapters_on_one_generator(service, training):
+def test_two_users_sample_their_own_adapters_on_one_generator(service, connect, training):
     """Every training client's newest adapter stays on the service's one generator: another user's saved weights
     neither make this user's sampling client stale nor change what it samples, and that user's failing call, made
     at the same time, leaves this user's sample running. /healthz counts one vLLM engine and one trainer for both."""
-    other = tinker.ServiceClient(base_url=service["base_url"], api_key=service["other_users"][0])
+    other = connect(service["other_users"][0])
     theirs = other.create_lora_training_client(base_model="tiny", rank=8).result()
     tokenizer = training.get_tokenizer()
     prompt = types.ModelInput.from_ints(tokenizer.encode("12+34=")[:5])
@@ -245,8 +254,8 @@ def test_clients_sharing_the_trainer_train_as_if_alone(client):
     assert losses == expected and losses[-1] < losses[0]
 
 
-def test_a_wrong_key_is_refused_by_the_clients_auth_error(service):
-    wrong = tinker.ServiceClient(base_url=service["base_url"], api_key="tml-not-the-key")
+def test_a_wrong_key_is_refused_by_the_clients_auth_error(connect):
+    wrong = connect("tml-not-the-key")
     with pytest.raises(tinker.AuthenticationError, match="invalid API key"):
         wrong.create_lora_training_client(base_model="tiny", rank=8).result()
 
