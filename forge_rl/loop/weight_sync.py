@@ -39,7 +39,7 @@ class WeightSync:
             await self.generators_current()
 
     async def _timed_swap(self, version: int) -> list[dict]:
-        with self.timeline.span("generators", "weight swap", version=version):
+        with self.timeline.span("weight swaps", "weight swap", version=version):
             return await update_generators(
                 self.state, self.generator, version, self.cfg.timeouts.weight_load_s, self.where()
             )

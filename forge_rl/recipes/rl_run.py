@@ -206,7 +206,7 @@ class RLRun(RecipeRun):
         await self.weights.generators_current()
         await self.state.admission.pause()
         try:
-            with self.timeline.span("generators", "evaluate", step=self.step):
+            with self.timeline.span("evaluation", "evaluate", step=self.step):
                 scores = await evaluate_held_out(
                     self.cfg,
                     self.roles.generator,
@@ -298,7 +298,11 @@ class RLRun(RecipeRun):
             if cfg.trainer.lora.enabled:  # and the adapter alone, as PEFT saves one
                 await self.roles.trainer.mesh.export_adapter.call(str(Path(cfg.export_dir) / "adapter"))
         summary = dict(await run_summary(self, wall, gen_busy_s), run_id=self.claim.run_id, checkpoint=str(checkpoint))
-        summary["busy_fraction"] = {lane: round(f, 3) for lane, f in self.timeline.role_busy_fractions().items()}
+        # the engines' own count (requests in them), which sees every caller: rollouts, an agent gateway, Tinker
+        generating = {"generators": round(1 - summary["generator_idle_fraction"], 3)}
+        summary["busy_fraction"] = generating | {
+            lane: round(f, 3) for lane, f in self.timeline.role_busy_fractions().items()
+        }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         png = plot_run(self.out / "metrics.jsonl", self.out / "curves.png", title=f"{self.algorithm.name} {cfg.model}")
         self.timeline.write(self.out)

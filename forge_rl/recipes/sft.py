@@ -235,7 +235,7 @@ class SFTRun(RecipeRun):
             await self.trainer.push_weights.call(self.step)
             await self.generator.update_weights.call_all(self.step)
         eval_reward = cfg.task.eval_reward or cfg.rewards[0].name
-        with self.timeline.span("generator", "evaluate", step=self.step):
+        with self.timeline.span("evaluation", "evaluate", step=self.step):
             result = await evaluate_task(
                 self.generator, self.reward, self.held_out, eval_reward, max_tokens=eval_max_tokens(cfg)
             )

@@ -17,24 +17,24 @@ def test_spans_make_lanes_busy_fractions_and_a_chrome_trace(tmp_path):
             time.sleep(0.02)
         lasted.append(time.perf_counter() - start)
     try:
-        with timeline.span("generators", "weight swap"):
+        with timeline.span("weight swaps", "weight swap"):
             raise RuntimeError("a failed swap still took its time")
     except RuntimeError:
         pass
     timeline.mark("step 1")
     time.sleep(0.05)
-    assert timeline.lanes() == ["trainer", "generators", "rollout 0", "rollout 1"]
+    assert timeline.lanes() == ["trainer", "weight swaps", "rollout 0", "rollout 1"]
     busy = timeline.busy_fractions()
     total = timeline.now()
-    assert 0.05 / total <= busy["trainer"] < 0.9 and busy["generators"] < 0.05
+    assert 0.05 / total <= busy["trainer"] < 0.9 and busy["weight swaps"] < 0.05
     # the nested span is not counted twice: at most the time the outer one lasted (twice would be about double)
     assert 0.02 <= busy["rollout 0"] * total <= 1.01 * lasted[0] + 1e-3, (busy, total, lasted)
     roles = timeline.role_busy_fractions()
-    assert set(roles) == {"trainer", "generators", "rollout tasks"}
+    assert set(roles) == {"trainer", "weight swaps", "rollout tasks"}
     trace, png = timeline.write(tmp_path)
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["args"]["name"] for e in events if e["ph"] == "M"}
-    assert names == {"trainer", "generators", "rollout 0", "rollout 1"}
+    assert names == {"trainer", "weight swaps", "rollout 0", "rollout 1"}
     spans = [e for e in events if e["ph"] == "X"]
     assert len(spans) == 6 and all(e["dur"] >= 0 for e in spans)
     assert [e["args"] for e in spans if e["name"] == "train + publish"] == [{"step": 1}]
@@ -52,7 +52,7 @@ def test_writing_again_redraws_only_what_changed(tmp_path):
     time.sleep(0.01)
     assert timeline.write(tmp_path) == (trace, png)
     assert (trace.stat().st_mtime_ns, png.stat().st_mtime_ns) == drawn
-    with timeline.span("generators", "weight swap"):
+    with timeline.span("weight swaps", "weight swap"):
         pass
     timeline.write(tmp_path)
     assert png.stat().st_mtime_ns > drawn[1]
