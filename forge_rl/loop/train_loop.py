@@ -88,6 +88,7 @@ class RunState:
         self.max_staleness = 0  # over every batch trained on: must stay <= max_policy_age
         self.mismatch: list[tuple[float, float]] = []  # per step: mean and max |log pi - log mu| (train/inference)
         self.last_updates: list[dict] | None = None  # the newest finished generator weight update
+        self.engines_read: tuple[float, float] | None = None  # (when, the replicas' mean busy_s): see engines_busy
         self.stop = asyncio.Event()
 
     @property

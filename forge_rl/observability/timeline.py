@@ -42,6 +42,7 @@ class Timeline:
         self.t0 = time.perf_counter()
         self.spans: list[Span] = []
         self.marks: list[tuple[float, str]] = []
+        self.counters: list[tuple[float, str, float]] = []  # (time, name, value): a quantity read now and then
         self.open: dict[int, Span] = {}  # spans whose block is still running, by id (see spans_during)
         self._written: tuple | None = None  # (folder, spans, marks) at the last write: see write
 
@@ -74,6 +75,11 @@ class Timeline:
     def mark(self, name: str) -> None:
         """An instant on every lane: a step's end, an evaluation."""
         self.marks.append((self.now(), name))
+
+    def counter(self, name: str, value: float) -> None:
+        """A reading of `name` (a share of time busy, a queue's length) at this moment; the plot draws each counter
+        as a row of its own, the trace as a counter track."""
+        self.counters.append((self.now(), name, value))
 
     def lanes(self) -> list[str]:
         """Lanes in order of first appearance, rollout tasks last."""
@@ -125,6 +131,10 @@ class Timeline:
         events += [
             {"ph": "i", "s": "g", "name": name, "pid": 0, "tid": 0, "ts": round(t * 1e6, 1)} for t, name in self.marks
         ]
+        events += [
+            {"ph": "C", "name": name, "pid": 0, "ts": round(t * 1e6, 1), "args": {name: value}}
+            for t, name, value in self.counters
+        ]
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def write(self, out_dir: str | Path) -> tuple[Path, Path]:
@@ -132,7 +142,7 @@ class Timeline:
         interrupted run has them too): drawing is a second of CPU, so files that already show every span are kept."""
         out = Path(out_dir)
         trace, png = out / TRACE, out / PNG
-        state = (out.resolve(), len(self.spans), len(self.marks))
+        state = (out.resolve(), len(self.spans), len(self.marks), len(self.counters))
         if state == self._written and trace.is_file() and png.is_file():
             return trace, png
         trace.write_text(json.dumps(self.chrome_trace()))
@@ -166,17 +176,24 @@ def phase(name: str):
 
 
 def plot_timeline(timeline: Timeline, out_png: str | Path, title: str = "") -> Path:
-    """One row per lane, a bar per span coloured by what it was; steps as thin vertical lines."""
+    """One row per lane, a bar per span coloured by what it was; steps as thin vertical lines. Counters first, a
+    row each, their readings as a filled step curve scaled to the row (its label says the largest)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lanes = timeline.lanes()
+    counters = {name: [(t, v) for t, n, v in timeline.counters if n == name] for _, name, _ in timeline.counters}
+    labels = [f"{name} (max {max(v for _, v in readings):.2g})" for name, readings in counters.items()]
+    labels += timeline.lanes()
     names = list(dict.fromkeys(s.name for s in timeline.spans))
     colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(names)}
-    fig, ax = plt.subplots(figsize=(14, 1.0 + 0.35 * max(len(lanes), 1)))
-    for row, lane in enumerate(lanes):
+    fig, ax = plt.subplots(figsize=(14, 1.0 + 0.35 * max(len(labels), 1)))
+    for row, readings in enumerate(counters.values()):  # the y axis is inverted: a row's foot is row + 0.4
+        top = max(max(v for _, v in readings), 1e-9)
+        heights = [row + 0.4 - 0.8 * v / top for _, v in readings]
+        ax.fill_between([t for t, _ in readings], heights, row + 0.4, step="pre", color="black", alpha=0.35)
+    for row, lane in enumerate(timeline.lanes(), start=len(counters)):
         for name in names:
             bars = [(s.start, s.end - s.start) for s in timeline.spans if s.lane == lane and s.name == name]
             if bars:
@@ -184,7 +201,7 @@ def plot_timeline(timeline: Timeline, out_png: str | Path, title: str = "") -> P
     for t, name in timeline.marks:
         if name.startswith("step"):
             ax.axvline(t, color="grey", linewidth=0.3, alpha=0.5)
-    ax.set_yticks(range(len(lanes)), lanes, fontsize=7)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the run started")
     ax.legend(

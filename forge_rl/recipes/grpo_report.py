@@ -7,6 +7,7 @@ import asyncio
 import math
 import socket
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -253,10 +254,11 @@ async def step_line(
     """The metrics line of the step just taken (to version `s.version`, of the run's RunState `s`): what the
     trainer and the publish returned, with the buffer's, the dataset's and a generator's stats and the rewards
     scored meanwhile; and the buffer's stats it read (the next step's `buffer_before`)."""
-    # the three actors' stats at once: one round trip's wait on the step's critical path, not three
-    buffer, data, generator = await asyncio.gather(
-        roles.buffer.stats.call_one(), roles.dataset.stats.call_one(), roles.generator.stats.route()
+    # the three roles' stats at once: one round trip's wait on the step's critical path, not three
+    buffer, data, replicas = await asyncio.gather(
+        roles.buffer.stats.call_one(), roles.dataset.stats.call_one(), roles.generator.stats.call_all()
     )
+    generator = replicas[0] if replicas else await roles.generator.stats.route()  # every replica was respawning
     rewards, parts = s.rollouts.take_rewards()
     line = step_metrics(
         StepRecord(
@@ -280,7 +282,19 @@ async def step_line(
         )
     )
     line.update({k: v for k, v in metrics.items() if "/" in k})  # another stage's, named (PPO's critic/...)
+    if replicas and (busy := engines_busy(s, replicas)) is not None:
+        line["generator/busy"] = busy
     return line, buffer
+
+
+def engines_busy(s, replicas: list[dict]) -> float | None:
+    """The share of the time since the last read (the last step's) that the generator replicas' engines had
+    requests in them, their mean: whoever sent the requests (rollouts, an agent gateway). None at the first read."""
+    now, busy_s = time.perf_counter(), sum(r["busy_s"] for r in replicas) / len(replicas)
+    last, s.engines_read = s.engines_read, (now, busy_s)
+    if last is None or now <= last[0]:
+        return None
+    return min(1.0, max(0.0, (busy_s - last[1]) / (now - last[0])))  # a respawned replica starts again at 0
 
 
 async def run_summary(run, wall: float, gen_busy_s: float) -> dict:

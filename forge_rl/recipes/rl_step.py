@@ -81,6 +81,8 @@ async def rl_step(roles: Roles, state: StepState, algorithm) -> dict[str, float]
     )
     line.update(clock.finish())  # the parts sum to step_time/wall; the controller's share is the remainder
     state.log.log(version, line)
+    if "generator/busy" in line:  # the engines' own count: the timeline's lanes see only what the controller times
+        state.timeline.counter("generators busy", line["generator/busy"])
     state.timeline.mark(f"step {version}")
     return line
 

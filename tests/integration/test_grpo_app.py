@@ -63,6 +63,11 @@ def test_grpo_async_run_then_synchronous_resume(tmp_path, capsys):
     lanes = {e["args"]["name"] for e in trace if e["ph"] == "M"}
     assert {"controller", "trainer", "weight swaps", "rollout 0"} <= lanes, lanes
     assert sum(e["name"] == "score + train + publish" for e in trace if e["ph"] == "X") == 3
+    # the engines' busy share since the step before, from the second step on: a counter track and a metric
+    busy = [e["args"]["generators busy"] for e in trace if e["ph"] == "C"]
+    # (the last step's may be 0: nothing is admitted once every remaining step has its groups)
+    assert len(busy) == 2 and 0 < busy[0] <= 1 and 0 <= busy[1] <= 1, busy
+    assert [r.get("generator/busy") for r in steps] == [None, *busy]
     assert (tmp_path / "timeline.png").stat().st_size > 5_000 and 0 < first["busy_fraction"]["trainer"] < 1
     # the generators' figure is the engines' own count of time with requests in them, not a timeline lane
     assert first["busy_fraction"]["generators"] == round(1 - first["generator_idle_fraction"], 3) > 0

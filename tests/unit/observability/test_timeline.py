@@ -66,3 +66,21 @@ def test_writing_again_redraws_only_what_changed(tmp_path):
     (tmp_path / "other").mkdir()
     other, _ = timeline.write(tmp_path / "other")  # another folder is written to
     assert other.is_file()
+
+
+def test_a_counter_is_a_track_of_the_trace_and_a_row_of_the_plot(tmp_path):
+    """The generators' busy share is read once a step and drawn above the lanes: a role whose work the controller
+    does not time (an agent gateway's calls) still shows when the engines were busy."""
+    timeline = Timeline()
+    with timeline.span("trainer", "train + publish"):
+        timeline.counter("generators busy", 0.25)
+    timeline.counter("generators busy", 0.9)
+    trace, png = timeline.write(tmp_path)
+    drawn = png.stat().st_mtime_ns
+    counters = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "C"]
+    assert [e["args"] for e in counters] == [{"generators busy": 0.25}, {"generators busy": 0.9}]
+    assert counters[0]["ts"] <= counters[1]["ts"]
+    time.sleep(0.01)
+    timeline.counter("generators busy", 0.5)  # a new reading redraws
+    timeline.write(tmp_path)
+    assert png.stat().st_mtime_ns > drawn and png.stat().st_size > 5_000
