@@ -45,12 +45,22 @@ class GatewayConfig:
     # true: a gateway process of its own in front of the generator replicas; false: the run's controller serves it
     # (its event loop then also answers every agent call)
     process: bool = True
+    # gateway processes, each on its own port (a fixed agent.port: the first's, the others the ports after it); an
+    # episode is opened on the one with the fewest open episodes and served there (forge_rl/agents/gateways.py)
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host.strip() or any(c.isspace() for c in self.host):
             raise ValueError(f"agent.gateway.host={self.host!r}: give an address, e.g. 127.0.0.1 or 0.0.0.0")
         if not isinstance(self.process, bool):
             raise ValueError(f"agent.gateway.process={self.process!r}: give true or false")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ValueError(f"agent.gateway.replicas={self.replicas!r}: give a whole number >= 1")
+        if self.replicas > 1 and not self.process:
+            raise ValueError(
+                f"agent.gateway.replicas={self.replicas} with agent.gateway.process=false: the run's controller "
+                "serves one endpoint; set process: true for several gateway processes"
+            )
 
 
 @dataclass

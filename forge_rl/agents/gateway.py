@@ -27,8 +27,8 @@ from forge_rl.runtime import ForgeActor
 class AgentGateway(ForgeActor):
     """The endpoint of one run, in its own process."""
 
-    def __init__(self, model_dir: str, settings: EndpointSettings, run_key: str):
-        self.model_dir, self.settings, self.run_key = model_dir, settings, run_key
+    def __init__(self, model_dir: str, settings: EndpointSettings, run_key: str, id_prefix: str = ""):
+        self.model_dir, self.settings, self.run_key, self.id_prefix = model_dir, settings, run_key, id_prefix
         self.server: AgentServer | None = None
         self.replicas = StickyReplicas()
 
@@ -37,7 +37,7 @@ class AgentGateway(ForgeActor):
         from forge_rl.models import load_tokenizer
 
         tokenizer = load_tokenizer(self.model_dir)
-        self.server = AgentServer(tokenizer, self.replicas, self.settings, self.run_key)
+        self.server = AgentServer(tokenizer, self.replicas, self.settings, self.run_key, self.id_prefix)
         await self.server.start()
 
     @concurrent_endpoint

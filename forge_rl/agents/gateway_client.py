@@ -47,10 +47,13 @@ class OpenEpisode:
 class GatewayClient:
     """The run's gateway process, replaced when it dies."""
 
-    def __init__(self, model_dir, settings: EndpointSettings, generator, tokenizer, write=print):
+    def __init__(
+        self, model_dir, settings: EndpointSettings, generator, tokenizer, write=print, key=None, name="AgentGateway"
+    ):
         self.model_dir, self.settings, self.generator, self.tokenizer = str(model_dir), settings, generator, tokenizer
         self.write = write  # where the line naming a lost gateway goes
-        self.run_key = run_key()  # the root URL's key, the same for every gateway of the run
+        self.run_key = key or run_key()  # the root URL's key, the same for every gateway of the run
+        self.name = name  # its actor mesh's (a run with several gateways names each: forge_rl/agents/gateways.py)
         self.episodes: dict[str, OpenEpisode] = {}
         self.actor, self.root, self.pid = None, "", 0
         self.generation = self.lost = 0
@@ -124,9 +127,11 @@ class GatewayClient:
     # ---- the process -----------------------------------------------------------------------------------------
 
     async def _spawn(self) -> None:
-        name = "AgentGateway" + (f"-{self.generation}" if self.generation else "")
+        name = self.name + (f"-{self.generation}" if self.generation else "")
+        # episode ids unique in the run: which gateway ("1" of several), which of its processes ("r2": replaced twice)
+        prefix = self._which().strip() + (f"r{self.generation}" if self.generation else "")
         actor = await AgentGateway.options(mesh_name=name, host_mesh="agent").as_actor(
-            self.model_dir, self.settings, self.run_key
+            self.model_dir, self.settings, self.run_key, f"{prefix}-" if prefix else ""
         )
         self.root, self.pid = await replies().call(actor, AgentGateway.address)
         self._pushed = None
@@ -162,10 +167,14 @@ class GatewayClient:
         self._died.setdefault(generation, asyncio.Event()).set()
         open_here = sum(e.generation == generation for e in self.episodes.values())
         self.write(
-            f"agent gateway (pid {self.pid}) died ({reason}): its {open_here} open episodes fail ({LOST}), their "
-            "groups dropped; starting another"
+            f"agent gateway{self._which()} (pid {self.pid}) died ({reason}): its {open_here} open episodes fail "
+            f"({LOST}), their groups dropped; starting another"
         )
         self._keep(self._replace())
+
+    def _which(self) -> str:
+        """ " 2" for the run's gateway AgentGateway2 (one of several), "" for its only one."""
+        return f" {self.name.removeprefix('AgentGateway')}" if self.name != "AgentGateway" else ""
 
     async def _replace(self) -> None:
         old, self.actor = self.actor, None

@@ -25,6 +25,7 @@ from forge_rl.actors.reward import RewardActor
 from forge_rl.agents.entry import AgentEntry, AgentReward, EpisodeFailed
 from forge_rl.agents.episodes import EpisodeRecord, shared_prompt_len, trajectory_completion
 from forge_rl.agents.gateway_client import GatewayClient
+from forge_rl.agents.gateways import Gateways
 from forge_rl.agents.server import AgentServer
 from forge_rl.agents.workers import AgentWorkers
 from forge_rl.actors.dataset import PromptDataset
@@ -55,12 +56,15 @@ class AgentFailing(RunStopped):
 
 
 class AgentRunner:
-    """The run's agent: its endpoint (a gateway process's, GatewayClient, or served here, AgentServer: the same
-    `open`, `close` and `base_url`), what plays its episodes (its agent workers, AgentWorkers, or its function
+    """The run's agent: its endpoint (gateway processes', GatewayClient or Gateways, or served here, AgentServer:
+    the same `open`, `close` and `base_url`), what plays its episodes (its agent workers, AgentWorkers, or its function
     in this process, AgentEntry: the same `run`), and how many of its episodes may run at once."""
 
     def __init__(
-        self, server: AgentServer | GatewayClient, entry: AgentEntry | AgentWorkers, max_concurrent_episodes: int
+        self,
+        server: AgentServer | GatewayClient | Gateways,
+        entry: AgentEntry | AgentWorkers,
+        max_concurrent_episodes: int,
     ):
         self.server, self.entry = server, entry
         # an agent whose episodes share one client of the root URL (verifiers') calls it with the run's key

@@ -83,7 +83,7 @@ class EndpointStats:
 class AgentServer:
     """The endpoint of one run: its episodes, its uvicorn server, and what it counted."""
 
-    def __init__(self, tokenizer, generator, settings: EndpointSettings, key: str | None = None):
+    def __init__(self, tokenizer, generator, settings: EndpointSettings, key: str | None = None, id_prefix: str = ""):
         from forge_rl.deps.vllm import openai_protocol
 
         self.tokenizer, self.generator, self.settings = tokenizer, generator, settings
@@ -96,12 +96,13 @@ class AgentServer:
         self.port: int | None = None
         self.run_key = key or run_key()  # the root URL's key: it stays in the run's processes
         self._ids = itertools.count()
+        self.id_prefix = id_prefix  # before each episode id: unique across the run's gateways and their replacements
         self._listener = Listener()
 
     # ---- episodes ---------------------------------------------------------------------------------------------
 
     def open_episode(self, example, trained: bool) -> EpisodeRecord:
-        episode_id = f"{'t' if trained else 'e'}{next(self._ids)}"
+        episode_id = f"{self.id_prefix}{'t' if trained else 'e'}{next(self._ids)}"
         record = EpisodeRecord(
             episode_id, example, trained, self.settings.non_prefix, self.chat, episode_key(episode_id)
         )

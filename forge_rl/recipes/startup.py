@@ -19,6 +19,7 @@ from forge_rl.actors.reward_model import RewardModel
 from forge_rl.actors.trainer import Trainer
 from forge_rl.agents.factory import agent_entry
 from forge_rl.agents.gateway_client import GatewayClient
+from forge_rl.agents.gateways import Gateways
 from forge_rl.agents.rollout import AgentRunner
 from forge_rl.agents.server import AgentServer, EndpointSettings
 from forge_rl.agents.workers import AgentWorkers
@@ -148,7 +149,9 @@ async def start_agents(run, generator) -> AgentRunner | None:
         chat_template_kwargs=dict(cfg.chat_template_kwargs),
     )
     say = lambda line: run.console.print(line, markup=False, highlight=False)  # noqa: E731
-    if cfg.agent.gateway.process:
+    if cfg.agent.gateway.replicas > 1:
+        server = Gateways(run.model_dir, settings, generator, run.tokenizer, say, cfg.agent.gateway.replicas)
+    elif cfg.agent.gateway.process:
         server = GatewayClient(run.model_dir, settings, generator, run.tokenizer, say)
     else:
         server = AgentServer(run.tokenizer, generator, settings)
@@ -162,7 +165,10 @@ async def start_agents(run, generator) -> AgentRunner | None:
         await server.stop()  # nothing of a start that failed is left running
         raise
     where = f"{cfg.agent.workers} agent workers" if cfg.agent.workers else "this process"
-    served = f"gateway process, pid {server.pid}" if cfg.agent.gateway.process else "this process"
+    served = "this process"
+    if cfg.agent.gateway.process:
+        pids = server.pids if isinstance(server, Gateways) else [server.pid]
+        served = f"gateway process{'es' if len(pids) > 1 else ''}, pid {', '.join(map(str, pids))}"
     run.console.print(
         f"agent {cfg.agent.name} ({where}): OpenAI-compatible endpoint ({served}) at {server.base_url()} (each "
         f"episode's client: {server.base_url().removesuffix('/v1')}/episodes/<id>/v1)"

@@ -21,6 +21,7 @@ import pytest
 from forge_rl.agents.command import LOG_NAME
 from forge_rl.agents.gateway_client import LOST as GATEWAY_LOST
 from forge_rl.agents.gateway_client import GatewayClient
+from forge_rl.agents.gateways import Gateways
 from forge_rl.agents.workers import LOST, AgentWorkers
 from forge_rl.config import load_config
 from forge_rl.loop.rollout import DropLog, RolloutStats
@@ -211,6 +212,51 @@ def test_the_gateway_takes_each_episodes_key_only(run):
     assert codes == [401, 401, 401] and refused.status_code == 401 and "run's key" in refused.text
     assert root.status_code == 200 and served.status_code == 200
     assert mine.calls == 1 and other.calls == 0 and mine.failure is None and mine.replicas == {0}
+
+
+def test_several_gateways_spread_the_episodes_and_keep_each_on_its_own(run):
+    """agent.gateway.replicas: 2: two gateway processes on two ports, each episode opened on the one with fewer
+    open and served only there (the other refuses its key), one key of the run at every root URL, episode ids
+    unique across them, and both ports released when they stop."""
+    loop, grpo, _, _ = run
+    body = {"model": "m", "messages": [{"role": "user", "content": "12+34="}]}
+    settings = grpo.agents.server.settings
+
+    async def calls():
+        gateways = await Gateways(grpo.model_dir, settings, grpo.roles.generator, grpo.tokenizer, replicas=2).start()
+        ports, pids = [g.port for g in gateways.members], gateways.pids
+        try:
+            episodes = [await gateways.open(None, True) for _ in range(4)]
+            urls = [gateways.base_url(e) for e in episodes]
+            async with httpx.AsyncClient(timeout=60) as http:
+                served = [
+                    (await http.post(f"{u}/chat/completions", json=body, headers=_key(e))).status_code
+                    for e, u in zip(episodes, urls)
+                ]
+                # episode 0's key at episode 1's gateway, under episode 0's own id: not that gateway's episode
+                elsewhere = urls[1].replace(f"/episodes/{episodes[1].id}/", f"/episodes/{episodes[0].id}/")
+                crossed = await http.post(f"{elsewhere}/chat/completions", json=body, headers=_key(episodes[0]))
+                roots = [
+                    (await http.get(f"{g.base_url()}/models", headers={"Authorization": f"Bearer {gateways.run_key}"}))
+                    for g in gateways.members
+                ]
+            records = [await gateways.close(e) for e in episodes]
+            stats, still_open = await gateways.call_counts()
+        finally:
+            await gateways.stop()
+        return ports, pids, episodes, urls, served, crossed, roots, records, stats, still_open
+
+    ports, pids, episodes, urls, served, crossed, roots, records, stats, still_open = loop.run_until_complete(calls())
+    assert len(set(ports)) == 2 and len(set(pids)) == 2 and grpo.agents.server.pid not in pids
+    assert [int(u.split(":")[2].split("/")[0]) for u in urls] == [ports[0], ports[1], ports[0], ports[1]]
+    assert len({e.id for e in episodes}) == 4  # no id given twice, though each gateway counts its own
+    assert served == [200] * 4 and crossed.status_code in (401, 404) and all(r.status_code == 200 for r in roots)
+    assert [r.calls for r in records] == [1, 1, 1, 1] and stats.calls == 4 and still_open == 0
+    assert not any(_listening(p) for p in ports) and not _alive(pids)
+
+
+def _key(episode) -> dict:
+    return {"Authorization": f"Bearer {episode.key}"}
 
 
 def test_a_killed_gateway_is_named_replaced_and_its_group_dropped(run):

@@ -88,11 +88,13 @@ def test_a_bad_agent_setting_is_one_line_naming_it(overrides, names):
         ("agent.workers=two", ["agent.workers"]),
         ("agent.gateway.host='my host'", ["agent.gateway.host='my host'", "0.0.0.0"]),
         ("agent.gateway.process=sometimes", ["agent.gateway.process"]),
+        ("agent.gateway.replicas=0", ["agent.gateway.replicas=0", ">= 1"]),
+        (["agent.gateway.replicas=2", "agent.gateway.process=false"], ["agent.gateway.replicas=2", "process: true"]),
     ],
 )
 def test_a_bad_agent_value_is_refused_when_read(override, names):
     with pytest.raises(ConfigError) as e:
-        _config(override)
+        _config(*([override] if isinstance(override, str) else override))
     assert all(name in str(e.value) for name in names) and "\n" not in str(e.value)
 
 
