@@ -3,7 +3,7 @@ process (agent.gateway.process: true, a run's default), each making two chat cal
 flight at the same time. Checks every episode's record against what its agent was answered, and reports the
 gateway's and the controller's memory, round after round, to show it does not grow with the episodes served.
 
-    .venv/bin/python -m benchmarks.agent_episodes [--episodes 1000] [--rounds 3] [--max-tokens 2]
+    .venv/bin/python -m benchmarks.agent_episodes [--episodes 1000] [--rounds 3] [--max-tokens 2] [--gateways 1]
 
 Each episode is an agent of its own over plain HTTP (one shared connection pool, a key per episode): the question,
 then the same conversation with its reply and "Wrong. Try again." So each second call continues the first's
@@ -29,6 +29,7 @@ from rich.table import Table
 from forge_rl.actors.generator import Generator
 from forge_rl.actors.generator_engine import CPU_ENGINE_DEFAULTS
 from forge_rl.agents.gateway_client import GatewayClient
+from forge_rl.agents.gateways import Gateways
 from forge_rl.agents.server import EndpointSettings
 from forge_rl.models import load_tokenizer, model_path
 from forge_rl.runtime import provisioned
@@ -125,6 +126,7 @@ async def main() -> None:
     parser.add_argument("--episodes", type=int, default=1000, help="episodes open and calling at once")
     parser.add_argument("--rounds", type=int, default=3, help="times the episodes are served, memory read after each")
     parser.add_argument("--max-tokens", type=int, default=2, help="each reply's tokens at most")
+    parser.add_argument("--gateways", type=int, default=1, help="gateway processes (agent.gateway.replicas)")
     args = parser.parse_args()
     tokenizer = load_tokenizer(model_path("tiny-warm"))
     question = tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
@@ -140,13 +142,22 @@ async def main() -> None:
             sampling=dict(temperature=1.0, max_tokens=args.max_tokens),
             weight_store=WeightStoreConfig(host_id="bench-agent-episodes"),
         )
-        gateway = await GatewayClient(model_path("tiny-warm"), settings, generator, tokenizer).start()
+        if args.gateways > 1:
+            gateway = Gateways(model_path("tiny-warm"), settings, generator, tokenizer, replicas=args.gateways)
+        else:
+            gateway = GatewayClient(model_path("tiny-warm"), settings, generator, tokenizer)
+        await gateway.start()
+        pids = gateway.pids if args.gateways > 1 else [gateway.pid]
         try:
             warm = await one_round(gateway, agents, 16, args.max_tokens, tokenizer, question_ids)
-            rows.append(("after a warm-up of 16", None, rss_mb(gateway.pid), rss_mb(os.getpid()), warm["agents_mb"]))
+            rows.append(
+                ("after a warm-up of 16", None, sum(rss_mb(p) for p in pids), rss_mb(os.getpid()), warm["agents_mb"])
+            )
             for n in range(args.rounds):
                 result = await one_round(gateway, agents, args.episodes, args.max_tokens, tokenizer, question_ids)
-                rows.append((f"round {n + 1}", result, rss_mb(gateway.pid), rss_mb(os.getpid()), result["agents_mb"]))
+                rows.append(
+                    (f"round {n + 1}", result, sum(rss_mb(p) for p in pids), rss_mb(os.getpid()), result["agents_mb"])
+                )
                 console.print(f"round {n + 1} of {args.rounds}: {args.episodes} episodes in {result['wall']:.1f} s")
             stats, open_calls = await gateway.call_counts()
         finally:
@@ -158,7 +169,17 @@ async def main() -> None:
 
 def report(rows: list, args, stats, open_calls: int) -> None:
     table = Table(title=f"{args.episodes} agent episodes at once, 2 calls each, replies of <= {args.max_tokens} tokens")
-    columns = ("", "open to close s", "calls/s", "p50 ms", "p99 ms", "records", "errors", "gateway MB", "controller MB")
+    columns = (
+        "",
+        "open to close s",
+        "calls/s",
+        "p50 ms",
+        "p99 ms",
+        "records",
+        "errors",
+        "gateways MB",
+        "controller MB",
+    )
     for col in (*columns, "agents MB"):
         table.add_column(col, justify="right")
     for name, result, *memory in rows:
