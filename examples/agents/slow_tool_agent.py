@@ -6,22 +6,11 @@ most of their time waiting, so the generators stay busy only when enough episode
     python -m apps.grpo.main --config configs/grpo/tiny_agent.yaml agent.entry=examples.agents.slow_tool_agent:solve
 """
 
-import asyncio
-
-from examples.agents.retry_agent import CREDIT, FEEDBACK
+from examples.agents import retry_agent
 
 TOOL_S = 0.5  # the tool's latency, each time the agent uses it
 
 
 async def solve(example, client) -> float:
-    """The episode's reward: CREDIT[k] when try k + 1 is right, else 0; the tool is used before each retry."""
-    messages = [dict(m) for m in example.messages]
-    for attempt, credit in enumerate(CREDIT):
-        if attempt:
-            await asyncio.sleep(TOOL_S)  # the tool: a wait, not work
-        reply = await client.chat.completions.create(model="tiny-warm", messages=messages)
-        text = reply.choices[0].message.content or ""
-        if text.strip() == str(example.answer).strip():
-            return credit
-        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": FEEDBACK}]
-    return 0.0
+    """The retry agent's reward, the tool used before each retry."""
+    return await retry_agent.solve(example, client, tool_s=TOOL_S)
