@@ -173,7 +173,7 @@ class GatewayClient:
         self._keep(self._replace())
 
     def _which(self) -> str:
-        """ " 2" for the run's gateway AgentGateway2 (one of several), "" for its only one."""
+        """The gateway's number among several with a space before it (AgentGateway2: " 2"); "" for a run's only one."""
         return f" {self.name.removeprefix('AgentGateway')}" if self.name != "AgentGateway" else ""
 
     async def _replace(self) -> None:

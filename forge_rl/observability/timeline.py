@@ -44,7 +44,7 @@ class Timeline:
         self.marks: list[tuple[float, str]] = []
         self.counters: list[tuple[float, str, float]] = []  # (time, name, value): a quantity read now and then
         self.open: dict[int, Span] = {}  # spans whose block is still running, by id (see spans_during)
-        self._written: tuple | None = None  # (folder, spans, marks) at the last write: see write
+        self._written: tuple | None = None  # (folder, spans, marks, counters) at the last write: see write
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
