@@ -18,9 +18,10 @@ $(STAMP): pyproject.toml scripts/setup_env.sh scripts/install.py
 # `make demo` does not need them.
 setup-extras: $(EXTRAS_STAMP)
 
-$(EXTRAS_STAMP): $(STAMP)
+$(EXTRAS_STAMP): $(STAMP) scripts/tinker-cookbook.txt
 	$(PY) scripts/install.py -e ".[envs,agents,tinker]"
-	$(PY) -c 'import reasoning_gym, openenv, verifiers, openai, vllm, tinker'
+	$(PY) scripts/install.py --no-deps -r scripts/tinker-cookbook.txt
+	$(PY) -c 'import reasoning_gym, openenv, verifiers, openai, vllm, tinker, tinker_cookbook.rl.train'
 	touch $(EXTRAS_STAMP)
 
 demo: setup
@@ -59,7 +60,7 @@ demo-moe: setup  # GRPO on a mixture-of-experts model, tiny-moe (Qwen3-MoE in To
 demo-vlm: setup  # GRPO on the embedded tiny vision-language model, tiny-vlm (Idefics3): two digits drawn into an image, the answer the two digits read (configs/grpo/tiny_vlm.yaml; docs/vision.md)
 	$(PY) -m apps.grpo.main --config configs/grpo/tiny_vlm.yaml $(DEMO) $(ARGS)
 
-demo-tinker: setup-extras  # RL on addition written only against the tinker client (examples/tinker/rl_addition.py), served by forge_rl's Tinker service on tiny-warm (configs/tinker/demo.yaml; docs/tinker.md)
+demo-tinker: setup-extras  # RL on addition with tinker-cookbook's own RL loop (examples/tinker/cookbook_rl_addition.py; LOOP=client: rl_addition.py, written only against the tinker client), served by forge_rl's Tinker service on tiny-warm (configs/tinker/demo.yaml; docs/tinker.md)
 	PY=$(PY) bash examples/tinker/demo.sh $(ARGS)
 
 # make test runs two test modules at a time (pytest-xdist), each module whole on one worker (--dist loadfile) so that

@@ -3,15 +3,17 @@ key, the LoRA rank it trains (0: full fine-tuning), the limits a request is chec
 the generator's settings. Torch-free, so a config is checked before any actor starts."""
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from forge_rl.runtime.placement import ResourcesConfig
+from forge_rl.tinker.errors import Refused
 
 
 @dataclass
 class TinkerConfig:
     # the one base model every training and sampling client uses: an embedded model's name or a local HF directory;
-    # clients name it by this string (base_model="tiny")
+    # clients name it by this string (base_model="tiny") or by its local directory (a tokenizer loads from it offline)
     model: str = "tiny"
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port, printed at start
@@ -49,3 +51,11 @@ class TinkerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+
+    def check_base_model(self, base_model: str | None, model_dir: str) -> None:
+        """Refuse a client's base_model unless it names the served model: by this config's name or by its local
+        directory (what tinker-cookbook's recipes pass, as they load the tokenizer by the same name)."""
+        if base_model == self.model or (base_model and Path(base_model).resolve() == Path(model_dir).resolve()):
+            return
+        served = f"this server serves {self.model!r} ({model_dir}); pass that name or path"
+        raise Refused(f"unknown base model {base_model!r}: {served}")

@@ -84,8 +84,7 @@ class Sampling:
             if saved is None or saved.owner != owner:
                 raise Refused(f"no saved weights at {model_path!r} for this key: save_weights_for_sampler(name) first")
             return self._new(owner, saved.version, saved.model, model_path).sampler_id
-        if base_model != self.cfg.model:
-            raise Refused(f"unknown base model {base_model!r}: this server serves {self.cfg.model!r}; pass that name")
+        self.cfg.check_base_model(base_model, self.training.model_dir)
         return self._new(owner, 0, None).sampler_id
 
     def _check_current(self, sampler: SamplerWeights) -> None:

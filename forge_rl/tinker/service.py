@@ -69,6 +69,7 @@ class TinkerService:
         script reads to connect."""
         others = [key for key in self.keys if key != self.api_key]
         info = {"base_url": self.base_url, "api_key": self.api_key, "other_users": others, "model": self.cfg.model}
+        info["model_path"] = self.model_dir  # the base model's directory: a client loads its tokenizer from it
         path = self._info_file()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(mode=0o600)

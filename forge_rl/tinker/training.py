@@ -65,8 +65,7 @@ class Training:
     async def create(self, owner: str, model_id: str, base_model: str, rank: int | None, seed: int | None) -> dict:
         """A new training client `model_id` (the client names it: session and sequence number): its own trainer on
         the base model."""
-        if base_model != self.cfg.model:
-            raise Refused(f"unknown base model {base_model!r}: this server serves {self.cfg.model!r}; pass that name")
+        self.cfg.check_base_model(base_model, self.model_dir)
         if rank is not None and self.cfg.lora_rank and rank != self.cfg.lora_rank:
             raise Refused(
                 f"LoRA rank {rank}: this server trains rank {self.cfg.lora_rank}; pass rank={self.cfg.lora_rank}"

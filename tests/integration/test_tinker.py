@@ -299,3 +299,53 @@ def test_a_stale_sampling_client_is_refused_and_the_newer_one_samples(training):
 def test_an_operation_not_served_is_refused_by_name(training):
     with pytest.raises(tinker.NotFoundError, match="/api/v1/save_weights_external is not served by forge_rl"):
         training.save_weights_external("first").result()
+
+
+def _cookbook(script: str, service_json, out, *options: str) -> list[dict]:
+    """examples/tinker/`script`, a loop of tinker-cookbook's run unchanged, writing into `out`; the rows of its
+    metrics.jsonl."""
+    command = [sys.executable, f"examples/tinker/{script}", "--service-json", str(service_json), "--out", str(out)]
+    done = subprocess.run([*command, *options], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "Training completed successfully" in done.stderr + done.stdout
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def service_json(service, tmp_path):
+    pytest.importorskip("tinker_cookbook", reason="tinker-cookbook (make setup-extras installs it)")
+    path = tmp_path / "service.json"
+    path.write_text(json.dumps(service))
+    return path
+
+
+def test_tinker_cookbooks_rl_loop_runs_unchanged_and_resumes(service, service_json, tmp_path):
+    """tinker-cookbook's own RL training code (rl.train.main) on the addition task written as a cookbook environment:
+    it names the model by its local path (the tokenizer loads offline), samples groups, trains with
+    importance_sampling on the sampler's logprobs, which equal the trainer's (the cookbook's own KL between them),
+    evaluates, and saves its final checkpoint, which the REST listing holds. Run again with more steps, the cookbook
+    finds that checkpoint and resumes from it (weights and Adam's state) at the next step."""
+    out = tmp_path / "rl"
+    sizes = ["--batch", "4", "--group", "4", "--eval-every", "2", "--eval-size", "8", "--max-tokens", "4"]
+    rows = _cookbook("cookbook_rl_addition.py", service_json, out, *sizes, "--steps", "3")
+    assert [r["step"] for r in rows if "env/all/reward/total" in r] == [0, 1, 2]
+    assert [r["step"] for r in rows if "held_out/greedy_accuracy" in r] == [0, 2, 3]
+    for row in rows:
+        if "optim/kl_sample_train_v1" in row:
+            assert abs(row["optim/kl_sample_train_v1"]) < 1e-4 and abs(row["optim/kl_sample_train_v2"]) < 1e-4, row
+    final = [json.loads(line) for line in (out / "checkpoints.jsonl").read_text().splitlines()][-1]
+    training_run = final["state_path"].removeprefix("tinker://").split("/")[0]
+    rest = tinker.RestClient(base_url=service["base_url"], api_key=service["api_key"])
+    assert final["state_path"] in [c.tinker_path for c in rest.list_checkpoints(training_run).result().checkpoints]
+    resumed = _cookbook("cookbook_rl_addition.py", service_json, out, *sizes, "--steps", "5")
+    assert [r["step"] for r in resumed if "env/all/reward/total" in r][-2:] == [3, 4]
+    assert "Resumed training from " + final["state_path"] in (out / "logs.log").read_text()
+
+
+def test_tinker_cookbooks_sft_loop_lowers_the_loss(service_json, tmp_path):
+    """tinker-cookbook's own SFT training code (supervised.train.main) on a JSONL file of addition conversations, read
+    by the cookbook's FromConversationFileBuilder: six steps of cross_entropy on the assistant's tokens lower the
+    mean NLL."""
+    options = ["--examples", "96", "--batch", "16", "--eval-size", "0"]
+    nll = [r["train_mean_nll"] for r in _cookbook("cookbook_sft_addition.py", service_json, tmp_path, *options)]
+    assert len(nll) == 6 and nll[-1] < nll[0] - 0.2, nll
