@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch", type=int, default=16, help="questions per step")
     parser.add_argument("--group", type=int, default=8, help="sampled answers per question")
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--rank", type=int, default=8, help="LoRA rank (a full fine-tuning service ignores it)")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--eval-every", type=int, default=25)

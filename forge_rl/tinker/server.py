@@ -14,11 +14,13 @@ from forge_rl.tinker.errors import NotServed, Refused
 from forge_rl.tinker.futures import Futures
 from forge_rl.tinker.wire import read_forward_backward
 
-# What this service asks of the client: API keys (no JWT exchange), httpx's own transport, plain JSON polling.
+# What this service asks of the client: API keys (no JWT exchange), plain JSON polling, and the client's default
+# HTTP transport (pyqwest, which costs the client less per request than httpx's own: the cookbook sends a request per
+# sampled answer).
 CLIENT_CONFIG = dict(
     pjwt_auth_enabled=False,
     credential_default_source="api_key",
-    use_pyqwest_transport=False,
+    use_pyqwest_transport=True,
     proto_compress_fwdbwd=False,
     sample_use_retrieve_futures=False,
     custom_loss_server_side=False,

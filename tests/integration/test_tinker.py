@@ -29,7 +29,7 @@ def service(tmp_path_factory):
     log = open(out / "service.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "apps.tinker.main", "--config", "configs/tinker/tiny.yaml", f"output_dir={out}"]
-        + [f"max_batch_datums={MAX_DATUMS}", "max_sequence_tokens=64", "extra_users=1", "max_training_clients=8"],
+        + [f"max_batch_datums={MAX_DATUMS}", "max_sequence_tokens=64", "extra_users=1", "max_training_clients=12"],
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
