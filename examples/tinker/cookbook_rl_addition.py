@@ -133,6 +133,17 @@ def plot(out: Path) -> None:
     fig.savefig(out / "curves.png", dpi=100)
 
 
+def connect(parser: argparse.ArgumentParser, service_json: str) -> dict:
+    """The running service's base URL, key and model directory from its service.json; the key is handed to the
+    tinker client the client's own way (TINKER_API_KEY). A missing file ends in one line saying what to start."""
+    path = Path(service_json)
+    if not path.is_file():
+        parser.error(f"--service-json {path}: no such file; start the service first (python -m apps.tinker.main)")
+    info = json.loads(path.read_text())
+    os.environ["TINKER_API_KEY"] = info["api_key"]
+    return info
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--service-json", required=True, help="a forge_rl service's output_dir/service.json")
@@ -147,8 +158,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="outputs/tinker_cookbook")
     args = parser.parse_args()
-    info = json.loads(Path(args.service_json).read_text())
-    os.environ["TINKER_API_KEY"] = info["api_key"]  # the tinker client's own way of taking the key
+    info = connect(parser, args.service_json)
     builder = AdditionDatasetBuilder(
         model_path=info["model_path"], batch=args.batch, group=args.group, steps=args.steps,
         eval_size=args.eval_size, seed=args.seed,

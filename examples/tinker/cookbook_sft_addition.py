@@ -11,10 +11,9 @@ Metrics land in --out/metrics.jsonl (the cookbook's: `train_mean_nll` per step, 
 import argparse
 import asyncio
 import json
-import os
 from pathlib import Path
 
-from cookbook_rl_addition import RENDERER, GreedyAccuracy  # the same renderer and held-out measure as the RL loop
+from cookbook_rl_addition import RENDERER, GreedyAccuracy, connect  # the RL loop's renderer, held-out measure
 from rl_addition import problems
 from tinker_cookbook.supervised import train
 from tinker_cookbook.supervised.data import FromConversationFileBuilder
@@ -43,8 +42,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="outputs/tinker_cookbook_sft")
     args = parser.parse_args()
-    info = json.loads(Path(args.service_json).read_text())
-    os.environ["TINKER_API_KEY"] = info["api_key"]  # the tinker client's own way of taking the key
+    info = connect(parser, args.service_json)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_conversations(out / "addition.jsonl", args.examples, args.seed, args.eval_size)
