@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 from forge_rl.deps.vllm_routes import RouteRecorder
 
-WORKER_EXTENSION = "forge_rl.deps.vllm.WorkerExtension"
+WORKER_EXTENSION = "forge_rl.deps.vllm_worker.WorkerExtension"  # its module installs CPU LoRA ops
 
 
 class MoEWeightReload:
