@@ -166,9 +166,13 @@ class GeneratorWeights:
 
     async def _drop_unused_adapters(self) -> None:
         """Remove adapters older than the current version, and not kept, once no request in flight uses them."""
-        old = [v for v in self._adapters if v < self.policy_version and v not in self._kept_adapters]
-        for version in [v for v in old if not self._adapter_users.get(v)]:
-            request = self._adapters.pop(version)
+        for version in list(self._adapters):
+            # checked again at each one: another request's end, or keep_adapters, drops adapters while this awaits
+            if version >= self.policy_version or version in self._kept_adapters or self._adapter_users.get(version):
+                continue
+            request = self._adapters.pop(version, None)
+            if request is None:
+                continue
             await self.engine.remove_lora(request.lora_int_id)
             shutil.rmtree(request.lora_path, ignore_errors=True)
 
