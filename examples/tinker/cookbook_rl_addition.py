@@ -156,6 +156,11 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--eval-size", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--off-policy", type=int, default=0,
+        help="0: the cookbook's synchronous loop; k > 0: its async loop, sampling the next steps while one trains and "
+        "training on samples at most k steps old (a LoRA service keeps kept_saves saves servable)",
+    )  # fmt: skip
     parser.add_argument("--out", default="outputs/tinker_cookbook")
     args = parser.parse_args()
     info = connect(parser, args.service_json)
@@ -169,6 +174,8 @@ def main() -> None:
         max_tokens=args.max_tokens, log_path=args.out, base_url=info["base_url"], renderer_name=RENDERER,
         lora_rank=args.rank, eval_every=args.eval_every, save_every=0, max_steps=args.steps,
         remove_constant_reward_groups=True, evaluator_builders=[lambda: evaluator] if args.eval_size else [],
+        async_config=train.AsyncConfig(max_steps_off_policy=args.off_policy, groups_per_batch=args.batch)
+        if args.off_policy else None,
     )  # fmt: skip
     asyncio.run(train.main(config))
     if args.eval_size:

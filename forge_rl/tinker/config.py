@@ -25,6 +25,9 @@ class TinkerConfig:
     lora_rank: int = 8
     lora_alpha: float = 16.0
     max_training_clients: int = 4  # under LoRA all share one trainer; with every weight trained each has its own
+    # LoRA: each training client's newest saves the generator keeps servable; a sampling client of an older save is
+    # stale. A loop that samples while it trains (tinker-cookbook's async mode) samples saves a step or more behind
+    kept_saves: int = 4
     max_batch_datums: int = 256  # datums in one forward_backward
     max_sequence_tokens: int = 256  # tokens of one datum, and a sample's prompt plus max_tokens
     max_samples: int = 64  # num_samples of one sample call
@@ -46,7 +49,7 @@ class TinkerConfig:
             raise ValueError(f"lora_rank must be >= 0 (0: full fine-tuning), got {self.lora_rank}")
         if self.extra_users < 0:
             raise ValueError(f"extra_users must be >= 0, got {self.extra_users}")
-        for name in ("max_training_clients", "max_batch_datums", "max_sequence_tokens", "max_samples"):
+        for name in ("max_training_clients", "kept_saves", "max_batch_datums", "max_sequence_tokens", "max_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:

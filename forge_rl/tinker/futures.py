@@ -8,10 +8,13 @@ model's lock in turn (forge_rl/tinker/models.py).
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from forge_rl.tinker.errors import Refused
+
+logger = logging.getLogger(__name__)
 
 POLL_WAIT_S = 20.0  # below the client's 45 s timeout of a poll
 
@@ -55,7 +58,8 @@ class Futures:
         error = task.exception()
         if isinstance(error, Refused):
             return Outcome(error=str(error))
-        if error is not None:
+        if error is not None:  # the server's failure: the client gets its first line, the service's log all of it
+            logger.error("request %s failed", request_id, exc_info=error)
             return Outcome(
                 error=f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", user_error=False
             )

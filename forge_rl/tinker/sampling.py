@@ -3,12 +3,13 @@ forge_rl's Generator actor) whichever user or training client saved them. Saving
 as a new version of the weight store (the adapter alone under LoRA) and loads it into the generator; a sampling
 client samples that version.
 
-Under LoRA the engine serves several adapters at once: the newest saved adapter of every training client stays
-loaded (keep_adapters) and each request names its own (generate's adapter_version), so one user's saving never
-disturbs another's sampling. A sampling client of an older save of the same training client is stale and refused,
-naming what to do (save again). With every weight trained (lora_rank 0) the generator holds one version at a time,
-the newest saved by anyone. Prompt logprobs (compute_logprobs) come from the trainer that saved the weights, which
-holds them until its next optimizer step.
+Under LoRA the engine serves several adapters at once: the newest `kept_saves` saved adapters of every training
+client stay loaded (keep_adapters) and each request names its own (generate's adapter_version), so one user's saving
+never disturbs another's sampling, and a loop that samples with the weights of a step or two ago while it trains
+(tinker-cookbook's async mode) still samples exactly those. A sampling client of an older save of the same training
+client is stale and refused, naming what to do (save again). With every weight trained (lora_rank 0) the generator
+holds one version at a time, the newest saved by anyone. Prompt logprobs (compute_logprobs) come from the trainer
+that saved the weights, which holds them until its next optimizer step.
 """
 
 import asyncio
@@ -40,7 +41,7 @@ class Sampling:
         self.samplers: dict[str, SamplerWeights] = {}
         self.paths: dict[str, SamplerWeights] = {}
         self.current = 0  # the generator's newest version
-        self.newest: dict[str, int] = {}  # LoRA: training client -> its newest saved version, kept on the generator
+        self.kept: dict[str, list[int]] = {}  # LoRA: training client -> its newest saved versions, on the generator
         self._publishing = asyncio.Lock()  # versions reach the generator in the order they are numbered
         self._versions = itertools.count(1)
         self._ids = itertools.count(1)
@@ -64,11 +65,11 @@ class Sampling:
             version = next(self._versions)
             await model.use()
             await model.trainer.push_weights.call(version)
-            if self.cfg.lora_rank:  # every open training client's newest adapter stays, this one's older ones go
-                open_ids = set(self.training.models)
-                kept = {m: v for m, v in self.newest.items() if m in open_ids and m != model_id}
-                await self.generator.keep_adapters.call_all(sorted(kept.values()) + [version])
-                self.newest = {**kept, model_id: version}
+            if self.cfg.lora_rank:  # every open training client's newest saves stay, older ones go
+                kept = {m: v for m, v in self.kept.items() if m in self.training.models}
+                kept[model_id] = [*kept.get(model_id, []), version][-self.cfg.kept_saves :]
+                await self.generator.keep_adapters.call_all(sorted(v for vs in kept.values() for v in vs))
+                self.kept = kept
             await self.generator.update_weights.call_all(version)
             self.current = version
         path = f"tinker://{model_id}/sampler_weights/{name}" if name else None
@@ -88,10 +89,11 @@ class Sampling:
         return self._new(owner, 0, None).sampler_id
 
     def _check_current(self, sampler: SamplerWeights) -> None:
-        if self.cfg.lora_rank and (sampler.version == 0 or sampler.version in self.newest.values()):
+        if self.cfg.lora_rank and (sampler.version == 0 or any(sampler.version in vs for vs in self.kept.values())):
             return
         if sampler.version != self.current or self.cfg.lora_rank:
-            newer = "its training client saved newer weights" if self.cfg.lora_rank else "newer saved weights"
+            kept = self.cfg.kept_saves
+            newer = f"its training client's {kept} newer saves" if self.cfg.lora_rank else "newer saved weights"
             raise Refused(
                 f"stale sampling client: it samples weights version {sampler.version}, which {newer} replaced on "
                 "this server's generator; call save_weights_and_get_sampling_client again"
@@ -106,6 +108,11 @@ class Sampling:
         max_tokens = params.max_tokens or 16
         if not 1 <= request.num_samples <= self.cfg.max_samples:
             raise Refused(f"num_samples={request.num_samples}: give 1 to max_samples={self.cfg.max_samples}")
+        if request.num_samples > 1 and params.temperature == 0:  # vLLM samples greedily one answer per prompt
+            raise Refused(
+                f"num_samples={request.num_samples} at temperature 0: greedy sampling has one answer; ask for "
+                "num_samples=1 or a temperature above 0"
+            )
         if not prompt or len(prompt) + max_tokens > self.cfg.max_sequence_tokens:
             raise Refused(
                 f"a prompt of {len(prompt)} tokens with max_tokens={max_tokens}: the two must fit in "

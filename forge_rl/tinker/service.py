@@ -48,11 +48,12 @@ class TinkerService:
         return {"supported_models": [{**model, "trainable": True, "sampleable": True}]}
 
     def health(self) -> dict:
-        """What the service holds: its clients, the adapters its one generator serves, its processes and memory."""
+        """What the service holds: its clients, the saved adapters its one generator serves, its processes, memory."""
         from forge_rl.tinker.usage import process_usage
 
         clients = len(self.training.models) if self.training else 0
-        adapters = sum(m in self.training.models for m in self.sampling.newest) if self.sampling else 0
+        kept = self.sampling.kept if self.sampling else {}
+        adapters = sum(len(vs) for m, vs in kept.items() if m in self.training.models)
         return {"training_clients": clients, "adapters_served": adapters, **process_usage()}
 
     def info(self, model_id: str) -> dict:
@@ -110,9 +111,9 @@ class TinkerService:
 
         lora = LoRAConfig(rank=self.cfg.lora_rank, alpha=self.cfg.lora_alpha) if self.cfg.lora_rank else None
         engine_args: dict = {"max_model_len": self.cfg.max_sequence_tokens}
-        if lora is not None:  # every training client's adapter in one batch, and an older one each still finishing
-            clients = self.cfg.max_training_clients
-            engine_args.update(max_loras=clients, max_cpu_loras=2 * clients)
+        if lora is not None:  # two saves of every training client in one batch; every kept save loaded, and one more
+            clients, kept = self.cfg.max_training_clients, self.cfg.kept_saves
+            engine_args.update(max_loras=clients * min(kept, 2), max_cpu_loras=clients * (kept + 1))
         engine_args.update(self.cfg.engine_args)
         return await Generator.options(replicas=1, **cores).as_service(
             self.model_dir, engine_args=engine_args, seed=self.cfg.seed, lora=lora

@@ -287,13 +287,30 @@ def test_bad_inputs_are_one_line_and_the_service_keeps_serving(client, training)
         assert np.isfinite(result.metrics["loss:sum"])
 
 
-def test_a_stale_sampling_client_is_refused_and_the_newer_one_samples(training):
+def test_a_save_stays_servable_until_kept_saves_newer_ones_replace_it(training):
+    """A sampling client of the previous save samples exactly those weights after the training client trained and
+    saved again (what tinker-cookbook's async mode does); once `kept_saves` (4) newer saves replace it, it is stale
+    and refused, and the newest one samples."""
+    tokenizer = training.get_tokenizer()
+    prompt = types.ModelInput.from_ints(tokenizer.encode("12+34=")[:5])
+    greedy = types.SamplingParams(max_tokens=4, temperature=0.0)
     older = training.save_weights_and_get_sampling_client().result()
+    before = older.sample(prompt, num_samples=1, sampling_params=greedy).result().sequences[0]
+    training.forward_backward(sft_data(tokenizer), "cross_entropy").result()
+    training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
     newer = training.save_weights_and_get_sampling_client().result()
-    prompt, params = types.ModelInput.from_ints([21, 22, 15]), types.SamplingParams(max_tokens=2)
-    with pytest.raises(tinker.RequestFailedError, match="stale sampling client"):
-        older.sample(prompt, num_samples=1, sampling_params=params).result()
-    assert len(newer.sample(prompt, num_samples=2, sampling_params=params).result().sequences) == 2
+    again = older.sample(prompt, num_samples=1, sampling_params=greedy).result().sequences[0]
+    trained = newer.sample(prompt, num_samples=1, sampling_params=greedy).result().sequences[0]
+    assert again.tokens == before.tokens
+    np.testing.assert_allclose(again.logprobs, before.logprobs, atol=1e-5)
+    assert trained.tokens != before.tokens or np.abs(np.subtract(trained.logprobs, before.logprobs)).max() > 1e-3
+    for _ in range(3):
+        newest = training.save_weights_and_get_sampling_client().result()
+    with pytest.raises(tinker.RequestFailedError, match="stale sampling client.*4 newer saves"):
+        older.sample(prompt, num_samples=1, sampling_params=greedy).result()
+    with pytest.raises(tinker.RequestFailedError, match="num_samples=2 at temperature 0"):
+        newest.sample(prompt, num_samples=2, sampling_params=greedy).result()  # refused in one line, as bad input
+    assert len(newest.sample(prompt, num_samples=1, sampling_params=greedy).result().sequences) == 1
 
 
 def test_an_operation_not_served_is_refused_by_name(training):
