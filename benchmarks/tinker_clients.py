@@ -6,15 +6,16 @@ the service holds meanwhile (its processes and their memory, from /api/v1/health
 One service on the tiny model with LoRA (configs/tinker/tiny.yaml). A step is an RL step of
 examples/tinker/rl_addition.py at a small size: save the weights for sampling, sample a group of answers per
 problem, forward_backward with importance_sampling on the groups that scored differently, one Adam step. First one
-client alone, then `--clients` clients at once, each a thread with its own ServiceClient (as separate users' scripts
-would be). Sampling clients share the service's one generator, training clients its one trainer (LoRA).
+client alone, then `--clients` clients at once, each a process with its own ServiceClient (as separate users' scripts
+are). Sampling clients share the service's one generator, training clients its one trainer (LoRA).
 """
 
 import argparse
+import multiprocessing
 import statistics
 import tempfile
-import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -54,20 +55,20 @@ def health(info: dict, key: str) -> dict:
     return httpx.get(f"{info['base_url']}/api/v1/healthz", headers={"X-API-Key": key}, timeout=60).json()
 
 
-def concurrent(example, info: dict, keys: list[str], steps: int) -> tuple[list[float], dict]:
-    """Every key's client at once; each one's steps/min, and the service's usage while all of them ran."""
-    rates: list[float] = [0.0] * len(keys)
+def client_process(info: dict, key: str, steps: int, seed: int, with_usage: bool) -> tuple[float, dict]:
+    """One user's script: run_client in a process of its own; its steps/min, and the service's usage if asked."""
     usage: dict = {}
+    rate = run_client(load_example(), info, key, steps, seed, usage if with_usage else None)
+    return rate, usage
 
-    def one(i: int) -> None:
-        rates[i] = run_client(example, info, keys[i], steps, seed=i, usage=usage if i == 0 else None)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(keys))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return rates, usage
+def concurrent(info: dict, keys: list[str], steps: int) -> tuple[list[float], dict]:
+    """Every key's client at once, each a process (as separate users' scripts are: no client waits on another's
+    interpreter lock); each one's steps/min, and the service's usage while all of them ran."""
+    with ProcessPoolExecutor(len(keys), mp_context=multiprocessing.get_context("spawn")) as pool:
+        runs = [pool.submit(client_process, info, key, steps, i, i == 0) for i, key in enumerate(keys)]
+        results = [run.result() for run in runs]
+    return [rate for rate, _ in results], results[0][1]
 
 
 def main() -> None:
@@ -75,15 +76,13 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args()
-    example = load_example()
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [f"extra_users={args.clients - 1}", f"max_training_clients={args.clients}"]
         proc, info = start_service(Path(tmp), "configs/tinker/tiny.yaml", overrides)
         try:
-            solo_usage: dict = {}
-            solo = run_client(example, info, info["api_key"], args.steps, seed=0, usage=solo_usage)
+            (solo,), solo_usage = concurrent(info, [info["api_key"]], args.steps)
             keys = [info["api_key"], *info["other_users"]][: args.clients]
-            rates, usage = concurrent(example, info, keys, args.steps)
+            rates, usage = concurrent(info, keys, args.steps)
         finally:
             stop_service(proc)
     table = Table(title=f"{args.clients} training clients at once on tiny (LoRA rank 8), {args.steps} steps each")
