@@ -15,6 +15,8 @@ case "${LOOP:-cookbook}" in
     *) echo "make demo-tinker: LOOP=$LOOP: use LOOP=cookbook (tinker-cookbook's RL loop) or LOOP=client"; exit 2 ;;
 esac
 rm -f "$OUT/service.json"
+# the cookbook resumes from checkpoints in its log directory, and a last run's lived in that run's service: start anew
+if [ "${LOOP:-cookbook}" = cookbook ]; then rm -rf outputs/tinker_cookbook; fi
 "$PY" -m apps.tinker.main --config configs/tinker/demo.yaml output_dir="$OUT" &
 SERVICE=$!
 trap 'kill -INT $SERVICE 2>/dev/null; wait $SERVICE 2>/dev/null || true' EXIT
