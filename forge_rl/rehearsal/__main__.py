@@ -9,7 +9,8 @@ rank is printed beside the memory plan's.
     python -m forge_rl.rehearsal --config configs/grpo/qwen3_32b.yaml --critic             # PPO's critic
     python -m forge_rl.rehearsal --config configs/grpo/qwen3_32b.yaml --reference          # the KL reference
 
-The model's shape is a published Qwen3's (forge_rl/runtime/memory_plan.py QWEN3_SHAPES); its checkpoint is a sparse
+The model's shape is a published Qwen3's (forge_rl/runtime/memory_plan.py QWEN3_SHAPES) or vision-language model's
+(forge_rl/rehearsal/vision.py VISION_SHAPES: its train rows carry an image); its checkpoint is a sparse
 safetensors file with a real header and no data. The train step is one micro-batch per rank (trainer.micro_batch_size
 sequences of generator.engine_args.max_model_len tokens, half prompt, nothing shared to pack): gradients accumulate
 in place, so more micro-batches hold no more. `--ranks 0,1` measures some ranks only (every rank still runs the
@@ -27,7 +28,10 @@ from forge_rl.recipes.grpo_checks import check_moe
 from forge_rl.rehearsal.bounds import findings, phase_plan
 from forge_rl.rehearsal.run import Rehearsal, rehearse
 from forge_rl.rehearsal.sparse_checkpoint import hf_config, write_sparse_checkpoint
+from forge_rl.rehearsal.vision import VISION_SHAPES
 from forge_rl.runtime.memory_plan import QWEN3_SHAPES
+
+SHAPES = QWEN3_SHAPES | VISION_SHAPES
 
 GB = 1e9
 
@@ -49,6 +53,11 @@ def spec_of(args, model_dir: Path):
         seq_len=int(cfg.generator.engine_args.get("max_model_len") or 4096),
         ranks=[int(r) for r in args.ranks.split(",")] if args.ranks else None,
     )
+
+
+def decoder_layers(shape: dict) -> int:
+    """The language model's layers (a vision-language model's tower keeps its own)."""
+    return shape.get("text_config", shape)["num_hidden_layers"]
 
 
 def role_of(args) -> str:
@@ -81,14 +90,14 @@ def run_at(args, layers: int | None):
     """(config, spec, hf config, result) of one rehearsal with `layers` decoder layers (None: the model's)."""
     from dataclasses import replace
 
-    hf = hf_config(QWEN3_SHAPES[args.model], layers)
+    hf = hf_config(SHAPES[args.model], layers)
     with tempfile.TemporaryDirectory(prefix="rehearse-model-") as tmp:
         model_dir = write_sparse_checkpoint(Path(tmp), hf)
         cfg, spec = spec_of(args, model_dir)
         check_moe(replace(cfg, model=args.model), str(model_dir))  # what a run refuses, the rehearsal does too
         p, start = cfg.trainer.parallel, time.time()
         print(
-            f"{args.model} {spec.role}, {hf['num_hidden_layers']} layers, {spec.world} ranks "
+            f"{args.model} {spec.role}, {decoder_layers(hf)} layers, {spec.world} ranks "
             f"(dp_shard {p.dp_shard} x tp {p.tp}), {cfg.trainer.dtype} compute, micro-batch "
             f"{cfg.trainer.micro_batch_size} x {spec.seq_len} tokens, activation checkpointing "
             f"{p.activation_checkpointing}, publish block {cfg.trainer.publish_block_mb} MB",
@@ -127,7 +136,7 @@ def main() -> None:
         prog="python -m forge_rl.rehearsal", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--config", required=True)
-    ap.add_argument("--model", choices=sorted(QWEN3_SHAPES), default="Qwen3-32B")
+    ap.add_argument("--model", choices=sorted(SHAPES), default="Qwen3-32B")
     ap.add_argument(
         "--layers",
         default="",
@@ -150,11 +159,11 @@ def main() -> None:
     except ConfigError as e:
         sys.exit(f"error: {e}")
     cfg, spec, hf, result = runs[0]
-    full = QWEN3_SHAPES[args.model]["num_hidden_layers"]
+    full = decoder_layers(SHAPES[args.model])
     if len(layers) == 2:
         result = extrapolated([r[3] for r in runs], layers, full)
         print(f"\nextrapolated from {layers[0]} and {layers[1]} layers to {full}")
-    plan = phase_plan(hf_config(QWEN3_SHAPES[args.model]), spec.cfg, spec.world, spec.seq_len, role=spec.role)
+    plan = phase_plan(hf_config(SHAPES[args.model]), spec.cfg, spec.world, spec.seq_len, role=spec.role)
     print("\n| rank | phase | before GB | peak GB | plan GB | largest tensor made | where | host block MB |")
     print("|---|---|---|---|---|---|---|---|")
     for rank, phases in sorted(result.ranks.items()):

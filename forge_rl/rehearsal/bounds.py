@@ -60,7 +60,7 @@ def phase_plan(hf_config: dict, cfg, world: int, seq_len: int, role: str = "trai
     if critic and world // tp > 1:  # its largest FSDP unit is still the embedding
         step += model.fsdp_unit_bytes(tp) - shape.fsdp_unit_bytes(tp)
     block = int(cfg.publish_block_mb * 2**20)
-    rope = hf_config["max_position_embeddings"] * 2 * shape.head_dim * 4  # one fp32 cos and sin per position
+    rope = shape.max_position_embeddings * 2 * shape.head_dim * 4  # one fp32 cos and sin per position
     states = (4 if role == "reference" else 16) * params / world + rope
     out = dict(first_step=states + step, train=states + step, score=states + step)
     for phase in BOUNDED_PHASES:

@@ -35,6 +35,7 @@ from forge_rl.rehearsal.fake_memory import FakeMemory, Largest
 from forge_rl.rehearsal.fake_ranks import ObjectExchange, fake_rank
 from forge_rl.rehearsal.recording import Coverage, RecordingStorage, RecordingStore, RecordingWriter, recorded_save_file
 from forge_rl.rehearsal.sparse_checkpoint import fake_reads
+from forge_rl.rehearsal.vision import frozen_hf_prefixes, image_row
 from forge_rl.types import BatchShape, TrainBatch
 
 # first_step makes AdamW's moments; train is the step after it, with them: a run's every step
@@ -71,13 +72,19 @@ class Result:
     coverage: dict[str, Coverage] = field(default_factory=dict)  # publish_shm, publish_rank0, export
     shard_bytes: dict[int, int] = field(default_factory=dict)  # each rank's largest parameter shard, in fp32
     checkpoint_names: set[str] = field(default_factory=set)  # what a publish or export must hold, at least
+    unpushed: tuple[str, ...] = ()  # HF name prefixes a publish leaves out (trainer.freeze's parts); an export not
 
     def coverage_problems(self) -> dict[str, list[str]]:
         """Per publish and export: tensors not written exactly once, and the checkpoint's tensors it lacks."""
         out = {}
         for name, c in self.coverage.items():
             problems = c.problems()
-            if missing := sorted(self.checkpoint_names - set(c.spec)):
+            expected = self.checkpoint_names
+            if name.startswith("publish"):
+                expected = {n for n in expected if not n.startswith(self.unpushed)}
+            if name.startswith("publish") and (sent := [n for n in c.spec if n.startswith(self.unpushed)]):
+                problems.append(f"{len(sent)} frozen tensors pushed, e.g. {sent[0]}")
+            if missing := sorted(expected - set(c.spec)):
                 problems.append(
                     f"{len(missing)} of the checkpoint's {len(self.checkpoint_names)} tensors are not "
                     f"in it, e.g. {missing[0]}"
@@ -103,15 +110,25 @@ def batches_for(trainer, micro_batch: int, seq_len: int, critic: bool = False) -
     mask = np.zeros((micro_batch, seq_len), dtype=bool)
     mask[:, seq_len // 2 :] = True
     per_token = (rng.standard_normal((micro_batch, seq_len)) * mask).astype(np.float32)
+    tokens, images = rng.integers(3, model.vocab_size, (micro_batch, seq_len)), None
+    if (tower := getattr(model.module, "vision", None)) is not None:  # each row's prompt starts with its own image
+        tokens[tokens == tower.image_token_id] = 3
+        rows = [image_row(tower, model.image_processor, rng) for _ in range(micro_batch)]
+        n = rows[0][1]  # the images are alike but for their pixels
+        if n >= seq_len // 2:
+            raise ValueError(f"an image makes {n} tokens; the rehearsal's prompts are {seq_len // 2} tokens")
+        tokens[:, 1 : 1 + n] = tower.image_token_id
+        images = [(image,) for image, _ in rows]
     t = torch.from_numpy
     batch = TrainBatch(
-        t(rng.integers(3, model.vocab_size, (micro_batch, seq_len))),
+        t(tokens),
         t(mask),
         t((-rng.random((micro_batch, seq_len)) * mask).astype(np.float32)),
         t(np.where(mask, 0, -1).astype(np.int64)),
         t(per_token) if critic else t(rng.standard_normal(micro_batch).astype(np.float32)),
         values=t(per_token) if critic else None,
         returns=t(per_token.copy()) if critic else None,
+        images=images,
     )
     return [batch if r == model.dp_rank else batch.shape_only() for r in range(model.dp_size)]
 
@@ -274,6 +291,7 @@ def rehearse(spec: Rehearsal, progress=None) -> Result:
         run = _Run(spec, Path(tmp))
         if spec.role == "trainer":
             run.result.checkpoint_names = _checkpoint_names(spec.model_dir)
+            run.result.unpushed = tuple(frozen_hf_prefixes(spec.cfg.freeze))
         talking = tuple(p for p in phases if p in TALKING_PHASES)
         for rank in range(spec.world):
             if progress:

@@ -23,7 +23,11 @@ SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float32: "F32"}
 
 def hf_config(shape: dict, layers: int | None = None) -> dict:
     """An HF Qwen3 (or Qwen3-MoE) config.json from memory_plan's QWEN3_SHAPES entry, with `layers` decoder layers
-    if given."""
+    if given; a vision-language shape's (rehearsal/vision.py VISION_SHAPES) Idefics3 config.json."""
+    if "vision_config" in shape:
+        from forge_rl.rehearsal.vision import vision_hf_config
+
+        return vision_hf_config(shape, layers)
     moe = shape.get("model_type") == "qwen3_moe"
     base = dict(
         architectures=["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
@@ -81,12 +85,18 @@ def checkpoint_tensors(cfg: dict) -> dict[str, tuple[int, ...]]:
 
 
 def write_sparse_checkpoint(out: Path, cfg: dict, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """`out`/config.json and `out`/model.safetensors: a real safetensors header, then a hole the size of the data.
-    Returns `out`."""
+    """`out`/config.json and `out`/model.safetensors: a real safetensors header, then a hole the size of the data;
+    a vision-language model's processor files too (forge_rl/rehearsal/vision.py). Returns `out`."""
+    from forge_rl.rehearsal.vision import vision_checkpoint_tensors, write_processor_files
+
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    vision = "vision_config" in cfg
+    tensors = vision_checkpoint_tensors(cfg, checkpoint_tensors) if vision else checkpoint_tensors(cfg)
+    if vision:
+        write_processor_files(out, cfg)
     header, at = {"__metadata__": {"format": "pt"}}, 0
-    for name, shape in checkpoint_tensors(cfg).items():
+    for name, shape in tensors.items():
         nbytes = math.prod(shape) * dtype.itemsize
         header[name] = dict(dtype=SAFETENSORS_DTYPES[dtype], shape=list(shape), data_offsets=[at, at + nbytes])
         at += nbytes

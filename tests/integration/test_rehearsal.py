@@ -114,6 +114,37 @@ def test_a_mixture_of_experts_trainer_with_expert_parallelism(tmp_path):
         assert phases["train"].peak_bytes > phases["train"].before_bytes + plan.states / 4, rank  # grads + tokens
 
 
+def test_a_vision_language_trainer_with_its_tower_frozen(tmp_path):
+    """Idefics3 (tiny-vlm's config, its vocabulary and positions widened so that an embedding shard outweighs the
+    RoPE cache) over 2 FSDP ranks, trainer.freeze the vision tower: the tower's and connector's checkpoint tensors
+    load in blocks; every train row carries its own image (17 tiles of 16 tokens), which the step runs the tower
+    on (a count of image tokens its pixels do not make is an error); each rank stays within the plan; the publishes
+    write every tensor once but the frozen tower's, and the export all of them."""
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    from forge_rl.actors.trainer_config import ParallelConfig
+    from forge_rl.models import resolve_model_path
+
+    shape = json.loads((Path(resolve_model_path("tiny-vlm")) / "config.json").read_text())
+    shape["tie_word_embeddings"] = shape["text_config"]["tie_word_embeddings"] = False
+    shape["text_config"] |= dict(vocab_size=2048, max_position_embeddings=640)
+    cfg = hf_config(shape)
+    trainer = replace(
+        CFG, freeze=["vision.vision_model"], parallel=ParallelConfig(dp_shard=2, tp=1, activation_checkpointing=True)
+    )
+    model_dir = write_sparse_checkpoint(tmp_path, cfg)
+    result = rehearse(Rehearsal(model_dir, trainer, world=2, seq_len=640, where_above=16 << 10))
+    assert findings(result, phase_plan(cfg, trainer, 2, 640)) == []
+    tower = {n for n in result.checkpoint_names if n.startswith("model.vision_model.")}
+    assert len(tower) > 30 and "model.connector.modality_projection.proj.weight" in result.checkpoint_names
+    for phase in ("publish_shm", "publish_rank0"):
+        assert not tower & set(result.coverage[phase].spec), phase
+        assert "model.connector.modality_projection.proj.weight" in result.coverage[phase].spec
+    assert tower <= set(result.coverage["export"].spec)
+
+
 def test_balanced_routing_keeps_expert_ids_real_beyond_the_real_integer_limit():
     """Under the rehearsal's memory, integer tensors made out of nothing stay real only up to a limit (16 MiB: ~2M
     expert ids at micro-batch x seq x top-k); balanced routing's ids are real past it, so every expert's token
