@@ -218,6 +218,9 @@ def _parallelised(
         module = config.build()
         if vision_hf is not None:
             vision_language.attach_vision(module, vision_hf)
+    if vision_hf is not None and dims.dp_shard > 1:
+        dtype = getattr(torch, cfg.dtype)
+        vision_language.shard_vision_layers(module.vision, dims.get_mesh("fsdp"), dtype)
     module = parallelize_qwen3(
         module,
         parallel_dims=dims,

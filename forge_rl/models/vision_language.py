@@ -104,6 +104,17 @@ def attach_vision(module: torch.nn.Module, hf: dict) -> VisionTower:
     return tower
 
 
+def shard_vision_layers(tower: VisionTower, mesh, param_dtype: torch.dtype) -> None:
+    """FSDP2 over each of the tower's encoder layers, as TorchTitan shards each decoder layer, before the decoder is
+    parallelised: a step then gathers one tower layer at a time. Left to the decoder's root unit, the whole tower
+    would be gathered for the forward and kept through the backward."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    for layer in tower.vision_model.encoder.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+
+
 class VisionLanguageAdapter:
     """The checkpoint's (HF) names <-> the module's: the language model's through TorchTitan's Qwen3 adapter
     (`model.text_model.X` is its `model.X`), the tower's and the connector's under `vision.`."""
