@@ -31,6 +31,7 @@ from forge_rl.models import resolve_model_path
 from forge_rl.recipes.grpo_checks import dp_size, max_prompt_tokens, model_len_and_room
 from forge_rl.recipes.roles import Roles
 from forge_rl.runtime.memory_plan import ModelShape, gpu_total_bytes, plan_memory
+from forge_rl.runtime.vision_memory import tower_frozen
 from forge_rl.runtime.placement import Placement, plan_placement, plan_reward_models
 from forge_rl.runtime.provisioner import visible_gpus
 
@@ -259,6 +260,7 @@ def memory_plan(run, engine_args: dict):
         tensor_parallel_size=run.generator_gpus,
         max_model_len=engine_args.get("max_model_len"),
         max_num_seqs=engine_args.get("max_num_seqs"),
+        vision_trained=not tower_frozen(cfg.trainer.freeze),
     )
 
 

@@ -8,6 +8,8 @@ rank is printed beside the memory plan's.
         trainer_procs=8 trainer.parallel.dp_shard=8 trainer.parallel.tp=1                  # Qwen3-8B, 8 ranks
     python -m forge_rl.rehearsal --config configs/grpo/qwen3_32b.yaml --critic             # PPO's critic
     python -m forge_rl.rehearsal --config configs/grpo/qwen3_32b.yaml --reference          # the KL reference
+    python -m forge_rl.rehearsal --config configs/grpo/smolvlm_2b.yaml --model SmolVLM-Instruct \
+        task.source=rows.jsonl trainer_procs=32 trainer.parallel.dp_shard=32              # a VLM, 32 ranks
 
 The model's shape is a published Qwen3's (forge_rl/runtime/memory_plan.py QWEN3_SHAPES) or vision-language model's
 (forge_rl/rehearsal/vision.py VISION_SHAPES: its train rows carry an image); its checkpoint is a sparse

@@ -16,6 +16,7 @@ rehearsal's findings against it.
 from dataclasses import dataclass, replace
 
 from forge_rl.runtime.memory_plan import LM_HEAD_MEMORY_GB, ModelShape, plan_memory
+from forge_rl.runtime.vision_memory import tower_frozen
 
 TOLERANCE = 0.10  # a rank's peak may exceed the plan by this much (the agreement asked of plan, docs and rehearsal)
 BOUNDED_PHASES = ("load", "publish_shm", "publish_rank0", "save", "restore", "export", "follow")
@@ -55,6 +56,7 @@ def phase_plan(hf_config: dict, cfg, world: int, seq_len: int, role: str = "trai
         trainer_tp=tp,
         trainer_ep=cfg.parallel.ep,
         lm_head_memory_gb=rehearsed_head_mb(cfg) * 2**20 / 1e9,
+        vision_trained=not tower_frozen(cfg.freeze),
     )
     step = plan.activations_gb * 1e9
     if critic and world // tp > 1:  # its largest FSDP unit is still the embedding

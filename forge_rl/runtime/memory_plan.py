@@ -41,6 +41,8 @@ h, L, I, V, a, k, d = hidden, layers, intermediate, vocabulary, attention heads,
   its input 2*h, each token's K copies routed in and out 4*K*h, the K experts' SwiGLU intermediates 8*K*I_e and
   the router's fp32 logits and scores 8*E (an evenly loaded batch: the rehearsal routes evenly; a skewed one holds
   more on the ranks whose experts are popular).
+  A vision-language model's tower (forge_rl/runtime/vision_memory.py), every token taken for an image token: one
+  encoder layer's activations per token (a frozen tower), or every layer's (a trained one).
 - engine per GPU: weights P * dtype bytes / t, ENGINE_OVERHEAD_GB (profile activations, CUDA graphs, sampler);
   KV cache per token (a whole replica): 2 * L * k * d * dtype bytes.
 - gpu_memory_utilization = (GPU - trainer resident - margin) / GPU;
@@ -58,6 +60,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from forge_rl.config import ConfigError
+from forge_rl.runtime.vision_memory import vision_shape
 
 GB = 1e9
 LM_HEAD_MEMORY_GB = 2**30 / GB  # the fused head's auto working memory on a GPU (forge_rl/losses/fused_head.py)
@@ -65,17 +68,6 @@ TRAINER_OVERHEAD_GB = 1.0
 ENGINE_OVERHEAD_GB = 2.0
 MARGIN_GB = 2.0
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "auto": 2}
-
-
-def vision_parameters(config: dict) -> int:
-    """An Idefics3 vision tower's parameters (SigLIP's: patch and position embeddings, pre-norm layers with biases, a
-    final LayerNorm) and its connector's (one linear from the pixel-shuffled width to the language model's)."""
-    v = config["vision_config"]
-    h, inner, patch = v["hidden_size"], v["intermediate_size"], v["patch_size"]
-    embeddings = 3 * patch * patch * h + h + (v["image_size"] // patch) ** 2 * h
-    layer = 4 * (h * h + h) + 2 * h * inner + inner + h + 4 * h
-    connector = h * config.get("scale_factor", 1) ** 2 * config["text_config"]["hidden_size"]
-    return embeddings + v["num_hidden_layers"] * layer + 2 * h + connector
 
 
 @dataclass(frozen=True)
@@ -97,7 +89,11 @@ class ModelShape:
     num_experts: int = 0  # mixture of experts (Qwen3-MoE): 0 = dense
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
-    vision_parameters: int = 0  # a vision-language model's vision tower and connector (`vision_parameters`)
+    # a vision-language model's vision tower and connector: parameters, encoder layers, one layer's activations per
+    # image token (forge_rl/runtime/vision_memory.py)
+    vision_parameters: int = 0
+    vision_layers: int = 0
+    vision_layer_bytes: int = 0
 
     @classmethod
     def from_config(cls, config: str | Path | dict, name: str | None = None) -> "ModelShape":
@@ -111,7 +107,7 @@ class ModelShape:
         if "vision_config" in config and "text_config" in config:
             text = {"tie_word_embeddings": config.get("tie_word_embeddings", False), **config["text_config"]}
             shape = cls.from_config(text, name or config.get("model_type", "model"))
-            return replace(shape, vision_parameters=vision_parameters(config))
+            return replace(shape, **vision_shape(config))
         need = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_attention_heads")
         if missing := [k for k in need if k not in config]:
             raise ValueError(f"model config of {name} has no {missing}: no memory plan for it")
@@ -170,11 +166,14 @@ class ModelShape:
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
 
-    def activation_bytes(self, tokens: int, checkpointing: bool, logits: bool, vocab_shards: int = 1) -> int:
+    def activation_bytes(
+        self, tokens: int, checkpointing: bool, logits: bool, vocab_shards: int = 1, vision_trained: bool = True
+    ) -> int:
         """The trainer's activations for `tokens` tokens on one rank of `vocab_shards` TP ranks (the module's
-        formula)."""
+        formula); a vision-language model's tower's too, every token taken for an image token."""
         h, layers, layer = self.hidden_size, self.num_hidden_layers, self.layer_activation_bytes()
         per_token = 2 * h * layers + layer if checkpointing else layer * layers
+        per_token += self.vision_layer_bytes * (self.vision_layers if vision_trained else 1)
         return tokens * (per_token // vocab_shards + (self.vocab_size // vocab_shards * 2 if logits else 0))
 
 
@@ -268,6 +267,7 @@ def plan_memory(
     max_model_len: int | None = None,
     max_num_seqs: int | None = None,
     margin_gb: float = MARGIN_GB,
+    vision_trained: bool = True,
 ) -> MemoryPlan:
     """The plan of one GPU that a trainer rank (of `trainer_ranks`) and a generator replica's share time-share
     (the module's formulas). Never raises for a plan that does not fit: `plan.refusal` says why, `plan.check()`
@@ -299,7 +299,7 @@ def plan_memory(
         trainer_resident_gb=resident + extra,
         trainer_step_gb=step + extra,
         activations_gb=(
-            shape.activation_bytes(micro_batch * seq_len, activation_checkpointing, logits, trainer_tp)
+            shape.activation_bytes(micro_batch * seq_len, activation_checkpointing, logits, trainer_tp, vision_trained)
             + (shape.fsdp_unit_bytes(trainer_tp, trainer_ep) if n // max(trainer_tp, 1) > 1 else 0)
         )
         / GB

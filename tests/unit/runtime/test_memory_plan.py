@@ -288,3 +288,27 @@ def test_a_vision_language_models_shape_is_its_language_models_plus_its_vision_t
     vision = sum(n for k, n in sizes.items() if k.startswith(("model.vision_model.", "model.connector.")))
     assert (shape.parameters(), shape.vision_parameters) == (sum(sizes.values()), vision)
     assert shape.num_hidden_layers == 4 and shape.hidden_size == 128 and not shape.qk_norm  # its Llama
+
+
+def test_a_vision_towers_activations_are_one_layers_when_frozen_and_every_layers_when_trained():
+    """The plan's step counts the tower's activations, every token taken for an image token: a frozen tower holds one
+    encoder layer's at a time, a trained one keeps all of its layers' (tiny-vlm: 2 layers of width 64 and MLP 128, 4
+    patches an image token: 4 x (4 x 64 + 2 x 128) x 2 bytes a layer a token). trainer.freeze of `vision` or
+    `vision.vision_model` freezes the tower; the connector alone does not."""
+    from dataclasses import replace
+
+    from forge_rl.models import resolve_model_path
+    from forge_rl.runtime.vision_memory import tower_frozen
+
+    shape = ModelShape.from_config(resolve_model_path("tiny-vlm"))
+    assert (shape.vision_layers, shape.vision_layer_bytes) == (2, 4 * (4 * 64 + 2 * 128) * 2)
+    text = replace(shape, vision_layers=0, vision_layer_bytes=0)
+
+    def tower_gb(trained: bool) -> float:
+        args = dict(micro_batch=2, seq_len=100, vision_trained=trained)
+        return plan_memory(shape, 80e9, **args).activations_gb - plan_memory(text, 80e9, **args).activations_gb
+
+    assert tower_gb(False) == pytest.approx(200 * shape.vision_layer_bytes / 1e9)
+    assert tower_gb(True) == pytest.approx(2 * tower_gb(False))
+    assert tower_frozen(["vision"]) and tower_frozen(["vision.vision_model"])
+    assert not tower_frozen(["vision.connector"]) and not tower_frozen([])
