@@ -72,7 +72,7 @@ class Result:
     coverage: dict[str, Coverage] = field(default_factory=dict)  # publish_shm, publish_rank0, export
     shard_bytes: dict[int, int] = field(default_factory=dict)  # each rank's largest parameter shard, in fp32
     checkpoint_names: set[str] = field(default_factory=set)  # what a publish or export must hold, at least
-    unpushed: tuple[str, ...] = ()  # HF name prefixes a publish leaves out (trainer.freeze's parts); an export not
+    unpushed: tuple[str, ...] = ()  # HF name prefixes a publish leaves out (trainer.freeze's); an export holds all
 
     def coverage_problems(self) -> dict[str, list[str]]:
         """Per publish and export: tensors not written exactly once, and the checkpoint's tensors it lacks."""

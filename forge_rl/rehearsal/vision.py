@@ -3,8 +3,8 @@ checkpoint holding the tower's and the connector's tensors under their HF names,
 rows that carry an image whose tokens the tower embeds.
 
     cfg = vision_hf_config(VISION_SHAPES["SmolVLM-Instruct"], layers=4)    # an Idefics3 config.json
-    write_sparse_checkpoint(model_dir, cfg)                                # text + tower + connector tensors
-    write_processor_files(model_dir, cfg)                                  # the image processor the trainer loads
+    write_sparse_checkpoint(model_dir, cfg)   # text + tower + connector tensors, and (write_processor_files) the
+                                              # image processor the trainer loads
 
 The tower's tensor names and shapes come from transformers' own modules built on the meta device, so they are the
 ones a real checkpoint of that config holds.
