@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from forge_rl.config import ConfigError
 from forge_rl.deps.monarch import endpoint_function
 from forge_rl.deps.torchtitan import balanced_routing
 from forge_rl.rehearsal.bounds import rehearsed_head_mb
@@ -116,7 +117,10 @@ def batches_for(trainer, micro_batch: int, seq_len: int, critic: bool = False) -
         rows = [image_row(tower, model.image_processor, rng) for _ in range(micro_batch)]
         n = rows[0][1]  # the images are alike but for their pixels
         if n >= seq_len // 2:
-            raise ValueError(f"an image makes {n} tokens; the rehearsal's prompts are {seq_len // 2} tokens")
+            raise ConfigError(
+                f"generator.engine_args.max_model_len={seq_len}: a row's image makes {n} tokens, more than the "
+                f"rehearsal's prompt half ({seq_len // 2}); raise it"
+            )
         tokens[:, 1 : 1 + n] = tower.image_token_id
         images = [(image,) for image, _ in rows]
     t = torch.from_numpy
